@@ -1,0 +1,361 @@
+//! The obligation: an id, a kind, who must honour it, a typed payload and a fixed deadline.
+
+use std::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::ids::{AgentId, ClientId, ObligationId, Scope, TokenId, UnixMillis, WeightKey};
+use crate::WireError;
+
+/// The largest attempt budget an obligation may carry.
+pub const MAX_RETRIES_LIMIT: u32 = 1_000;
+
+/// One governance obligation.
+///
+/// The `kind` on the wire is derived from the payload, so the two can never disagree.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Obligation {
+    /// Unique per issuer; the idempotency key everywhere.
+    pub id: ObligationId,
+    /// The custodian's agent id.
+    pub issuer: AgentId,
+    /// The agent that must honour the obligation.
+    pub target: AgentId,
+    /// When the obligation was issued.
+    pub created_at: UnixMillis,
+    /// Fixed at issue; never moves.
+    pub deadline: UnixMillis,
+    /// Attempt budget after the first attempt.
+    pub max_retries: u32,
+    /// Issuance sequence per governed key; a receiver declines one that is not newer than the
+    /// last it applied on that key.
+    pub sequence: Option<u64>,
+    /// The typed, per-kind content.
+    pub payload: Payload,
+}
+
+impl Obligation {
+    /// The obligation's kind, from its payload.
+    pub fn kind(&self) -> Kind {
+        self.payload.kind()
+    }
+
+    /// Checks the rules that typing alone does not capture.
+    pub fn validate(&self) -> Result<(), WireError> {
+        if self.deadline <= self.created_at {
+            return Err(WireError::Invalid("deadline is not after created_at"));
+        }
+        if self.max_retries > MAX_RETRIES_LIMIT {
+            return Err(WireError::Invalid("max_retries over the limit"));
+        }
+        self.payload.validate()
+    }
+
+    /// The envelope: what a receiver needs to decline an obligation it cannot read.
+    pub fn envelope(&self) -> Envelope {
+        Envelope {
+            id: self.id,
+            kind: self.kind().as_str().to_owned(),
+            issuer: self.issuer.clone(),
+            target: self.target.clone(),
+            deadline: self.deadline,
+        }
+    }
+}
+
+/// The kinds this build knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[non_exhaustive]
+pub enum Kind {
+    /// `anumati.consent`: grant or revoke a consent scope.
+    AnumatiConsent,
+    /// `phala.belief_update`: adjust a preference weight.
+    PhalaBeliefUpdate,
+    /// `oauth.token`: revoke or issue a token.
+    OauthToken,
+}
+
+impl Kind {
+    /// Every kind, in a fixed order.
+    pub const ALL: [Kind; 3] = [Kind::AnumatiConsent, Kind::PhalaBeliefUpdate, Kind::OauthToken];
+
+    /// The wire name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Kind::AnumatiConsent => "anumati.consent",
+            Kind::PhalaBeliefUpdate => "phala.belief_update",
+            Kind::OauthToken => "oauth.token",
+        }
+    }
+
+    /// Parses a wire name.
+    pub fn from_name(name: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.as_str() == name)
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for Kind {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Kind {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        Kind::from_name(&name)
+            .ok_or_else(|| serde::de::Error::custom(format_args!("unknown kind {name:?}")))
+    }
+}
+
+/// The typed content of an obligation, one variant per kind.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Payload {
+    /// `anumati.consent`.
+    AnumatiConsent(ConsentPayload),
+    /// `phala.belief_update`.
+    PhalaBeliefUpdate(BeliefUpdatePayload),
+    /// `oauth.token`.
+    OauthToken(TokenPayload),
+}
+
+impl Payload {
+    /// The kind this payload belongs to.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Payload::AnumatiConsent(_) => Kind::AnumatiConsent,
+            Payload::PhalaBeliefUpdate(_) => Kind::PhalaBeliefUpdate,
+            Payload::OauthToken(_) => Kind::OauthToken,
+        }
+    }
+
+    fn validate(&self) -> Result<(), WireError> {
+        match self {
+            Payload::PhalaBeliefUpdate(p) => {
+                if !(-WeightDelta::ONE..=WeightDelta::ONE).contains(&p.weight_delta.0) {
+                    return Err(WireError::Invalid("weight_delta outside [-1, 1]"));
+                }
+                Ok(())
+            }
+            Payload::AnumatiConsent(_) | Payload::OauthToken(_) => Ok(()),
+        }
+    }
+}
+
+impl Serialize for Payload {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Payload::AnumatiConsent(p) => p.serialize(serializer),
+            Payload::PhalaBeliefUpdate(p) => p.serialize(serializer),
+            Payload::OauthToken(p) => p.serialize(serializer),
+        }
+    }
+}
+
+/// Anumati consent: a decision on a scope.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ConsentPayload {
+    /// The decision; missing or unrecognized is treated as restrictive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision: Option<ConsentDecision>,
+    /// The scope the decision is about.
+    pub scope: Scope,
+}
+
+/// A consent decision.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ConsentDecision {
+    /// `grant`: permissive, so inadmissible (best-effort).
+    Grant,
+    /// `revoke`: restrictive.
+    Revoke,
+    /// Any other word: kept as received and treated as restrictive.
+    Unrecognized(String),
+}
+
+impl Serialize for ConsentDecision {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(match self {
+            ConsentDecision::Grant => "grant",
+            ConsentDecision::Revoke => "revoke",
+            ConsentDecision::Unrecognized(word) => word,
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for ConsentDecision {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let word = String::deserialize(deserializer)?;
+        if word.len() > 64 {
+            return Err(serde::de::Error::custom("consent decision over 64 bytes"));
+        }
+        Ok(match word.as_str() {
+            "grant" => ConsentDecision::Grant,
+            "revoke" => ConsentDecision::Revoke,
+            _ => ConsentDecision::Unrecognized(word),
+        })
+    }
+}
+
+/// A signed weight change in millionths: `-1_000_000..=1_000_000` stands for `[-1, 1]`.
+///
+/// Fixed point keeps clipping exact and every replica's arithmetic identical.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default,
+)]
+#[serde(transparent)]
+pub struct WeightDelta(pub i32);
+
+impl WeightDelta {
+    /// The value standing for 1.0.
+    pub const ONE: i32 = 1_000_000;
+}
+
+/// Phala belief update: move a preference weight.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct BeliefUpdatePayload {
+    /// Which preference weight.
+    pub weight_key: WeightKey,
+    /// The change; negative is corrective.
+    pub weight_delta: WeightDelta,
+    /// How long the update stays meaningful, in milliseconds.
+    pub ttl_ms: u64,
+}
+
+/// OAuth token action.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenAction {
+    /// Stop honouring the token: restrictive.
+    Revoke,
+    /// A new or refreshed token: benign on loss (the client retries).
+    Issue,
+}
+
+/// OAuth token revocation or issue.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TokenPayload {
+    /// Revoke or issue.
+    pub action: TokenAction,
+    /// The token.
+    pub token_id: TokenId,
+    /// The client it was issued to.
+    pub client_id: ClientId,
+}
+
+/// What can be read of an obligation whose kind or payload cannot: enough to decline it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Envelope {
+    /// The obligation id.
+    pub id: ObligationId,
+    /// The kind as received.
+    pub kind: String,
+    /// The issuer.
+    pub issuer: AgentId,
+    /// The target.
+    pub target: AgentId,
+    /// The deadline.
+    pub deadline: UnixMillis,
+}
+
+#[derive(Serialize)]
+struct ObligationOut<'a> {
+    id: &'a ObligationId,
+    kind: Kind,
+    issuer: &'a AgentId,
+    target: &'a AgentId,
+    created_at: UnixMillis,
+    deadline: UnixMillis,
+    max_retries: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sequence: Option<u64>,
+    payload: &'a Payload,
+}
+
+impl Serialize for Obligation {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        ObligationOut {
+            id: &self.id,
+            kind: self.kind(),
+            issuer: &self.issuer,
+            target: &self.target,
+            created_at: self.created_at,
+            deadline: self.deadline,
+            max_retries: self.max_retries,
+            sequence: self.sequence,
+            payload: &self.payload,
+        }
+        .serialize(serializer)
+    }
+}
+
+/// The obligation as read before its kind is known.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawObligation {
+    id: ObligationId,
+    kind: String,
+    issuer: AgentId,
+    target: AgentId,
+    created_at: UnixMillis,
+    deadline: UnixMillis,
+    max_retries: u32,
+    #[serde(default)]
+    sequence: Option<u64>,
+    payload: ciborium::Value,
+}
+
+impl RawObligation {
+    /// Resolves the kind and its payload, keeping the envelope for typed errors.
+    pub(crate) fn resolve(self) -> Result<Obligation, WireError> {
+        let envelope = Envelope {
+            id: self.id,
+            kind: self.kind.clone(),
+            issuer: self.issuer.clone(),
+            target: self.target.clone(),
+            deadline: self.deadline,
+        };
+        let Some(kind) = Kind::from_name(&self.kind) else {
+            return Err(WireError::UnknownKind(Box::new(envelope)));
+        };
+        let malformed = |detail: String| WireError::MalformedPayload {
+            envelope: Box::new(envelope.clone()),
+            detail,
+        };
+        let payload = match kind {
+            Kind::AnumatiConsent => self.payload.deserialized().map(Payload::AnumatiConsent),
+            Kind::PhalaBeliefUpdate => self.payload.deserialized().map(Payload::PhalaBeliefUpdate),
+            Kind::OauthToken => self.payload.deserialized().map(Payload::OauthToken),
+        }
+        .map_err(|e| malformed(e.to_string()))?;
+        let obligation = Obligation {
+            id: self.id,
+            issuer: self.issuer,
+            target: self.target,
+            created_at: self.created_at,
+            deadline: self.deadline,
+            max_retries: self.max_retries,
+            sequence: self.sequence,
+            payload,
+        };
+        obligation
+            .validate()
+            .map_err(|e| malformed(e.to_string()))?;
+        Ok(obligation)
+    }
+}
+
+impl<'de> Deserialize<'de> for Obligation {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        RawObligation::deserialize(deserializer)?
+            .resolve()
+            .map_err(serde::de::Error::custom)
+    }
+}
