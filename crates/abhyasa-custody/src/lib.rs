@@ -1,1 +1,135 @@
-//! placeholder while fetching
+//! Abhyasa custody: the sans-IO state machines of deliver-or-report (SPEC.md Part 1).
+//!
+//! ```text
+//!   principal ──issue──▶ Custodian ──persist Pending──▶ store ──handle_persisted──▶ transmit
+//!                          ▲   │ timeouts: retry with backoff, escalate at deadline/budget
+//!                          │   ▼
+//!                 handle_ack   Transmit ─ ─ network ─ ─▶ Receiver ──persist Apply──▶ store
+//!                          ▲                                  │ handle_persisted
+//!                          └ ─ ─ ─ ─ ─ ─ network ─ ─ ─ ─ ─ AckTransmit
+//! ```
+//!
+//! Neither machine reads a clock, touches a socket or a file, or spawns: time comes in as
+//! `now`, randomness from a seed, and output goes out through `poll_*` queues. Each machine
+//! hands out records to persist and releases what depends on a record (a transmit, an ack, an
+//! event) only after the driver confirms it durable with `handle_persisted`.
+//!
+//! ```
+//! use abhyasa_custody::*;
+//! use abhyasa_wire::*;
+//!
+//! let p = AgentId::new("principal").unwrap();
+//! let a = AgentId::new("agent").unwrap();
+//! let mut custodian = Custodian::new(p.clone(), CustodianConfig::default(), 7);
+//! let mut receiver = Receiver::new(a.clone(), ReceiverConfig::default());
+//! let o = Obligation {
+//!     id: ObligationId::from_u128(1),
+//!     issuer: p.clone(),
+//!     target: a.clone(),
+//!     created_at: UnixMillis(0),
+//!     deadline: UnixMillis(60_000),
+//!     max_retries: 8,
+//!     sequence: None,
+//!     payload: Payload::OauthToken(TokenPayload {
+//!         action: TokenAction::Revoke,
+//!         token_id: TokenId::new("tok").unwrap(),
+//!         client_id: ClientId::new("cli").unwrap(),
+//!     }),
+//! };
+//! let now = UnixMillis(0);
+//! assert_eq!(custodian.issue(now, o).unwrap(), Admission::Custody);
+//! assert!(custodian.poll_transmit().is_none()); // not before the pending record is durable
+//! let persist = custodian.poll_persist().unwrap();
+//! custodian.handle_persisted(now, persist.token);
+//! let t = custodian.poll_transmit().unwrap();
+//!
+//! receiver.handle_obligation(now, &p, t.obligation);
+//! let apply = receiver.poll_persist().unwrap(); // applied id + effect: one atomic commit
+//! assert!(receiver.poll_transmit().is_none());
+//! receiver.handle_persisted(apply.token);
+//! let ack = receiver.poll_transmit().unwrap();
+//!
+//! assert_eq!(custodian.handle_ack(now, &a, ack.ack), AckDisposition::Discharged);
+//! assert_eq!(custodian.pending_len(), 0);
+//! ```
+
+#![warn(missing_docs, unreachable_pub)]
+
+mod custodian;
+pub mod kinds;
+mod principal;
+mod receiver;
+
+use std::hash::{Hash, Hasher};
+
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+pub use custodian::{
+    AckDisposition, Admission, Channel, Custodian, CustodianConfig, CustodianEvent,
+    CustodianRecord, CustodianStats, EscalatedRecord, IssueError, PendingRecord, Transmit,
+};
+pub use kinds::{GovernedKey, PrincipalUpdate, ReceiverEffect};
+pub use principal::{Authorization, PrincipalState, WeightBounds};
+pub use receiver::{
+    AckTransmit, AppliedRecord, Disposition, Receiver, ReceiverConfig, ReceiverEvent,
+    ReceiverRecord, ReceiverState, ReceiverStats,
+};
+
+/// Names one record handed out by a `poll_persist`; hand it back to `handle_persisted` once
+/// the record is durable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PersistToken(pub u64);
+
+/// A record to make durable, with the token that confirms it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Persist<R> {
+    /// Confirms this record in `handle_persisted`.
+    pub token: PersistToken,
+    /// What to write.
+    pub record: R,
+}
+
+/// A deliberately broken rule, selectable only to prove that the simulation catches it.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mutation {
+    /// Receiver: no check of the applied-id ledger (redeliveries re-apply).
+    NoIdempotencyCheck,
+    /// Receiver: the `applied` ack leaves before the apply is committed.
+    AckBeforePersist,
+    /// Receiver: obligations past their deadline are applied.
+    ApplyAfterDeadline,
+    /// Custodian: the first send leaves before the pending record is durable.
+    SendBeforePersist,
+    /// Custodian: recovery restarts each deadline from the time of recovery.
+    DeadlineResetOnRecovery,
+    /// Custodian: recovery loses the pending set.
+    ForgetPendingOnRecovery,
+    /// Custodian: an ack is accepted from an agent that is not the target.
+    AcceptAckFromNonTarget,
+    /// Custodian: escalation records the escalation without applying the safe action.
+    EscalateWithoutSafeAction,
+}
+
+/// The custodian's seeded RNG. Comparable and hashable by its exact stream position, so a
+/// whole machine can be a model-checker state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct JitterRng(ChaCha8Rng);
+
+impl JitterRng {
+    fn new(seed: u64) -> Self {
+        Self(ChaCha8Rng::seed_from_u64(seed))
+    }
+}
+
+impl Hash for JitterRng {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.0.get_seed().hash(state);
+        self.0.get_stream().hash(state);
+        self.0.get_word_pos().hash(state);
+    }
+}
+
+#[cfg(test)]
+mod tests;

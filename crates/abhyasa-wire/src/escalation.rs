@@ -10,7 +10,6 @@ use crate::obligation::Kind;
 /// applying it once: each is a set-to-safe or an adjustment keyed by the obligation id.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
-#[non_exhaustive]
 pub enum SafeAction {
     /// Stop permitting `target` to exercise `scope` (fail-closed). A decision with a newer
     /// sequence on the same scope is not overridden.

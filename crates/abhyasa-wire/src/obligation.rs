@@ -65,7 +65,6 @@ impl Obligation {
 
 /// The kinds this build knows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-#[non_exhaustive]
 pub enum Kind {
     /// `anumati.consent`: grant or revoke a consent scope.
     AnumatiConsent,
@@ -116,7 +115,6 @@ impl<'de> Deserialize<'de> for Kind {
 
 /// The typed content of an obligation, one variant per kind.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
 pub enum Payload {
     /// `anumati.consent`.
     AnumatiConsent(ConsentPayload),

@@ -1,0 +1,767 @@
+//! The custodian: holds custody of admissible obligations until they are applied, declined or
+//! escalated.
+//!
+//! Poll order for a driver, after any `handle_*` call or `issue`:
+//!
+//! 1. [`Custodian::poll_persist`] until `None`; write every record durably (one group commit
+//!    may carry many), then call [`Custodian::handle_persisted`] for each token.
+//! 2. [`Custodian::poll_transmit`] until `None`; send.
+//! 3. [`Custodian::poll_event`] until `None`; surface.
+//! 4. Re-arm one timer at [`Custodian::poll_timeout`]; on expiry call
+//!    [`Custodian::handle_timeout`] (a spurious call is a no-op).
+//!
+//! A transmit of an admissible obligation is only ever queued by `handle_persisted` for the
+//! record that makes it durable: persist before exposure.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use abhyasa_wire::{
+    AckStatus, AgentId, CustodyAck, Escalation, EscalationCause, LastObserved, Obligation,
+    ObligationId, Outcome, ReconciliationNote, TerminalRecord, UnixMillis, WireError,
+    MAX_OBJECT_SIZE,
+};
+use rand::Rng;
+
+use crate::kinds::{self, PrincipalUpdate};
+use crate::principal::{PrincipalState, WeightBounds};
+use crate::{JitterRng, Mutation, Persist, PersistToken};
+
+/// Custodian settings. Hard limits are enforced here, not left to callers.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct CustodianConfig {
+    /// How long each attempt waits for an ack before backing off, in ms.
+    pub response_timeout_ms: u64,
+    /// Backoff base `b`, in ms: the k-th backoff is drawn from `[0, min(cap, b·2^(k-1))]`.
+    pub backoff_base_ms: u64,
+    /// Backoff cap, in ms. Each obligation also caps it at a quarter of its own lifetime so
+    /// several attempts fall within the deadline.
+    pub backoff_cap_ms: u64,
+    /// Most obligations under custody at once.
+    pub max_pending: usize,
+    /// Most principal-side entries (authorizations, keyed adjustments, revoked tokens).
+    pub max_principal_entries: usize,
+    /// Largest clock difference assumed between agents, in ms.
+    pub max_clock_skew_ms: u64,
+    /// How many recent escalations are remembered to note late `applied` acks.
+    pub escalation_memory: usize,
+    /// Bounds of principal-side routing weights.
+    pub weight_bounds: WeightBounds,
+    /// A deliberately broken rule, for the simulation's mutation tests. Always `None` in use.
+    #[doc(hidden)]
+    pub mutation: Option<Mutation>,
+}
+
+impl Default for CustodianConfig {
+    fn default() -> Self {
+        Self {
+            response_timeout_ms: 1_000,
+            backoff_base_ms: 250,
+            backoff_cap_ms: 30_000,
+            max_pending: 100_000,
+            max_principal_entries: 1_000_000,
+            max_clock_skew_ms: 5_000,
+            escalation_memory: 10_000,
+            weight_bounds: WeightBounds::default(),
+            mutation: None,
+        }
+    }
+}
+
+/// A record the driver must make durable before the custodian exposes what depends on it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum CustodianRecord {
+    /// Write-ahead: the obligation enters the pending set, with the principal's own decision
+    /// applied in the same commit.
+    Pending {
+        /// The obligation.
+        obligation: Obligation,
+        /// Attempts counted so far (the first attempt follows this commit).
+        attempts: u32,
+        /// Principal-side update to apply atomically with it.
+        principal: Option<PrincipalUpdate>,
+    },
+    /// The attempt count rose; the retransmit follows this commit.
+    Attempt {
+        /// The obligation.
+        id: ObligationId,
+        /// Attempts counted so far.
+        attempts: u32,
+        /// What was last seen from the target.
+        last_observed: LastObserved,
+    },
+    /// Custody ended: remove from the pending set, keep the terminal record (and escalation),
+    /// apply the principal-side update — all in one commit.
+    Terminal {
+        /// The terminal record.
+        record: TerminalRecord,
+        /// The escalation, when the fail-safe ran.
+        escalation: Option<Escalation>,
+        /// Principal-side update to apply atomically with it.
+        principal: Option<PrincipalUpdate>,
+    },
+    /// A late `applied` ack noted against an escalation.
+    Reconciliation(ReconciliationNote),
+}
+
+/// An obligation to send.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Transmit {
+    /// The target.
+    pub to: AgentId,
+    /// The obligation.
+    pub obligation: Obligation,
+    /// Which attempt this is (1-based; 0 for best-effort).
+    pub attempt: u32,
+    /// Stream for custody, datagram for best-effort.
+    pub channel: Channel,
+}
+
+/// How an object should travel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Channel {
+    /// A reliable stream (admissible obligations, acks).
+    Stream,
+    /// A datagram where it fits (best-effort obligations).
+    Datagram,
+}
+
+/// What the custodian surfaces to the principal.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum CustodianEvent {
+    /// The obligation is durably under custody: from here on it ends applied, declined or
+    /// escalated. Until this event a crash may lose it, and the issuer should issue it again.
+    Accepted {
+        /// The obligation.
+        id: ObligationId,
+    },
+    /// Custody of an obligation ended (or a best-effort one was sent).
+    Terminal {
+        /// How it ended.
+        record: TerminalRecord,
+        /// The escalation, when the fail-safe ran.
+        escalation: Option<Escalation>,
+    },
+    /// The target deferred; custody stays.
+    Deferred {
+        /// The obligation.
+        id: ObligationId,
+    },
+    /// A late `applied` ack was noted against an escalation.
+    Reconciled(ReconciliationNote),
+}
+
+/// How an obligation was taken by [`Custodian::issue`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// Under custody (AC-1 holds).
+    Custody,
+    /// Inadmissible: sent once, best-effort.
+    BestEffort,
+}
+
+/// Why [`Custodian::issue`] refused an obligation. Nothing was changed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum IssueError {
+    /// The obligation names another issuer.
+    #[error("obligation issuer {issuer} is not this custodian ({custodian})")]
+    NotIssuer {
+        /// The named issuer.
+        issuer: AgentId,
+        /// This custodian.
+        custodian: AgentId,
+    },
+    /// The obligation breaks a wire rule.
+    #[error("invalid obligation: {0}")]
+    Invalid(#[from] WireError),
+    /// The deadline is not in the future.
+    #[error("deadline {deadline} is not after now ({now})")]
+    PastDeadline {
+        /// The deadline.
+        deadline: UnixMillis,
+        /// Now.
+        now: UnixMillis,
+    },
+    /// An obligation with this id is already under custody.
+    #[error("obligation {0} is already under custody")]
+    Duplicate(ObligationId),
+    /// The pending set or the principal state is at its limit.
+    #[error("custody is full ({limit} {what})")]
+    Full {
+        /// Which limit.
+        what: &'static str,
+        /// The limit.
+        limit: usize,
+    },
+}
+
+/// What [`Custodian::handle_ack`] did with an ack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AckDisposition {
+    /// It discharged custody.
+    Discharged,
+    /// `deferred`: custody stays.
+    Deferred,
+    /// A late `applied` after escalation: a reconciliation note.
+    Reconciled,
+    /// Counted and ignored: not from the obligation's target.
+    IgnoredNotTarget,
+    /// Counted and ignored: no such obligation under custody.
+    IgnoredUnknown,
+}
+
+/// Counters a driver can export.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CustodianStats {
+    /// Attempts sent (first sends and retries).
+    pub attempts: u64,
+    /// Acks ignored because they did not come from the target.
+    pub acks_not_target: u64,
+    /// Acks ignored because nothing matching was pending.
+    pub acks_unknown: u64,
+}
+
+/// A pending obligation as persisted: what recovery reads back.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PendingRecord {
+    /// The obligation, with its original deadline.
+    pub obligation: Obligation,
+    /// Attempts counted.
+    pub attempts: u32,
+    /// What was last seen from the target.
+    pub last_observed: LastObserved,
+}
+
+/// A remembered escalation, for reconciling late acks after recovery.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct EscalatedRecord {
+    /// The obligation.
+    pub id: ObligationId,
+    /// Its target.
+    pub target: AgentId,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Phase {
+    /// Waiting for the record that allows the next attempt to be persisted.
+    AwaitingPersist,
+    /// Sent; waiting for an ack until `since + response_timeout`.
+    InFlight { since: UnixMillis },
+    /// Waiting out a backoff; the next attempt starts at the wake time.
+    Backoff,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Pending {
+    obligation: Obligation,
+    attempts: u32,
+    last_observed: LastObserved,
+    phase: Phase,
+    wake: UnixMillis,
+}
+
+impl Pending {
+    fn budget(&self) -> u32 {
+        self.obligation.max_retries.saturating_add(1)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Gate {
+    Send { id: ObligationId, attempt: u32 },
+    Event(CustodianEvent),
+}
+
+/// The custodian state machine. See the module docs for the poll order.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Custodian {
+    agent: AgentId,
+    config: CustodianConfig,
+    rng: JitterRng,
+    principal: PrincipalState,
+    pending: BTreeMap<ObligationId, Pending>,
+    timers: BTreeSet<(UnixMillis, ObligationId)>,
+    escalated: BTreeMap<ObligationId, AgentId>,
+    escalated_order: VecDeque<ObligationId>,
+    next_token: u64,
+    persists: VecDeque<Persist<CustodianRecord>>,
+    gated: BTreeMap<PersistToken, Vec<Gate>>,
+    transmits: VecDeque<Transmit>,
+    events: VecDeque<CustodianEvent>,
+    stats: CustodianStats,
+}
+
+impl Custodian {
+    /// A fresh custodian for `agent`; `seed` feeds all of its randomness (backoff jitter).
+    pub fn new(agent: AgentId, config: CustodianConfig, seed: u64) -> Self {
+        let principal = PrincipalState::new(config.weight_bounds);
+        Self {
+            agent,
+            config,
+            rng: JitterRng::new(seed),
+            principal,
+            pending: BTreeMap::new(),
+            timers: BTreeSet::new(),
+            escalated: BTreeMap::new(),
+            escalated_order: VecDeque::new(),
+            next_token: 0,
+            persists: VecDeque::new(),
+            gated: BTreeMap::new(),
+            transmits: VecDeque::new(),
+            events: VecDeque::new(),
+            stats: CustodianStats::default(),
+        }
+    }
+
+    /// Resumes from durable state: every pending obligation keeps its original deadline and
+    /// attempt count, and is due at once (escalated at once if already past its deadline).
+    pub fn recover(
+        agent: AgentId,
+        config: CustodianConfig,
+        seed: u64,
+        principal: PrincipalState,
+        pending: impl IntoIterator<Item = PendingRecord>,
+        escalated: impl IntoIterator<Item = EscalatedRecord>,
+        now: UnixMillis,
+    ) -> Self {
+        let mut this = Self::new(agent, config, seed);
+        this.principal = principal;
+        for e in escalated {
+            this.remember_escalation(e.id, e.target);
+        }
+        if this.config.mutation == Some(Mutation::ForgetPendingOnRecovery) {
+            return this;
+        }
+        for record in pending {
+            let mut obligation = record.obligation;
+            if this.config.mutation == Some(Mutation::DeadlineResetOnRecovery) {
+                let span = obligation.deadline.saturating_since(obligation.created_at);
+                obligation.deadline = now.saturating_add(span);
+            }
+            let id = obligation.id;
+            this.pending.insert(
+                id,
+                Pending {
+                    obligation,
+                    attempts: record.attempts,
+                    last_observed: record.last_observed,
+                    phase: Phase::Backoff,
+                    wake: now,
+                },
+            );
+            this.timers.insert((now, id));
+        }
+        this
+    }
+
+    /// Takes an obligation: under custody if admissible (AC-1), else sent once best-effort.
+    pub fn issue(&mut self, now: UnixMillis, obligation: Obligation) -> Result<Admission, IssueError> {
+        if obligation.issuer != self.agent {
+            return Err(IssueError::NotIssuer {
+                issuer: obligation.issuer,
+                custodian: self.agent.clone(),
+            });
+        }
+        obligation.validate()?;
+        let size = abhyasa_wire::encode(&obligation).len();
+        if size > MAX_OBJECT_SIZE {
+            return Err(WireError::TooLarge {
+                len: size,
+                limit: MAX_OBJECT_SIZE,
+            }
+            .into());
+        }
+        if obligation.deadline <= now {
+            return Err(IssueError::PastDeadline {
+                deadline: obligation.deadline,
+                now,
+            });
+        }
+        let id = obligation.id;
+        if self.pending.contains_key(&id) || self.escalated.contains_key(&id) {
+            return Err(IssueError::Duplicate(id));
+        }
+        if self.principal.entries() + self.pending.len() >= self.config.max_principal_entries {
+            return Err(IssueError::Full {
+                what: "principal entries",
+                limit: self.config.max_principal_entries,
+            });
+        }
+        let principal = kinds::on_issue(&obligation);
+        if let Some(update) = &principal {
+            self.principal.apply(update);
+        }
+        if !kinds::admissible(&obligation) {
+            self.issue_best_effort(now, obligation, principal);
+            return Ok(Admission::BestEffort);
+        }
+        if self.pending.len() >= self.config.max_pending {
+            return Err(IssueError::Full {
+                what: "pending obligations",
+                limit: self.config.max_pending,
+            });
+        }
+        let token = self.persist(CustodianRecord::Pending {
+            obligation: obligation.clone(),
+            attempts: 1,
+            principal,
+        });
+        let deadline = obligation.deadline;
+        self.pending.insert(
+            id,
+            Pending {
+                obligation,
+                attempts: 1,
+                last_observed: LastObserved::NoAck,
+                phase: Phase::AwaitingPersist,
+                wake: deadline,
+            },
+        );
+        self.timers.insert((deadline, id));
+        if self.config.mutation == Some(Mutation::SendBeforePersist) {
+            self.send(now, id, 1);
+        } else {
+            self.gate(token, Gate::Send { id, attempt: 1 });
+        }
+        self.gate(token, Gate::Event(CustodianEvent::Accepted { id }));
+        Ok(Admission::Custody)
+    }
+
+    fn issue_best_effort(
+        &mut self,
+        now: UnixMillis,
+        obligation: Obligation,
+        principal: Option<PrincipalUpdate>,
+    ) {
+        let record = TerminalRecord {
+            obligation_id: obligation.id,
+            kind: obligation.kind(),
+            target: obligation.target.clone(),
+            outcome: Outcome::BestEffort,
+            attempts: 0,
+            at: now,
+        };
+        self.persist(CustodianRecord::Terminal {
+            record: record.clone(),
+            escalation: None,
+            principal,
+        });
+        // Best-effort is not under custody: nothing waits on its record.
+        self.transmits.push_back(Transmit {
+            to: obligation.target.clone(),
+            obligation,
+            attempt: 0,
+            channel: Channel::Datagram,
+        });
+        self.events.push_back(CustodianEvent::Terminal {
+            record,
+            escalation: None,
+        });
+    }
+
+    /// An ack arrived over a session authenticated as `from`.
+    pub fn handle_ack(&mut self, now: UnixMillis, from: &AgentId, ack: CustodyAck) -> AckDisposition {
+        let check_sender = self.config.mutation != Some(Mutation::AcceptAckFromNonTarget);
+        if check_sender && &ack.target != from {
+            self.stats.acks_not_target += 1;
+            return AckDisposition::IgnoredNotTarget;
+        }
+        let id = ack.obligation_id;
+        let retention = self.retention();
+        let Some(pending) = self.pending.get_mut(&id) else {
+            return self.handle_late_ack(now, from, ack);
+        };
+        if check_sender && &pending.obligation.target != from {
+            self.stats.acks_not_target += 1;
+            return AckDisposition::IgnoredNotTarget;
+        }
+        match ack.status {
+            AckStatus::Applied => self.terminate(now, id, Outcome::Applied, None),
+            AckStatus::Declined(reason) => {
+                // A delivered outcome; the principal side still takes the conservative action.
+                let safe = kinds::safe(&pending.obligation, retention);
+                self.terminate(now, id, Outcome::Declined(reason), safe.map(PrincipalUpdate::Safe));
+            }
+            AckStatus::Deferred => {
+                // Custody stays; neither the deadline nor the retry budget moves.
+                pending.last_observed = LastObserved::Deferred;
+                self.events.push_back(CustodianEvent::Deferred { id });
+                return AckDisposition::Deferred;
+            }
+        }
+        AckDisposition::Discharged
+    }
+
+    fn handle_late_ack(&mut self, now: UnixMillis, from: &AgentId, ack: CustodyAck) -> AckDisposition {
+        let escalated_to = self.escalated.get(&ack.obligation_id);
+        if ack.status != AckStatus::Applied || escalated_to.is_none() {
+            self.stats.acks_unknown += 1;
+            return AckDisposition::IgnoredUnknown;
+        }
+        if escalated_to != Some(from) {
+            self.stats.acks_not_target += 1;
+            return AckDisposition::IgnoredNotTarget;
+        }
+        // Noted once; the safe action stays.
+        self.escalated.remove(&ack.obligation_id);
+        let note = ReconciliationNote {
+            obligation_id: ack.obligation_id,
+            target: from.clone(),
+            acked_at: ack.acked_at,
+            noted_at: now,
+        };
+        let token = self.persist(CustodianRecord::Reconciliation(note.clone()));
+        self.gate(token, Gate::Event(CustodianEvent::Reconciled(note)));
+        AckDisposition::Reconciled
+    }
+
+    /// The record named by `token` is durable: release what waited on it.
+    pub fn handle_persisted(&mut self, now: UnixMillis, token: PersistToken) {
+        for gate in self.gated.remove(&token).unwrap_or_default() {
+            match gate {
+                Gate::Send { id, attempt } => self.send(now, id, attempt),
+                Gate::Event(event) => self.events.push_back(event),
+            }
+        }
+    }
+
+    /// Runs every timer due at `now`. A spurious call is a no-op.
+    pub fn handle_timeout(&mut self, now: UnixMillis) {
+        while let Some(&(at, id)) = self.timers.first() {
+            if at > now {
+                break;
+            }
+            self.timers.pop_first();
+            self.on_timer(now, id);
+        }
+    }
+
+    fn on_timer(&mut self, now: UnixMillis, id: ObligationId) {
+        let Some(p) = self.pending.get(&id) else {
+            return;
+        };
+        if now >= p.obligation.deadline {
+            self.escalate(now, id, EscalationCause::Deadline);
+            return;
+        }
+        let rt = self.config.response_timeout_ms;
+        match p.phase {
+            Phase::AwaitingPersist => self.rearm(id, p.obligation.deadline),
+            Phase::InFlight { since } if now < since.saturating_add(rt) => {
+                self.rearm(id, since.saturating_add(rt));
+            }
+            Phase::InFlight { .. } if p.attempts >= p.budget() => {
+                self.escalate(now, id, EscalationCause::RetriesExhausted);
+            }
+            Phase::InFlight { .. } => {
+                let delay = self.backoff(id);
+                let p = self.pending.get_mut(&id).expect("pending checked above");
+                p.phase = Phase::Backoff;
+                let wake = now.saturating_add(delay).min(p.obligation.deadline);
+                self.rearm(id, wake);
+            }
+            Phase::Backoff if now < p.wake => self.rearm(id, p.wake),
+            Phase::Backoff if p.attempts >= p.budget() => {
+                // Recovered after the last attempt: give it one response timeout.
+                let p = self.pending.get_mut(&id).expect("pending checked above");
+                p.phase = Phase::InFlight { since: now };
+                let wake = now.saturating_add(rt).min(p.obligation.deadline);
+                self.rearm(id, wake);
+            }
+            Phase::Backoff => {
+                let p = self.pending.get_mut(&id).expect("pending checked above");
+                p.attempts += 1;
+                p.phase = Phase::AwaitingPersist;
+                let (attempts, last_observed, deadline) =
+                    (p.attempts, p.last_observed, p.obligation.deadline);
+                let token = self.persist(CustodianRecord::Attempt {
+                    id,
+                    attempts,
+                    last_observed,
+                });
+                self.gate(token, Gate::Send { id, attempt: attempts });
+                self.rearm(id, deadline);
+            }
+        }
+    }
+
+    /// Full jitter over `min(cap, base·2^(k-1))`, with the cap below the obligation's lifetime.
+    fn backoff(&mut self, id: ObligationId) -> u64 {
+        let p = &self.pending[&id];
+        let lifetime = p.obligation.deadline.saturating_since(p.obligation.created_at);
+        let cap = self.config.backoff_cap_ms.min(lifetime / 4).max(1);
+        let shift = p.attempts.saturating_sub(1).min(32);
+        let ceiling = self.config.backoff_base_ms.saturating_mul(1 << shift).min(cap);
+        self.rng.0.random_range(0..=ceiling)
+    }
+
+    fn send(&mut self, now: UnixMillis, id: ObligationId, attempt: u32) {
+        let rt = self.config.response_timeout_ms;
+        let Some(p) = self.pending.get_mut(&id) else {
+            return; // Discharged while the record was being written.
+        };
+        if p.attempts != attempt || p.phase != Phase::AwaitingPersist || now >= p.obligation.deadline {
+            return;
+        }
+        p.phase = Phase::InFlight { since: now };
+        let wake = now.saturating_add(rt).min(p.obligation.deadline);
+        self.transmits.push_back(Transmit {
+            to: p.obligation.target.clone(),
+            obligation: p.obligation.clone(),
+            attempt,
+            channel: Channel::Stream,
+        });
+        self.stats.attempts += 1;
+        self.rearm(id, wake);
+    }
+
+    fn escalate(&mut self, now: UnixMillis, id: ObligationId, cause: EscalationCause) {
+        let p = &self.pending[&id];
+        let Some(safe_action) = kinds::safe(&p.obligation, self.retention()) else {
+            // Only admissible obligations are ever pending, and they all have `safe(O)`.
+            unreachable!("pending obligation {id} without a safe action");
+        };
+        let escalation = Escalation {
+            obligation_id: id,
+            kind: p.obligation.kind(),
+            target: p.obligation.target.clone(),
+            attempts: p.attempts,
+            cause,
+            last_observed: p.last_observed,
+            safe_action: safe_action.clone(),
+            at: now,
+        };
+        let target = p.obligation.target.clone();
+        let update = if self.config.mutation == Some(Mutation::EscalateWithoutSafeAction) {
+            None
+        } else {
+            Some(PrincipalUpdate::Safe(safe_action))
+        };
+        self.terminate_with(now, id, Outcome::Escalated(cause), update, Some(escalation));
+        self.remember_escalation(id, target);
+    }
+
+    fn terminate(
+        &mut self,
+        now: UnixMillis,
+        id: ObligationId,
+        outcome: Outcome,
+        principal: Option<PrincipalUpdate>,
+    ) {
+        self.terminate_with(now, id, outcome, principal, None);
+    }
+
+    fn terminate_with(
+        &mut self,
+        now: UnixMillis,
+        id: ObligationId,
+        outcome: Outcome,
+        principal: Option<PrincipalUpdate>,
+        escalation: Option<Escalation>,
+    ) {
+        let Some(p) = self.pending.remove(&id) else {
+            return;
+        };
+        self.timers.remove(&(p.wake, id));
+        if let Some(update) = &principal {
+            self.principal.apply(update);
+        }
+        let record = TerminalRecord {
+            obligation_id: id,
+            kind: p.obligation.kind(),
+            target: p.obligation.target,
+            outcome,
+            attempts: p.attempts,
+            at: now,
+        };
+        let token = self.persist(CustodianRecord::Terminal {
+            record: record.clone(),
+            escalation: escalation.clone(),
+            principal,
+        });
+        self.gate(token, Gate::Event(CustodianEvent::Terminal { record, escalation }));
+    }
+
+    fn remember_escalation(&mut self, id: ObligationId, target: AgentId) {
+        self.escalated.insert(id, target);
+        self.escalated_order.push_back(id);
+        while self.escalated_order.len() > self.config.escalation_memory {
+            if let Some(old) = self.escalated_order.pop_front() {
+                self.escalated.remove(&old);
+            }
+        }
+    }
+
+    fn rearm(&mut self, id: ObligationId, wake: UnixMillis) {
+        if let Some(p) = self.pending.get_mut(&id) {
+            self.timers.remove(&(p.wake, id));
+            p.wake = wake;
+            self.timers.insert((wake, id));
+        }
+    }
+
+    fn persist(&mut self, record: CustodianRecord) -> PersistToken {
+        let token = PersistToken(self.next_token);
+        self.next_token += 1;
+        self.persists.push_back(Persist { token, record });
+        token
+    }
+
+    fn gate(&mut self, token: PersistToken, gate: Gate) {
+        self.gated.entry(token).or_default().push(gate);
+    }
+
+    fn retention(&self) -> u64 {
+        self.config.max_clock_skew_ms.saturating_mul(2)
+    }
+
+    /// The next record to make durable.
+    pub fn poll_persist(&mut self) -> Option<Persist<CustodianRecord>> {
+        self.persists.pop_front()
+    }
+
+    /// The next obligation to send.
+    pub fn poll_transmit(&mut self) -> Option<Transmit> {
+        self.transmits.pop_front()
+    }
+
+    /// The next event to surface.
+    pub fn poll_event(&mut self) -> Option<CustodianEvent> {
+        self.events.pop_front()
+    }
+
+    /// When [`Custodian::handle_timeout`] should next run.
+    pub fn poll_timeout(&self) -> Option<UnixMillis> {
+        self.timers.first().map(|&(at, _)| at)
+    }
+
+    /// This custodian's agent id.
+    pub fn agent(&self) -> &AgentId {
+        &self.agent
+    }
+
+    /// Number of obligations under custody.
+    pub fn pending_len(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// The obligations under custody with their attempt counts, in id order.
+    pub fn pending(&self) -> impl Iterator<Item = (&Obligation, u32)> {
+        self.pending.values().map(|p| (&p.obligation, p.attempts))
+    }
+
+    /// Whether `id` is under custody.
+    pub fn is_pending(&self, id: ObligationId) -> bool {
+        self.pending.contains_key(&id)
+    }
+
+    /// Principal-side state as this custodian last set it.
+    pub fn principal(&self) -> &PrincipalState {
+        &self.principal
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> CustodianStats {
+        self.stats
+    }
+}

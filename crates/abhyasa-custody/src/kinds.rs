@@ -1,0 +1,226 @@
+//! The kind registry: per kind, admissibility (AC-1), `safe(O)`, the governed key, the
+//! principal-side update at issue and the receiver effect.
+//!
+//! A kind plugs in by implementing [`KindRules`] over its payload type and adding its
+//! payload variant to the dispatch below; no custody
+//! field is kind-specific.
+
+use abhyasa_wire::{
+    AgentId, BeliefUpdatePayload, ConsentDecision, ConsentPayload, Obligation, Payload, SafeAction,
+    Scope, TokenAction, TokenId, TokenPayload, WeightKey,
+};
+
+/// What a kind declares, over its own typed payload. `O` is the whole obligation (issuer,
+/// target, deadline, sequence); `p` its payload.
+pub trait KindRules {
+    /// The payload type of this kind.
+    type Payload;
+    /// AC-1: does this instance declare a fail-safe polarity?
+    fn admissible(p: &Self::Payload) -> bool;
+    /// `safe(O)`: the principal-side action when delivery is not confirmed; `Some` exactly when
+    /// the instance is admissible. `retention` is how long after the deadline a keyed
+    /// adjustment must stay distinguishable.
+    fn safe(o: &Obligation, p: &Self::Payload, retention: u64) -> Option<SafeAction>;
+    /// The principal's own decision, applied at issue and never gated on an ack.
+    fn on_issue(o: &Obligation, p: &Self::Payload) -> Option<PrincipalUpdate>;
+    /// The key whose `sequence` orders obligations (supersession).
+    fn governed_key(o: &Obligation, p: &Self::Payload) -> GovernedKey;
+    /// What the receiver does when it applies the obligation.
+    fn effect(o: &Obligation, p: &Self::Payload) -> ReceiverEffect;
+}
+
+/// Dispatches one of the [`KindRules`] methods on an obligation's payload.
+macro_rules! dispatch {
+    ($o:expr, |$p:ident, $rules:ident| $body:expr) => {
+        match &$o.payload {
+            Payload::AnumatiConsent($p) => {
+                type $rules = AnumatiConsent;
+                $body
+            }
+            Payload::PhalaBeliefUpdate($p) => {
+                type $rules = PhalaBeliefUpdate;
+                $body
+            }
+            Payload::OauthToken($p) => {
+                type $rules = OauthToken;
+                $body
+            }
+        }
+    };
+}
+
+/// AC-1 for one obligation.
+pub fn admissible(o: &Obligation) -> bool {
+    dispatch!(o, |p, R| R::admissible(p))
+}
+
+/// `safe(O)` for one obligation; `None` when it is inadmissible.
+pub fn safe(o: &Obligation, retention: u64) -> Option<SafeAction> {
+    dispatch!(o, |p, R| R::safe(o, p, retention))
+}
+
+/// The principal-side update applied when `o` is issued.
+pub fn on_issue(o: &Obligation) -> Option<PrincipalUpdate> {
+    dispatch!(o, |p, R| R::on_issue(o, p))
+}
+
+/// The governed key of `o`.
+pub fn governed_key(o: &Obligation) -> GovernedKey {
+    dispatch!(o, |p, R| R::governed_key(o, p))
+}
+
+/// The receiver effect of `o`.
+pub fn effect(o: &Obligation) -> ReceiverEffect {
+    dispatch!(o, |p, R| R::effect(o, p))
+}
+
+/// The thing a `sequence` orders, scoped to the issuer whose sequence it is.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum GovernedKey {
+    /// A consent scope.
+    Scope(AgentId, Scope),
+    /// A preference weight.
+    Weight(AgentId, WeightKey),
+    /// A token.
+    Token(AgentId, TokenId),
+}
+
+/// A change to principal-side state. Every variant is idempotent.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum PrincipalUpdate {
+    /// A safe action (at issue for revocations, at escalation or decline otherwise).
+    Safe(SafeAction),
+    /// The principal grants `scope` to `target` (its own decision; propagated best-effort).
+    Grant {
+        /// The agent granted.
+        target: AgentId,
+        /// The scope.
+        scope: Scope,
+        /// The decision's sequence.
+        sequence: Option<u64>,
+    },
+}
+
+/// A receiver-side effect. Not idempotent by itself (a weight delta adds): at-most-once comes
+/// from the applied-id ledger committed with it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ReceiverEffect {
+    /// Stop exercising a scope granted by `issuer`.
+    WithholdScope(AgentId, Scope),
+    /// Resume exercising a scope granted by `issuer`.
+    GrantScope(AgentId, Scope),
+    /// Add `delta` millionths to the preference weight, clipped to bounds.
+    AdjustWeight(AgentId, WeightKey, i32),
+    /// Drop the cached token.
+    DropToken(TokenId),
+    /// Cache a newly issued token.
+    CacheToken(TokenId),
+}
+
+/// `anumati.consent`.
+pub struct AnumatiConsent;
+/// `phala.belief_update`.
+pub struct PhalaBeliefUpdate;
+/// `oauth.token`.
+pub struct OauthToken;
+
+impl KindRules for AnumatiConsent {
+    type Payload = ConsentPayload;
+
+    fn admissible(p: &ConsentPayload) -> bool {
+        // A missing or unrecognized decision is restrictive.
+        !matches!(p.decision, Some(ConsentDecision::Grant))
+    }
+
+    fn safe(o: &Obligation, p: &ConsentPayload, _retention: u64) -> Option<SafeAction> {
+        Self::admissible(p).then(|| SafeAction::WithholdScope {
+            target: o.target.clone(),
+            scope: p.scope.clone(),
+            sequence: o.sequence,
+        })
+    }
+
+    fn on_issue(o: &Obligation, p: &ConsentPayload) -> Option<PrincipalUpdate> {
+        // Revocation or grant, it is the principal's own decision: it stands at once.
+        Some(match Self::safe(o, p, 0) {
+            Some(withhold) => PrincipalUpdate::Safe(withhold),
+            None => PrincipalUpdate::Grant {
+                target: o.target.clone(),
+                scope: p.scope.clone(),
+                sequence: o.sequence,
+            },
+        })
+    }
+
+    fn governed_key(o: &Obligation, p: &ConsentPayload) -> GovernedKey {
+        GovernedKey::Scope(o.issuer.clone(), p.scope.clone())
+    }
+
+    fn effect(o: &Obligation, p: &ConsentPayload) -> ReceiverEffect {
+        if Self::admissible(p) {
+            ReceiverEffect::WithholdScope(o.issuer.clone(), p.scope.clone())
+        } else {
+            ReceiverEffect::GrantScope(o.issuer.clone(), p.scope.clone())
+        }
+    }
+}
+
+impl KindRules for PhalaBeliefUpdate {
+    type Payload = BeliefUpdatePayload;
+
+    fn admissible(p: &BeliefUpdatePayload) -> bool {
+        p.weight_delta.0 < 0
+    }
+
+    fn safe(o: &Obligation, p: &BeliefUpdatePayload, retention: u64) -> Option<SafeAction> {
+        Self::admissible(p).then(|| SafeAction::DownWeight {
+            obligation_id: o.id,
+            target: o.target.clone(),
+            weight_key: p.weight_key.clone(),
+            amount: p.weight_delta.0.unsigned_abs(),
+            fold_after: o.deadline.saturating_add(retention),
+        })
+    }
+
+    fn on_issue(_o: &Obligation, _p: &BeliefUpdatePayload) -> Option<PrincipalUpdate> {
+        None
+    }
+
+    fn governed_key(o: &Obligation, p: &BeliefUpdatePayload) -> GovernedKey {
+        GovernedKey::Weight(o.issuer.clone(), p.weight_key.clone())
+    }
+
+    fn effect(o: &Obligation, p: &BeliefUpdatePayload) -> ReceiverEffect {
+        ReceiverEffect::AdjustWeight(o.issuer.clone(), p.weight_key.clone(), p.weight_delta.0)
+    }
+}
+
+impl KindRules for OauthToken {
+    type Payload = TokenPayload;
+
+    fn admissible(p: &TokenPayload) -> bool {
+        p.action == TokenAction::Revoke
+    }
+
+    fn safe(_o: &Obligation, p: &TokenPayload, _retention: u64) -> Option<SafeAction> {
+        Self::admissible(p).then(|| SafeAction::StopHonouringToken {
+            token_id: p.token_id.clone(),
+        })
+    }
+
+    fn on_issue(o: &Obligation, p: &TokenPayload) -> Option<PrincipalUpdate> {
+        // A revocation is the principal's own decision: stop honouring at once.
+        Self::safe(o, p, 0).map(PrincipalUpdate::Safe)
+    }
+
+    fn governed_key(o: &Obligation, p: &TokenPayload) -> GovernedKey {
+        GovernedKey::Token(o.issuer.clone(), p.token_id.clone())
+    }
+
+    fn effect(_o: &Obligation, p: &TokenPayload) -> ReceiverEffect {
+        match p.action {
+            TokenAction::Revoke => ReceiverEffect::DropToken(p.token_id.clone()),
+            TokenAction::Issue => ReceiverEffect::CacheToken(p.token_id.clone()),
+        }
+    }
+}

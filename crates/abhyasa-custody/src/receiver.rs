@@ -1,0 +1,477 @@
+//! The receiver: applies each obligation at most once and acks only after the applied id and
+//! the effect are durable together.
+//!
+//! Poll order for a driver, after any `handle_*` call:
+//!
+//! 1. [`Receiver::poll_persist`] until `None`; commit each [`ReceiverRecord::Apply`] as **one**
+//!    atomic write (applied id + effect), then call [`Receiver::handle_persisted`].
+//! 2. [`Receiver::poll_transmit`] until `None`; send the acks.
+//! 3. [`Receiver::poll_event`] until `None`.
+//! 4. Re-arm one timer at [`Receiver::poll_timeout`] (applied-id pruning).
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use abhyasa_wire::{
+    AckStatus, AgentId, CustodyAck, DeclineReason, Envelope, ObligationId, Obligation, Scope,
+    TokenId, UnixMillis, WeightKey,
+};
+
+use crate::kinds::{self, GovernedKey, ReceiverEffect};
+use crate::{Mutation, Persist, PersistToken};
+
+/// Receiver settings.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ReceiverConfig {
+    /// Largest clock difference assumed between agents, in ms: applied ids are kept until
+    /// deadline + this.
+    pub max_clock_skew_ms: u64,
+    /// Most applied ids retained at once; beyond it new obligations are deferred.
+    pub max_applied: usize,
+    /// Most applies waiting for their commit; beyond it new obligations are deferred.
+    pub max_inflight: usize,
+    /// Bounds of preference weights, in millionths.
+    pub weight_min: i64,
+    /// Upper bound of preference weights, in millionths.
+    pub weight_max: i64,
+    /// A deliberately broken rule, for the simulation's mutation tests. Always `None` in use.
+    #[doc(hidden)]
+    pub mutation: Option<Mutation>,
+}
+
+impl Default for ReceiverConfig {
+    fn default() -> Self {
+        Self {
+            max_clock_skew_ms: 5_000,
+            max_applied: 1_000_000,
+            max_inflight: 4_096,
+            weight_min: -1_000_000,
+            weight_max: 1_000_000,
+            mutation: None,
+        }
+    }
+}
+
+/// A record the driver must commit before the ack that depends on it is released.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ReceiverRecord {
+    /// Apply: the applied id, the sequence on its governed key and the effect, in **one**
+    /// atomic write.
+    Apply {
+        /// The obligation applied.
+        id: ObligationId,
+        /// Its issuer.
+        issuer: AgentId,
+        /// When the applied id may be pruned (deadline + maximum clock skew).
+        expires: UnixMillis,
+        /// The governed key and the sequence now last applied on it.
+        sequence: Option<(GovernedKey, u64)>,
+        /// The effect.
+        effect: ReceiverEffect,
+    },
+    /// Applied ids that expired before this time may be deleted.
+    Prune {
+        /// Ids with `expires < before` go.
+        before: UnixMillis,
+    },
+}
+
+/// An ack to send.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct AckTransmit {
+    /// The custodian.
+    pub to: AgentId,
+    /// The ack.
+    pub ack: CustodyAck,
+}
+
+/// What the receiver surfaces.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ReceiverEvent {
+    /// An obligation was applied and its record is durable.
+    Applied {
+        /// The obligation.
+        id: ObligationId,
+        /// Its issuer.
+        issuer: AgentId,
+    },
+    /// An obligation was declined.
+    Declined {
+        /// The obligation.
+        id: ObligationId,
+        /// Why.
+        reason: DeclineReason,
+    },
+}
+
+/// What [`Receiver::handle_obligation`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Disposition {
+    /// Applied; the ack follows the commit.
+    Applying,
+    /// Already applied: re-acked (or the ack follows the commit in flight).
+    Duplicate,
+    /// Declined, with an ack.
+    Declined(DeclineReason),
+    /// Deferred for lack of room, with an ack.
+    Deferred,
+    /// Dropped: the session's identity is not the issuer's.
+    DroppedForged,
+}
+
+/// Counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ReceiverStats {
+    /// Obligations applied.
+    pub applied: u64,
+    /// Redeliveries recognized.
+    pub duplicates: u64,
+    /// Declines.
+    pub declined: u64,
+    /// Deferrals.
+    pub deferred: u64,
+    /// Obligations dropped because the sender was not their issuer.
+    pub forged: u64,
+}
+
+/// The receiver's effect state: what it stopped exercising, its preferences, its tokens.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub struct ReceiverState {
+    withheld: BTreeSet<(AgentId, Scope)>,
+    weights: BTreeMap<(AgentId, WeightKey), i64>,
+    dropped_tokens: BTreeSet<TokenId>,
+    cached_tokens: BTreeSet<TokenId>,
+}
+
+impl ReceiverState {
+    /// Applies an effect, clipping weights to `[min, max]`.
+    pub fn apply(&mut self, effect: &ReceiverEffect, min: i64, max: i64) {
+        match effect {
+            ReceiverEffect::WithholdScope(issuer, scope) => {
+                self.withheld.insert((issuer.clone(), scope.clone()));
+            }
+            ReceiverEffect::GrantScope(issuer, scope) => {
+                self.withheld.remove(&(issuer.clone(), scope.clone()));
+            }
+            ReceiverEffect::AdjustWeight(issuer, key, delta) => {
+                let w = self.weights.entry((issuer.clone(), key.clone())).or_insert(0);
+                *w = (*w + i64::from(*delta)).clamp(min, max);
+            }
+            ReceiverEffect::DropToken(token) => {
+                self.cached_tokens.remove(token);
+                self.dropped_tokens.insert(token.clone());
+            }
+            ReceiverEffect::CacheToken(token) => {
+                if !self.dropped_tokens.contains(token) {
+                    self.cached_tokens.insert(token.clone());
+                }
+            }
+        }
+    }
+
+    /// Whether the receiver stopped exercising `scope` granted by `issuer`.
+    pub fn is_withheld(&self, issuer: &AgentId, scope: &Scope) -> bool {
+        self.withheld.contains(&(issuer.clone(), scope.clone()))
+    }
+
+    /// The preference weight on `key` as set by `issuer`.
+    pub fn weight(&self, issuer: &AgentId, key: &WeightKey) -> i64 {
+        self.weights
+            .get(&(issuer.clone(), key.clone()))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Whether `token` was dropped.
+    pub fn is_dropped(&self, token: &TokenId) -> bool {
+        self.dropped_tokens.contains(token)
+    }
+}
+
+/// An applied id as persisted: what recovery reads back.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct AppliedRecord {
+    /// The obligation.
+    pub id: ObligationId,
+    /// When it may be pruned.
+    pub expires: UnixMillis,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Applied {
+    expires: UnixMillis,
+    durable: bool,
+}
+
+/// The receiver state machine. See the module docs for the poll order.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Receiver {
+    agent: AgentId,
+    config: ReceiverConfig,
+    applied: BTreeMap<ObligationId, Applied>,
+    expiry: BTreeSet<(UnixMillis, ObligationId)>,
+    last_sequence: BTreeMap<GovernedKey, u64>,
+    state: ReceiverState,
+    inflight: usize,
+    next_token: u64,
+    persists: VecDeque<Persist<ReceiverRecord>>,
+    gated: BTreeMap<PersistToken, (ObligationId, AgentId, Option<AckTransmit>)>,
+    transmits: VecDeque<AckTransmit>,
+    events: VecDeque<ReceiverEvent>,
+    stats: ReceiverStats,
+}
+
+impl Receiver {
+    /// A fresh receiver for `agent`.
+    pub fn new(agent: AgentId, config: ReceiverConfig) -> Self {
+        Self {
+            agent,
+            config,
+            applied: BTreeMap::new(),
+            expiry: BTreeSet::new(),
+            last_sequence: BTreeMap::new(),
+            state: ReceiverState::default(),
+            inflight: 0,
+            next_token: 0,
+            persists: VecDeque::new(),
+            gated: BTreeMap::new(),
+            transmits: VecDeque::new(),
+            events: VecDeque::new(),
+            stats: ReceiverStats::default(),
+        }
+    }
+
+    /// Resumes from durable state: the applied ids, the last sequence per governed key and the
+    /// effect state, all as one commit left them.
+    pub fn recover(
+        agent: AgentId,
+        config: ReceiverConfig,
+        applied: impl IntoIterator<Item = AppliedRecord>,
+        last_sequence: impl IntoIterator<Item = (GovernedKey, u64)>,
+        state: ReceiverState,
+    ) -> Self {
+        let mut this = Self::new(agent, config);
+        for AppliedRecord { id, expires } in applied {
+            this.applied.insert(
+                id,
+                Applied {
+                    expires,
+                    durable: true,
+                },
+            );
+            this.expiry.insert((expires, id));
+        }
+        this.last_sequence = last_sequence.into_iter().collect();
+        this.state = state;
+        this
+    }
+
+    /// An obligation arrived over a session authenticated as `from`.
+    pub fn handle_obligation(&mut self, now: UnixMillis, from: &AgentId, o: Obligation) -> Disposition {
+        if from != &o.issuer {
+            self.stats.forged += 1;
+            return Disposition::DroppedForged;
+        }
+        let under_custody = kinds::admissible(&o);
+        if o.target != self.agent {
+            return self.decline(now, &o.envelope(), DeclineReason::Refused);
+        }
+        if self.config.mutation != Some(Mutation::NoIdempotencyCheck) {
+            if let Some(applied) = self.applied.get(&o.id) {
+                self.stats.duplicates += 1;
+                if applied.durable && under_custody {
+                    self.ack(&o.issuer, o.id, now, AckStatus::Applied);
+                }
+                return Disposition::Duplicate;
+            }
+        }
+        if now > o.deadline && self.config.mutation != Some(Mutation::ApplyAfterDeadline) {
+            return self.decline(now, &o.envelope(), DeclineReason::Expired);
+        }
+        let key = kinds::governed_key(&o);
+        if let (Some(seq), Some(last)) = (o.sequence, self.last_sequence.get(&key)) {
+            if seq <= *last {
+                return self.decline(now, &o.envelope(), DeclineReason::Superseded);
+            }
+        }
+        if self.applied.len() >= self.config.max_applied || self.inflight >= self.config.max_inflight {
+            self.stats.deferred += 1;
+            if under_custody {
+                self.ack(&o.issuer, o.id, now, AckStatus::Deferred);
+            }
+            return Disposition::Deferred;
+        }
+        self.apply(now, o, key, under_custody);
+        Disposition::Applying
+    }
+
+    /// An obligation whose envelope read but whose kind or payload did not.
+    pub fn handle_unreadable(
+        &mut self,
+        now: UnixMillis,
+        from: &AgentId,
+        envelope: &Envelope,
+        reason: DeclineReason,
+    ) -> Disposition {
+        if from != &envelope.issuer {
+            self.stats.forged += 1;
+            return Disposition::DroppedForged;
+        }
+        let reason = if envelope.target == self.agent {
+            reason
+        } else {
+            DeclineReason::Refused
+        };
+        self.decline(now, envelope, reason)
+    }
+
+    fn apply(&mut self, now: UnixMillis, o: Obligation, key: GovernedKey, under_custody: bool) {
+        let effect = kinds::effect(&o);
+        self.state
+            .apply(&effect, self.config.weight_min, self.config.weight_max);
+        let sequence = o.sequence.map(|seq| {
+            self.last_sequence.insert(key.clone(), seq);
+            (key, seq)
+        });
+        let expires = o.deadline.saturating_add(self.config.max_clock_skew_ms);
+        self.applied.insert(
+            o.id,
+            Applied {
+                expires,
+                durable: false,
+            },
+        );
+        self.expiry.insert((expires, o.id));
+        self.inflight += 1;
+        self.stats.applied += 1;
+        let token = PersistToken(self.next_token);
+        self.next_token += 1;
+        self.persists.push_back(Persist {
+            token,
+            record: ReceiverRecord::Apply {
+                id: o.id,
+                issuer: o.issuer.clone(),
+                expires,
+                sequence,
+                effect,
+            },
+        });
+        let ack = under_custody.then(|| AckTransmit {
+            to: o.issuer.clone(),
+            ack: CustodyAck {
+                obligation_id: o.id,
+                target: self.agent.clone(),
+                status: AckStatus::Applied,
+                acked_at: now,
+            },
+        });
+        if self.config.mutation == Some(Mutation::AckBeforePersist) {
+            self.transmits.extend(ack);
+            self.gated.insert(token, (o.id, o.issuer, None));
+        } else {
+            self.gated.insert(token, (o.id, o.issuer, ack));
+        }
+    }
+
+    fn decline(&mut self, now: UnixMillis, envelope: &Envelope, reason: DeclineReason) -> Disposition {
+        self.stats.declined += 1;
+        self.ack(&envelope.issuer, envelope.id, now, AckStatus::Declined(reason));
+        self.events.push_back(ReceiverEvent::Declined {
+            id: envelope.id,
+            reason,
+        });
+        Disposition::Declined(reason)
+    }
+
+    fn ack(&mut self, to: &AgentId, id: ObligationId, now: UnixMillis, status: AckStatus) {
+        self.transmits.push_back(AckTransmit {
+            to: to.clone(),
+            ack: CustodyAck {
+                obligation_id: id,
+                target: self.agent.clone(),
+                status,
+                acked_at: now,
+            },
+        });
+    }
+
+    /// The record named by `token` is durable: release its ack.
+    pub fn handle_persisted(&mut self, token: PersistToken) {
+        let Some((id, issuer, ack)) = self.gated.remove(&token) else {
+            return;
+        };
+        self.inflight = self.inflight.saturating_sub(1);
+        if let Some(applied) = self.applied.get_mut(&id) {
+            applied.durable = true;
+        }
+        self.transmits.extend(ack);
+        self.events.push_back(ReceiverEvent::Applied { id, issuer });
+    }
+
+    /// Prunes applied ids whose retention ended. A spurious call is a no-op.
+    pub fn handle_timeout(&mut self, now: UnixMillis) {
+        let mut pruned = false;
+        while let Some(&(expires, id)) = self.expiry.first() {
+            if expires >= now {
+                break;
+            }
+            // Safe even for an apply whose commit is in flight: past deadline + skew, any
+            // redelivery is declined `expired`, and the prune record commits after the apply.
+            self.expiry.pop_first();
+            self.applied.remove(&id);
+            pruned = true;
+        }
+        if pruned {
+            let token = PersistToken(self.next_token);
+            self.next_token += 1;
+            self.persists.push_back(Persist {
+                token,
+                record: ReceiverRecord::Prune { before: now },
+            });
+        }
+    }
+
+    /// The next record to commit.
+    pub fn poll_persist(&mut self) -> Option<Persist<ReceiverRecord>> {
+        self.persists.pop_front()
+    }
+
+    /// The next ack to send.
+    pub fn poll_transmit(&mut self) -> Option<AckTransmit> {
+        self.transmits.pop_front()
+    }
+
+    /// The next event to surface.
+    pub fn poll_event(&mut self) -> Option<ReceiverEvent> {
+        self.events.pop_front()
+    }
+
+    /// When [`Receiver::handle_timeout`] should next run: just after the earliest expiry.
+    pub fn poll_timeout(&self) -> Option<UnixMillis> {
+        self.expiry.first().map(|&(at, _)| at.saturating_add(1))
+    }
+
+    /// This receiver's agent id.
+    pub fn agent(&self) -> &AgentId {
+        &self.agent
+    }
+
+    /// Whether `id` is recorded as applied (durably or with its commit in flight).
+    pub fn has_applied(&self, id: ObligationId) -> bool {
+        self.applied.contains_key(&id)
+    }
+
+    /// Number of applied ids retained.
+    pub fn applied_len(&self) -> usize {
+        self.applied.len()
+    }
+
+    /// The effect state.
+    pub fn state(&self) -> &ReceiverState {
+        &self.state
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> ReceiverStats {
+        self.stats
+    }
+}

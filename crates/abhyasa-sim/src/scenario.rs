@@ -1,0 +1,219 @@
+//! Scenario parameters drawn from a seed ("swarm testing"): every seed picks its own network,
+//! fault schedule, workload and timing, so the seeds together cover far more corners than
+//! one fixed configuration.
+
+use std::collections::BTreeSet;
+
+use abhyasa_custody::{CustodianConfig, ReceiverConfig};
+use abhyasa_wire::{
+    AgentId, BeliefUpdatePayload, ClientId, ConsentDecision, ConsentPayload, Kind, Obligation,
+    ObligationId, Payload, Scope, TokenAction, TokenId, TokenPayload, UnixMillis, WeightDelta,
+    WeightKey,
+};
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+
+/// Network impairment of one run.
+#[derive(Clone, Debug)]
+pub struct NetParams {
+    /// Independent loss probability.
+    pub loss: f64,
+    /// Probability that a message is duplicated.
+    pub duplicate: f64,
+    /// Base one-way delay, ms.
+    pub delay: u64,
+    /// Extra uniform delay, ms (this is what reorders).
+    pub jitter: u64,
+    /// Gilbert–Elliott bursty loss on.
+    pub bursty: bool,
+    /// Good→bad transition probability per message.
+    pub burst_enter: f64,
+    /// Bad→good transition probability per message.
+    pub burst_exit: f64,
+    /// Loss probability in the bad state.
+    pub burst_loss: f64,
+}
+
+/// One target agent.
+#[derive(Clone, Debug)]
+pub struct TargetParams {
+    /// Clock offset, ms.
+    pub skew: i64,
+    /// Kinds its build lacks.
+    pub unsupported: BTreeSet<Kind>,
+}
+
+/// Everything one run does, fixed by its seed.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    /// Unix time of simulated time zero.
+    pub epoch: u64,
+    /// Target agents (nodes 1..).
+    pub targets: Vec<TargetParams>,
+    /// Obligations to issue, at their `created_at`.
+    pub obligations: Vec<Obligation>,
+    /// `(node, at, downtime)`.
+    pub crashes: Vec<(usize, u64, u64)>,
+    /// `(node, start, end)`: the node is cut off from everyone.
+    pub partitions: Vec<(usize, u64, u64)>,
+    /// Times at which the rogue agent forges an ack.
+    pub rogue_acks: Vec<u64>,
+    /// Network impairment.
+    pub net: NetParams,
+    /// Largest commit latency, ms.
+    pub commit_latency: u64,
+    /// Probability of power loss right after a commit returns.
+    pub crash_after_commit: f64,
+    /// Downtime after such a power loss, ms.
+    pub commit_crash_downtime: u64,
+    /// Custodian settings.
+    pub custodian: CustodianConfig,
+    /// Receiver settings.
+    pub receiver: ReceiverConfig,
+    /// Simulated end time: past every deadline and every restart.
+    pub end: u64,
+}
+
+const MAX_DOWNTIME: u64 = 1_500;
+
+impl Scenario {
+    /// Draws a scenario.
+    pub fn generate(rng: &mut ChaCha8Rng) -> Self {
+        let epoch = 1_700_000_000_000;
+        let skew_limit = 50;
+        let targets: Vec<TargetParams> = (0..rng.random_range(1..=3))
+            .map(|_| TargetParams {
+                skew: rng.random_range(-(skew_limit as i64) / 2..=skew_limit as i64 / 2),
+                unsupported: if rng.random_bool(0.1) {
+                    BTreeSet::from([Kind::PhalaBeliefUpdate])
+                } else {
+                    BTreeSet::new()
+                },
+            })
+            .collect();
+        let principal = AgentId::new("principal").expect("valid");
+        let admissible_share = rng.random_range(0.3..=1.0);
+        let mut sequence = 0u64;
+        let mut obligations = Vec::new();
+        for i in 0..rng.random_range(1..=24u32) {
+            let issue_at = rng.random_range(0..=1_500);
+            let span = rng.random_range(400..=4_000);
+            let target = rng.random_range(0..targets.len());
+            let admissible = rng.random_bool(admissible_share);
+            let max_retries = if rng.random_bool(0.2) {
+                rng.random_range(0..=2)
+            } else {
+                rng.random_range(3..=12)
+            };
+            let seq = rng.random_bool(0.5).then(|| {
+                sequence += 1;
+                sequence
+            });
+            obligations.push(Obligation {
+                id: ObligationId::from_u128((u128::from(rng.random::<u64>()) << 32) | u128::from(i)),
+                issuer: principal.clone(),
+                target: AgentId::new(format!("agent-{target}")).expect("valid"),
+                created_at: UnixMillis(epoch + issue_at),
+                deadline: UnixMillis(epoch + issue_at + span),
+                max_retries,
+                sequence: seq,
+                payload: payload(rng, admissible),
+            });
+        }
+        let last_deadline = obligations
+            .iter()
+            .map(|o| o.deadline.0 - epoch)
+            .max()
+            .unwrap_or(0);
+        let nodes = targets.len() + 1;
+        let mut partitions = Vec::new();
+        if rng.random_bool(0.25) {
+            // One agent stays offline for the whole run: its obligations must escalate.
+            partitions.push((rng.random_range(1..nodes), 0, u64::MAX));
+        }
+        for _ in 0..rng.random_range(0..=3) {
+            let start = rng.random_range(0..=last_deadline);
+            partitions.push((rng.random_range(0..nodes), start, start + rng.random_range(50..=2_500)));
+        }
+        let crashes = (0..rng.random_range(0..=4))
+            .map(|_| {
+                (
+                    rng.random_range(0..nodes),
+                    rng.random_range(0..=last_deadline),
+                    rng.random_range(1..=MAX_DOWNTIME),
+                )
+            })
+            .collect();
+        let rogue_acks = (0..rng.random_range(0..=3))
+            .map(|_| rng.random_range(0..=last_deadline))
+            .collect();
+        let bursty = rng.random_bool(0.3);
+        let net = NetParams {
+            loss: if rng.random_bool(0.2) { 0.0 } else { rng.random_range(0.0..0.5) },
+            duplicate: rng.random_range(0.0..0.25),
+            delay: rng.random_range(1..=30),
+            jitter: rng.random_range(0..=80),
+            bursty,
+            burst_enter: rng.random_range(0.05..0.3),
+            burst_exit: rng.random_range(0.1..0.5),
+            burst_loss: rng.random_range(0.5..=1.0),
+        };
+        let custodian = CustodianConfig {
+            response_timeout_ms: rng.random_range(10..=150),
+            backoff_base_ms: rng.random_range(5..=80),
+            backoff_cap_ms: rng.random_range(50..=800),
+            max_clock_skew_ms: skew_limit,
+            ..CustodianConfig::default()
+        };
+        let receiver = ReceiverConfig {
+            max_clock_skew_ms: skew_limit,
+            max_inflight: if rng.random_bool(0.2) { 1 } else { 4_096 },
+            ..ReceiverConfig::default()
+        };
+        Self {
+            epoch,
+            targets,
+            obligations,
+            crashes,
+            partitions,
+            rogue_acks,
+            net,
+            commit_latency: rng.random_range(0..=8),
+            crash_after_commit: if rng.random_bool(0.3) { 0.02 } else { 0.0 },
+            commit_crash_downtime: rng.random_range(1..=500),
+            custodian,
+            receiver,
+            end: last_deadline + 2 * MAX_DOWNTIME + 500,
+        }
+    }
+}
+
+fn payload(rng: &mut ChaCha8Rng, admissible: bool) -> Payload {
+    let key = rng.random_range(0..3u32);
+    match rng.random_range(0..3u32) {
+        0 => Payload::AnumatiConsent(ConsentPayload {
+            decision: if admissible {
+                [Some(ConsentDecision::Revoke), None, Some(ConsentDecision::Unrecognized("pause".into()))]
+                    [rng.random_range(0..3)]
+                    .clone()
+            } else {
+                Some(ConsentDecision::Grant)
+            },
+            scope: Scope::new(format!("scope-{key}")).expect("valid"),
+        }),
+        1 => Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
+            weight_key: WeightKey::new(format!("supplier/{key}")).expect("valid"),
+            weight_delta: WeightDelta(if admissible {
+                -rng.random_range(1..=WeightDelta::ONE)
+            } else {
+                rng.random_range(0..=WeightDelta::ONE)
+            }),
+            ttl_ms: 60_000,
+        }),
+        _ => Payload::OauthToken(TokenPayload {
+            action: if admissible { TokenAction::Revoke } else { TokenAction::Issue },
+            token_id: TokenId::new(format!("tok-{key}")).expect("valid"),
+            client_id: ClientId::new("client").expect("valid"),
+        }),
+    }
+}

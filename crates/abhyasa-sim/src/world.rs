@@ -1,0 +1,827 @@
+//! The simulated world: a principal's custodian, target agents' receivers, a rogue agent, a
+//! seeded network and disks that keep only what was committed.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use abhyasa_custody::{
+    kinds, AckTransmit, AppliedRecord, Persist, Transmit, Custodian, CustodianConfig, CustodianEvent, CustodianRecord,
+    EscalatedRecord, GovernedKey, Mutation, PendingRecord, PersistToken, PrincipalState, Receiver,
+    ReceiverConfig, ReceiverRecord, ReceiverState,
+};
+use abhyasa_wire::{
+    decode, decode_obligation, encode, AckStatus, AgentId, CustodyAck, Escalation, Kind,
+    LastObserved, ObligationId, Obligation, Outcome, TerminalRecord, UnixMillis,
+};
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+
+use crate::scenario::Scenario;
+
+/// What crosses the simulated network: encoded bytes, as on a real link.
+#[derive(Clone, Debug)]
+enum Message {
+    Obligation(Vec<u8>),
+    Ack(Vec<u8>),
+}
+
+#[derive(Clone, Debug)]
+enum Event {
+    Issue(usize),
+    Deliver {
+        from: usize,
+        to: usize,
+        message: Message,
+    },
+    Commit {
+        node: usize,
+        incarnation: u32,
+        crash_after: bool,
+    },
+    Crash(usize),
+    Restart(usize),
+    RogueAck,
+}
+
+/// The custodian's disk.
+#[derive(Default)]
+struct CustodianDisk {
+    pending: BTreeMap<ObligationId, PendingRecord>,
+    terminal: BTreeMap<ObligationId, TerminalRecord>,
+    escalations: BTreeMap<ObligationId, Escalation>,
+    principal: Option<PrincipalState>,
+    notes: usize,
+}
+
+/// A receiver's disk.
+#[derive(Default)]
+struct ReceiverDisk {
+    applied: BTreeMap<ObligationId, UnixMillis>,
+    last_sequence: BTreeMap<GovernedKey, u64>,
+    state: ReceiverState,
+    /// Checker-only: every apply ever committed, never pruned.
+    apply_count: BTreeMap<ObligationId, u32>,
+}
+
+enum Machine {
+    Custodian(Box<Custodian>),
+    Receiver(Box<Receiver>),
+}
+
+struct Node {
+    agent: AgentId,
+    machine: Option<Machine>,
+    incarnation: u32,
+    queue: Vec<(PersistToken, Record)>,
+    commit_scheduled: bool,
+    /// Offset of this node's clock from true time, in ms.
+    skew: i64,
+    /// Kinds this node's build does not know.
+    unsupported: BTreeSet<Kind>,
+}
+
+enum Outputs {
+    Custodian {
+        records: Vec<Persist<CustodianRecord>>,
+        transmits: Vec<Transmit>,
+    },
+    Receiver {
+        records: Vec<Persist<ReceiverRecord>>,
+        acks: Vec<AckTransmit>,
+    },
+}
+
+enum Record {
+    Custodian(CustodianRecord),
+    Receiver(ReceiverRecord),
+}
+
+/// The tallies of one run.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunReport {
+    /// Obligations issued.
+    pub obligations: u64,
+    /// Ended applied.
+    pub applied: u64,
+    /// Ended declined.
+    pub declined: u64,
+    /// Ended escalated.
+    pub escalated: u64,
+    /// Sent best-effort.
+    pub best_effort: u64,
+    /// Late acks noted against escalations.
+    pub reconciled: u64,
+    /// Crashes injected.
+    pub crashes: u64,
+    /// Invariant violations found, described.
+    pub violations: Vec<String>,
+}
+
+const PRINCIPAL: usize = 0;
+
+/// One deterministic run of a scenario.
+pub(crate) struct World {
+    scenario: Scenario,
+    rng: ChaCha8Rng,
+    now: u64,
+    seq: u64,
+    events: BTreeMap<(u64, u64), Event>,
+    nodes: Vec<Node>,
+    rogue: AgentId,
+    cdisk: CustodianDisk,
+    rdisks: Vec<ReceiverDisk>,
+    /// The obligations issued so far, by id.
+    issued: BTreeMap<ObligationId, Obligation>,
+    /// Admissible obligations whose custody was accepted (pending record durable).
+    accepted: BTreeSet<ObligationId>,
+    /// Index in the scenario of each issued obligation.
+    index: BTreeMap<ObligationId, usize>,
+    /// Ids ever written to the custodian's pending set.
+    ever_pending: BTreeSet<ObligationId>,
+    /// Times (custodian clock) at which the custodian came back up.
+    custodian_restarts: BTreeSet<UnixMillis>,
+    /// Gilbert–Elliott state per directed link: true = bad.
+    burst: BTreeMap<(usize, usize), bool>,
+    report: RunReport,
+}
+
+impl World {
+    pub(crate) fn new(scenario: Scenario, rng: ChaCha8Rng) -> Self {
+        let mut nodes = vec![Node::new(AgentId::new("principal").expect("valid"), 0)];
+        for (i, t) in scenario.targets.iter().enumerate() {
+            let mut node = Node::new(AgentId::new(format!("agent-{i}")).expect("valid"), t.skew);
+            node.unsupported = t.unsupported.clone();
+            nodes.push(node);
+        }
+        let rdisks = scenario.targets.iter().map(|_| ReceiverDisk::default()).collect();
+        let mut world = Self {
+            scenario,
+            rng,
+            now: 0,
+            seq: 0,
+            events: BTreeMap::new(),
+            nodes,
+            rogue: AgentId::new("rogue").expect("valid"),
+            cdisk: CustodianDisk::default(),
+            rdisks,
+            issued: BTreeMap::new(),
+            ever_pending: BTreeSet::new(),
+            accepted: BTreeSet::new(),
+            index: BTreeMap::new(),
+            custodian_restarts: BTreeSet::new(),
+            burst: BTreeMap::new(),
+            report: RunReport::default(),
+        };
+        world.boot(PRINCIPAL);
+        for i in 1..world.nodes.len() {
+            world.boot(i);
+        }
+        world.schedule_plan();
+        world
+    }
+
+    fn schedule_plan(&mut self) {
+        let issues: Vec<u64> = self
+            .scenario
+            .obligations
+            .iter()
+            .map(|o| o.created_at.0 - self.scenario.epoch)
+            .collect();
+        for (i, at) in issues.into_iter().enumerate() {
+            self.push(at, Event::Issue(i));
+        }
+        for &(node, at, down) in &self.scenario.crashes.clone() {
+            self.push(at, Event::Crash(node));
+            self.push(at + down, Event::Restart(node));
+        }
+        for &at in &self.scenario.rogue_acks.clone() {
+            self.push(at, Event::RogueAck);
+        }
+    }
+
+    fn push(&mut self, at: u64, event: Event) {
+        self.seq += 1;
+        self.events.insert((at, self.seq), event);
+    }
+
+    fn time(&self, node: usize) -> UnixMillis {
+        let t = (self.scenario.epoch + self.now) as i64 + self.nodes[node].skew;
+        UnixMillis(t.max(0) as u64)
+    }
+
+    /// Runs to the end and checks the final state.
+    pub(crate) fn run(mut self) -> RunReport {
+        let end = self.scenario.end;
+        loop {
+            let next_event = self.events.first_key_value().map(|(k, _)| k.0);
+            let next_timer = self.next_timer();
+            let next = match (next_event, next_timer) {
+                (Some(e), Some((t, _))) => e.min(t),
+                (Some(e), None) => e,
+                (None, Some((t, _))) => t,
+                (None, None) => break,
+            };
+            if next > end {
+                break;
+            }
+            self.now = self.now.max(next);
+            match next_timer {
+                Some((t, node)) if next_event.is_none_or(|e| t < e) => self.fire_timer(node),
+                _ => {
+                    let (_, event) = self.events.pop_first().expect("an event is due");
+                    self.dispatch(event);
+                }
+            }
+        }
+        self.now = end;
+        // The custodian runs once more past every deadline.
+        if self.nodes[PRINCIPAL].machine.is_none() {
+            self.restart(PRINCIPAL);
+        }
+        self.fire_timer(PRINCIPAL);
+        // Let the last group commits land (no more faults from here on).
+        for node in 0..self.nodes.len() {
+            if self.nodes[node].machine.is_some() && !self.nodes[node].queue.is_empty() {
+                self.commit(node, false);
+            }
+        }
+        self.check_end();
+        self.report.obligations = self.issued.len() as u64;
+        self.report
+    }
+
+    fn next_timer(&self) -> Option<(u64, usize)> {
+        let mut best: Option<(u64, usize)> = None;
+        for (i, node) in self.nodes.iter().enumerate() {
+            let at = match &node.machine {
+                Some(Machine::Custodian(c)) => c.poll_timeout(),
+                Some(Machine::Receiver(r)) => r.poll_timeout(),
+                None => None,
+            };
+            if let Some(at) = at {
+                // Back into true time; a timer in the past is due now.
+                let t = (at.0 as i64 - node.skew - self.scenario.epoch as i64).max(self.now as i64) as u64;
+                if best.is_none_or(|(b, _)| t < b) {
+                    best = Some((t, i));
+                }
+            }
+        }
+        best
+    }
+
+    fn fire_timer(&mut self, node: usize) {
+        let now = self.time(node);
+        match &mut self.nodes[node].machine {
+            Some(Machine::Custodian(c)) => c.handle_timeout(now),
+            Some(Machine::Receiver(r)) => r.handle_timeout(now),
+            None => return,
+        }
+        self.flush(node);
+    }
+
+    fn dispatch(&mut self, event: Event) {
+        match event {
+            Event::Issue(i) => self.issue(i),
+            Event::Deliver { from, to, message } => self.deliver(from, to, message),
+            Event::Commit {
+                node,
+                incarnation,
+                crash_after,
+            } => {
+                if self.nodes[node].incarnation == incarnation && self.nodes[node].machine.is_some() {
+                    self.commit(node, crash_after);
+                }
+            }
+            Event::Crash(node) => self.crash(node),
+            Event::Restart(node) => {
+                if self.nodes[node].machine.is_none() {
+                    self.restart(node);
+                }
+            }
+            Event::RogueAck => self.rogue_ack(),
+        }
+    }
+
+    fn issue(&mut self, i: usize) {
+        let o = self.scenario.obligations[i].clone();
+        if self.nodes[PRINCIPAL].machine.is_none() {
+            // The principal is down: the application issues again once it is back.
+            let at = self.now + 10;
+            self.push(at, Event::Issue(i));
+            return;
+        }
+        let now = self.time(PRINCIPAL);
+        if o.deadline <= now {
+            return; // Too late to issue at all; it never existed.
+        }
+        // Issuing is idempotent on the id: one the disk already holds is already accepted
+        // (a re-issue after a crash that hid the acceptance).
+        if self.cdisk.pending.contains_key(&o.id) || self.cdisk.terminal.contains_key(&o.id) {
+            self.accepted.insert(o.id);
+            self.index.insert(o.id, i);
+            self.issued.insert(o.id, o);
+            return;
+        }
+        let Some(Machine::Custodian(c)) = &mut self.nodes[PRINCIPAL].machine else {
+            return;
+        };
+        match c.issue(now, o.clone()) {
+            Ok(_) => {
+                self.index.insert(o.id, i);
+                self.issued.insert(o.id, o);
+            }
+            Err(e) => self.violation(format!("issue of {} refused: {e}", o.id)),
+        }
+        self.flush(PRINCIPAL);
+    }
+
+    fn deliver(&mut self, from: usize, to: usize, message: Message) {
+        if self.nodes[to].machine.is_none() {
+            return;
+        }
+        let now = self.time(to);
+        let from_agent = if from == usize::MAX {
+            self.rogue.clone()
+        } else {
+            self.nodes[from].agent.clone()
+        };
+        let unsupported = self.nodes[to].unsupported.clone();
+        match (&mut self.nodes[to].machine, message) {
+            (Some(Machine::Receiver(r)), Message::Obligation(bytes)) => {
+                match decode_obligation(&bytes) {
+                    Ok(o) if unsupported.contains(&o.kind()) => {
+                        r.handle_unreadable(now, &from_agent, &o.envelope(), abhyasa_wire::DeclineReason::UnknownKind);
+                    }
+                    Ok(o) => {
+                        r.handle_obligation(now, &from_agent, o);
+                    }
+                    Err(e) => self.report.violations.push(format!("obligation failed to decode: {e}")),
+                }
+            }
+            (Some(Machine::Custodian(c)), Message::Ack(bytes)) => match decode::<CustodyAck>(&bytes) {
+                Ok(ack) => {
+                    c.handle_ack(now, &from_agent, ack);
+                }
+                Err(e) => self.report.violations.push(format!("ack failed to decode: {e}")),
+            },
+            _ => {}
+        }
+        self.flush(to);
+    }
+
+    fn rogue_ack(&mut self) {
+        // A confused or hostile agent acks someone else's obligation. Its session proves it
+        // is `rogue`; it claims to be the target.
+        let ids: Vec<_> = self.issued.values().map(|o| (o.id, o.target.clone())).collect();
+        if ids.is_empty() {
+            return;
+        }
+        let (id, target) = ids[self.rng.random_range(0..ids.len())].clone();
+        let ack = CustodyAck {
+            obligation_id: id,
+            target,
+            status: AckStatus::Applied,
+            acked_at: UnixMillis(self.scenario.epoch + self.now),
+        };
+        let at = self.now + 1;
+        self.push(
+            at,
+            Event::Deliver {
+                from: usize::MAX,
+                to: PRINCIPAL,
+                message: Message::Ack(encode(&ack)),
+            },
+        );
+    }
+
+    /// Drains a machine's queues after an input: records to its commit queue, transmits to
+    /// the network (checked against the disk first), events to the tallies.
+    fn flush(&mut self, node: usize) {
+        let now_true = self.now;
+        let now = self.time(node);
+        let mut sends: Vec<(usize, Message)> = Vec::new();
+        match self.drain(node) {
+            Some(Outputs::Custodian { records, transmits }) => {
+                self.nodes[node].queue.extend(records.into_iter().map(|p| (p.token, Record::Custodian(p.record))));
+                for t in transmits {
+                    let id = t.obligation.id;
+                    if t.attempt > 0 {
+                        let durable = self.cdisk.pending.get(&id).map(|p| p.attempts);
+                        if durable.is_none_or(|a| a < t.attempt) {
+                            self.violation(format!(
+                                "transmit of {id} attempt {} before its pending record was durable",
+                                t.attempt
+                            ));
+                        }
+                        let deadline = self.issued.get(&id).map(|o| o.deadline);
+                        if deadline.is_some_and(|d| now >= d) {
+                            self.violation(format!("transmit of {id} at or after its deadline"));
+                        }
+                    }
+                    if let Some(to) = self.nodes.iter().position(|n| n.agent == t.to) {
+                        sends.push((to, Message::Obligation(encode(&t.obligation))));
+                    }
+                }
+            }
+            Some(Outputs::Receiver { records, acks }) => {
+                for p in records {
+                    if let ReceiverRecord::Apply { id, .. } = &p.record {
+                        let deadline = self.issued.get(id).map(|o| o.deadline);
+                        if deadline.is_some_and(|d| now > d) {
+                            self.violation(format!("{id} applied after its deadline"));
+                        }
+                    }
+                    self.nodes[node].queue.push((p.token, Record::Receiver(p.record)));
+                }
+                for a in acks {
+                    let id = a.ack.obligation_id;
+                    if a.ack.status == AckStatus::Applied && !self.rdisks[node - 1].apply_count.contains_key(&id) {
+                        self.violation(format!("applied ack for {id} released before its apply was durable"));
+                    }
+                    if let Some(to) = self.nodes.iter().position(|n| n.agent == a.to) {
+                        sends.push((to, Message::Ack(encode(&a.ack))));
+                    }
+                }
+            }
+            None => return,
+        }
+        for (to, message) in sends {
+            self.send(node, to, message);
+        }
+        let n = &mut self.nodes[node];
+        if !n.queue.is_empty() && !n.commit_scheduled {
+            n.commit_scheduled = true;
+            let incarnation = n.incarnation;
+            let latency = self.rng.random_range(0..=self.scenario.commit_latency);
+            let crash_after = self.rng.random_bool(self.scenario.crash_after_commit);
+            self.push(
+                now_true + latency,
+                Event::Commit {
+                    node,
+                    incarnation,
+                    crash_after,
+                },
+            );
+        }
+    }
+
+    fn drain(&mut self, node: usize) -> Option<Outputs> {
+        match self.nodes[node].machine.as_mut()? {
+            Machine::Custodian(c) => {
+                let records = std::iter::from_fn(|| c.poll_persist()).collect();
+                let transmits = std::iter::from_fn(|| c.poll_transmit()).collect();
+                while let Some(e) = c.poll_event() {
+                    match e {
+                        CustodianEvent::Reconciled(_) => self.report.reconciled += 1,
+                        CustodianEvent::Accepted { id } => {
+                            self.accepted.insert(id);
+                        }
+                        _ => {}
+                    }
+                }
+                Some(Outputs::Custodian { records, transmits })
+            }
+            Machine::Receiver(r) => {
+                let records = std::iter::from_fn(|| r.poll_persist()).collect();
+                let acks = std::iter::from_fn(|| r.poll_transmit()).collect();
+                while r.poll_event().is_some() {}
+                Some(Outputs::Receiver { records, acks })
+            }
+        }
+    }
+
+    fn send(&mut self, from: usize, to: usize, message: Message) {
+        let net = self.scenario.net.clone();
+        let partitioned = self.scenario.partitions.iter().any(|&(node, start, end)| {
+            (node == from || node == to) && (start..end).contains(&self.now)
+        });
+        if partitioned {
+            return;
+        }
+        let bad = self.burst.entry((from, to)).or_insert(false);
+        if net.bursty {
+            let flip = if *bad { net.burst_exit } else { net.burst_enter };
+            if self.rng.random_bool(flip) {
+                *bad = !*bad;
+            }
+        }
+        let loss = if net.bursty && self.burst[&(from, to)] {
+            net.burst_loss
+        } else {
+            net.loss
+        };
+        let copies = 1 + usize::from(self.rng.random_bool(net.duplicate));
+        for _ in 0..copies {
+            if self.rng.random_bool(loss) {
+                continue;
+            }
+            let delay = net.delay + self.rng.random_range(0..=net.jitter);
+            let at = self.now + delay;
+            self.push(
+                at,
+                Event::Deliver {
+                    from,
+                    to,
+                    message: message.clone(),
+                },
+            );
+        }
+    }
+
+    fn commit(&mut self, node: usize, crash_after: bool) {
+        let records = std::mem::take(&mut self.nodes[node].queue);
+        self.nodes[node].commit_scheduled = false;
+        let mut tokens = Vec::with_capacity(records.len());
+        for (token, record) in records {
+            match record {
+                Record::Custodian(r) => self.apply_custodian(r),
+                Record::Receiver(r) => self.apply_receiver(node, r),
+            }
+            tokens.push(token);
+        }
+        if crash_after {
+            // Power lost right after the commit returned, before anything was released.
+            self.crash(node);
+            let at = self.now + self.scenario.commit_crash_downtime;
+            self.push(at, Event::Restart(node));
+            return;
+        }
+        let now = self.time(node);
+        match &mut self.nodes[node].machine {
+            Some(Machine::Custodian(c)) => tokens.into_iter().for_each(|t| c.handle_persisted(now, t)),
+            Some(Machine::Receiver(r)) => tokens.into_iter().for_each(|t| r.handle_persisted(t)),
+            None => return,
+        }
+        self.flush(node);
+    }
+
+    fn apply_custodian(&mut self, record: CustodianRecord) {
+        let principal = self
+            .cdisk
+            .principal
+            .get_or_insert_with(|| PrincipalState::new(self.scenario.custodian.weight_bounds));
+        match record {
+            CustodianRecord::Pending {
+                obligation,
+                attempts,
+                principal: update,
+            } => {
+                if let Some(u) = &update {
+                    principal.apply(u);
+                }
+                self.ever_pending.insert(obligation.id);
+                self.cdisk.pending.insert(
+                    obligation.id,
+                    PendingRecord {
+                        obligation,
+                        attempts,
+                        last_observed: LastObserved::NoAck,
+                    },
+                );
+            }
+            CustodianRecord::Attempt {
+                id,
+                attempts,
+                last_observed,
+            } => {
+                if let Some(p) = self.cdisk.pending.get_mut(&id) {
+                    p.attempts = attempts;
+                    p.last_observed = last_observed;
+                }
+            }
+            CustodianRecord::Terminal {
+                record,
+                escalation,
+                principal: update,
+            } => {
+                if let Some(u) = &update {
+                    principal.apply(u);
+                }
+                let id = record.obligation_id;
+                self.cdisk.pending.remove(&id);
+                if let Some(e) = escalation {
+                    self.cdisk.escalations.insert(id, e);
+                }
+                if let Some(prev) = self.cdisk.terminal.insert(id, record) {
+                    self.violation(format!("{id} terminated twice (first {:?})", prev.outcome));
+                }
+            }
+            CustodianRecord::Reconciliation(_) => self.cdisk.notes += 1,
+        }
+    }
+
+    fn apply_receiver(&mut self, node: usize, record: ReceiverRecord) {
+        let cfg = &self.scenario.receiver;
+        let (min, max) = (cfg.weight_min, cfg.weight_max);
+        let disk = &mut self.rdisks[node - 1];
+        match record {
+            ReceiverRecord::Apply {
+                id,
+                expires,
+                sequence,
+                effect,
+                ..
+            } => {
+                disk.applied.insert(id, expires);
+                if let Some((key, seq)) = sequence {
+                    disk.last_sequence.insert(key, seq);
+                }
+                disk.state.apply(&effect, min, max);
+                let count = disk.apply_count.entry(id).or_insert(0);
+                *count += 1;
+                if *count > 1 {
+                    let what = format!("{id} applied {count} times at {}", self.nodes[node].agent);
+                    self.violation(what);
+                }
+            }
+            ReceiverRecord::Prune { before } => disk.applied.retain(|_, e| *e >= before),
+        }
+    }
+
+    fn crash(&mut self, node: usize) {
+        let n = &mut self.nodes[node];
+        if n.machine.is_none() {
+            return;
+        }
+        n.machine = None;
+        n.queue.clear();
+        n.commit_scheduled = false;
+        n.incarnation += 1;
+        self.report.crashes += 1;
+        if node == PRINCIPAL {
+            // Obligations not yet accepted were never under custody: the application, which
+            // saw no acceptance, issues them again.
+            let unaccepted: Vec<ObligationId> = self
+                .issued
+                .values()
+                .filter(|o| kinds::admissible(o) && !self.accepted.contains(&o.id))
+                .map(|o| o.id)
+                .collect();
+            for id in unaccepted {
+                self.issued.remove(&id);
+                if let Some(i) = self.index.remove(&id) {
+                    let at = self.now + 1;
+                    self.push(at, Event::Issue(i));
+                }
+            }
+        }
+    }
+
+    fn boot(&mut self, node: usize) {
+        let now = self.time(node);
+        let seed = self.rng.random::<u64>();
+        let machine = if node == PRINCIPAL {
+            let principal = self
+                .cdisk
+                .principal
+                .clone()
+                .unwrap_or_else(|| PrincipalState::new(self.scenario.custodian.weight_bounds));
+            let escalated = self.cdisk.escalations.values().map(|e| EscalatedRecord {
+                id: e.obligation_id,
+                target: e.target.clone(),
+            });
+            Machine::Custodian(Box::new(Custodian::recover(
+                self.nodes[node].agent.clone(),
+                self.scenario.custodian.clone(),
+                seed,
+                principal,
+                self.cdisk.pending.values().cloned().collect::<Vec<_>>(),
+                escalated.collect::<Vec<_>>(),
+                now,
+            )))
+        } else {
+            let disk = &self.rdisks[node - 1];
+            Machine::Receiver(Box::new(Receiver::recover(
+                self.nodes[node].agent.clone(),
+                self.scenario.receiver.clone(),
+                disk.applied.iter().map(|(&id, &expires)| AppliedRecord { id, expires }),
+                disk.last_sequence.clone(),
+                disk.state.clone(),
+            )))
+        };
+        self.nodes[node].machine = Some(machine);
+    }
+
+    fn restart(&mut self, node: usize) {
+        if node == PRINCIPAL {
+            let now = self.time(PRINCIPAL);
+            self.custodian_restarts.insert(now);
+        }
+        self.boot(node);
+        // Recovery work (escalating what is overdue, resuming attempts) happens at once.
+        self.fire_timer(node);
+    }
+
+    fn violation(&mut self, what: String) {
+        self.report.violations.push(what);
+    }
+
+    fn check_end(&mut self) {
+        let principal = self
+            .cdisk
+            .principal
+            .clone()
+            .unwrap_or_else(|| PrincipalState::new(self.scenario.custodian.weight_bounds));
+        let retention = self.scenario.custodian.max_clock_skew_ms * 2;
+        // A grant is the principal's own later decision and may lift a withhold; scopes that
+        // saw one are judged by the grant, not the withhold.
+        let granted: BTreeSet<(AgentId, abhyasa_wire::Scope)> = self
+            .issued
+            .values()
+            .filter_map(|o| match (&o.payload, kinds::admissible(o)) {
+                (abhyasa_wire::Payload::AnumatiConsent(p), false) => Some((o.target.clone(), p.scope.clone())),
+                _ => None,
+            })
+            .collect();
+        let in_force = |action: &abhyasa_wire::SafeAction| match action {
+            abhyasa_wire::SafeAction::WithholdScope { target, scope, .. }
+                if granted.contains(&(target.clone(), scope.clone())) =>
+            {
+                true
+            }
+            _ => principal.holds(action),
+        };
+        for (id, o) in &self.issued.clone() {
+            let admissible = kinds::admissible(o);
+            let terminal = self.cdisk.terminal.get(id).cloned();
+            if !admissible {
+                if self.ever_pending.contains(id) {
+                    self.violation(format!("inadmissible {id} was taken under custody"));
+                }
+                match terminal.map(|t| t.outcome) {
+                    Some(Outcome::BestEffort) | None => self.report.best_effort += 1,
+                    Some(other) => self.violation(format!("inadmissible {id} ended {other:?}")),
+                }
+                continue;
+            }
+            let Some(terminal) = terminal else {
+                self.violation(format!(
+                    "admissible {id} ({}) not terminal after its deadline: silently lost",
+                    o.kind()
+                ));
+                continue;
+            };
+            let safe = kinds::safe(o, retention);
+            match terminal.outcome {
+                Outcome::Applied => {
+                    self.report.applied += 1;
+                    let target = self.nodes.iter().position(|n| n.agent == o.target).unwrap_or(0);
+                    if target == 0 || !self.rdisks[target - 1].apply_count.contains_key(id) {
+                        self.violation(format!("{id} discharged as applied but never applied by its target"));
+                    }
+                }
+                Outcome::Declined(_) => {
+                    self.report.declined += 1;
+                    if safe.as_ref().is_some_and(|s| !in_force(s)) {
+                        self.violation(format!("declined {id} without its safe action in force"));
+                    }
+                }
+                Outcome::Escalated(_) => {
+                    self.report.escalated += 1;
+                    match self.cdisk.escalations.get(id) {
+                        Some(e) if in_force(&e.safe_action) => {}
+                        Some(_) => self.violation(format!("escalated {id} without its safe action in force")),
+                        None => self.violation(format!("escalated {id} without an escalation record")),
+                    }
+                    let at = terminal.at;
+                    let deadline = o.deadline;
+                    // On time, or as the first act of a recovery that found it overdue.
+                    if at > deadline && !self.custodian_restarts.contains(&at) {
+                        self.violation(format!(
+                            "{id} escalated at {at}, after its deadline {deadline} with the custodian up"
+                        ));
+                    }
+                }
+                Outcome::BestEffort => self.violation(format!("admissible {id} ended best-effort")),
+            }
+            // A revocation is withheld on the principal side from issue on, whatever the outcome.
+            let revocation = matches!(o.kind(), Kind::AnumatiConsent | Kind::OauthToken);
+            if revocation && safe.as_ref().is_some_and(|s| !in_force(s)) {
+                self.violation(format!("revocation {id} not withheld on the principal side"));
+            }
+        }
+        if !self.cdisk.pending.is_empty() {
+            let n = self.cdisk.pending.len();
+            self.violation(format!("{n} obligations still pending at the end"));
+        }
+    }
+}
+
+impl Node {
+    fn new(agent: AgentId, skew: i64) -> Self {
+        Self {
+            agent,
+            machine: None,
+            incarnation: 0,
+            queue: Vec::new(),
+            commit_scheduled: false,
+            skew,
+            unsupported: BTreeSet::new(),
+        }
+    }
+}
+
+/// Applies `mutation` to both machines' configurations.
+pub(crate) fn mutate(custodian: &mut CustodianConfig, receiver: &mut ReceiverConfig, mutation: Option<Mutation>) {
+    custodian.mutation = mutation;
+    receiver.mutation = mutation;
+}
