@@ -355,7 +355,11 @@ impl Custodian {
     }
 
     /// Takes an obligation: under custody if admissible (AC-1), else sent once best-effort.
-    pub fn issue(&mut self, now: UnixMillis, obligation: Obligation) -> Result<Admission, IssueError> {
+    pub fn issue(
+        &mut self,
+        now: UnixMillis,
+        obligation: Obligation,
+    ) -> Result<Admission, IssueError> {
         if obligation.issuer != self.agent {
             return Err(IssueError::NotIssuer {
                 issuer: obligation.issuer,
@@ -460,7 +464,12 @@ impl Custodian {
     }
 
     /// An ack arrived over a session authenticated as `from`.
-    pub fn handle_ack(&mut self, now: UnixMillis, from: &AgentId, ack: CustodyAck) -> AckDisposition {
+    pub fn handle_ack(
+        &mut self,
+        now: UnixMillis,
+        from: &AgentId,
+        ack: CustodyAck,
+    ) -> AckDisposition {
         let check_sender = self.config.mutation != Some(Mutation::AcceptAckFromNonTarget);
         if check_sender && &ack.target != from {
             self.stats.acks_not_target += 1;
@@ -480,7 +489,12 @@ impl Custodian {
             AckStatus::Declined(reason) => {
                 // A delivered outcome; the principal side still takes the conservative action.
                 let safe = kinds::safe(&pending.obligation, retention);
-                self.terminate(now, id, Outcome::Declined(reason), safe.map(PrincipalUpdate::Safe));
+                self.terminate(
+                    now,
+                    id,
+                    Outcome::Declined(reason),
+                    safe.map(PrincipalUpdate::Safe),
+                );
             }
             AckStatus::Deferred => {
                 // Custody stays; neither the deadline nor the retry budget moves.
@@ -492,7 +506,12 @@ impl Custodian {
         AckDisposition::Discharged
     }
 
-    fn handle_late_ack(&mut self, now: UnixMillis, from: &AgentId, ack: CustodyAck) -> AckDisposition {
+    fn handle_late_ack(
+        &mut self,
+        now: UnixMillis,
+        from: &AgentId,
+        ack: CustodyAck,
+    ) -> AckDisposition {
         let escalated_to = self.escalated.get(&ack.obligation_id);
         if ack.status != AckStatus::Applied || escalated_to.is_none() {
             self.stats.acks_unknown += 1;
@@ -579,7 +598,13 @@ impl Custodian {
                     attempts,
                     last_observed,
                 });
-                self.gate(token, Gate::Send { id, attempt: attempts });
+                self.gate(
+                    token,
+                    Gate::Send {
+                        id,
+                        attempt: attempts,
+                    },
+                );
                 self.rearm(id, deadline);
             }
         }
@@ -588,10 +613,17 @@ impl Custodian {
     /// Full jitter over `min(cap, base·2^(k-1))`, with the cap below the obligation's lifetime.
     fn backoff(&mut self, id: ObligationId) -> u64 {
         let p = &self.pending[&id];
-        let lifetime = p.obligation.deadline.saturating_since(p.obligation.created_at);
+        let lifetime = p
+            .obligation
+            .deadline
+            .saturating_since(p.obligation.created_at);
         let cap = self.config.backoff_cap_ms.min(lifetime / 4).max(1);
         let shift = p.attempts.saturating_sub(1).min(32);
-        let ceiling = self.config.backoff_base_ms.saturating_mul(1 << shift).min(cap);
+        let ceiling = self
+            .config
+            .backoff_base_ms
+            .saturating_mul(1 << shift)
+            .min(cap);
         self.rng.0.random_range(0..=ceiling)
     }
 
@@ -600,7 +632,10 @@ impl Custodian {
         let Some(p) = self.pending.get_mut(&id) else {
             return; // Discharged while the record was being written.
         };
-        if p.attempts != attempt || p.phase != Phase::AwaitingPersist || now >= p.obligation.deadline {
+        if p.attempts != attempt
+            || p.phase != Phase::AwaitingPersist
+            || now >= p.obligation.deadline
+        {
             return;
         }
         p.phase = Phase::InFlight { since: now };
@@ -679,7 +714,10 @@ impl Custodian {
             escalation: escalation.clone(),
             principal,
         });
-        self.gate(token, Gate::Event(CustodianEvent::Terminal { record, escalation }));
+        self.gate(
+            token,
+            Gate::Event(CustodianEvent::Terminal { record, escalation }),
+        );
     }
 
     fn remember_escalation(&mut self, id: ObligationId, target: AgentId) {

@@ -174,12 +174,21 @@ impl PrincipalState {
         let Some(routing) = self.routing.get(&(target.clone(), key.clone())) else {
             return self.bounds.initial;
         };
-        let down: i64 = routing.adjustments.values().map(|(a, _)| i64::from(*a)).sum();
+        let down: i64 = routing
+            .adjustments
+            .values()
+            .map(|(a, _)| i64::from(*a))
+            .sum();
         (routing.base - down).clamp(self.bounds.min, self.bounds.max)
     }
 
     /// Whether the keyed down-weight of `obligation` is recorded (and not yet folded).
-    pub fn has_adjustment(&self, target: &AgentId, key: &WeightKey, obligation: ObligationId) -> bool {
+    pub fn has_adjustment(
+        &self,
+        target: &AgentId,
+        key: &WeightKey,
+        obligation: ObligationId,
+    ) -> bool {
         self.routing
             .get(&(target.clone(), key.clone()))
             .is_some_and(|r| r.adjustments.contains_key(&obligation))
@@ -262,9 +271,13 @@ mod tests {
     #[test]
     fn safe_actions_are_idempotent() {
         let mut s = PrincipalState::new(WeightBounds::default());
-        for action in [withhold(Some(1)), down(1, 300_000, 10), SafeAction::StopHonouringToken {
-            token_id: TokenId::new("t").unwrap(),
-        }] {
+        for action in [
+            withhold(Some(1)),
+            down(1, 300_000, 10),
+            SafeAction::StopHonouringToken {
+                token_id: TokenId::new("t").unwrap(),
+            },
+        ] {
             assert!(s.apply_safe(&action));
             let once = s.clone();
             assert!(!s.apply_safe(&action), "{action:?} changed state twice");

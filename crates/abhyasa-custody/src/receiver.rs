@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use abhyasa_wire::{
-    AckStatus, AgentId, CustodyAck, DeclineReason, Envelope, ObligationId, Obligation, Scope,
+    AckStatus, AgentId, CustodyAck, DeclineReason, Envelope, Obligation, ObligationId, Scope,
     TokenId, UnixMillis, WeightKey,
 };
 
@@ -153,7 +153,10 @@ impl ReceiverState {
                 self.withheld.remove(&(issuer.clone(), scope.clone()));
             }
             ReceiverEffect::AdjustWeight(issuer, key, delta) => {
-                let w = self.weights.entry((issuer.clone(), key.clone())).or_insert(0);
+                let w = self
+                    .weights
+                    .entry((issuer.clone(), key.clone()))
+                    .or_insert(0);
                 *w = (*w + i64::from(*delta)).clamp(min, max);
             }
             ReceiverEffect::DropToken(token) => {
@@ -266,7 +269,12 @@ impl Receiver {
     }
 
     /// An obligation arrived over a session authenticated as `from`.
-    pub fn handle_obligation(&mut self, now: UnixMillis, from: &AgentId, o: Obligation) -> Disposition {
+    pub fn handle_obligation(
+        &mut self,
+        now: UnixMillis,
+        from: &AgentId,
+        o: Obligation,
+    ) -> Disposition {
         if from != &o.issuer {
             self.stats.forged += 1;
             return Disposition::DroppedForged;
@@ -293,7 +301,9 @@ impl Receiver {
                 return self.decline(now, &o.envelope(), DeclineReason::Superseded);
             }
         }
-        if self.applied.len() >= self.config.max_applied || self.inflight >= self.config.max_inflight {
+        if self.applied.len() >= self.config.max_applied
+            || self.inflight >= self.config.max_inflight
+        {
             self.stats.deferred += 1;
             if under_custody {
                 self.ack(&o.issuer, o.id, now, AckStatus::Deferred);
@@ -372,9 +382,19 @@ impl Receiver {
         }
     }
 
-    fn decline(&mut self, now: UnixMillis, envelope: &Envelope, reason: DeclineReason) -> Disposition {
+    fn decline(
+        &mut self,
+        now: UnixMillis,
+        envelope: &Envelope,
+        reason: DeclineReason,
+    ) -> Disposition {
         self.stats.declined += 1;
-        self.ack(&envelope.issuer, envelope.id, now, AckStatus::Declined(reason));
+        self.ack(
+            &envelope.issuer,
+            envelope.id,
+            now,
+            AckStatus::Declined(reason),
+        );
         self.events.push_back(ReceiverEvent::Declined {
             id: envelope.id,
             reason,

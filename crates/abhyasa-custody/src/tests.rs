@@ -1,0 +1,502 @@
+//! Scenario tests of the two machines, driven by hand.
+
+use abhyasa_wire::{
+    AckStatus, AgentId, BeliefUpdatePayload, ClientId, ConsentDecision, ConsentPayload, CustodyAck,
+    DeclineReason, EscalationCause, LastObserved, Obligation, ObligationId, Outcome, Payload,
+    Scope, TokenAction, TokenId, TokenPayload, UnixMillis, WeightDelta, WeightKey,
+};
+
+use super::*;
+
+fn p() -> AgentId {
+    AgentId::new("p").unwrap()
+}
+
+fn a() -> AgentId {
+    AgentId::new("a").unwrap()
+}
+
+fn config() -> CustodianConfig {
+    CustodianConfig {
+        response_timeout_ms: 100,
+        backoff_base_ms: 50,
+        backoff_cap_ms: 400,
+        ..CustodianConfig::default()
+    }
+}
+
+fn revoke_token(id: u128, max_retries: u32, deadline: u64) -> Obligation {
+    Obligation {
+        id: ObligationId::from_u128(id),
+        issuer: p(),
+        target: a(),
+        created_at: UnixMillis(0),
+        deadline: UnixMillis(deadline),
+        max_retries,
+        sequence: None,
+        payload: Payload::OauthToken(TokenPayload {
+            action: TokenAction::Revoke,
+            token_id: TokenId::new(format!("t{id}")).unwrap(),
+            client_id: ClientId::new("c").unwrap(),
+        }),
+    }
+}
+
+/// Persists everything outstanding and returns the transmits released.
+fn persist_all(c: &mut Custodian, now: u64) -> Vec<Transmit> {
+    while let Some(rec) = c.poll_persist() {
+        c.handle_persisted(UnixMillis(now), rec.token);
+    }
+    std::iter::from_fn(|| c.poll_transmit()).collect()
+}
+
+fn terminal(c: &mut Custodian) -> Vec<(Outcome, u32)> {
+    std::iter::from_fn(|| c.poll_event())
+        .filter_map(|e| match e {
+            CustodianEvent::Terminal { record, .. } => Some((record.outcome, record.attempts)),
+            _ => None,
+        })
+        .collect()
+}
+
+fn ack(id: u128, status: AckStatus) -> CustodyAck {
+    CustodyAck {
+        obligation_id: ObligationId::from_u128(id),
+        target: a(),
+        status,
+        acked_at: UnixMillis(1),
+    }
+}
+
+#[test]
+fn no_transmit_before_the_pending_record_is_durable() {
+    let mut c = Custodian::new(p(), config(), 1);
+    assert_eq!(
+        c.issue(UnixMillis(0), revoke_token(1, 3, 10_000)),
+        Ok(Admission::Custody)
+    );
+    assert!(c.poll_transmit().is_none());
+    let rec = c.poll_persist().unwrap();
+    assert!(matches!(
+        &rec.record,
+        CustodianRecord::Pending {
+            attempts: 1,
+            principal: Some(_),
+            ..
+        }
+    ));
+    // The revocation is withheld principal-side at issue, not on an ack.
+    assert!(c.principal().is_revoked(&TokenId::new("t1").unwrap()));
+    assert!(c.poll_transmit().is_none());
+    c.handle_persisted(UnixMillis(5), rec.token);
+    let t = c.poll_transmit().unwrap();
+    assert_eq!((t.attempt, t.channel), (1, Channel::Stream));
+    assert_eq!(
+        std::iter::from_fn(|| c.poll_event()).collect::<Vec<_>>(),
+        vec![CustodianEvent::Accepted {
+            id: ObligationId::from_u128(1)
+        }]
+    );
+}
+
+#[test]
+fn retries_back_off_and_each_attempt_is_persisted_first() {
+    let mut c = Custodian::new(p(), config(), 9);
+    c.issue(UnixMillis(0), revoke_token(1, 4, 100_000)).unwrap();
+    assert_eq!(persist_all(&mut c, 0).len(), 1);
+    let mut sends = vec![0u64];
+    let mut now = 0;
+    while sends.len() < 5 {
+        now = c.poll_timeout().unwrap().0;
+        c.handle_timeout(UnixMillis(now));
+        // A retry is never released before its attempt record.
+        assert!(c.poll_transmit().is_none());
+        while let Some(rec) = c.poll_persist() {
+            let CustodianRecord::Attempt { attempts, .. } = rec.record else {
+                panic!("expected an attempt record, got {:?}", rec.record);
+            };
+            assert_eq!(attempts as usize, sends.len() + 1);
+            c.handle_persisted(UnixMillis(now), rec.token);
+        }
+        if let Some(t) = c.poll_transmit() {
+            assert_eq!(t.attempt as usize, sends.len() + 1);
+            sends.push(now);
+        }
+    }
+    // Gap k = response timeout + full jitter in [0, min(cap, base·2^(k-1))].
+    for (k, w) in sends.windows(2).enumerate() {
+        let gap = w[1] - w[0];
+        let ceiling = (50u64 << k).min(400);
+        assert!((100..=100 + ceiling).contains(&gap), "gap {k}: {gap}");
+    }
+    // Budget 1 + 4 spent: one more response timeout, then retries_exhausted.
+    now += 100;
+    c.handle_timeout(UnixMillis(now));
+    persist_all(&mut c, now);
+    assert_eq!(
+        terminal(&mut c),
+        vec![(Outcome::Escalated(EscalationCause::RetriesExhausted), 5)]
+    );
+}
+
+#[test]
+fn deadline_escalates_with_the_safe_action_and_late_applied_is_reconciled() {
+    let mut c = Custodian::new(p(), config(), 3);
+    let mut o = revoke_token(1, 1000, 1_000);
+    o.payload = Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
+        weight_key: WeightKey::new("k").unwrap(),
+        weight_delta: WeightDelta(-400_000),
+        ttl_ms: 1,
+    });
+    c.issue(UnixMillis(0), o).unwrap();
+    persist_all(&mut c, 0);
+    assert_eq!(
+        c.handle_ack(UnixMillis(10), &a(), ack(1, AckStatus::Deferred)),
+        AckDisposition::Deferred
+    );
+    let mut now = 0;
+    while c.pending_len() > 0 {
+        now = c.poll_timeout().unwrap().0;
+        assert!(now <= 1_000, "custody ran past its deadline");
+        c.handle_timeout(UnixMillis(now));
+        persist_all(&mut c, now);
+    }
+    assert_eq!(now, 1_000);
+    let events: Vec<_> = std::iter::from_fn(|| c.poll_event()).collect();
+    let escalation = events
+        .iter()
+        .find_map(|e| match e {
+            CustodianEvent::Terminal { escalation, .. } => escalation.clone(),
+            _ => None,
+        })
+        .expect("an escalation");
+    assert_eq!(escalation.cause, EscalationCause::Deadline);
+    assert_eq!(escalation.last_observed, LastObserved::Deferred);
+    assert!(c.principal().holds(&escalation.safe_action));
+    let key = WeightKey::new("k").unwrap();
+    assert_eq!(c.principal().routing_weight(&a(), &key), 600_000);
+    // A late applied ack is noted; the safe action stays.
+    assert_eq!(
+        c.handle_ack(UnixMillis(1_100), &a(), ack(1, AckStatus::Applied)),
+        AckDisposition::Reconciled
+    );
+    persist_all(&mut c, 1_100);
+    assert!(matches!(
+        c.poll_event(),
+        Some(CustodianEvent::Reconciled(_))
+    ));
+    assert_eq!(c.principal().routing_weight(&a(), &key), 600_000);
+    assert_eq!(
+        c.handle_ack(UnixMillis(1_200), &a(), ack(1, AckStatus::Applied)),
+        AckDisposition::IgnoredUnknown
+    );
+}
+
+#[test]
+fn acks_are_checked() {
+    let mut c = Custodian::new(p(), config(), 3);
+    c.issue(UnixMillis(0), revoke_token(1, 3, 10_000)).unwrap();
+    persist_all(&mut c, 0);
+    let rogue = AgentId::new("rogue").unwrap();
+    // Claims to be the target, but its session says otherwise.
+    assert_eq!(
+        c.handle_ack(UnixMillis(1), &rogue, ack(1, AckStatus::Applied)),
+        AckDisposition::IgnoredNotTarget
+    );
+    // Honest about itself, but not the target.
+    let mut forged = ack(1, AckStatus::Applied);
+    forged.target = rogue.clone();
+    assert_eq!(
+        c.handle_ack(UnixMillis(1), &rogue, forged),
+        AckDisposition::IgnoredNotTarget
+    );
+    assert_eq!(
+        c.handle_ack(UnixMillis(1), &a(), ack(9, AckStatus::Applied)),
+        AckDisposition::IgnoredUnknown
+    );
+    assert_eq!(c.stats().acks_not_target, 2);
+    assert!(c.is_pending(ObligationId::from_u128(1)));
+    // Declined is delivered: terminal, not retried, safe action in force.
+    assert_eq!(
+        c.handle_ack(
+            UnixMillis(2),
+            &a(),
+            ack(1, AckStatus::Declined(DeclineReason::Superseded))
+        ),
+        AckDisposition::Discharged
+    );
+    persist_all(&mut c, 2);
+    assert_eq!(
+        terminal(&mut c),
+        vec![(Outcome::Declined(DeclineReason::Superseded), 1)]
+    );
+    assert_eq!(c.poll_timeout(), None);
+}
+
+#[test]
+fn recovery_keeps_the_deadline_and_attempts() {
+    let mut c = Custodian::new(p(), config(), 3);
+    c.issue(UnixMillis(0), revoke_token(1, 2, 5_000)).unwrap();
+    persist_all(&mut c, 0);
+    let (o, attempts) = c.pending().next().map(|(o, n)| (o.clone(), n)).unwrap();
+    // Recovered well after the deadline: escalates at once, deadline untouched.
+    let record = PendingRecord {
+        obligation: o.clone(),
+        attempts,
+        last_observed: LastObserved::NoAck,
+    };
+    let mut late = Custodian::recover(
+        p(),
+        config(),
+        4,
+        PrincipalState::default(),
+        [record.clone()],
+        [],
+        UnixMillis(9_000),
+    );
+    late.handle_timeout(UnixMillis(9_000));
+    persist_all(&mut late, 9_000);
+    assert_eq!(
+        terminal(&mut late),
+        vec![(Outcome::Escalated(EscalationCause::Deadline), 1)]
+    );
+    // Recovered in time with the budget spent: one response timeout, then retries_exhausted.
+    let spent = PendingRecord {
+        attempts: 3,
+        ..record
+    };
+    let mut r = Custodian::recover(
+        p(),
+        config(),
+        4,
+        PrincipalState::default(),
+        [spent],
+        [],
+        UnixMillis(100),
+    );
+    r.handle_timeout(UnixMillis(100));
+    assert!(persist_all(&mut r, 100).is_empty());
+    assert_eq!(r.poll_timeout(), Some(UnixMillis(200)));
+    r.handle_timeout(UnixMillis(200));
+    persist_all(&mut r, 200);
+    assert_eq!(
+        terminal(&mut r),
+        vec![(Outcome::Escalated(EscalationCause::RetriesExhausted), 3)]
+    );
+}
+
+#[test]
+fn inadmissible_obligations_go_best_effort_once() {
+    let mut c = Custodian::new(p(), config(), 3);
+    let mut o = revoke_token(1, 3, 10_000);
+    o.payload = Payload::AnumatiConsent(ConsentPayload {
+        decision: Some(ConsentDecision::Grant),
+        scope: Scope::new("cal").unwrap(),
+    });
+    assert_eq!(c.issue(UnixMillis(0), o), Ok(Admission::BestEffort));
+    let t = c.poll_transmit().unwrap();
+    assert_eq!((t.attempt, t.channel), (0, Channel::Datagram));
+    assert!(c.poll_transmit().is_none());
+    assert_eq!(c.pending_len(), 0);
+    assert_eq!(c.poll_timeout(), None);
+    assert_eq!(terminal(&mut c), vec![(Outcome::BestEffort, 0)]);
+}
+
+#[test]
+fn issue_refuses_bad_obligations_and_changes_nothing() {
+    let mut c = Custodian::new(p(), config(), 3);
+    let mut other = revoke_token(1, 3, 10_000);
+    other.issuer = a();
+    assert!(matches!(
+        c.issue(UnixMillis(0), other),
+        Err(IssueError::NotIssuer { .. })
+    ));
+    assert!(matches!(
+        c.issue(UnixMillis(20_000), revoke_token(1, 3, 10_000)),
+        Err(IssueError::PastDeadline { .. })
+    ));
+    assert!(matches!(
+        c.issue(UnixMillis(0), revoke_token(1, 5_000, 10_000)),
+        Err(IssueError::Invalid(_))
+    ));
+    c.issue(UnixMillis(0), revoke_token(1, 3, 10_000)).unwrap();
+    assert_eq!(
+        c.issue(UnixMillis(0), revoke_token(1, 3, 10_000)),
+        Err(IssueError::Duplicate(ObligationId::from_u128(1)))
+    );
+    let mut small = Custodian::new(
+        p(),
+        CustodianConfig {
+            max_pending: 1,
+            ..config()
+        },
+        3,
+    );
+    small
+        .issue(UnixMillis(0), revoke_token(1, 3, 10_000))
+        .unwrap();
+    assert!(matches!(
+        small.issue(UnixMillis(0), revoke_token(2, 3, 10_000)),
+        Err(IssueError::Full { .. })
+    ));
+    assert_eq!(small.pending_len(), 1);
+}
+
+fn receive(r: &mut Receiver, now: u64, o: Obligation) -> (Disposition, Vec<AckStatus>) {
+    let d = r.handle_obligation(UnixMillis(now), &p(), o);
+    while let Some(rec) = r.poll_persist() {
+        r.handle_persisted(rec.token);
+    }
+    (
+        d,
+        std::iter::from_fn(|| r.poll_transmit())
+            .map(|t| t.ack.status)
+            .collect(),
+    )
+}
+
+#[test]
+fn receiver_applies_once_and_acks_only_after_commit() {
+    let mut r = Receiver::new(a(), ReceiverConfig::default());
+    let mut o = revoke_token(1, 3, 10_000);
+    o.payload = Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
+        weight_key: WeightKey::new("k").unwrap(),
+        weight_delta: WeightDelta(-300_000),
+        ttl_ms: 1,
+    });
+    assert_eq!(
+        r.handle_obligation(UnixMillis(0), &p(), o.clone()),
+        Disposition::Applying
+    );
+    let rec = r.poll_persist().unwrap();
+    assert!(matches!(rec.record, ReceiverRecord::Apply { .. }));
+    assert!(r.poll_transmit().is_none(), "ack before the commit");
+    // A redelivery while the commit is in flight neither re-applies nor acks early.
+    assert_eq!(
+        r.handle_obligation(UnixMillis(1), &p(), o.clone()),
+        Disposition::Duplicate
+    );
+    assert!(r.poll_persist().is_none() && r.poll_transmit().is_none());
+    r.handle_persisted(rec.token);
+    assert_eq!(
+        r.poll_transmit().map(|t| t.ack.status),
+        Some(AckStatus::Applied)
+    );
+    // After the commit, a redelivery is re-acked applied without re-applying.
+    assert_eq!(
+        receive(&mut r, 2, o),
+        (Disposition::Duplicate, vec![AckStatus::Applied])
+    );
+    assert_eq!(
+        r.state().weight(&p(), &WeightKey::new("k").unwrap()),
+        -300_000
+    );
+}
+
+#[test]
+fn receiver_declines_expired_superseded_misaddressed_and_forged() {
+    let mut r = Receiver::new(a(), ReceiverConfig::default());
+    let expired = revoke_token(1, 3, 100);
+    assert_eq!(
+        receive(&mut r, 101, expired).1,
+        vec![AckStatus::Declined(DeclineReason::Expired)]
+    );
+    let mut newer = revoke_token(2, 3, 10_000);
+    newer.sequence = Some(5);
+    let mut older = revoke_token(3, 3, 10_000);
+    older.sequence = Some(4);
+    if let Payload::OauthToken(t) = &mut older.payload {
+        t.token_id = TokenId::new("t2").unwrap();
+    }
+    assert_eq!(receive(&mut r, 0, newer).1, vec![AckStatus::Applied]);
+    assert_eq!(
+        receive(&mut r, 0, older).1,
+        vec![AckStatus::Declined(DeclineReason::Superseded)]
+    );
+    let mut elsewhere = revoke_token(4, 3, 10_000);
+    elsewhere.target = AgentId::new("b").unwrap();
+    assert_eq!(
+        receive(&mut r, 0, elsewhere).1,
+        vec![AckStatus::Declined(DeclineReason::Refused)]
+    );
+    let forged = revoke_token(5, 3, 10_000);
+    assert_eq!(
+        r.handle_obligation(UnixMillis(0), &AgentId::new("rogue").unwrap(), forged),
+        Disposition::DroppedForged
+    );
+    assert!(r.poll_transmit().is_none());
+    assert!(r.state().is_dropped(&TokenId::new("t2").unwrap()));
+}
+
+#[test]
+fn receiver_defers_when_full_and_prunes_after_retention() {
+    let config = ReceiverConfig {
+        max_inflight: 1,
+        max_clock_skew_ms: 50,
+        ..ReceiverConfig::default()
+    };
+    let mut r = Receiver::new(a(), config);
+    assert_eq!(
+        r.handle_obligation(UnixMillis(0), &p(), revoke_token(1, 3, 1_000)),
+        Disposition::Applying
+    );
+    assert_eq!(
+        r.handle_obligation(UnixMillis(0), &p(), revoke_token(2, 3, 1_000)),
+        Disposition::Deferred
+    );
+    assert_eq!(
+        r.poll_transmit().map(|t| t.ack.status),
+        Some(AckStatus::Deferred)
+    );
+    let rec = r.poll_persist().unwrap();
+    r.handle_persisted(rec.token);
+    assert_eq!(
+        r.poll_transmit().map(|t| t.ack.status),
+        Some(AckStatus::Applied)
+    );
+    assert_eq!(r.poll_timeout(), Some(UnixMillis(1_051)));
+    r.handle_timeout(UnixMillis(1_000));
+    assert!(r.has_applied(ObligationId::from_u128(1)));
+    r.handle_timeout(UnixMillis(1_051));
+    assert!(!r.has_applied(ObligationId::from_u128(1)));
+    assert!(matches!(
+        r.poll_persist().map(|p| p.record),
+        Some(ReceiverRecord::Prune { .. })
+    ));
+    // Past retention a redelivery is expired, never re-applied.
+    assert_eq!(
+        receive(&mut r, 1_052, revoke_token(1, 3, 1_000)).1,
+        vec![AckStatus::Declined(DeclineReason::Expired)]
+    );
+}
+
+#[test]
+fn admissibility_is_per_instance() {
+    let mut o = revoke_token(1, 3, 10);
+    assert!(kinds::admissible(&o));
+    if let Payload::OauthToken(t) = &mut o.payload {
+        t.action = TokenAction::Issue;
+    }
+    assert!(!kinds::admissible(&o) && kinds::safe(&o, 0).is_none());
+    for (decision, admissible) in [
+        (Some(ConsentDecision::Revoke), true),
+        (None, true),
+        (Some(ConsentDecision::Unrecognized("pause".into())), true),
+        (Some(ConsentDecision::Grant), false),
+    ] {
+        o.payload = Payload::AnumatiConsent(ConsentPayload {
+            decision,
+            scope: Scope::new("s").unwrap(),
+        });
+        assert_eq!(kinds::admissible(&o), admissible);
+        assert_eq!(kinds::safe(&o, 0).is_some(), admissible);
+    }
+    for (delta, admissible) in [(-1, true), (0, false), (5, false)] {
+        o.payload = Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
+            weight_key: WeightKey::new("k").unwrap(),
+            weight_delta: WeightDelta(delta),
+            ttl_ms: 1,
+        });
+        assert_eq!(kinds::admissible(&o), admissible);
+    }
+}

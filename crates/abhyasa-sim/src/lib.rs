@@ -29,15 +29,32 @@ pub const MUTANTS: [(&str, Mutation); 8] = [
     ("ack_before_persist", Mutation::AckBeforePersist),
     ("apply_after_deadline", Mutation::ApplyAfterDeadline),
     ("send_before_persist", Mutation::SendBeforePersist),
-    ("deadline_reset_on_recovery", Mutation::DeadlineResetOnRecovery),
-    ("forget_pending_on_recovery", Mutation::ForgetPendingOnRecovery),
-    ("accept_ack_from_non_target", Mutation::AcceptAckFromNonTarget),
-    ("escalate_without_safe_action", Mutation::EscalateWithoutSafeAction),
+    (
+        "deadline_reset_on_recovery",
+        Mutation::DeadlineResetOnRecovery,
+    ),
+    (
+        "forget_pending_on_recovery",
+        Mutation::ForgetPendingOnRecovery,
+    ),
+    (
+        "accept_ack_from_non_target",
+        Mutation::AcceptAckFromNonTarget,
+    ),
+    (
+        "escalate_without_safe_action",
+        Mutation::EscalateWithoutSafeAction,
+    ),
 ];
 
 /// The mutant with this command-line name.
 pub fn mutant(name: &str) -> Option<Mutation> {
     MUTANTS.iter().find(|(n, _)| *n == name).map(|&(_, m)| m)
+}
+
+/// Runs a given scenario; `seed` drives the network and the jitter.
+pub fn run_scenario(scenario: Scenario, seed: u64) -> RunReport {
+    world::World::new(scenario, ChaCha8Rng::seed_from_u64(seed)).run()
 }
 
 /// Runs one seed of the custody simulation.
@@ -78,7 +95,8 @@ mod tests {
     #[test]
     fn every_mutant_is_caught() {
         for (name, mutation) in MUTANTS {
-            let caught = (0..2_000).find(|&seed| !run_custody(seed, Some(mutation)).violations.is_empty());
+            let caught =
+                (0..2_000).find(|&seed| !run_custody(seed, Some(mutation)).violations.is_empty());
             assert!(caught.is_some(), "mutant {name} survived 2000 seeds");
         }
     }

@@ -74,7 +74,9 @@ fn main() -> ExitCode {
                     break;
                 }
                 let r = run_custody(s, mutation);
-                let mut t = total.lock().expect("no worker panics while holding the lock");
+                let mut t = total
+                    .lock()
+                    .expect("no worker panics while holding the lock");
                 t.0.obligations += r.obligations;
                 t.0.applied += r.applied;
                 t.0.declined += r.declined;
@@ -97,7 +99,10 @@ fn main() -> ExitCode {
     if let Some((s, _)) = failing.first() {
         println!(
             "replay: cargo run --release -p abhyasa-sim -- custody --seed {s} --seeds 1{}",
-            mutant_name.as_deref().map(|m| format!(" --mutant {m}")).unwrap_or_default()
+            mutant_name
+                .as_deref()
+                .map(|m| format!(" --mutant {m}"))
+                .unwrap_or_default()
         );
     }
     eprintln!(

@@ -110,7 +110,9 @@ impl Scenario {
                 sequence
             });
             obligations.push(Obligation {
-                id: ObligationId::from_u128((u128::from(rng.random::<u64>()) << 32) | u128::from(i)),
+                id: ObligationId::from_u128(
+                    (u128::from(rng.random::<u64>()) << 32) | u128::from(i),
+                ),
                 issuer: principal.clone(),
                 target: AgentId::new(format!("agent-{target}")).expect("valid"),
                 created_at: UnixMillis(epoch + issue_at),
@@ -133,7 +135,11 @@ impl Scenario {
         }
         for _ in 0..rng.random_range(0..=3) {
             let start = rng.random_range(0..=last_deadline);
-            partitions.push((rng.random_range(0..nodes), start, start + rng.random_range(50..=2_500)));
+            partitions.push((
+                rng.random_range(0..nodes),
+                start,
+                start + rng.random_range(50..=2_500),
+            ));
         }
         let crashes = (0..rng.random_range(0..=4))
             .map(|_| {
@@ -149,7 +155,11 @@ impl Scenario {
             .collect();
         let bursty = rng.random_bool(0.3);
         let net = NetParams {
-            loss: if rng.random_bool(0.2) { 0.0 } else { rng.random_range(0.0..0.5) },
+            loss: if rng.random_bool(0.2) {
+                0.0
+            } else {
+                rng.random_range(0.0..0.5)
+            },
             duplicate: rng.random_range(0.0..0.25),
             delay: rng.random_range(1..=30),
             jitter: rng.random_range(0..=80),
@@ -188,14 +198,117 @@ impl Scenario {
     }
 }
 
+impl Scenario {
+    /// The demo: a principal and two agents. `agent-0` is reachable over a 10%-lossy link that
+    /// is cut for 800 ms and whose receiver is restarted; `agent-1` stays offline past every
+    /// deadline, so its admissible obligations escalate. A mix of every kind, both polarities.
+    pub fn demo() -> Self {
+        let epoch = 1_700_000_000_000;
+        let principal = AgentId::new("principal").expect("valid");
+        let mut obligations = Vec::new();
+        let kinds = [
+            (true, 0u32),
+            (false, 0),
+            (true, 1),
+            (false, 1),
+            (true, 2),
+            (false, 2),
+        ];
+        for i in 0..24u32 {
+            let (admissible, kind) = kinds[(i % 6) as usize];
+            let target = if i % 3 == 2 { 1 } else { 0 };
+            let issue_at = u64::from(i) * 40;
+            let payload = match kind {
+                0 => Payload::AnumatiConsent(ConsentPayload {
+                    decision: Some(if admissible {
+                        ConsentDecision::Revoke
+                    } else {
+                        ConsentDecision::Grant
+                    }),
+                    scope: Scope::new(format!("calendar.{i}")).expect("valid"),
+                }),
+                1 => Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
+                    weight_key: WeightKey::new(format!("supplier/{i}")).expect("valid"),
+                    weight_delta: WeightDelta(if admissible { -250_000 } else { 100_000 }),
+                    ttl_ms: 60_000,
+                }),
+                _ => Payload::OauthToken(TokenPayload {
+                    action: if admissible {
+                        TokenAction::Revoke
+                    } else {
+                        TokenAction::Issue
+                    },
+                    token_id: TokenId::new(format!("tok-{i}")).expect("valid"),
+                    client_id: ClientId::new("mail-client").expect("valid"),
+                }),
+            };
+            obligations.push(Obligation {
+                id: ObligationId::from_u128(0xd3_0000 + u128::from(i)),
+                issuer: principal.clone(),
+                target: AgentId::new(format!("agent-{target}")).expect("valid"),
+                created_at: UnixMillis(epoch + issue_at),
+                deadline: UnixMillis(epoch + issue_at + 3_000),
+                max_retries: 12,
+                sequence: None,
+                payload,
+            });
+        }
+        Self {
+            epoch,
+            targets: vec![
+                TargetParams {
+                    skew: 3,
+                    unsupported: BTreeSet::new(),
+                },
+                TargetParams {
+                    skew: -2,
+                    unsupported: BTreeSet::new(),
+                },
+            ],
+            obligations,
+            crashes: vec![(1, 700, 400)],
+            partitions: vec![(2, 0, u64::MAX), (1, 200, 1_000)],
+            rogue_acks: vec![],
+            net: NetParams {
+                loss: 0.10,
+                duplicate: 0.02,
+                delay: 10,
+                jitter: 5,
+                bursty: false,
+                burst_enter: 0.0,
+                burst_exit: 1.0,
+                burst_loss: 0.0,
+            },
+            commit_latency: 2,
+            crash_after_commit: 0.0,
+            commit_crash_downtime: 0,
+            custodian: CustodianConfig {
+                response_timeout_ms: 100,
+                backoff_base_ms: 50,
+                backoff_cap_ms: 400,
+                max_clock_skew_ms: 50,
+                ..CustodianConfig::default()
+            },
+            receiver: ReceiverConfig {
+                max_clock_skew_ms: 50,
+                ..ReceiverConfig::default()
+            },
+            end: 24 * 40 + 3_000 + 500,
+        }
+    }
+}
+
 fn payload(rng: &mut ChaCha8Rng, admissible: bool) -> Payload {
     let key = rng.random_range(0..3u32);
     match rng.random_range(0..3u32) {
         0 => Payload::AnumatiConsent(ConsentPayload {
             decision: if admissible {
-                [Some(ConsentDecision::Revoke), None, Some(ConsentDecision::Unrecognized("pause".into()))]
-                    [rng.random_range(0..3)]
-                    .clone()
+                [
+                    Some(ConsentDecision::Revoke),
+                    None,
+                    Some(ConsentDecision::Unrecognized("pause".into())),
+                ][rng.random_range(0..3)]
+                .clone()
             } else {
                 Some(ConsentDecision::Grant)
             },
@@ -211,7 +324,11 @@ fn payload(rng: &mut ChaCha8Rng, admissible: bool) -> Payload {
             ttl_ms: 60_000,
         }),
         _ => Payload::OauthToken(TokenPayload {
-            action: if admissible { TokenAction::Revoke } else { TokenAction::Issue },
+            action: if admissible {
+                TokenAction::Revoke
+            } else {
+                TokenAction::Issue
+            },
             token_id: TokenId::new(format!("tok-{key}")).expect("valid"),
             client_id: ClientId::new("client").expect("valid"),
         }),

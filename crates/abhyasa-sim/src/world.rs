@@ -4,13 +4,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use abhyasa_custody::{
-    kinds, AckTransmit, AppliedRecord, Persist, Transmit, Custodian, CustodianConfig, CustodianEvent, CustodianRecord,
-    EscalatedRecord, GovernedKey, Mutation, PendingRecord, PersistToken, PrincipalState, Receiver,
-    ReceiverConfig, ReceiverRecord, ReceiverState,
+    kinds, AckTransmit, AppliedRecord, Custodian, CustodianConfig, CustodianEvent, CustodianRecord,
+    EscalatedRecord, GovernedKey, Mutation, PendingRecord, Persist, PersistToken, PrincipalState,
+    Receiver, ReceiverConfig, ReceiverRecord, ReceiverState, Transmit,
 };
 use abhyasa_wire::{
     decode, decode_obligation, encode, AckStatus, AgentId, CustodyAck, Escalation, Kind,
-    LastObserved, ObligationId, Obligation, Outcome, TerminalRecord, UnixMillis,
+    LastObserved, Obligation, ObligationId, Outcome, TerminalRecord, UnixMillis,
 };
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -112,6 +112,10 @@ pub struct RunReport {
     pub reconciled: u64,
     /// Crashes injected.
     pub crashes: u64,
+    /// Admissible obligations accepted under custody that ended in no terminal state.
+    pub lost: u64,
+    /// Obligations applied more than once by a receiver.
+    pub double_applied: u64,
     /// Invariant violations found, described.
     pub violations: Vec<String>,
 }
@@ -152,7 +156,11 @@ impl World {
             node.unsupported = t.unsupported.clone();
             nodes.push(node);
         }
-        let rdisks = scenario.targets.iter().map(|_| ReceiverDisk::default()).collect();
+        let rdisks = scenario
+            .targets
+            .iter()
+            .map(|_| ReceiverDisk::default())
+            .collect();
         let mut world = Self {
             scenario,
             rng,
@@ -259,7 +267,8 @@ impl World {
             };
             if let Some(at) = at {
                 // Back into true time; a timer in the past is due now.
-                let t = (at.0 as i64 - node.skew - self.scenario.epoch as i64).max(self.now as i64) as u64;
+                let t = (at.0 as i64 - node.skew - self.scenario.epoch as i64).max(self.now as i64)
+                    as u64;
                 if best.is_none_or(|(b, _)| t < b) {
                     best = Some((t, i));
                 }
@@ -287,7 +296,8 @@ impl World {
                 incarnation,
                 crash_after,
             } => {
-                if self.nodes[node].incarnation == incarnation && self.nodes[node].machine.is_some() {
+                if self.nodes[node].incarnation == incarnation && self.nodes[node].machine.is_some()
+                {
                     self.commit(node, crash_after);
                 }
             }
@@ -349,20 +359,33 @@ impl World {
             (Some(Machine::Receiver(r)), Message::Obligation(bytes)) => {
                 match decode_obligation(&bytes) {
                     Ok(o) if unsupported.contains(&o.kind()) => {
-                        r.handle_unreadable(now, &from_agent, &o.envelope(), abhyasa_wire::DeclineReason::UnknownKind);
+                        r.handle_unreadable(
+                            now,
+                            &from_agent,
+                            &o.envelope(),
+                            abhyasa_wire::DeclineReason::UnknownKind,
+                        );
                     }
                     Ok(o) => {
                         r.handle_obligation(now, &from_agent, o);
                     }
-                    Err(e) => self.report.violations.push(format!("obligation failed to decode: {e}")),
+                    Err(e) => self
+                        .report
+                        .violations
+                        .push(format!("obligation failed to decode: {e}")),
                 }
             }
-            (Some(Machine::Custodian(c)), Message::Ack(bytes)) => match decode::<CustodyAck>(&bytes) {
-                Ok(ack) => {
-                    c.handle_ack(now, &from_agent, ack);
+            (Some(Machine::Custodian(c)), Message::Ack(bytes)) => {
+                match decode::<CustodyAck>(&bytes) {
+                    Ok(ack) => {
+                        c.handle_ack(now, &from_agent, ack);
+                    }
+                    Err(e) => self
+                        .report
+                        .violations
+                        .push(format!("ack failed to decode: {e}")),
                 }
-                Err(e) => self.report.violations.push(format!("ack failed to decode: {e}")),
-            },
+            }
             _ => {}
         }
         self.flush(to);
@@ -371,7 +394,11 @@ impl World {
     fn rogue_ack(&mut self) {
         // A confused or hostile agent acks someone else's obligation. Its session proves it
         // is `rogue`; it claims to be the target.
-        let ids: Vec<_> = self.issued.values().map(|o| (o.id, o.target.clone())).collect();
+        let ids: Vec<_> = self
+            .issued
+            .values()
+            .map(|o| (o.id, o.target.clone()))
+            .collect();
         if ids.is_empty() {
             return;
         }
@@ -401,7 +428,11 @@ impl World {
         let mut sends: Vec<(usize, Message)> = Vec::new();
         match self.drain(node) {
             Some(Outputs::Custodian { records, transmits }) => {
-                self.nodes[node].queue.extend(records.into_iter().map(|p| (p.token, Record::Custodian(p.record))));
+                self.nodes[node].queue.extend(
+                    records
+                        .into_iter()
+                        .map(|p| (p.token, Record::Custodian(p.record))),
+                );
                 for t in transmits {
                     let id = t.obligation.id;
                     if t.attempt > 0 {
@@ -430,12 +461,18 @@ impl World {
                             self.violation(format!("{id} applied after its deadline"));
                         }
                     }
-                    self.nodes[node].queue.push((p.token, Record::Receiver(p.record)));
+                    self.nodes[node]
+                        .queue
+                        .push((p.token, Record::Receiver(p.record)));
                 }
                 for a in acks {
                     let id = a.ack.obligation_id;
-                    if a.ack.status == AckStatus::Applied && !self.rdisks[node - 1].apply_count.contains_key(&id) {
-                        self.violation(format!("applied ack for {id} released before its apply was durable"));
+                    if a.ack.status == AckStatus::Applied
+                        && !self.rdisks[node - 1].apply_count.contains_key(&id)
+                    {
+                        self.violation(format!(
+                            "applied ack for {id} released before its apply was durable"
+                        ));
                     }
                     if let Some(to) = self.nodes.iter().position(|n| n.agent == a.to) {
                         sends.push((to, Message::Ack(encode(&a.ack))));
@@ -499,7 +536,11 @@ impl World {
         }
         let bad = self.burst.entry((from, to)).or_insert(false);
         if net.bursty {
-            let flip = if *bad { net.burst_exit } else { net.burst_enter };
+            let flip = if *bad {
+                net.burst_exit
+            } else {
+                net.burst_enter
+            };
             if self.rng.random_bool(flip) {
                 *bad = !*bad;
             }
@@ -547,7 +588,9 @@ impl World {
         }
         let now = self.time(node);
         match &mut self.nodes[node].machine {
-            Some(Machine::Custodian(c)) => tokens.into_iter().for_each(|t| c.handle_persisted(now, t)),
+            Some(Machine::Custodian(c)) => {
+                tokens.into_iter().for_each(|t| c.handle_persisted(now, t))
+            }
             Some(Machine::Receiver(r)) => tokens.into_iter().for_each(|t| r.handle_persisted(t)),
             None => return,
         }
@@ -629,6 +672,7 @@ impl World {
                 let count = disk.apply_count.entry(id).or_insert(0);
                 *count += 1;
                 if *count > 1 {
+                    self.report.double_applied += 1;
                     let what = format!("{id} applied {count} times at {}", self.nodes[node].agent);
                     self.violation(what);
                 }
@@ -693,7 +737,9 @@ impl World {
             Machine::Receiver(Box::new(Receiver::recover(
                 self.nodes[node].agent.clone(),
                 self.scenario.receiver.clone(),
-                disk.applied.iter().map(|(&id, &expires)| AppliedRecord { id, expires }),
+                disk.applied
+                    .iter()
+                    .map(|(&id, &expires)| AppliedRecord { id, expires }),
                 disk.last_sequence.clone(),
                 disk.state.clone(),
             )))
@@ -728,7 +774,9 @@ impl World {
             .issued
             .values()
             .filter_map(|o| match (&o.payload, kinds::admissible(o)) {
-                (abhyasa_wire::Payload::AnumatiConsent(p), false) => Some((o.target.clone(), p.scope.clone())),
+                (abhyasa_wire::Payload::AnumatiConsent(p), false) => {
+                    Some((o.target.clone(), p.scope.clone()))
+                }
                 _ => None,
             })
             .collect();
@@ -754,6 +802,7 @@ impl World {
                 continue;
             }
             let Some(terminal) = terminal else {
+                self.report.lost += 1;
                 self.violation(format!(
                     "admissible {id} ({}) not terminal after its deadline: silently lost",
                     o.kind()
@@ -764,9 +813,15 @@ impl World {
             match terminal.outcome {
                 Outcome::Applied => {
                     self.report.applied += 1;
-                    let target = self.nodes.iter().position(|n| n.agent == o.target).unwrap_or(0);
+                    let target = self
+                        .nodes
+                        .iter()
+                        .position(|n| n.agent == o.target)
+                        .unwrap_or(0);
                     if target == 0 || !self.rdisks[target - 1].apply_count.contains_key(id) {
-                        self.violation(format!("{id} discharged as applied but never applied by its target"));
+                        self.violation(format!(
+                            "{id} discharged as applied but never applied by its target"
+                        ));
                     }
                 }
                 Outcome::Declined(_) => {
@@ -779,8 +834,11 @@ impl World {
                     self.report.escalated += 1;
                     match self.cdisk.escalations.get(id) {
                         Some(e) if in_force(&e.safe_action) => {}
-                        Some(_) => self.violation(format!("escalated {id} without its safe action in force")),
-                        None => self.violation(format!("escalated {id} without an escalation record")),
+                        Some(_) => self
+                            .violation(format!("escalated {id} without its safe action in force")),
+                        None => {
+                            self.violation(format!("escalated {id} without an escalation record"))
+                        }
                     }
                     let at = terminal.at;
                     let deadline = o.deadline;
@@ -796,7 +854,9 @@ impl World {
             // A revocation is withheld on the principal side from issue on, whatever the outcome.
             let revocation = matches!(o.kind(), Kind::AnumatiConsent | Kind::OauthToken);
             if revocation && safe.as_ref().is_some_and(|s| !in_force(s)) {
-                self.violation(format!("revocation {id} not withheld on the principal side"));
+                self.violation(format!(
+                    "revocation {id} not withheld on the principal side"
+                ));
             }
         }
         if !self.cdisk.pending.is_empty() {
@@ -821,7 +881,11 @@ impl Node {
 }
 
 /// Applies `mutation` to both machines' configurations.
-pub(crate) fn mutate(custodian: &mut CustodianConfig, receiver: &mut ReceiverConfig, mutation: Option<Mutation>) {
+pub(crate) fn mutate(
+    custodian: &mut CustodianConfig,
+    receiver: &mut ReceiverConfig,
+    mutation: Option<Mutation>,
+) {
     custodian.mutation = mutation;
     receiver.mutation = mutation;
 }

@@ -226,11 +226,21 @@ mod tests {
     fn agent_id_rejects_bad_names() {
         assert!(AgentId::new("agent-1.eu_west").is_ok());
         assert_eq!(AgentId::new(""), Err(NameError::Empty { what: "agent id" }));
-        assert!(matches!(AgentId::new("Agent"), Err(NameError::BadChar { .. })));
-        assert!(matches!(AgentId::new("a/b"), Err(NameError::BadChar { .. })));
+        assert!(matches!(
+            AgentId::new("Agent"),
+            Err(NameError::BadChar { .. })
+        ));
+        assert!(matches!(
+            AgentId::new("a/b"),
+            Err(NameError::BadChar { .. })
+        ));
         assert!(matches!(
             AgentId::new("a".repeat(65)),
-            Err(NameError::TooLong { len: 65, limit: 64, .. })
+            Err(NameError::TooLong {
+                len: 65,
+                limit: 64,
+                ..
+            })
         ));
         assert!(AgentId::new("a".repeat(64)).is_ok());
     }

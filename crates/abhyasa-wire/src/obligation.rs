@@ -76,7 +76,11 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, in a fixed order.
-    pub const ALL: [Kind; 3] = [Kind::AnumatiConsent, Kind::PhalaBeliefUpdate, Kind::OauthToken];
+    pub const ALL: [Kind; 3] = [
+        Kind::AnumatiConsent,
+        Kind::PhalaBeliefUpdate,
+        Kind::OauthToken,
+    ];
 
     /// The wire name.
     pub const fn as_str(self) -> &'static str {

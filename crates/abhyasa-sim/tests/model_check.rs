@@ -1,0 +1,499 @@
+//! Bounded exhaustive model check of the real custodian and receiver (not an abstraction of
+//! them) with stateright: a lossy, duplicating, reordering network; a custodian crash and
+//! recovery; a receiver crash and recovery; group commits that may lag; virtual time that
+//! advances to the next timer.
+//!
+//! Two models, one obligation each: one with a retry budget of one retry (its escalation is
+//! reachable through `retries_exhausted`) and one with a large budget (its escalation is
+//! reachable only through the deadline). Safety properties hold in every reachable state; the
+//! `sometimes` properties prove that both escalation causes, an application and a recovery
+//! are actually reached, so the safety properties are not vacuous.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use abhyasa_custody::{
+    AppliedRecord, Custodian, CustodianConfig, CustodianRecord, PendingRecord, PersistToken,
+    PrincipalState, Receiver, ReceiverConfig, ReceiverRecord, ReceiverState, WeightBounds,
+};
+use abhyasa_wire::{
+    decode, decode_obligation, encode, AgentId, ClientId, CustodyAck, Escalation, EscalationCause,
+    LastObserved, Obligation, ObligationId, Outcome, Payload, TokenAction, TokenId, TokenPayload,
+    UnixMillis,
+};
+use stateright::{Checker, Model, Property};
+
+const DEADLINE: u64 = 40;
+const MAX_IN_FLIGHT: usize = 2;
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Disk {
+    pending: BTreeMap<ObligationId, PendingRecord>,
+    terminal: BTreeMap<ObligationId, Outcome>,
+    escalations: BTreeMap<ObligationId, Escalation>,
+    principal: PrincipalState,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct RDisk {
+    applied: BTreeMap<ObligationId, UnixMillis>,
+    state: ReceiverState,
+    apply_count: BTreeMap<ObligationId, u8>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct State {
+    now: u64,
+    custodian: Option<Custodian>,
+    receiver: Option<Receiver>,
+    cqueue: Vec<(PersistToken, CustodianRecord)>,
+    rqueue: Vec<(PersistToken, ReceiverRecord)>,
+    cdisk: Disk,
+    rdisk: RDisk,
+    /// In-flight messages: (is_ack, encoded bytes) with a count.
+    net: BTreeMap<(bool, Vec<u8>), u8>,
+    accepted: BTreeSet<ObligationId>,
+    crashes_left: u8,
+    dups_left: u8,
+    recovered: bool,
+    violation: Option<&'static str>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Action {
+    Tick,
+    CommitCustodian,
+    CommitReceiver,
+    Deliver(bool, Vec<u8>),
+    Drop(bool, Vec<u8>),
+    Duplicate(bool, Vec<u8>),
+    CrashCustodian,
+    RestartCustodian,
+    CrashReceiver,
+    RestartReceiver,
+}
+
+struct CustodyModel {
+    max_retries: u32,
+}
+
+fn principal() -> AgentId {
+    AgentId::new("p").expect("valid")
+}
+
+fn agent() -> AgentId {
+    AgentId::new("a").expect("valid")
+}
+
+fn custodian_config() -> CustodianConfig {
+    CustodianConfig {
+        response_timeout_ms: 10,
+        backoff_base_ms: 10,
+        backoff_cap_ms: 10,
+        max_clock_skew_ms: 5,
+        ..CustodianConfig::default()
+    }
+}
+
+fn receiver_config() -> ReceiverConfig {
+    ReceiverConfig {
+        max_clock_skew_ms: 5,
+        ..ReceiverConfig::default()
+    }
+}
+
+fn obligation(id: u128, max_retries: u32) -> Obligation {
+    Obligation {
+        id: ObligationId::from_u128(id),
+        issuer: principal(),
+        target: agent(),
+        created_at: UnixMillis(0),
+        deadline: UnixMillis(DEADLINE),
+        max_retries,
+        sequence: None,
+        payload: Payload::OauthToken(TokenPayload {
+            action: TokenAction::Revoke,
+            token_id: TokenId::new(format!("t{id}")).expect("valid"),
+            client_id: ClientId::new("c").expect("valid"),
+        }),
+    }
+}
+
+impl State {
+    fn flush(&mut self) {
+        let now = UnixMillis(self.now);
+        let mut out = Vec::new();
+        if let Some(c) = &mut self.custodian {
+            while let Some(p) = c.poll_persist() {
+                self.cqueue.push((p.token, p.record));
+            }
+            let transmits: Vec<_> = std::iter::from_fn(|| c.poll_transmit()).collect();
+            while c.poll_event().is_some() {}
+            for t in transmits {
+                let durable = self.cdisk.pending.get(&t.obligation.id).map(|p| p.attempts);
+                if durable.is_none_or(|a| a < t.attempt) {
+                    self.violation = Some("transmit before its pending record was durable");
+                }
+                if now >= t.obligation.deadline {
+                    self.violation = Some("transmit at or after the deadline");
+                }
+                out.push((false, encode(&t.obligation)));
+            }
+        }
+        if let Some(r) = &mut self.receiver {
+            while let Some(p) = r.poll_persist() {
+                self.rqueue.push((p.token, p.record));
+            }
+            let acks: Vec<_> = std::iter::from_fn(|| r.poll_transmit()).collect();
+            while r.poll_event().is_some() {}
+            for a in acks {
+                let applied = self.rdisk.apply_count.contains_key(&a.ack.obligation_id);
+                if a.ack.status == abhyasa_wire::AckStatus::Applied && !applied {
+                    self.violation = Some("applied ack released before the apply was durable");
+                }
+                out.push((true, encode(&a.ack)));
+            }
+        }
+        for message in out {
+            self.put(message);
+        }
+    }
+
+    fn put(&mut self, message: (bool, Vec<u8>)) {
+        let in_flight: usize = self.net.values().map(|&n| usize::from(n)).sum();
+        if in_flight < MAX_IN_FLIGHT {
+            *self.net.entry(message).or_insert(0) += 1;
+        }
+    }
+
+    fn take(&mut self, message: &(bool, Vec<u8>)) -> bool {
+        match self.net.get_mut(message) {
+            Some(n) if *n > 1 => {
+                *n -= 1;
+                true
+            }
+            Some(_) => {
+                self.net.remove(message);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn next_timer(&self) -> Option<u64> {
+        let c = self.custodian.as_ref().and_then(|c| c.poll_timeout());
+        let r = self.receiver.as_ref().and_then(|r| r.poll_timeout());
+        [c, r].into_iter().flatten().map(|t| t.0).min()
+    }
+
+    fn all_terminal(&self) -> bool {
+        self.accepted
+            .iter()
+            .all(|id| self.cdisk.terminal.contains_key(id))
+    }
+}
+
+impl Model for CustodyModel {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        let mut c = Custodian::new(principal(), custodian_config(), 1);
+        c.issue(UnixMillis(0), obligation(1, self.max_retries))
+            .expect("admissible");
+        let mut s = State {
+            now: 0,
+            custodian: Some(c),
+            receiver: Some(Receiver::new(agent(), receiver_config())),
+            cqueue: Vec::new(),
+            rqueue: Vec::new(),
+            cdisk: Disk {
+                pending: BTreeMap::new(),
+                terminal: BTreeMap::new(),
+                escalations: BTreeMap::new(),
+                principal: PrincipalState::new(WeightBounds::default()),
+            },
+            rdisk: RDisk {
+                applied: BTreeMap::new(),
+                state: ReceiverState::default(),
+                apply_count: BTreeMap::new(),
+            },
+            net: BTreeMap::new(),
+            accepted: BTreeSet::new(),
+            crashes_left: 1,
+            dups_left: 1,
+            recovered: false,
+            violation: None,
+        };
+        s.flush();
+        vec![s]
+    }
+
+    fn actions(&self, s: &State, actions: &mut Vec<Action>) {
+        if s.violation.is_some() {
+            return;
+        }
+        if s.next_timer().is_some_and(|t| t <= DEADLINE + 20) {
+            actions.push(Action::Tick);
+        }
+        if s.custodian.is_some() && !s.cqueue.is_empty() {
+            actions.push(Action::CommitCustodian);
+        }
+        if s.receiver.is_some() && !s.rqueue.is_empty() {
+            actions.push(Action::CommitReceiver);
+        }
+        for (is_ack, bytes) in s.net.keys() {
+            actions.push(Action::Deliver(*is_ack, bytes.clone()));
+            actions.push(Action::Drop(*is_ack, bytes.clone()));
+            if s.dups_left > 0 {
+                actions.push(Action::Duplicate(*is_ack, bytes.clone()));
+            }
+        }
+        match (&s.custodian, s.crashes_left) {
+            (Some(_), 1..) => actions.push(Action::CrashCustodian),
+            (None, _) => actions.push(Action::RestartCustodian),
+            _ => {}
+        }
+        match (&s.receiver, s.crashes_left) {
+            (Some(_), 1..) => actions.push(Action::CrashReceiver),
+            (None, _) => actions.push(Action::RestartReceiver),
+            _ => {}
+        }
+    }
+
+    fn next_state(&self, last: &State, action: Action) -> Option<State> {
+        let mut s = last.clone();
+        match action {
+            Action::Tick => {
+                let t = s.next_timer()?;
+                s.now = s.now.max(t);
+                let now = UnixMillis(s.now);
+                if let Some(c) = &mut s.custodian {
+                    c.handle_timeout(now);
+                }
+                if let Some(r) = &mut s.receiver {
+                    r.handle_timeout(now);
+                }
+            }
+            Action::CommitCustodian => {
+                let now = UnixMillis(s.now);
+                for (token, record) in std::mem::take(&mut s.cqueue) {
+                    apply_custodian(&mut s, record);
+                    s.custodian.as_mut()?.handle_persisted(now, token);
+                }
+            }
+            Action::CommitReceiver => {
+                for (token, record) in std::mem::take(&mut s.rqueue) {
+                    apply_receiver(&mut s, record);
+                    s.receiver.as_mut()?.handle_persisted(token);
+                }
+            }
+            Action::Deliver(is_ack, bytes) => {
+                s.take(&(is_ack, bytes.clone()));
+                let now = UnixMillis(s.now);
+                if is_ack {
+                    let ack: CustodyAck = decode(&bytes).ok()?;
+                    if let Some(c) = &mut s.custodian {
+                        c.handle_ack(now, &agent(), ack);
+                    }
+                } else {
+                    let o = decode_obligation(&bytes).ok()?;
+                    if let Some(r) = &mut s.receiver {
+                        r.handle_obligation(now, &principal(), o);
+                    }
+                }
+            }
+            Action::Drop(is_ack, bytes) => {
+                s.take(&(is_ack, bytes));
+            }
+            Action::Duplicate(is_ack, bytes) => {
+                s.dups_left -= 1;
+                s.put((is_ack, bytes));
+            }
+            Action::CrashCustodian => {
+                s.crashes_left -= 1;
+                s.custodian = None;
+                s.cqueue.clear();
+            }
+            Action::RestartCustodian => {
+                let now = UnixMillis(s.now);
+                let mut c = Custodian::recover(
+                    principal(),
+                    custodian_config(),
+                    2,
+                    s.cdisk.principal.clone(),
+                    s.cdisk.pending.values().cloned().collect::<Vec<_>>(),
+                    Vec::new(),
+                    now,
+                );
+                c.handle_timeout(now);
+                s.custodian = Some(c);
+                s.recovered = true;
+            }
+            Action::CrashReceiver => {
+                s.crashes_left -= 1;
+                s.receiver = None;
+                s.rqueue.clear();
+            }
+            Action::RestartReceiver => {
+                let applied = s
+                    .rdisk
+                    .applied
+                    .iter()
+                    .map(|(&id, &expires)| AppliedRecord { id, expires });
+                s.receiver = Some(Receiver::recover(
+                    agent(),
+                    receiver_config(),
+                    applied.collect::<Vec<_>>(),
+                    Vec::new(),
+                    s.rdisk.state.clone(),
+                ));
+                s.recovered = true;
+            }
+        }
+        s.flush();
+        Some(s)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            Property::always("no rule broken at a release point", |_, s: &State| {
+                s.violation.is_none()
+            }),
+            Property::always("applied at most once", |_, s: &State| {
+                s.rdisk.apply_count.values().all(|&n| n <= 1)
+            }),
+            Property::always(
+                "applied outcome only for applied obligations",
+                |_, s: &State| {
+                    s.cdisk.terminal.iter().all(|(id, o)| {
+                        *o != Outcome::Applied || s.rdisk.apply_count.contains_key(id)
+                    })
+                },
+            ),
+            Property::always(
+                "every escalation has its safe action in force",
+                |_, s: &State| {
+                    s.cdisk
+                        .escalations
+                        .values()
+                        .all(|e| s.cdisk.principal.holds(&e.safe_action))
+                },
+            ),
+            Property::always(
+                "deliver-or-report once the custodian has run past the deadline",
+                |_, s: &State| {
+                    let settled = s.custodian.as_ref().is_some_and(|c| {
+                        s.cqueue.is_empty() && c.poll_timeout().is_none_or(|t| t.0 > s.now)
+                    });
+                    !(settled && s.now >= DEADLINE) || s.all_terminal()
+                },
+            ),
+            Property::sometimes("escalated", |m: &CustodyModel, s: &State| {
+                // A budget of one retry runs out before the deadline; a large one never does.
+                let cause = if m.max_retries <= 1 {
+                    EscalationCause::RetriesExhausted
+                } else {
+                    EscalationCause::Deadline
+                };
+                escalated(s, cause)
+            }),
+            Property::sometimes("applied", |_, s: &State| {
+                s.cdisk.terminal.values().any(|o| *o == Outcome::Applied)
+            }),
+            Property::sometimes("applied after a crash and recovery", |_, s: &State| {
+                s.recovered && s.cdisk.terminal.values().any(|o| *o == Outcome::Applied)
+            }),
+        ]
+    }
+}
+
+fn escalated(s: &State, cause: EscalationCause) -> bool {
+    s.cdisk
+        .terminal
+        .values()
+        .any(|o| *o == Outcome::Escalated(cause))
+}
+
+fn apply_custodian(s: &mut State, record: CustodianRecord) {
+    match record {
+        CustodianRecord::Pending {
+            obligation,
+            attempts,
+            principal,
+        } => {
+            if let Some(u) = &principal {
+                s.cdisk.principal.apply(u);
+            }
+            s.accepted.insert(obligation.id);
+            s.cdisk.pending.insert(
+                obligation.id,
+                PendingRecord {
+                    obligation,
+                    attempts,
+                    last_observed: LastObserved::NoAck,
+                },
+            );
+        }
+        CustodianRecord::Attempt { id, attempts, .. } => {
+            if let Some(p) = s.cdisk.pending.get_mut(&id) {
+                p.attempts = attempts;
+            }
+        }
+        CustodianRecord::Terminal {
+            record,
+            escalation,
+            principal,
+        } => {
+            if let Some(u) = &principal {
+                s.cdisk.principal.apply(u);
+            }
+            s.cdisk.pending.remove(&record.obligation_id);
+            if let Some(e) = escalation {
+                s.cdisk.escalations.insert(record.obligation_id, e);
+            }
+            s.cdisk
+                .terminal
+                .insert(record.obligation_id, record.outcome);
+        }
+        CustodianRecord::Reconciliation(_) => {}
+    }
+}
+
+fn apply_receiver(s: &mut State, record: ReceiverRecord) {
+    match record {
+        ReceiverRecord::Apply {
+            id,
+            expires,
+            effect,
+            ..
+        } => {
+            s.rdisk.applied.insert(id, expires);
+            s.rdisk.state.apply(&effect, -1_000_000, 1_000_000);
+            *s.rdisk.apply_count.entry(id).or_insert(0) += 1;
+        }
+        ReceiverRecord::Prune { before } => s.rdisk.applied.retain(|_, e| *e >= before),
+    }
+}
+
+fn check(max_retries: u32) -> usize {
+    let checker = CustodyModel { max_retries }
+        .checker()
+        .threads(2)
+        .spawn_bfs()
+        .join();
+    let states = checker.unique_state_count();
+    println!("model check (max_retries={max_retries}): unique_states={states}");
+    checker.assert_properties();
+    assert!(states > 1_000, "the model explored only {states} states");
+    states
+}
+
+#[test]
+fn model_check_retry_exhaustion() {
+    check(1);
+}
+
+#[test]
+fn model_check_deadline() {
+    check(50);
+}
