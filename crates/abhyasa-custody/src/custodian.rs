@@ -219,6 +219,8 @@ pub struct CustodianStats {
     pub acks_not_target: u64,
     /// Acks ignored because nothing matching was pending.
     pub acks_unknown: u64,
+    /// Pending records refused at recovery (not this issuer's, invalid, or inadmissible).
+    pub recovery_rejected: u64,
 }
 
 /// A pending obligation as persisted: what recovery reads back.
@@ -333,6 +335,13 @@ impl Custodian {
             return this;
         }
         for record in pending {
+            // Disk is input too: a record that could never have been under custody (another
+            // issuer, inadmissible, broken) is counted and left out, never trusted.
+            let o = &record.obligation;
+            if o.issuer != this.agent || o.validate().is_err() || !kinds::admissible(o) {
+                this.stats.recovery_rejected += 1;
+                continue;
+            }
             let mut obligation = record.obligation;
             if this.config.mutation == Some(Mutation::DeadlineResetOnRecovery) {
                 let span = obligation.deadline.saturating_since(obligation.created_at);
@@ -653,8 +662,10 @@ impl Custodian {
     fn escalate(&mut self, now: UnixMillis, id: ObligationId, cause: EscalationCause) {
         let p = &self.pending[&id];
         let Some(safe_action) = kinds::safe(&p.obligation, self.retention()) else {
-            // Only admissible obligations are ever pending, and they all have `safe(O)`.
-            unreachable!("pending obligation {id} without a safe action");
+            // Only admissible obligations are ever pending (issue and recover check), and
+            // every admissible obligation has `safe(O)`.
+            debug_assert!(false, "pending obligation {id} without a safe action");
+            return;
         };
         let escalation = Escalation {
             obligation_id: id,

@@ -286,6 +286,36 @@ fn recovery_keeps_the_deadline_and_attempts() {
 }
 
 #[test]
+fn recovery_refuses_records_that_were_never_custody() {
+    let mut best_effort = revoke_token(1, 3, 5_000);
+    if let Payload::OauthToken(t) = &mut best_effort.payload {
+        t.action = TokenAction::Issue;
+    }
+    let mut foreign = revoke_token(2, 3, 5_000);
+    foreign.issuer = a();
+    let mut broken = revoke_token(3, 3, 5_000);
+    broken.deadline = UnixMillis(0);
+    let good = revoke_token(4, 3, 5_000);
+    let records = [best_effort, foreign, broken, good].map(|obligation| PendingRecord {
+        obligation,
+        attempts: 1,
+        last_observed: LastObserved::NoAck,
+    });
+    let c = Custodian::recover(
+        p(),
+        config(),
+        1,
+        PrincipalState::default(),
+        records,
+        [],
+        UnixMillis(10),
+    );
+    assert_eq!(c.pending_len(), 1);
+    assert!(c.is_pending(ObligationId::from_u128(4)));
+    assert_eq!(c.stats().recovery_rejected, 3);
+}
+
+#[test]
 fn inadmissible_obligations_go_best_effort_once() {
     let mut c = Custodian::new(p(), config(), 3);
     let mut o = revoke_token(1, 3, 10_000);

@@ -1,0 +1,46 @@
+//! The `abhyasa demo` binary, run as a separate process: it must end with the summary line,
+//! with nothing lost or applied twice and every outcome class present.
+
+use std::process::Command;
+
+fn field(line: &str, name: &str) -> u64 {
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+        .unwrap_or_else(|| panic!("no {name}= in {line:?}"))
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn demo_ends_with_a_clean_summary() {
+    let out = Command::new(env!("CARGO_BIN_EXE_abhyasa"))
+        .arg("demo")
+        .output()
+        .expect("the demo runs");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "demo failed:\n{stdout}");
+    let last = stdout.lines().last().unwrap();
+    assert!(last.starts_with("summary: "), "{last}");
+    assert_eq!(field(last, "lost"), 0);
+    assert_eq!(field(last, "double_applied"), 0);
+    assert!(field(last, "applied") > 0);
+    assert!(field(last, "escalated") > 0);
+    assert!(field(last, "best_effort") > 0);
+    let total = field(last, "applied")
+        + field(last, "declined")
+        + field(last, "escalated")
+        + field(last, "best_effort");
+    assert_eq!(total, field(last, "obligations"));
+}
+
+#[test]
+fn demo_is_reproducible_from_its_seed() {
+    let run = |seed: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_abhyasa"))
+            .args(["demo", "--seed", seed])
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert_eq!(run("11"), run("11"));
+}
