@@ -70,7 +70,7 @@ pub use custodian::{
     CustodianRecord, CustodianStats, EscalatedRecord, IssueError, PendingRecord, Transmit,
 };
 pub use kinds::{GovernedKey, PrincipalUpdate, ReceiverEffect};
-pub use principal::{Authorization, PrincipalState, WeightBounds};
+pub use principal::{Adjustment, Authorization, PrincipalState, WeightBounds};
 pub use receiver::{
     AckTransmit, AppliedRecord, Disposition, Receiver, ReceiverConfig, ReceiverEvent,
     ReceiverRecord, ReceiverState, ReceiverStats,

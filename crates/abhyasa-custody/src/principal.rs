@@ -40,6 +40,19 @@ pub struct Authorization {
     pub sequence: Option<u64>,
 }
 
+/// One keyed down-weight, as a store keeps it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Adjustment {
+    /// The agent routed to less.
+    pub target: AgentId,
+    /// The route.
+    pub weight_key: WeightKey,
+    /// By how much, in millionths.
+    pub amount: u32,
+    /// When it may fold into the base.
+    pub fold_after: UnixMillis,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
 struct Routing {
     base: i64,
@@ -138,22 +151,85 @@ impl PrincipalState {
     }
 
     /// Folds keyed adjustments whose `fold_after` has passed into the base weight, bounding
-    /// memory. Folding never changes an effective weight.
-    pub fn fold(&mut self, now: UnixMillis) -> usize {
+    /// memory. Folding never changes an effective weight. Returns the folded obligation ids
+    /// with their routes, so a store can rewrite exactly those rows.
+    pub fn fold(&mut self, now: UnixMillis) -> Vec<(ObligationId, AgentId, WeightKey)> {
         let min = self.bounds.min;
-        let mut folded = 0;
-        for routing in self.routing.values_mut() {
-            routing.adjustments.retain(|_, (amount, fold_after)| {
+        let mut folded = Vec::new();
+        for ((target, key), routing) in self.routing.iter_mut() {
+            routing.adjustments.retain(|id, (amount, fold_after)| {
                 if *fold_after > now {
                     return true;
                 }
                 routing.base = (routing.base - i64::from(*amount)).max(min);
-                folded += 1;
+                folded.push((*id, target.clone(), key.clone()));
                 false
             });
         }
-        self.adjustments -= folded;
+        self.adjustments -= folded.len();
         folded
+    }
+
+    /// Rebuilds state from its rows (as a store keeps them).
+    pub fn from_parts(
+        bounds: WeightBounds,
+        authorizations: impl IntoIterator<Item = ((AgentId, Scope), Authorization)>,
+        bases: impl IntoIterator<Item = ((AgentId, WeightKey), i64)>,
+        adjustments: impl IntoIterator<Item = (ObligationId, Adjustment)>,
+        revoked_tokens: impl IntoIterator<Item = TokenId>,
+    ) -> Self {
+        let mut this = Self::new(bounds);
+        this.authorizations = authorizations.into_iter().collect();
+        for (route, base) in bases {
+            this.routing.entry(route).or_default().base = base;
+        }
+        for (id, adj) in adjustments {
+            let routing = this
+                .routing
+                .entry((adj.target, adj.weight_key))
+                .or_insert_with(|| Routing {
+                    base: bounds.initial,
+                    adjustments: BTreeMap::new(),
+                });
+            if routing
+                .adjustments
+                .insert(id, (adj.amount, adj.fold_after))
+                .is_none()
+            {
+                this.adjustments += 1;
+            }
+        }
+        this.revoked_tokens = revoked_tokens.into_iter().collect();
+        this
+    }
+
+    /// The weight bounds.
+    pub fn bounds(&self) -> WeightBounds {
+        self.bounds
+    }
+
+    /// The base weight of a route (before unfolded adjustments), if the route exists.
+    pub fn routing_base(&self, target: &AgentId, key: &WeightKey) -> Option<i64> {
+        self.routing
+            .get(&(target.clone(), key.clone()))
+            .map(|r| r.base)
+    }
+
+    /// Every unfolded keyed adjustment.
+    pub fn adjustments(&self) -> impl Iterator<Item = (ObligationId, Adjustment)> + '_ {
+        self.routing.iter().flat_map(|((target, key), r)| {
+            r.adjustments.iter().map(|(id, (amount, fold_after))| {
+                (
+                    *id,
+                    Adjustment {
+                        target: target.clone(),
+                        weight_key: key.clone(),
+                        amount: *amount,
+                        fold_after: *fold_after,
+                    },
+                )
+            })
+        })
     }
 
     /// Whether `scope` is withheld from `target`.
@@ -298,11 +374,36 @@ mod tests {
         assert_eq!(s.routing_weight(&a(), &k), 0);
         assert_eq!(s.entries(), 2);
         // Folding keeps the effective weight and frees the keyed entries.
-        assert_eq!(s.fold(UnixMillis(15)), 1);
+        assert_eq!(
+            s.fold(UnixMillis(15)),
+            vec![(ObligationId::from_u128(1), a(), k.clone())]
+        );
         assert_eq!(s.routing_weight(&a(), &k), 0);
-        assert_eq!(s.fold(UnixMillis(25)), 1);
+        assert_eq!(s.fold(UnixMillis(25)).len(), 1);
         assert_eq!(s.entries(), 0);
         assert_eq!(s.routing_weight(&a(), &k), 0);
+    }
+
+    #[test]
+    fn state_round_trips_through_its_parts() {
+        let mut s = PrincipalState::new(WeightBounds::default());
+        s.apply_safe(&withhold(Some(2)));
+        s.apply_safe(&down(1, 100_000, 10));
+        s.apply_safe(&down(2, 200_000, 20));
+        s.fold(UnixMillis(10));
+        s.apply_safe(&SafeAction::StopHonouringToken {
+            token_id: TokenId::new("t").unwrap(),
+        });
+        let k = WeightKey::new("k").unwrap();
+        let bases = s.routing_base(&a(), &k).map(|b| ((a(), k.clone()), b));
+        let rebuilt = PrincipalState::from_parts(
+            s.bounds(),
+            s.authorizations().map(|(k, v)| (k.clone(), *v)),
+            bases,
+            s.adjustments(),
+            s.revoked_tokens().cloned(),
+        );
+        assert_eq!(rebuilt, s);
     }
 
     #[test]

@@ -143,6 +143,46 @@ pub struct ReceiverState {
 }
 
 impl ReceiverState {
+    /// Rebuilds state from its rows (as a store keeps them).
+    pub fn from_parts(
+        withheld: impl IntoIterator<Item = (AgentId, Scope)>,
+        weights: impl IntoIterator<Item = ((AgentId, WeightKey), i64)>,
+        dropped_tokens: impl IntoIterator<Item = TokenId>,
+        cached_tokens: impl IntoIterator<Item = TokenId>,
+    ) -> Self {
+        Self {
+            withheld: withheld.into_iter().collect(),
+            weights: weights.into_iter().collect(),
+            dropped_tokens: dropped_tokens.into_iter().collect(),
+            cached_tokens: cached_tokens.into_iter().collect(),
+        }
+    }
+
+    /// Every (issuer, scope) withheld.
+    pub fn withheld(&self) -> impl Iterator<Item = &(AgentId, Scope)> {
+        self.withheld.iter()
+    }
+
+    /// Every preference weight set.
+    pub fn weights(&self) -> impl Iterator<Item = (&(AgentId, WeightKey), i64)> {
+        self.weights.iter().map(|(k, v)| (k, *v))
+    }
+
+    /// Every dropped token.
+    pub fn dropped_tokens(&self) -> impl Iterator<Item = &TokenId> {
+        self.dropped_tokens.iter()
+    }
+
+    /// Every cached token.
+    pub fn cached_tokens(&self) -> impl Iterator<Item = &TokenId> {
+        self.cached_tokens.iter()
+    }
+
+    /// Whether `token` is cached.
+    pub fn is_cached(&self, token: &TokenId) -> bool {
+        self.cached_tokens.contains(token)
+    }
+
     /// Applies an effect, clipping weights to `[min, max]`.
     pub fn apply(&mut self, effect: &ReceiverEffect, min: i64, max: i64) {
         match effect {

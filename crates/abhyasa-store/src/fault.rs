@@ -1,0 +1,154 @@
+//! A fault-injecting redb [`StorageBackend`] for crash tests: an in-memory disk with a
+//! volatile image (what writes reach) and a durable image (what survived the last sync).
+//!
+//! - [`FaultPlan::PowerLossAfterSync`]`(n)`: right after the n-th sync completes the power
+//!   goes; every later write and sync fails, and only the durable image survives.
+//! - [`FaultPlan::FailSync`]`(n)`: the n-th sync returns an I/O error and persists nothing;
+//!   the device is dead from then on.
+//!
+//! [`FaultyBackend::power_cycle`] gives a fresh backend on the surviving durable image.
+
+use std::io;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use redb::StorageBackend;
+
+/// When the backend fails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultPlan {
+    /// Never.
+    None,
+    /// Power loss right after this (1-based) sync.
+    PowerLossAfterSync(u64),
+    /// This (1-based) sync fails with an I/O error.
+    FailSync(u64),
+}
+
+#[derive(Debug)]
+struct Disk {
+    volatile: Vec<u8>,
+    durable: Vec<u8>,
+    syncs: u64,
+    plan: FaultPlan,
+    dead: bool,
+}
+
+/// The backend. Clones share one disk, so a test keeps a handle while redb owns another.
+#[derive(Clone, Debug)]
+pub struct FaultyBackend(Arc<Mutex<Disk>>);
+
+impl FaultyBackend {
+    /// An empty disk with a fault plan.
+    pub fn new(plan: FaultPlan) -> Self {
+        Self::with_image(Vec::new(), plan)
+    }
+
+    fn with_image(image: Vec<u8>, plan: FaultPlan) -> Self {
+        Self(Arc::new(Mutex::new(Disk {
+            volatile: image.clone(),
+            durable: image,
+            syncs: 0,
+            plan,
+            dead: false,
+        })))
+    }
+
+    /// A fresh backend on what survived (the durable image), with a new fault plan.
+    pub fn power_cycle(&self, plan: FaultPlan) -> Self {
+        Self::with_image(self.disk().durable.clone(), plan)
+    }
+
+    /// Arms a fault counted from now: `FailSync(1)` fails the next sync.
+    pub fn arm(&self, plan: FaultPlan) {
+        let mut disk = self.disk();
+        let base = disk.syncs;
+        disk.plan = match plan {
+            FaultPlan::None => FaultPlan::None,
+            FaultPlan::PowerLossAfterSync(n) => FaultPlan::PowerLossAfterSync(base + n),
+            FaultPlan::FailSync(n) => FaultPlan::FailSync(base + n),
+        };
+    }
+
+    /// Syncs completed so far.
+    pub fn syncs(&self) -> u64 {
+        self.disk().syncs
+    }
+
+    /// Whether the fault has struck.
+    pub fn is_dead(&self) -> bool {
+        self.disk().dead
+    }
+
+    fn disk(&self) -> MutexGuard<'_, Disk> {
+        // A panic while holding the lock cannot leave the images half-written: every
+        // mutation below is a single assignment or copy.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn dead() -> io::Error {
+    io::Error::other("injected fault: device is gone")
+}
+
+impl StorageBackend for FaultyBackend {
+    fn len(&self) -> Result<u64, io::Error> {
+        Ok(self.disk().volatile.len() as u64)
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), io::Error> {
+        let disk = self.disk();
+        let start = usize::try_from(offset).map_err(|_| io::Error::other("offset overflow"))?;
+        let end = start
+            .checked_add(out.len())
+            .filter(|&e| e <= disk.volatile.len())
+            .ok_or_else(|| io::Error::new(io::ErrorKind::UnexpectedEof, "read past the end"))?;
+        out.copy_from_slice(&disk.volatile[start..end]);
+        Ok(())
+    }
+
+    fn set_len(&self, len: u64) -> Result<(), io::Error> {
+        let mut disk = self.disk();
+        if disk.dead {
+            return Err(dead());
+        }
+        let len = usize::try_from(len).map_err(|_| io::Error::other("length overflow"))?;
+        disk.volatile.resize(len, 0);
+        Ok(())
+    }
+
+    fn sync_data(&self) -> Result<(), io::Error> {
+        let mut disk = self.disk();
+        if disk.dead {
+            return Err(dead());
+        }
+        disk.syncs += 1;
+        match disk.plan {
+            FaultPlan::FailSync(n) if disk.syncs == n => {
+                disk.dead = true;
+                return Err(io::Error::other("injected fault: fsync failed"));
+            }
+            FaultPlan::PowerLossAfterSync(n) if disk.syncs == n => {
+                disk.durable = disk.volatile.clone();
+                disk.dead = true;
+            }
+            _ => disk.durable = disk.volatile.clone(),
+        }
+        Ok(())
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
+        let mut disk = self.disk();
+        if disk.dead {
+            return Err(dead());
+        }
+        let start = usize::try_from(offset).map_err(|_| io::Error::other("offset overflow"))?;
+        let end = start
+            .checked_add(data.len())
+            .ok_or_else(|| io::Error::other("write overflow"))?;
+        if end > disk.volatile.len() {
+            disk.volatile.resize(end, 0);
+        }
+        disk.volatile[start..end].copy_from_slice(data);
+        Ok(())
+    }
+}

@@ -1,0 +1,223 @@
+//! Group commit: one writer thread owns the [`Store`]; callers submit ops and wait on a
+//! [`Ticket`]. The writer takes the first request, gathers more until `max_ops` or
+//! `max_delay`, commits them in **one** `Durability::Immediate` transaction, then releases
+//! every waiter with the same outcome.
+//!
+//! A commit error is an unknown outcome: every waiter of that batch gets
+//! [`GroupError::Unknown`], the writer reopens the store through the `reopen` function it was
+//! given, and [`GroupStats::generation`] rises. A caller that sees `Unknown` must rebuild its
+//! machine from the reopened store (`recover_custodian` / `recover_receiver` via
+//! [`GroupCommit::read`]) — never assume the batch rolled back or landed.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::{Op, Store, StoreError};
+
+/// Batching bounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GroupConfig {
+    /// Most ops in one commit.
+    pub max_ops: usize,
+    /// Longest a request waits for company before its batch commits.
+    pub max_delay: Duration,
+}
+
+impl Default for GroupConfig {
+    fn default() -> Self {
+        Self {
+            max_ops: 4_096,
+            max_delay: Duration::from_micros(500),
+        }
+    }
+}
+
+/// Why a submitted batch did not commit.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum GroupError {
+    /// The commit failed: it may or may not have landed. Recover from the store.
+    #[error("commit outcome unknown: {0}")]
+    Unknown(String),
+    /// The writer is gone (shut down, or the store could not be reopened).
+    #[error("the store writer has stopped")]
+    Stopped,
+}
+
+/// Counters of the writer.
+#[derive(Debug, Default)]
+pub struct GroupStats {
+    /// Commits made.
+    pub commits: AtomicU64,
+    /// Ops committed.
+    pub ops: AtomicU64,
+    /// Times the store was reopened after an unknown outcome.
+    pub generation: AtomicU64,
+}
+
+type ReadFn = Box<dyn FnOnce(&Store) + Send>;
+type Reopen = Box<dyn FnMut() -> Result<Store, StoreError> + Send>;
+
+enum Request {
+    Write {
+        ops: Vec<Op>,
+        done: SyncSender<Result<(), GroupError>>,
+    },
+    Read(ReadFn),
+}
+
+/// Waits for the commit that carries a submitted batch.
+#[derive(Debug)]
+pub struct Ticket(Receiver<Result<(), GroupError>>);
+
+impl Ticket {
+    /// Blocks until the batch's commit returned.
+    pub fn wait(self) -> Result<(), GroupError> {
+        self.0.recv().unwrap_or(Err(GroupError::Stopped))
+    }
+}
+
+/// The group-commit writer.
+#[derive(Debug)]
+pub struct GroupCommit {
+    tx: Option<Sender<Request>>,
+    worker: Option<JoinHandle<Option<Store>>>,
+    stats: Arc<GroupStats>,
+}
+
+impl GroupCommit {
+    /// Starts the writer thread on `store`; `reopen` opens the same database again after a
+    /// commit error.
+    pub fn spawn(
+        store: Store,
+        config: GroupConfig,
+        reopen: impl FnMut() -> Result<Store, StoreError> + Send + 'static,
+    ) -> Self {
+        let (tx, rx) = mpsc::channel();
+        let stats = Arc::new(GroupStats::default());
+        let worker_stats = Arc::clone(&stats);
+        let worker = std::thread::Builder::new()
+            .name("abhyasa-store".into())
+            .spawn(move || run(store, config, Box::new(reopen), &rx, &worker_stats))
+            .expect("spawning the store writer thread");
+        Self {
+            tx: Some(tx),
+            worker: Some(worker),
+            stats,
+        }
+    }
+
+    /// Queues `ops` for the next group commit.
+    pub fn submit(&self, ops: Vec<Op>) -> Ticket {
+        let (done, wait) = mpsc::sync_channel(1);
+        if let Some(tx) = &self.tx {
+            // A send error means the writer stopped; the dropped `done` reports it.
+            let _ = tx.send(Request::Write { ops, done });
+        }
+        Ticket(wait)
+    }
+
+    /// Runs `f` on the writer thread, between commits, and returns its result.
+    pub fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Store) -> T + Send + 'static,
+    ) -> Result<T, GroupError> {
+        let (done, wait) = mpsc::sync_channel(1);
+        let tx = self.tx.as_ref().ok_or(GroupError::Stopped)?;
+        tx.send(Request::Read(Box::new(move |store| {
+            let _ = done.send(f(store));
+        })))
+        .map_err(|_| GroupError::Stopped)?;
+        wait.recv().map_err(|_| GroupError::Stopped)
+    }
+
+    /// The writer's counters.
+    pub fn stats(&self) -> &GroupStats {
+        &self.stats
+    }
+
+    /// Commits what is queued, stops the writer and hands the store back.
+    pub fn shutdown(mut self) -> Option<Store> {
+        self.tx.take();
+        self.worker.take().and_then(|w| w.join().ok()).flatten()
+    }
+}
+
+impl Drop for GroupCommit {
+    fn drop(&mut self) {
+        self.tx.take();
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+fn run(
+    store: Store,
+    config: GroupConfig,
+    mut reopen: Reopen,
+    rx: &Receiver<Request>,
+    stats: &GroupStats,
+) -> Option<Store> {
+    let mut store = store;
+    let mut reads = Vec::new();
+    while let Ok(first) = rx.recv() {
+        let mut ops = Vec::new();
+        let mut waiters = Vec::new();
+        let mut take = |req: Request, ops: &mut Vec<Op>| match req {
+            Request::Write { ops: o, done } => {
+                ops.extend(o);
+                waiters.push(done);
+            }
+            Request::Read(f) => reads.push(f),
+        };
+        take(first, &mut ops);
+        let until = Instant::now() + config.max_delay;
+        while ops.len() < config.max_ops {
+            let left = until.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(req) => take(req, &mut ops),
+                Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
+            }
+        }
+        let outcome = if ops.is_empty() {
+            Ok(())
+        } else {
+            store
+                .commit(&ops)
+                .map_err(|e| GroupError::Unknown(e.to_string()))
+        };
+        if outcome.is_ok() && !ops.is_empty() {
+            stats.commits.fetch_add(1, Ordering::Relaxed);
+            stats.ops.fetch_add(ops.len() as u64, Ordering::Relaxed);
+        }
+        if outcome.is_err() {
+            // Unknown outcome: never reuse this handle's view of the file. Close it (the file
+            // can only be open once) and reopen before anyone is told, so a waiter that
+            // recovers right away reads the reopened store.
+            drop(store);
+            match reopen() {
+                Ok(fresh) => {
+                    store = fresh;
+                    stats.generation.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(_) => {
+                    for w in waiters {
+                        let _ = w.send(Err(GroupError::Stopped));
+                    }
+                    return None;
+                }
+            }
+        }
+        for w in waiters {
+            let _ = w.send(outcome.clone());
+        }
+        for f in reads.drain(..) {
+            f(&store);
+        }
+    }
+    Some(store)
+}

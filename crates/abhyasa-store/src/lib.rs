@@ -1,0 +1,873 @@
+//! Durable custody state in redb.
+//!
+//! ```text
+//!  Custodian/Receiver ──poll_persist──▶ Op ──▶ GroupCommit (one writer thread)
+//!                                               │ drains up to N ops or T ms
+//!                                               ▼
+//!                                 one redb write txn, Durability::Immediate
+//!                                               │ commit returns
+//!                                               ▼
+//!                         every waiter released ──▶ handle_persisted ──▶ transmit / ack
+//! ```
+//!
+//! One database file per node holds the custodian's pending set, terminal records, escalation
+//! log and reconciliation notes; the principal-side state; and the receiver's applied-id
+//! ledger and effect state. Each [`Op`] is applied inside the commit that carries it, so an
+//! applied id is never on disk without its effect (AB-3), a pending record never without the
+//! principal's own decision at issue, an escalation never without its safe action (AB-4).
+//!
+//! A commit that returns an error has an *unknown* outcome: the store is poisoned and must be
+//! reopened, and the machines recovered from what is on disk. Nothing assumes a rollback.
+//!
+//! ```
+//! use abhyasa_custody::*;
+//! use abhyasa_store::{Op, Store, StoreConfig};
+//! use abhyasa_wire::*;
+//!
+//! let dir = tempfile::tempdir().unwrap();
+//! let mut store = Store::open(dir.path().join("node.redb"), StoreConfig::default()).unwrap();
+//! let p = AgentId::new("principal").unwrap();
+//! let mut c = Custodian::new(p.clone(), CustodianConfig::default(), 1);
+//! c.issue(UnixMillis(0), Obligation {
+//!     id: ObligationId::from_u128(1),
+//!     issuer: p.clone(),
+//!     target: AgentId::new("agent").unwrap(),
+//!     created_at: UnixMillis(0),
+//!     deadline: UnixMillis(60_000),
+//!     max_retries: 8,
+//!     sequence: None,
+//!     payload: Payload::OauthToken(TokenPayload {
+//!         action: TokenAction::Revoke,
+//!         token_id: TokenId::new("tok").unwrap(),
+//!         client_id: ClientId::new("cli").unwrap(),
+//!     }),
+//! }).unwrap();
+//! let persist = c.poll_persist().unwrap();
+//! store.commit(&[Op::Custodian(persist.record)]).unwrap();
+//! c.handle_persisted(UnixMillis(0), persist.token);
+//! assert!(c.poll_transmit().is_some());
+//!
+//! // After a crash: the pending set, with its deadline and attempts, and the withhold at issue.
+//! drop((c, store));
+//! let store = Store::open(dir.path().join("node.redb"), StoreConfig::default()).unwrap();
+//! let c = store.recover_custodian(p, CustodianConfig::default(), 2, UnixMillis(10)).unwrap();
+//! assert_eq!(c.pending_len(), 1);
+//! assert!(c.principal().is_revoked(&TokenId::new("tok").unwrap()));
+//! ```
+
+#![warn(missing_docs, unreachable_pub)]
+
+pub mod fault;
+mod group;
+mod rows;
+mod tables;
+
+use std::path::Path;
+
+use abhyasa_custody::{
+    Adjustment, AppliedRecord, Authorization, Custodian, CustodianConfig, CustodianRecord,
+    EscalatedRecord, PendingRecord, PrincipalState, PrincipalUpdate, Receiver, ReceiverConfig,
+    ReceiverEffect, ReceiverRecord, ReceiverState, WeightBounds,
+};
+use abhyasa_wire::{
+    encode, AgentId, Escalation, ObligationId, ReconciliationNote, SafeAction, Scope,
+    TerminalRecord, TokenId, UnixMillis, WeightKey,
+};
+use redb::{
+    Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, StorageBackend,
+    WriteTransaction,
+};
+
+pub use group::{GroupCommit, GroupConfig, GroupError, GroupStats, Ticket};
+use rows::PendingRow;
+use tables::*;
+
+/// One durable change, as handed out by a machine's `poll_persist`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// A custodian record (pending, attempt, terminal, reconciliation).
+    Custodian(CustodianRecord),
+    /// A receiver record (apply, prune).
+    Receiver(ReceiverRecord),
+}
+
+/// Store settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreConfig {
+    /// Bounds of principal-side routing weights (must match the custodian's).
+    pub principal_weights: WeightBounds,
+    /// Bounds of receiver preference weights, in millionths (must match the receiver's).
+    pub receiver_weights: (i64, i64),
+    /// Terminal records, escalations and notes older than this are pruned by [`Store::maintain`].
+    pub retention_ms: u64,
+    /// At most this many terminal records are kept; the oldest go first.
+    pub max_terminal: u64,
+    /// At most this many rows are pruned by one [`Store::maintain`] call.
+    pub max_prune_per_call: usize,
+    /// Compact the file after this many rows were pruned since the last compaction.
+    pub compact_after_pruned: u64,
+    /// redb quick-repair: slower commits, near-instant reopen after a crash.
+    pub quick_repair: bool,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            principal_weights: WeightBounds::default(),
+            receiver_weights: (-1_000_000, 1_000_000),
+            retention_ms: 7 * 24 * 3_600_000,
+            max_terminal: 1_000_000,
+            max_prune_per_call: 10_000,
+            compact_after_pruned: 100_000,
+            quick_repair: false,
+        }
+    }
+}
+
+/// Why a store operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// redb refused to open or create the database.
+    #[error("opening the database: {0}")]
+    Open(#[from] redb::DatabaseError),
+    /// The file was written by an incompatible layout.
+    #[error("schema version {found} is not {expected}")]
+    Schema {
+        /// Found in the file.
+        found: u64,
+        /// This build's.
+        expected: u64,
+    },
+    /// A read or write inside a transaction failed.
+    #[error("storage: {0}")]
+    Storage(String),
+    /// A commit failed: its outcome is unknown. The store is poisoned; reopen it and recover.
+    #[error("commit outcome unknown: {0}")]
+    CommitUnknown(String),
+    /// The store was poisoned by an earlier commit error; reopen it.
+    #[error("store poisoned by an earlier commit error; reopen it")]
+    Poisoned,
+    /// A row could not be read back.
+    #[error("corrupt row in {table} at {key}: {detail}")]
+    Corrupt {
+        /// The table.
+        table: &'static str,
+        /// The key, as text.
+        key: String,
+        /// What was wrong.
+        detail: String,
+    },
+}
+
+macro_rules! storage_from {
+    ($($t:ty),*) => {$(
+        impl From<$t> for StoreError {
+            fn from(e: $t) -> Self {
+                StoreError::Storage(e.to_string())
+            }
+        }
+    )*};
+}
+storage_from!(
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::SetDurabilityError,
+    redb::CompactionError
+);
+
+/// What recovery reads for a custodian.
+#[derive(Debug)]
+pub struct CustodianRecovery {
+    /// The pending set, with original deadlines and attempt counts.
+    pub pending: Vec<PendingRecord>,
+    /// Principal-side state.
+    pub principal: PrincipalState,
+    /// The most recent escalations (for reconciling late acks).
+    pub escalated: Vec<EscalatedRecord>,
+    /// Pending rows that could not be read (reported, never trusted).
+    pub corrupt: Vec<StoreError>,
+}
+
+/// What one [`Store::maintain`] call did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Maintenance {
+    /// Keyed down-weights folded into base weights.
+    pub folded: usize,
+    /// Terminal records pruned.
+    pub terminal_pruned: usize,
+    /// Escalations (and their notes) pruned.
+    pub escalations_pruned: usize,
+    /// Whether the file was compacted.
+    pub compacted: bool,
+}
+
+/// A node's durable state. Single writer: see [`GroupCommit`] for sharing it.
+pub struct Store {
+    db: Database,
+    config: StoreConfig,
+    principal: PrincipalState,
+    receiver: ReceiverState,
+    poisoned: bool,
+    pruned_since_compaction: u64,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("poisoned", &self.poisoned)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// Opens (or creates) the database file at `path`.
+    pub fn open(path: impl AsRef<Path>, config: StoreConfig) -> Result<Self, StoreError> {
+        let db = Database::builder().create(path)?;
+        Self::init(db, config)
+    }
+
+    /// Opens (or creates) a database on a custom backend (tests inject faults here).
+    pub fn open_backend(
+        backend: impl StorageBackend,
+        config: StoreConfig,
+    ) -> Result<Self, StoreError> {
+        let db = Database::builder().create_with_backend(backend)?;
+        Self::init(db, config)
+    }
+
+    fn init(db: Database, config: StoreConfig) -> Result<Self, StoreError> {
+        let mut txn = db.begin_write()?;
+        txn.set_durability(Durability::Immediate)?;
+        {
+            let mut meta = txn.open_table(META)?;
+            let found = meta.get("schema")?.map(|v| v.value());
+            match found {
+                None => {
+                    meta.insert("schema", SCHEMA_VERSION)?;
+                }
+                Some(v) if v == SCHEMA_VERSION => {}
+                Some(found) => {
+                    return Err(StoreError::Schema {
+                        found,
+                        expected: SCHEMA_VERSION,
+                    })
+                }
+            }
+            // Create every table so readers never meet a missing one.
+            txn.open_table(PENDING)?;
+            txn.open_table(TERMINAL)?;
+            txn.open_table(TERMINAL_BY_TIME)?;
+            txn.open_table(ESCALATIONS)?;
+            txn.open_table(ESCALATIONS_BY_TIME)?;
+            txn.open_table(NOTES)?;
+            txn.open_table(AUTHORIZATIONS)?;
+            txn.open_table(ROUTING_BASE)?;
+            txn.open_table(ADJUSTMENTS)?;
+            txn.open_table(REVOKED_TOKENS)?;
+            txn.open_table(APPLIED)?;
+            txn.open_table(APPLIED_BY_EXPIRY)?;
+            txn.open_table(LAST_SEQUENCE)?;
+            txn.open_table(RECV_WITHHELD)?;
+            txn.open_table(RECV_WEIGHTS)?;
+            txn.open_table(RECV_TOKENS)?;
+        }
+        txn.commit()
+            .map_err(|e| StoreError::CommitUnknown(e.to_string()))?;
+        let mut store = Self {
+            db,
+            principal: PrincipalState::new(config.principal_weights),
+            receiver: ReceiverState::default(),
+            config,
+            poisoned: false,
+            pruned_since_compaction: 0,
+        };
+        store.principal = store.load_principal()?;
+        store.receiver = store.load_receiver_state()?;
+        Ok(store)
+    }
+
+    /// Applies `ops` in one write transaction with `Durability::Immediate`.
+    pub fn commit(&mut self, ops: &[Op]) -> Result<(), StoreError> {
+        self.commit_with(ops, Durability::Immediate)
+    }
+
+    /// Applies `ops` in one write transaction with the given durability. `Durability::None`
+    /// is for measuring the best-effort baseline only: it promises nothing after a crash.
+    pub fn commit_with(&mut self, ops: &[Op], durability: Durability) -> Result<(), StoreError> {
+        if self.poisoned {
+            return Err(StoreError::Poisoned);
+        }
+        // Any failure from here on leaves the mirrors possibly ahead of the disk.
+        self.poisoned = true;
+        let mut txn = self.db.begin_write()?;
+        txn.set_durability(durability)?;
+        txn.set_quick_repair(self.config.quick_repair);
+        for op in ops {
+            match op {
+                Op::Custodian(r) => self.apply_custodian(&txn, r)?,
+                Op::Receiver(r) => self.apply_receiver(&txn, r)?,
+            }
+        }
+        txn.commit()
+            .map_err(|e| StoreError::CommitUnknown(e.to_string()))?;
+        self.poisoned = false;
+        Ok(())
+    }
+
+    fn apply_custodian(
+        &mut self,
+        txn: &WriteTransaction,
+        record: &CustodianRecord,
+    ) -> Result<(), StoreError> {
+        match record {
+            CustodianRecord::Pending {
+                obligation,
+                attempts,
+                principal,
+            } => {
+                let row = PendingRow {
+                    obligation: obligation.clone(),
+                    attempts: *attempts,
+                    last_observed: abhyasa_wire::LastObserved::NoAck,
+                };
+                txn.open_table(PENDING)?
+                    .insert(obligation.id.to_u128(), encode(&row).as_slice())?;
+                self.apply_principal(txn, principal.as_ref())?;
+            }
+            CustodianRecord::Attempt {
+                id,
+                attempts,
+                last_observed,
+            } => {
+                let mut pending = txn.open_table(PENDING)?;
+                let key = id.to_u128();
+                let row = pending.get(key)?.map(|v| v.value().to_vec());
+                if let Some(bytes) = row {
+                    let mut row: PendingRow = rows::decode("custodian.pending", key, &bytes)?;
+                    row.attempts = *attempts;
+                    row.last_observed = *last_observed;
+                    pending.insert(key, encode(&row).as_slice())?;
+                }
+            }
+            CustodianRecord::Terminal {
+                record,
+                escalation,
+                principal,
+            } => {
+                let key = record.obligation_id.to_u128();
+                txn.open_table(PENDING)?.remove(key)?;
+                txn.open_table(TERMINAL)?
+                    .insert(key, encode(record).as_slice())?;
+                txn.open_table(TERMINAL_BY_TIME)?
+                    .insert((record.at.0, key), ())?;
+                if let Some(e) = escalation {
+                    txn.open_table(ESCALATIONS)?
+                        .insert(key, encode(e).as_slice())?;
+                    txn.open_table(ESCALATIONS_BY_TIME)?
+                        .insert((e.at.0, key), ())?;
+                }
+                self.apply_principal(txn, principal.as_ref())?;
+            }
+            CustodianRecord::Reconciliation(note) => {
+                txn.open_table(NOTES)?
+                    .insert(note.obligation_id.to_u128(), encode(note).as_slice())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies a principal update to the mirror (the one place its semantics live) and writes
+    /// back exactly the row it touches.
+    fn apply_principal(
+        &mut self,
+        txn: &WriteTransaction,
+        update: Option<&PrincipalUpdate>,
+    ) -> Result<(), StoreError> {
+        let Some(update) = update else {
+            return Ok(());
+        };
+        if !self.principal.apply(update) {
+            return Ok(());
+        }
+        match update {
+            PrincipalUpdate::Grant { target, scope, .. }
+            | PrincipalUpdate::Safe(SafeAction::WithholdScope { target, scope, .. }) => {
+                if let Some(a) = self.principal.authorization(target, scope) {
+                    txn.open_table(AUTHORIZATIONS)?
+                        .insert((target.as_str(), scope.as_str()), (a.withheld, a.sequence))?;
+                }
+            }
+            PrincipalUpdate::Safe(SafeAction::DownWeight {
+                obligation_id,
+                target,
+                weight_key,
+                amount,
+                fold_after,
+            }) => {
+                txn.open_table(ADJUSTMENTS)?.insert(
+                    obligation_id.to_u128(),
+                    (target.as_str(), weight_key.as_str(), *amount, fold_after.0),
+                )?;
+            }
+            PrincipalUpdate::Safe(SafeAction::StopHonouringToken { token_id }) => {
+                txn.open_table(REVOKED_TOKENS)?
+                    .insert(token_id.as_str(), ())?;
+            }
+        }
+        Ok(())
+    }
+
+    fn apply_receiver(
+        &mut self,
+        txn: &WriteTransaction,
+        record: &ReceiverRecord,
+    ) -> Result<(), StoreError> {
+        match record {
+            ReceiverRecord::Apply {
+                id,
+                expires,
+                sequence,
+                effect,
+                ..
+            } => {
+                // The applied id, its sequence and its effect: this one transaction.
+                let key = id.to_u128();
+                txn.open_table(APPLIED)?.insert(key, expires.0)?;
+                txn.open_table(APPLIED_BY_EXPIRY)?
+                    .insert((expires.0, key), ())?;
+                if let Some((governed, seq)) = sequence {
+                    txn.open_table(LAST_SEQUENCE)?
+                        .insert(rows::governed_key(governed), *seq)?;
+                }
+                self.apply_effect(txn, effect)?;
+            }
+            ReceiverRecord::Prune { before } => {
+                let mut by_expiry = txn.open_table(APPLIED_BY_EXPIRY)?;
+                let mut applied = txn.open_table(APPLIED)?;
+                let gone = by_expiry.extract_from_if(..(before.0, 0u128), |_, _| true)?;
+                for entry in gone {
+                    let (k, _) = entry?;
+                    applied.remove(k.value().1)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn apply_effect(
+        &mut self,
+        txn: &WriteTransaction,
+        effect: &ReceiverEffect,
+    ) -> Result<(), StoreError> {
+        let (min, max) = self.config.receiver_weights;
+        self.receiver.apply(effect, min, max);
+        match effect {
+            ReceiverEffect::WithholdScope(issuer, scope)
+            | ReceiverEffect::GrantScope(issuer, scope) => {
+                let mut t = txn.open_table(RECV_WITHHELD)?;
+                if self.receiver.is_withheld(issuer, scope) {
+                    t.insert((issuer.as_str(), scope.as_str()), ())?;
+                } else {
+                    t.remove((issuer.as_str(), scope.as_str()))?;
+                }
+            }
+            ReceiverEffect::AdjustWeight(issuer, key, _) => {
+                let w = self.receiver.weight(issuer, key);
+                txn.open_table(RECV_WEIGHTS)?
+                    .insert((issuer.as_str(), key.as_str()), w)?;
+            }
+            ReceiverEffect::DropToken(token) | ReceiverEffect::CacheToken(token) => {
+                let mut t = txn.open_table(RECV_TOKENS)?;
+                if self.receiver.is_dropped(token) {
+                    t.insert(token.as_str(), true)?;
+                } else if self.receiver.is_cached(token) {
+                    t.insert(token.as_str(), false)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Folds principal adjustments, prunes old terminal records, escalations and notes within
+    /// the configured bounds, and compacts the file when enough was pruned. One transaction.
+    pub fn maintain(&mut self, now: UnixMillis) -> Result<Maintenance, StoreError> {
+        if self.poisoned {
+            return Err(StoreError::Poisoned);
+        }
+        self.poisoned = true;
+        let mut report = Maintenance::default();
+        let txn = self.db.begin_write()?;
+        {
+            let folded = self.principal.fold(now);
+            report.folded = folded.len();
+            let mut adjustments = txn.open_table(ADJUSTMENTS)?;
+            let mut bases = txn.open_table(ROUTING_BASE)?;
+            for (id, target, key) in folded {
+                adjustments.remove(id.to_u128())?;
+                if let Some(base) = self.principal.routing_base(&target, &key) {
+                    bases.insert((target.as_str(), key.as_str()), base)?;
+                }
+            }
+        }
+        let cutoff = now.0.saturating_sub(self.config.retention_ms);
+        let budget = self.config.max_prune_per_call;
+        report.terminal_pruned = prune_by_time(
+            &txn,
+            TERMINAL_BY_TIME,
+            TERMINAL,
+            cutoff,
+            self.config.max_terminal,
+            budget,
+        )?;
+        let notes = {
+            let mut n = Vec::new();
+            let by_time = txn.open_table(ESCALATIONS_BY_TIME)?;
+            for entry in by_time.range(..(cutoff, 0u128))?.take(budget) {
+                n.push(entry?.0.value().1);
+            }
+            n
+        };
+        report.escalations_pruned = prune_by_time(
+            &txn,
+            ESCALATIONS_BY_TIME,
+            ESCALATIONS,
+            cutoff,
+            u64::MAX,
+            budget,
+        )?;
+        {
+            let mut t = txn.open_table(NOTES)?;
+            for id in notes {
+                t.remove(id)?;
+            }
+        }
+        txn.commit()
+            .map_err(|e| StoreError::CommitUnknown(e.to_string()))?;
+        self.pruned_since_compaction += (report.terminal_pruned + report.escalations_pruned) as u64;
+        if self.pruned_since_compaction >= self.config.compact_after_pruned {
+            report.compacted = self.db.compact()?;
+            self.pruned_since_compaction = 0;
+        }
+        self.poisoned = false;
+        Ok(report)
+    }
+
+    /// What a custodian needs to resume: reads only the pending set, the principal state and
+    /// the `recent` latest escalations — never the terminal history.
+    pub fn custodian_recovery(&self, recent: usize) -> Result<CustodianRecovery, StoreError> {
+        let txn = self.db.begin_read()?;
+        let mut pending = Vec::new();
+        let mut corrupt = Vec::new();
+        for entry in txn.open_table(PENDING)?.iter()? {
+            let (k, v) = entry?;
+            match rows::decode::<PendingRow>("custodian.pending", k.value(), v.value()) {
+                Ok(row) => pending.push(row.into()),
+                Err(e) => corrupt.push(e),
+            }
+        }
+        let escalations = txn.open_table(ESCALATIONS)?;
+        let mut escalated = Vec::new();
+        for entry in txn
+            .open_table(ESCALATIONS_BY_TIME)?
+            .iter()?
+            .rev()
+            .take(recent)
+        {
+            let id = entry?.0.value().1;
+            if let Some(v) = escalations.get(id)? {
+                let e: Escalation = rows::decode("custodian.escalations", id, v.value())?;
+                escalated.push(EscalatedRecord {
+                    id: e.obligation_id,
+                    target: e.target,
+                });
+            }
+        }
+        escalated.reverse();
+        Ok(CustodianRecovery {
+            pending,
+            principal: self.principal.clone(),
+            escalated,
+            corrupt,
+        })
+    }
+
+    /// Recovers a custodian: original deadlines and attempt counts, overdue ones escalate at
+    /// the first `handle_timeout`.
+    pub fn recover_custodian(
+        &self,
+        agent: AgentId,
+        config: CustodianConfig,
+        seed: u64,
+        now: UnixMillis,
+    ) -> Result<Custodian, StoreError> {
+        let r = self.custodian_recovery(config.escalation_memory)?;
+        Ok(Custodian::recover(
+            agent,
+            config,
+            seed,
+            r.principal,
+            r.pending,
+            r.escalated,
+            now,
+        ))
+    }
+
+    /// Recovers a receiver: its applied ids, last sequences and effect state as one commit
+    /// left them.
+    pub fn recover_receiver(
+        &self,
+        agent: AgentId,
+        config: ReceiverConfig,
+    ) -> Result<Receiver, StoreError> {
+        let txn = self.db.begin_read()?;
+        let mut applied = Vec::new();
+        for entry in txn.open_table(APPLIED)?.iter()? {
+            let (k, v) = entry?;
+            applied.push(AppliedRecord {
+                id: ObligationId::from_u128(k.value()),
+                expires: UnixMillis(v.value()),
+            });
+        }
+        let mut sequences = Vec::new();
+        for entry in txn.open_table(LAST_SEQUENCE)?.iter()? {
+            let (k, v) = entry?;
+            let (kind, issuer, name) = k.value();
+            match rows::parse_governed_key(kind, issuer, name) {
+                Some(key) => sequences.push((key, v.value())),
+                None => {
+                    return Err(StoreError::Corrupt {
+                        table: "receiver.last_sequence",
+                        key: format!("{kind}/{issuer}/{name}"),
+                        detail: "unreadable governed key".into(),
+                    })
+                }
+            }
+        }
+        Ok(Receiver::recover(
+            agent,
+            config,
+            applied,
+            sequences,
+            self.receiver.clone(),
+        ))
+    }
+
+    fn load_principal(&self) -> Result<PrincipalState, StoreError> {
+        let txn = self.db.begin_read()?;
+        let mut auths = Vec::new();
+        for entry in txn.open_table(AUTHORIZATIONS)?.iter()? {
+            let (k, v) = entry?;
+            let (target, scope) = k.value();
+            let (withheld, sequence) = v.value();
+            let t = "principal.authorizations";
+            auths.push((
+                (
+                    rows::name(t, target, AgentId::new)?,
+                    rows::name(t, scope, Scope::new)?,
+                ),
+                Authorization { withheld, sequence },
+            ));
+        }
+        let mut bases = Vec::new();
+        for entry in txn.open_table(ROUTING_BASE)?.iter()? {
+            let (k, v) = entry?;
+            let (target, key) = k.value();
+            let t = "principal.routing_base";
+            bases.push((
+                (
+                    rows::name(t, target, AgentId::new)?,
+                    rows::name(t, key, WeightKey::new)?,
+                ),
+                v.value(),
+            ));
+        }
+        let mut adjustments = Vec::new();
+        for entry in txn.open_table(ADJUSTMENTS)?.iter()? {
+            let (k, v) = entry?;
+            let (target, key, amount, fold_after) = v.value();
+            let t = "principal.adjustments";
+            adjustments.push((
+                ObligationId::from_u128(k.value()),
+                Adjustment {
+                    target: rows::name(t, target, AgentId::new)?,
+                    weight_key: rows::name(t, key, WeightKey::new)?,
+                    amount,
+                    fold_after: UnixMillis(fold_after),
+                },
+            ));
+        }
+        let mut tokens = Vec::new();
+        for entry in txn.open_table(REVOKED_TOKENS)?.iter()? {
+            let (k, _) = entry?;
+            tokens.push(rows::name(
+                "principal.revoked_tokens",
+                k.value(),
+                TokenId::new,
+            )?);
+        }
+        Ok(PrincipalState::from_parts(
+            self.config.principal_weights,
+            auths,
+            bases,
+            adjustments,
+            tokens,
+        ))
+    }
+
+    fn load_receiver_state(&self) -> Result<ReceiverState, StoreError> {
+        let txn = self.db.begin_read()?;
+        let mut withheld = Vec::new();
+        for entry in txn.open_table(RECV_WITHHELD)?.iter()? {
+            let (k, _) = entry?;
+            let (issuer, scope) = k.value();
+            let t = "receiver.withheld";
+            withheld.push((
+                rows::name(t, issuer, AgentId::new)?,
+                rows::name(t, scope, Scope::new)?,
+            ));
+        }
+        let mut weights = Vec::new();
+        for entry in txn.open_table(RECV_WEIGHTS)?.iter()? {
+            let (k, v) = entry?;
+            let (issuer, key) = k.value();
+            let t = "receiver.weights";
+            weights.push((
+                (
+                    rows::name(t, issuer, AgentId::new)?,
+                    rows::name(t, key, WeightKey::new)?,
+                ),
+                v.value(),
+            ));
+        }
+        let (mut dropped, mut cached) = (Vec::new(), Vec::new());
+        for entry in txn.open_table(RECV_TOKENS)?.iter()? {
+            let (k, v) = entry?;
+            let token = rows::name("receiver.tokens", k.value(), TokenId::new)?;
+            if v.value() {
+                dropped.push(token);
+            } else {
+                cached.push(token);
+            }
+        }
+        Ok(ReceiverState::from_parts(
+            withheld, weights, dropped, cached,
+        ))
+    }
+
+    /// Principal-side state as committed.
+    pub fn principal(&self) -> &PrincipalState {
+        &self.principal
+    }
+
+    /// The receiver's effect state as committed.
+    pub fn receiver_state(&self) -> &ReceiverState {
+        &self.receiver
+    }
+
+    /// Whether the custodian side knows `id` (pending or terminal): issuing is idempotent.
+    pub fn knows(&self, id: ObligationId) -> Result<bool, StoreError> {
+        let txn = self.db.begin_read()?;
+        let key = id.to_u128();
+        Ok(txn.open_table(PENDING)?.get(key)?.is_some()
+            || txn.open_table(TERMINAL)?.get(key)?.is_some())
+    }
+
+    /// The terminal record of `id`, if kept.
+    pub fn terminal(&self, id: ObligationId) -> Result<Option<TerminalRecord>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let key = id.to_u128();
+        let row = txn.open_table(TERMINAL)?.get(key)?;
+        row.map(|v| rows::decode("custodian.terminal", key, v.value()))
+            .transpose()
+    }
+
+    /// Every terminal record kept, in id order.
+    pub fn terminal_records(&self) -> Result<Vec<TerminalRecord>, StoreError> {
+        self.all(TERMINAL, "custodian.terminal")
+    }
+
+    /// Every escalation kept, in id order.
+    pub fn escalations(&self) -> Result<Vec<Escalation>, StoreError> {
+        self.all(ESCALATIONS, "custodian.escalations")
+    }
+
+    /// Every reconciliation note kept, in id order.
+    pub fn notes(&self) -> Result<Vec<ReconciliationNote>, StoreError> {
+        self.all(NOTES, "custodian.notes")
+    }
+
+    /// The pending set, in id order.
+    pub fn pending(&self) -> Result<Vec<PendingRecord>, StoreError> {
+        let rows: Vec<PendingRow> = self.all(PENDING, "custodian.pending")?;
+        Ok(rows.into_iter().map(Into::into).collect())
+    }
+
+    /// Whether the receiver's ledger holds `id`, and until when.
+    pub fn applied(&self, id: ObligationId) -> Result<Option<UnixMillis>, StoreError> {
+        let txn = self.db.begin_read()?;
+        Ok(txn
+            .open_table(APPLIED)?
+            .get(id.to_u128())?
+            .map(|v| UnixMillis(v.value())))
+    }
+
+    /// Number of applied ids held.
+    pub fn applied_len(&self) -> Result<u64, StoreError> {
+        let txn = self.db.begin_read()?;
+        Ok(txn.open_table(APPLIED)?.len()?)
+    }
+
+    /// Number of terminal records held.
+    pub fn terminal_len(&self) -> Result<u64, StoreError> {
+        let txn = self.db.begin_read()?;
+        Ok(txn.open_table(TERMINAL)?.len()?)
+    }
+
+    fn all<T: serde::de::DeserializeOwned>(
+        &self,
+        table: redb::TableDefinition<'_, u128, &[u8]>,
+        name: &'static str,
+    ) -> Result<Vec<T>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let mut out = Vec::new();
+        for entry in txn.open_table(table)?.iter()? {
+            let (k, v) = entry?;
+            out.push(rows::decode(name, k.value(), v.value())?);
+        }
+        Ok(out)
+    }
+}
+
+fn prune_by_time(
+    txn: &WriteTransaction,
+    by_time: redb::TableDefinition<'_, (u64, u128), ()>,
+    rows: redb::TableDefinition<'_, u128, &[u8]>,
+    cutoff: u64,
+    max_kept: u64,
+    budget: usize,
+) -> Result<usize, StoreError> {
+    let mut index = txn.open_table(by_time)?;
+    let mut table = txn.open_table(rows)?;
+    let excess = index.len()?.saturating_sub(max_kept);
+    let mut victims = Vec::new();
+    for (i, entry) in index.iter()?.enumerate() {
+        if victims.len() >= budget {
+            break;
+        }
+        let (at, id) = entry?.0.value();
+        if at >= cutoff && (i as u64) >= excess {
+            break;
+        }
+        victims.push((at, id));
+    }
+    for &(at, id) in &victims {
+        index.remove((at, id))?;
+        table.remove(id)?;
+    }
+    Ok(victims.len())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,68 @@
+//! Every table of the store, declared once. The layout is documented in `docs/STORE.md`.
+//!
+//! Obligation ids are `u128` keys (big-endian meaning, stored little-endian by redb); agent
+//! ids, scopes, weight keys and token ids are `&str`; rows that carry wire objects hold their
+//! deterministic CBOR.
+
+use redb::TableDefinition;
+
+/// Store metadata: `schema` (the layout version).
+pub(crate) const META: TableDefinition<'_, &str, u64> = TableDefinition::new("meta");
+
+// Custodian ------------------------------------------------------------------------------------
+
+/// The write-ahead pending set: id → CBOR [`crate::rows::PendingRow`].
+pub(crate) const PENDING: TableDefinition<'_, u128, &[u8]> =
+    TableDefinition::new("custodian.pending");
+/// Terminal records, for audit: id → CBOR `TerminalRecord`.
+pub(crate) const TERMINAL: TableDefinition<'_, u128, &[u8]> =
+    TableDefinition::new("custodian.terminal");
+/// Terminal records by time, for retention: (at, id) → ().
+pub(crate) const TERMINAL_BY_TIME: TableDefinition<'_, (u64, u128), ()> =
+    TableDefinition::new("custodian.terminal_by_time");
+/// The escalation log: id → CBOR `Escalation`.
+pub(crate) const ESCALATIONS: TableDefinition<'_, u128, &[u8]> =
+    TableDefinition::new("custodian.escalations");
+/// Escalations by time, for recovery of the recent ones and retention: (at, id) → ().
+pub(crate) const ESCALATIONS_BY_TIME: TableDefinition<'_, (u64, u128), ()> =
+    TableDefinition::new("custodian.escalations_by_time");
+/// Reconciliation notes: id → CBOR `ReconciliationNote`.
+pub(crate) const NOTES: TableDefinition<'_, u128, &[u8]> = TableDefinition::new("custodian.notes");
+
+// Principal side -------------------------------------------------------------------------------
+
+/// Authorizations: (target, scope) → (withheld, sequence).
+pub(crate) const AUTHORIZATIONS: TableDefinition<'_, (&str, &str), (bool, Option<u64>)> =
+    TableDefinition::new("principal.authorizations");
+/// Base routing weights (after folding): (target, weight key) → millionths.
+pub(crate) const ROUTING_BASE: TableDefinition<'_, (&str, &str), i64> =
+    TableDefinition::new("principal.routing_base");
+/// Keyed down-weights not yet folded: obligation id → (target, weight key, amount, fold_after).
+pub(crate) const ADJUSTMENTS: TableDefinition<'_, u128, (&str, &str, u32, u64)> =
+    TableDefinition::new("principal.adjustments");
+/// Tokens the principal no longer honours: token id → ().
+pub(crate) const REVOKED_TOKENS: TableDefinition<'_, &str, ()> =
+    TableDefinition::new("principal.revoked_tokens");
+
+// Receiver -------------------------------------------------------------------------------------
+
+/// The applied-id ledger: id → expires (deadline + skew, unix ms).
+pub(crate) const APPLIED: TableDefinition<'_, u128, u64> = TableDefinition::new("receiver.applied");
+/// Applied ids by expiry, for pruning: (expires, id) → ().
+pub(crate) const APPLIED_BY_EXPIRY: TableDefinition<'_, (u64, u128), ()> =
+    TableDefinition::new("receiver.applied_by_expiry");
+/// Last applied sequence per governed key: (key kind, issuer, name) → sequence.
+pub(crate) const LAST_SEQUENCE: TableDefinition<'_, (u8, &str, &str), u64> =
+    TableDefinition::new("receiver.last_sequence");
+/// Scopes the receiver stopped exercising: (issuer, scope) → ().
+pub(crate) const RECV_WITHHELD: TableDefinition<'_, (&str, &str), ()> =
+    TableDefinition::new("receiver.withheld");
+/// Preference weights: (issuer, weight key) → millionths.
+pub(crate) const RECV_WEIGHTS: TableDefinition<'_, (&str, &str), i64> =
+    TableDefinition::new("receiver.weights");
+/// Tokens: token id → dropped (`true`) or cached (`false`).
+pub(crate) const RECV_TOKENS: TableDefinition<'_, &str, bool> =
+    TableDefinition::new("receiver.tokens");
+
+/// The layout version written in `meta.schema`.
+pub(crate) const SCHEMA_VERSION: u64 = 1;

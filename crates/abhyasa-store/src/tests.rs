@@ -1,0 +1,461 @@
+use std::time::Duration;
+
+use abhyasa_custody::{AckTransmit, CustodianEvent, Receiver, ReceiverConfig, ReceiverRecord};
+use abhyasa_wire::{
+    AckStatus, BeliefUpdatePayload, ClientId, ConsentDecision, ConsentPayload, EscalationCause,
+    Obligation, Outcome, Payload, TokenAction, TokenPayload, WeightDelta,
+};
+
+use super::*;
+use crate::fault::{FaultPlan, FaultyBackend};
+
+fn p() -> AgentId {
+    AgentId::new("p").unwrap()
+}
+
+fn a() -> AgentId {
+    AgentId::new("a").unwrap()
+}
+
+fn obligation(id: u128, payload: Payload) -> Obligation {
+    Obligation {
+        id: ObligationId::from_u128(id),
+        issuer: p(),
+        target: a(),
+        created_at: UnixMillis(0),
+        deadline: UnixMillis(1_000),
+        max_retries: 3,
+        sequence: Some(id as u64),
+        payload,
+    }
+}
+
+fn belief(id: u128, delta: i32) -> Obligation {
+    obligation(
+        id,
+        Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
+            weight_key: WeightKey::new(format!("k{id}")).unwrap(),
+            weight_delta: WeightDelta(delta),
+            ttl_ms: 1,
+        }),
+    )
+}
+
+fn revoke_scope(id: u128) -> Obligation {
+    obligation(
+        id,
+        Payload::AnumatiConsent(ConsentPayload {
+            decision: Some(ConsentDecision::Revoke),
+            scope: Scope::new(format!("s{id}")).unwrap(),
+        }),
+    )
+}
+
+fn revoke_token(id: u128) -> Obligation {
+    obligation(
+        id,
+        Payload::OauthToken(TokenPayload {
+            action: TokenAction::Revoke,
+            token_id: TokenId::new(format!("t{id}")).unwrap(),
+            client_id: ClientId::new("c").unwrap(),
+        }),
+    )
+}
+
+fn memory_store() -> (Store, FaultyBackend) {
+    let backend = FaultyBackend::new(FaultPlan::None);
+    (
+        Store::open_backend(backend.clone(), StoreConfig::default()).unwrap(),
+        backend,
+    )
+}
+
+/// Power-cycles the disk in place and opens a store on what survived.
+fn reopen(backend: &mut FaultyBackend) -> Store {
+    *backend = backend.power_cycle(FaultPlan::None);
+    Store::open_backend(backend.clone(), StoreConfig::default()).unwrap()
+}
+
+/// Persists every record the custodian hands out, one commit each.
+fn persist_custodian(c: &mut Custodian, store: &mut Store, now: u64) {
+    while let Some(rec) = c.poll_persist() {
+        store.commit(&[Op::Custodian(rec.record)]).unwrap();
+        c.handle_persisted(UnixMillis(now), rec.token);
+    }
+}
+
+fn persist_receiver(r: &mut Receiver, store: &mut Store) -> Vec<AckTransmit> {
+    while let Some(rec) = r.poll_persist() {
+        store.commit(&[Op::Receiver(rec.record)]).unwrap();
+        r.handle_persisted(rec.token);
+    }
+    std::iter::from_fn(|| r.poll_transmit()).collect()
+}
+
+#[test]
+fn custodian_state_survives_a_reopen() {
+    let (mut store, mut backend) = memory_store();
+    let cfg = CustodianConfig {
+        response_timeout_ms: 100,
+        backoff_base_ms: 50,
+        ..CustodianConfig::default()
+    };
+    let mut c = Custodian::new(p(), cfg, 1);
+    for o in [belief(1, -300_000), revoke_scope(2), revoke_token(3)] {
+        c.issue(UnixMillis(0), o).unwrap();
+    }
+    persist_custodian(&mut c, &mut store, 0);
+    // Retry once, so an attempt record is written.
+    let t = c.poll_timeout().unwrap();
+    c.handle_timeout(t);
+    let t = c.poll_timeout().unwrap();
+    c.handle_timeout(t);
+    persist_custodian(&mut c, &mut store, t.0);
+    let attempts: Vec<u32> = c.pending().map(|(_, n)| n).collect();
+    drop(store);
+
+    let store = reopen(&mut backend);
+    let pending = store.pending().unwrap();
+    assert_eq!(pending.len(), 3);
+    assert_eq!(
+        pending.iter().map(|p| p.attempts).collect::<Vec<_>>(),
+        attempts
+    );
+    assert!(pending
+        .iter()
+        .all(|p| p.obligation.deadline == UnixMillis(1_000)));
+    // The withholds at issue are durable with the pending records.
+    assert!(store
+        .principal()
+        .is_withheld(&a(), &Scope::new("s2").unwrap()));
+    assert!(store.principal().is_revoked(&TokenId::new("t3").unwrap()));
+    assert_eq!(store.principal(), c.principal());
+
+    // Recovered past the deadline: every one escalates at once, safe actions on disk.
+    let mut store = store;
+    let mut c = store
+        .recover_custodian(p(), CustodianConfig::default(), 2, UnixMillis(5_000))
+        .unwrap();
+    c.handle_timeout(UnixMillis(5_000));
+    persist_custodian(&mut c, &mut store, 5_000);
+    assert!(store.pending().unwrap().is_empty());
+    let escalations = store.escalations().unwrap();
+    assert_eq!(escalations.len(), 3);
+    assert!(escalations
+        .iter()
+        .all(|e| e.cause == EscalationCause::Deadline));
+    drop(store);
+    let store = reopen(&mut backend);
+    for e in store.escalations().unwrap() {
+        assert!(store.principal().holds(&e.safe_action), "{e:?}");
+    }
+    assert_eq!(store.terminal_records().unwrap().len(), 3);
+    assert_eq!(
+        store
+            .principal()
+            .routing_weight(&a(), &WeightKey::new("k1").unwrap()),
+        700_000
+    );
+}
+
+#[test]
+fn an_apply_and_its_effect_are_one_commit_and_survive() {
+    let (mut store, mut backend) = memory_store();
+    let mut r = Receiver::new(a(), ReceiverConfig::default());
+    r.handle_obligation(UnixMillis(0), &p(), belief(1, -250_000));
+    r.handle_obligation(UnixMillis(0), &p(), revoke_scope(2));
+    r.handle_obligation(UnixMillis(0), &p(), revoke_token(3));
+    let acks = persist_receiver(&mut r, &mut store);
+    assert_eq!(acks.len(), 3);
+    drop(store);
+    let store = reopen(&mut backend);
+    let mut r = store
+        .recover_receiver(a(), ReceiverConfig::default())
+        .unwrap();
+    for id in 1..=3 {
+        assert!(store
+            .applied(ObligationId::from_u128(id))
+            .unwrap()
+            .is_some());
+    }
+    assert_eq!(
+        store
+            .receiver_state()
+            .weight(&p(), &WeightKey::new("k1").unwrap()),
+        -250_000
+    );
+    assert!(store
+        .receiver_state()
+        .is_withheld(&p(), &Scope::new("s2").unwrap()));
+    assert!(store
+        .receiver_state()
+        .is_dropped(&TokenId::new("t3").unwrap()));
+    // A redelivery after the restart is re-acked, not re-applied.
+    let d = r.handle_obligation(UnixMillis(10), &p(), belief(1, -250_000));
+    assert_eq!(d, abhyasa_custody::Disposition::Duplicate);
+    assert!(r.poll_persist().is_none());
+    assert_eq!(
+        r.poll_transmit().map(|t| t.ack.status),
+        Some(AckStatus::Applied)
+    );
+    // Supersession survives too: sequence 2 on scope s2 is the last applied.
+    let mut older = revoke_scope(4);
+    older.sequence = Some(1);
+    if let Payload::AnumatiConsent(c) = &mut older.payload {
+        c.scope = Scope::new("s2").unwrap();
+    }
+    assert!(matches!(
+        r.handle_obligation(UnixMillis(10), &p(), older),
+        abhyasa_custody::Disposition::Declined(_)
+    ));
+}
+
+#[test]
+fn prune_removes_expired_applied_ids() {
+    let (mut store, _) = memory_store();
+    let mut r = Receiver::new(a(), ReceiverConfig::default());
+    r.handle_obligation(UnixMillis(0), &p(), belief(1, -1));
+    persist_receiver(&mut r, &mut store);
+    assert_eq!(store.applied_len().unwrap(), 1);
+    let expiry = r.poll_timeout().unwrap();
+    r.handle_timeout(expiry);
+    let rec = r.poll_persist().unwrap();
+    assert!(matches!(rec.record, ReceiverRecord::Prune { .. }));
+    store.commit(&[Op::Receiver(rec.record)]).unwrap();
+    assert_eq!(store.applied_len().unwrap(), 0);
+    // The effect stays: pruning forgets the id, not what it did.
+    assert_eq!(
+        store
+            .receiver_state()
+            .weight(&p(), &WeightKey::new("k1").unwrap()),
+        -1
+    );
+}
+
+#[test]
+fn a_reconciliation_note_is_kept() {
+    let (mut store, mut backend) = memory_store();
+    let mut c = Custodian::new(p(), CustodianConfig::default(), 1);
+    c.issue(UnixMillis(0), revoke_token(1)).unwrap();
+    persist_custodian(&mut c, &mut store, 0);
+    c.handle_timeout(UnixMillis(1_000));
+    persist_custodian(&mut c, &mut store, 1_000);
+    drop(store);
+    let mut store = reopen(&mut backend);
+    // The recovered custodian still recognizes the late ack.
+    let mut c = store
+        .recover_custodian(p(), CustodianConfig::default(), 2, UnixMillis(1_100))
+        .unwrap();
+    let ack = abhyasa_wire::CustodyAck {
+        obligation_id: ObligationId::from_u128(1),
+        target: a(),
+        status: AckStatus::Applied,
+        acked_at: UnixMillis(1_050),
+    };
+    assert_eq!(
+        c.handle_ack(UnixMillis(1_100), &a(), ack),
+        abhyasa_custody::AckDisposition::Reconciled
+    );
+    persist_custodian(&mut c, &mut store, 1_100);
+    let notes = store.notes().unwrap();
+    assert_eq!(notes.len(), 1);
+    assert!(matches!(
+        c.poll_event(),
+        Some(CustodianEvent::Reconciled(_))
+    ));
+    assert!(store.principal().is_revoked(&TokenId::new("t1").unwrap()));
+}
+
+#[test]
+fn an_unknown_schema_is_refused() {
+    let backend = FaultyBackend::new(FaultPlan::None);
+    {
+        let db = redb::Database::builder()
+            .create_with_backend(backend.clone())
+            .unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(META).unwrap().insert("schema", 99).unwrap();
+        txn.commit().unwrap();
+    }
+    let err = Store::open_backend(backend.power_cycle(FaultPlan::None), StoreConfig::default())
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::Schema {
+                found: 99,
+                expected: 1
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_failed_sync_poisons_the_store_and_leaves_a_recoverable_file() {
+    let backend = FaultyBackend::new(FaultPlan::None);
+    let mut store = Store::open_backend(backend.clone(), StoreConfig::default()).unwrap();
+    let mut c = Custodian::new(p(), CustodianConfig::default(), 1);
+    c.issue(UnixMillis(0), revoke_token(1)).unwrap();
+    persist_custodian(&mut c, &mut store, 0);
+    drop(store);
+    let failing = backend.power_cycle(FaultPlan::None);
+    let mut store = Store::open_backend(failing.clone(), StoreConfig::default()).unwrap();
+    failing.arm(FaultPlan::FailSync(1));
+    c.issue(UnixMillis(0), revoke_token(2)).unwrap();
+    let rec = c.poll_persist().unwrap();
+    assert!(matches!(
+        store.commit(&[Op::Custodian(rec.record)]),
+        Err(StoreError::CommitUnknown(_))
+    ));
+    assert!(matches!(store.commit(&[]), Err(StoreError::Poisoned)));
+    drop(store);
+    let store =
+        Store::open_backend(failing.power_cycle(FaultPlan::None), StoreConfig::default()).unwrap();
+    // What was acknowledged before is there; the failed commit is not.
+    assert!(store.knows(ObligationId::from_u128(1)).unwrap());
+    assert!(!store.knows(ObligationId::from_u128(2)).unwrap());
+}
+
+#[test]
+fn group_commit_batches_concurrent_writers() {
+    let (store, _) = memory_store();
+    let group = std::sync::Arc::new(GroupCommit::spawn(
+        store,
+        GroupConfig {
+            max_ops: 1_000,
+            max_delay: Duration::from_millis(5),
+        },
+        || Err(StoreError::Poisoned),
+    ));
+    let mut handles = Vec::new();
+    for t in 0..8u128 {
+        let group = std::sync::Arc::clone(&group);
+        handles.push(std::thread::spawn(move || {
+            for i in 0..25u128 {
+                let mut c = Custodian::new(p(), CustodianConfig::default(), 1);
+                c.issue(UnixMillis(0), revoke_token(t * 1_000 + i)).unwrap();
+                let rec = c.poll_persist().unwrap();
+                group
+                    .submit(vec![Op::Custodian(rec.record)])
+                    .wait()
+                    .unwrap();
+            }
+        }));
+    }
+    for h in handles {
+        h.join().unwrap();
+    }
+    let stats = group.stats();
+    let ops = stats.ops.load(std::sync::atomic::Ordering::Relaxed);
+    let commits = stats.commits.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(ops, 200);
+    assert!(
+        commits < ops,
+        "no batching: {commits} commits for {ops} ops"
+    );
+    let pending = group.read(|s| s.pending().unwrap().len()).unwrap();
+    assert_eq!(pending, 200);
+}
+
+#[test]
+fn group_commit_reports_unknown_outcome_and_reopens() {
+    let backend = FaultyBackend::new(FaultPlan::None);
+    let store = Store::open_backend(backend.clone(), StoreConfig::default()).unwrap();
+    drop(store);
+    let failing = backend.power_cycle(FaultPlan::None);
+    let store = Store::open_backend(failing.clone(), StoreConfig::default()).unwrap();
+    failing.arm(FaultPlan::FailSync(1));
+    let reopened = failing.clone();
+    let group = GroupCommit::spawn(store, GroupConfig::default(), move || {
+        Store::open_backend(
+            reopened.power_cycle(FaultPlan::None),
+            StoreConfig::default(),
+        )
+    });
+    let mut c = Custodian::new(p(), CustodianConfig::default(), 1);
+    c.issue(UnixMillis(0), revoke_token(1)).unwrap();
+    let rec = c.poll_persist().unwrap();
+    let err = group.submit(vec![Op::Custodian(rec.record.clone())]).wait();
+    assert!(matches!(err, Err(GroupError::Unknown(_))), "{err:?}");
+    assert_eq!(
+        group
+            .stats()
+            .generation
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    // The recovered custodian does not have it: the caller issues again.
+    let known = group
+        .read(|s| s.knows(ObligationId::from_u128(1)).unwrap())
+        .unwrap();
+    assert!(!known);
+    group
+        .submit(vec![Op::Custodian(rec.record)])
+        .wait()
+        .unwrap();
+    assert!(group
+        .read(|s| s.knows(ObligationId::from_u128(1)).unwrap())
+        .unwrap());
+}
+
+#[test]
+fn retention_prunes_history_and_keeps_the_file_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r.redb");
+    let config = StoreConfig {
+        retention_ms: 1_000,
+        compact_after_pruned: 500,
+        ..StoreConfig::default()
+    };
+    let mut store = Store::open(&path, config.clone()).unwrap();
+    let mut sizes = Vec::new();
+    for round in 0..12u64 {
+        let mut c = Custodian::new(p(), CustodianConfig::default(), round);
+        let base = u128::from(round) * 10_000;
+        let now = round * 10_000;
+        let mut ops = Vec::new();
+        for i in 0..300u128 {
+            let mut o = revoke_token(base + i);
+            o.created_at = UnixMillis(now);
+            o.deadline = UnixMillis(now + 1_000);
+            c.issue(UnixMillis(now), o).unwrap();
+        }
+        c.handle_timeout(UnixMillis(now + 1_000));
+        while let Some(rec) = c.poll_persist() {
+            ops.push(Op::Custodian(rec.record));
+        }
+        store.commit(&ops).unwrap();
+        let m = store.maintain(UnixMillis(now + 5_000)).unwrap();
+        assert_eq!(m.terminal_pruned, 300, "round {round}");
+        assert_eq!(store.terminal_len().unwrap(), 0);
+        sizes.push(std::fs::metadata(&path).unwrap().len());
+    }
+    // Revoked tokens are principal state and stay; the history does not pile up.
+    assert_eq!(store.principal().revoked_tokens().count(), 3_600);
+    let early = sizes[3];
+    let late = *sizes.last().unwrap();
+    assert!(
+        late <= early * 3,
+        "file grew from {early} to {late}: {sizes:?}"
+    );
+}
+
+#[test]
+fn terminal_outcomes_are_readable() {
+    let (mut store, _) = memory_store();
+    let mut c = Custodian::new(p(), CustodianConfig::default(), 1);
+    c.issue(UnixMillis(0), revoke_token(1)).unwrap();
+    persist_custodian(&mut c, &mut store, 0);
+    let ack = abhyasa_wire::CustodyAck {
+        obligation_id: ObligationId::from_u128(1),
+        target: a(),
+        status: AckStatus::Applied,
+        acked_at: UnixMillis(3),
+    };
+    c.handle_ack(UnixMillis(3), &a(), ack);
+    persist_custodian(&mut c, &mut store, 3);
+    let t = store.terminal(ObligationId::from_u128(1)).unwrap().unwrap();
+    assert_eq!(t.outcome, Outcome::Applied);
+    assert!(store.pending().unwrap().is_empty());
+}
