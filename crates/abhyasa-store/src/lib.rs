@@ -139,6 +139,9 @@ pub enum StoreError {
         /// This build's.
         expected: u64,
     },
+    /// A file-system operation around the database failed.
+    #[error("file system: {0}")]
+    Io(#[from] std::io::Error),
     /// A read or write inside a transaction failed.
     #[error("storage: {0}")]
     Storage(String),
@@ -223,7 +226,27 @@ impl std::fmt::Debug for Store {
 
 impl Store {
     /// Opens (or creates) the database file at `path`.
+    ///
+    /// Creation is atomic: a new database is initialized under `<path>.creating`, synced, and
+    /// renamed into place, so a crash during creation leaves no half-made file at `path`.
     pub fn open(path: impl AsRef<Path>, config: StoreConfig) -> Result<Self, StoreError> {
+        let path = path.as_ref();
+        if !path.exists() {
+            let mut creating = path.as_os_str().to_owned();
+            creating.push(".creating");
+            let creating = std::path::PathBuf::from(creating);
+            match std::fs::remove_file(&creating) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e.into()),
+            }
+            let db = Database::builder().create(&creating)?;
+            drop(Self::init(db, config.clone())?);
+            std::fs::rename(&creating, path)?;
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::File::open(dir)?.sync_all()?;
+            }
+        }
         let db = Database::builder().create(path)?;
         Self::init(db, config)
     }
