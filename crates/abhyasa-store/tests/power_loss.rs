@@ -61,7 +61,7 @@ fn workload() -> Vec<(u64, Obligation)> {
     (0..30u128)
         .map(|i| {
             let payload = match i % 6 {
-                0 | 1 | 2 => Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
+                0..=2 => Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
                     weight_key: WeightKey::new(format!("k{i}")).unwrap(),
                     weight_delta: WeightDelta(delta(i) as i32),
                     ttl_ms: 1,
@@ -397,8 +397,8 @@ impl Run {
         // Read both disks as a restart would.
         self.cdisk.crash_and_reopen();
         self.rdisk.crash_and_reopen();
-        self.violations.extend(self.cdisk.violations.drain(..));
-        self.violations.extend(self.rdisk.violations.drain(..));
+        self.violations.append(&mut self.cdisk.violations);
+        self.violations.append(&mut self.rdisk.violations);
         self.check_acknowledged_survived();
         let cstore = self.cdisk.store.as_ref().expect("open");
         let rstore = self.rdisk.store.as_ref().expect("open");
