@@ -4,10 +4,15 @@
 //!
 //! - [`wire`]: the objects that cross process boundaries, as deterministic CBOR;
 //! - [`custody`]: the sans-IO custodian and receiver state machines and the kind registry;
-//! - [`sim`]: the deterministic simulation that checks them under faults.
+//! - [`store`]: durable custody state in redb, with group commit and recovery;
+//! - [`sim`]: the deterministic simulation that checks them under faults;
+//! - [`crashpeer`]: the process that the SIGKILL crash test kills at named points.
 
 #![warn(missing_docs)]
 
+pub mod crashpeer;
+
 pub use abhyasa_custody as custody;
 pub use abhyasa_sim as sim;
+pub use abhyasa_store as store;
 pub use abhyasa_wire as wire;
