@@ -218,30 +218,13 @@ impl Scenario {
             let (admissible, kind) = kinds[(i % 6) as usize];
             let target = if i % 3 == 2 { 1 } else { 0 };
             let issue_at = u64::from(i) * 40;
-            let payload = match kind {
-                0 => Payload::AnumatiConsent(ConsentPayload {
-                    decision: Some(if admissible {
-                        ConsentDecision::Revoke
-                    } else {
-                        ConsentDecision::Grant
-                    }),
-                    scope: Scope::new(format!("calendar.{i}")).expect("valid"),
-                }),
-                1 => Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
-                    weight_key: WeightKey::new(format!("supplier/{i}")).expect("valid"),
-                    weight_delta: WeightDelta(if admissible { -250_000 } else { 100_000 }),
-                    ttl_ms: 60_000,
-                }),
-                _ => Payload::OauthToken(TokenPayload {
-                    action: if admissible {
-                        TokenAction::Revoke
-                    } else {
-                        TokenAction::Issue
-                    },
-                    token_id: TokenId::new(format!("tok-{i}")).expect("valid"),
-                    client_id: ClientId::new("mail-client").expect("valid"),
-                }),
-            };
+            let decision = Some(if admissible {
+                ConsentDecision::Revoke
+            } else {
+                ConsentDecision::Grant
+            });
+            let delta = if admissible { -250_000 } else { 100_000 };
+            let payload = make_payload(kind, admissible, decision, delta, &i.to_string());
             obligations.push(Obligation {
                 id: ObligationId::from_u128(0xd3_0000 + u128::from(i)),
                 issuer: principal.clone(),
@@ -300,27 +283,41 @@ impl Scenario {
 
 fn payload(rng: &mut ChaCha8Rng, admissible: bool) -> Payload {
     let key = rng.random_range(0..3u32);
-    match rng.random_range(0..3u32) {
+    let kind = rng.random_range(0..3u32);
+    let decision = if admissible {
+        [
+            Some(ConsentDecision::Revoke),
+            None,
+            Some(ConsentDecision::Unrecognized("pause".into())),
+        ][rng.random_range(0..3)]
+        .clone()
+    } else {
+        Some(ConsentDecision::Grant)
+    };
+    let delta = if admissible {
+        -rng.random_range(1..=WeightDelta::ONE)
+    } else {
+        rng.random_range(0..=WeightDelta::ONE)
+    };
+    make_payload(kind, admissible, decision, delta, &key.to_string())
+}
+
+/// A payload of kind `kind` (0 consent, 1 belief update, 2 token) whose names end in `key`.
+fn make_payload(
+    kind: u32,
+    admissible: bool,
+    decision: Option<ConsentDecision>,
+    delta: i32,
+    key: &str,
+) -> Payload {
+    match kind {
         0 => Payload::AnumatiConsent(ConsentPayload {
-            decision: if admissible {
-                [
-                    Some(ConsentDecision::Revoke),
-                    None,
-                    Some(ConsentDecision::Unrecognized("pause".into())),
-                ][rng.random_range(0..3)]
-                .clone()
-            } else {
-                Some(ConsentDecision::Grant)
-            },
+            decision,
             scope: Scope::new(format!("scope-{key}")).expect("valid"),
         }),
         1 => Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
             weight_key: WeightKey::new(format!("supplier/{key}")).expect("valid"),
-            weight_delta: WeightDelta(if admissible {
-                -rng.random_range(1..=WeightDelta::ONE)
-            } else {
-                rng.random_range(0..=WeightDelta::ONE)
-            }),
+            weight_delta: WeightDelta(delta),
             ttl_ms: 60_000,
         }),
         _ => Payload::OauthToken(TokenPayload {
