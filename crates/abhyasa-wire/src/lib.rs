@@ -43,6 +43,7 @@
 mod ack;
 mod escalation;
 mod ids;
+pub mod moqt;
 mod obligation;
 
 use serde::de::DeserializeOwned;
