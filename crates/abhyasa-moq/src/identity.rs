@@ -97,7 +97,9 @@ impl Ca {
         let key = KeyPair::generate()?;
         let mut params = CertificateParams::new(vec![agent.as_str().to_owned()])?;
         params.distinguished_name = DistinguishedName::new();
-        params.distinguished_name.push(DnType::CommonName, agent.as_str());
+        params
+            .distinguished_name
+            .push(DnType::CommonName, agent.as_str());
         params.extended_key_usages = vec![
             ExtendedKeyUsagePurpose::ServerAuth,
             ExtendedKeyUsagePurpose::ClientAuth,
@@ -124,10 +126,11 @@ impl Ca {
         let cert = read_cert(&dir.join("ca.pem"))?;
         let key_path = dir.join("ca.key");
         let pem = read(&key_path)?;
-        let key = KeyPair::from_pem(&String::from_utf8_lossy(&pem)).map_err(|_| IdentityError::Pem {
-            path: key_path,
-            what: "private key",
-        })?;
+        let key =
+            KeyPair::from_pem(&String::from_utf8_lossy(&pem)).map_err(|_| IdentityError::Pem {
+                path: key_path,
+                what: "private key",
+            })?;
         Ok(Self { cert, key })
     }
 
@@ -140,7 +143,11 @@ impl Ca {
 impl Identity {
     /// Writes `<agent>.pem` and `<agent>.key` into `dir` (never over existing files).
     pub fn save(&self, dir: &Path) -> Result<(), IdentityError> {
-        let chain: String = self.chain.iter().map(|c| pem_encode("CERTIFICATE", c)).collect();
+        let chain: String = self
+            .chain
+            .iter()
+            .map(|c| pem_encode("CERTIFICATE", c))
+            .collect();
         write_new(&dir.join(format!("{}.pem", self.agent)), chain.as_bytes())?;
         write_new(
             &dir.join(format!("{}.key", self.agent)),
@@ -152,21 +159,26 @@ impl Identity {
     /// names `agent`.
     pub fn load(dir: &Path, agent: &AgentId) -> Result<Self, IdentityError> {
         let cert_path = dir.join(format!("{agent}.pem"));
-        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&read(&cert_path)?)
-            .collect::<Result<_, _>>()
-            .map_err(|_| IdentityError::Pem {
-                path: cert_path.clone(),
-                what: "certificate chain",
-            })?;
+        let chain: Vec<CertificateDer<'static>> =
+            CertificateDer::pem_slice_iter(&read(&cert_path)?)
+                .collect::<Result<_, _>>()
+                .map_err(|_| IdentityError::Pem {
+                    path: cert_path.clone(),
+                    what: "certificate chain",
+                })?;
         let named = chain.first().map(|c| agent_of(c)).transpose()?;
         if named.as_ref() != Some(agent) {
-            return Err(IdentityError::NoAgentId(format!("{} does not name {agent}", cert_path.display())));
+            return Err(IdentityError::NoAgentId(format!(
+                "{} does not name {agent}",
+                cert_path.display()
+            )));
         }
         let key_path = dir.join(format!("{agent}.key"));
-        let key = PrivateKeyDer::from_pem_slice(&read(&key_path)?).map_err(|_| IdentityError::Pem {
-            path: key_path,
-            what: "private key",
-        })?;
+        let key =
+            PrivateKeyDer::from_pem_slice(&read(&key_path)?).map_err(|_| IdentityError::Pem {
+                path: key_path,
+                what: "private key",
+            })?;
         Ok(Self {
             agent: agent.clone(),
             chain,
@@ -255,8 +267,16 @@ mod tests {
         assert_eq!(loaded.key, id.key);
         assert_eq!(&loaded.ca, ca.certificate());
         // A file that names another agent is refused.
-        std::fs::copy(dir.path().join("agent-1.pem"), dir.path().join("agent-2.pem")).unwrap();
-        std::fs::copy(dir.path().join("agent-1.key"), dir.path().join("agent-2.key")).unwrap();
+        std::fs::copy(
+            dir.path().join("agent-1.pem"),
+            dir.path().join("agent-2.pem"),
+        )
+        .unwrap();
+        std::fs::copy(
+            dir.path().join("agent-1.key"),
+            dir.path().join("agent-2.key"),
+        )
+        .unwrap();
         assert!(matches!(
             Identity::load(dir.path(), &AgentId::new("agent-2").unwrap()),
             Err(IdentityError::NoAgentId(_))

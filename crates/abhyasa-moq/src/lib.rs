@@ -1,4 +1,19 @@
-//! Abhyasa over QUIC.
+//! Abhyasa over QUIC: deployment identities and mutual TLS ([`identity`]), the QUIC endpoint
+//! with settings for lossy low-latency links ([`endpoint`]), and a MOQT draft-14 session that
+//! carries the custody track layout ([`session`]).
+//!
+//! ```text
+//!  agent A (namespace abhyasa/v1/A)                      agent B (namespace abhyasa/v1/B)
+//!   to/B  ─ SUBGROUP streams (one group per flush) ─────▶ subscribed by B (cert says B)
+//!   acks/B ◀──────────────────────────────────────────── acks/A published by B ... and so on
+//! ```
+
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod endpoint;
 pub mod identity;
+pub mod session;
+
+pub use endpoint::{endpoint, peer_agent, Congestion, EndpointError, TransportSettings};
+pub use identity::{agent_of, Ca, Identity, IdentityError};
+pub use session::{namespace, SendError, Session, SessionError, SessionEvent, Track};

@@ -1,0 +1,800 @@
+//! A MOQT draft-14 session between two agents, carrying the custody track layout:
+//!
+//! | namespace | track | carries |
+//! |---|---|---|
+//! | `abhyasa`, `v1`, `<agent>` | `to/<peer>` | obligations for that peer |
+//! | `abhyasa`, `v1`, `<agent>` | `acks/<peer>` | custody acks for that custodian |
+//! | `abhyasa`, `v1`, `<agent>` | `ledger/<peer>` | ledger objects |
+//!
+//! After CLIENT_SETUP / SERVER_SETUP each side announces its namespace (PUBLISH_NAMESPACE) and
+//! subscribes to the three tracks the other side addresses to it. A subscription is granted
+//! only for tracks addressed to the subscriber's own agent id, which its TLS certificate
+//! proved. One flush is one group; objects ride a subgroup stream (or, when asked and when
+//! they fit, one OBJECT_DATAGRAM each). Malformed or unknown control messages close the
+//! session with the draft's error code; other sessions are untouched.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use abhyasa_wire::moqt::{
+    Control, KeyValue, MoqtError, Namespace, ObjectBody, ObjectDatagram, StreamObject,
+    SubgroupHeader, SubgroupId, DRAFT_14,
+};
+use abhyasa_wire::AgentId;
+use tokio::sync::{mpsc, Mutex};
+
+use crate::endpoint::peer_agent;
+
+/// One of the three tracks a side publishes for its peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Track {
+    /// `to/<peer>`: obligations.
+    Obligations,
+    /// `acks/<peer>`: custody acks.
+    Acks,
+    /// `ledger/<peer>`: ledger objects.
+    Ledger,
+}
+
+impl Track {
+    const ALL: [Track; 3] = [Track::Obligations, Track::Acks, Track::Ledger];
+
+    fn prefix(self) -> &'static str {
+        match self {
+            Track::Obligations => "to/",
+            Track::Acks => "acks/",
+            Track::Ledger => "ledger/",
+        }
+    }
+
+    /// The track name addressed to `peer`.
+    pub fn name(self, peer: &AgentId) -> Vec<u8> {
+        format!("{}{peer}", self.prefix()).into_bytes()
+    }
+
+    fn alias(self) -> u64 {
+        match self {
+            Track::Obligations => 1,
+            Track::Acks => 2,
+            Track::Ledger => 3,
+        }
+    }
+
+    fn parse(name: &[u8]) -> Option<(Track, &[u8])> {
+        Track::ALL.into_iter().find_map(|t| {
+            name.strip_prefix(t.prefix().as_bytes())
+                .map(|rest| (t, rest))
+        })
+    }
+}
+
+/// The namespace an agent publishes under.
+pub fn namespace(agent: &AgentId) -> Namespace {
+    Namespace::from_strs(&["abhyasa", "v1", agent.as_str()])
+}
+
+/// What a session delivers to its owner.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SessionEvent {
+    /// An object on one of the peer's tracks addressed to us: its payload (CBOR).
+    Object {
+        /// Which track.
+        track: Track,
+        /// The payload.
+        payload: Vec<u8>,
+    },
+    /// The peer subscribed to our track for it: objects on it now reach the peer.
+    PeerSubscribed(Track),
+    /// The session ended.
+    Closed(String),
+}
+
+/// Why a session could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SessionError {
+    /// The QUIC connection failed.
+    #[error("connection: {0}")]
+    Connection(#[from] quinn::ConnectionError),
+    /// Dialing failed.
+    #[error("connect: {0}")]
+    Connect(#[from] quinn::ConnectError),
+    /// The peer's certificate names no agent, or not the one dialed.
+    #[error("peer identity: {0}")]
+    Identity(String),
+    /// The peer broke the protocol during setup.
+    #[error("protocol: {0}")]
+    Protocol(#[from] MoqtError),
+    /// Setup took too long.
+    #[error("setup timed out")]
+    Timeout,
+    /// A stream failed.
+    #[error("stream: {0}")]
+    Stream(String),
+}
+
+/// Why an object could not be sent.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SendError {
+    /// The peer has not subscribed to this track (yet): nothing would read it.
+    #[error("the peer is not subscribed to {0:?}")]
+    NotSubscribed(Track),
+    /// The session is closed or the stream failed.
+    #[error("session: {0}")]
+    Closed(String),
+}
+
+/// Session-termination codes of the draft used here.
+mod code {
+    pub(super) const NO_ERROR: u32 = 0x0;
+    pub(super) const INTERNAL_ERROR: u32 = 0x1;
+    pub(super) const INVALID_REQUEST_ID: u32 = 0x4;
+}
+
+const SETUP_TIMEOUT: Duration = Duration::from_secs(5);
+const MAX_CONTROL_BUFFER: usize = 1 << 17;
+const MAX_STREAM_BYTES: usize = 2 << 20;
+
+#[derive(Default)]
+struct State {
+    /// Tracks the peer subscribed to, with the peer's request id.
+    outbound: HashMap<Track, u64>,
+    /// Streams opened per outbound track (for PUBLISH_DONE).
+    streams: HashMap<Track, u64>,
+    /// Next group id per outbound track.
+    groups: HashMap<Track, u64>,
+    /// Our subscriptions: request id → track.
+    requested: HashMap<u64, Track>,
+    /// Track aliases the peer granted us → track.
+    inbound: HashMap<u64, Track>,
+    /// Our next request id.
+    next_request: u64,
+    /// The peer's next expected request id.
+    peer_next_request: u64,
+    /// Whether the peer sent GOAWAY.
+    goaway: bool,
+}
+
+struct Inner {
+    me: AgentId,
+    peer: AgentId,
+    conn: quinn::Connection,
+    control: Mutex<quinn::SendStream>,
+    state: std::sync::Mutex<State>,
+}
+
+/// A live session. Cheap to clone.
+#[derive(Clone)]
+pub struct Session(Arc<Inner>);
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("me", &self.0.me)
+            .field("peer", &self.0.peer)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Session {
+    /// Dials `addr`, requires the server to be `expected`, and sets the session up as client.
+    pub async fn connect(
+        endpoint: &quinn::Endpoint,
+        addr: std::net::SocketAddr,
+        expected: &AgentId,
+        me: &AgentId,
+    ) -> Result<(Session, mpsc::Receiver<SessionEvent>), SessionError> {
+        let conn = endpoint.connect(addr, expected.as_str())?.await?;
+        let peer = peer_agent(&conn)
+            .ok_or_else(|| SessionError::Identity("no agent id in certificate".into()))?;
+        if &peer != expected {
+            conn.close(code::INTERNAL_ERROR.into(), b"unexpected peer");
+            return Err(SessionError::Identity(format!(
+                "dialed {expected}, reached {peer}"
+            )));
+        }
+        let (mut send, mut recv) = conn.open_bi().await?;
+        let mut out = Vec::new();
+        Control::ClientSetup {
+            versions: vec![DRAFT_14],
+            params: vec![KeyValue::Int {
+                key: 0x02,
+                value: 1 << 20,
+            }],
+        }
+        .encode(&mut out);
+        send.write_all(&out)
+            .await
+            .map_err(|e| SessionError::Stream(e.to_string()))?;
+        let mut buf = Vec::new();
+        let reply = tokio::time::timeout(SETUP_TIMEOUT, read_control(&mut recv, &mut buf))
+            .await
+            .map_err(|_| SessionError::Timeout)?;
+        match reply {
+            Ok(Some(Control::ServerSetup { version, .. })) if version == DRAFT_14 => {}
+            Ok(Some(Control::ServerSetup { .. })) => {
+                let e = MoqtError::VersionNegotiationFailed;
+                close(&conn, &e);
+                return Err(e.into());
+            }
+            Ok(_) => {
+                let e = MoqtError::ProtocolViolation("expected SERVER_SETUP");
+                close(&conn, &e);
+                return Err(e.into());
+            }
+            Err(e) => {
+                close(&conn, &e);
+                return Err(e.into());
+            }
+        }
+        Ok(Self::start(me.clone(), peer, conn, send, recv, buf, 0))
+    }
+
+    /// Sets up an accepted connection as server.
+    pub async fn accept(
+        incoming: quinn::Incoming,
+        me: &AgentId,
+    ) -> Result<(Session, mpsc::Receiver<SessionEvent>), SessionError> {
+        let conn = incoming.await?;
+        let peer = peer_agent(&conn)
+            .ok_or_else(|| SessionError::Identity("no agent id in certificate".into()))?;
+        let (mut send, mut recv) = tokio::time::timeout(SETUP_TIMEOUT, conn.accept_bi())
+            .await
+            .map_err(|_| SessionError::Timeout)??;
+        let mut buf = Vec::new();
+        let first = tokio::time::timeout(SETUP_TIMEOUT, read_control(&mut recv, &mut buf))
+            .await
+            .map_err(|_| SessionError::Timeout)?;
+        match first {
+            Ok(Some(Control::ClientSetup { versions, .. })) if versions.contains(&DRAFT_14) => {}
+            Ok(Some(Control::ClientSetup { .. })) => {
+                let e = MoqtError::VersionNegotiationFailed;
+                close(&conn, &e);
+                return Err(e.into());
+            }
+            Ok(_) => {
+                let e = MoqtError::ProtocolViolation("expected CLIENT_SETUP");
+                close(&conn, &e);
+                return Err(e.into());
+            }
+            Err(e) => {
+                close(&conn, &e);
+                return Err(e.into());
+            }
+        }
+        let mut out = Vec::new();
+        Control::ServerSetup {
+            version: DRAFT_14,
+            params: vec![KeyValue::Int {
+                key: 0x02,
+                value: 1 << 20,
+            }],
+        }
+        .encode(&mut out);
+        send.write_all(&out)
+            .await
+            .map_err(|e| SessionError::Stream(e.to_string()))?;
+        Ok(Self::start(me.clone(), peer, conn, send, recv, buf, 1))
+    }
+
+    fn start(
+        me: AgentId,
+        peer: AgentId,
+        conn: quinn::Connection,
+        send: quinn::SendStream,
+        recv: quinn::RecvStream,
+        buf: Vec<u8>,
+        parity: u64,
+    ) -> (Session, mpsc::Receiver<SessionEvent>) {
+        let state = State {
+            next_request: parity,
+            peer_next_request: 1 - parity,
+            ..State::default()
+        };
+        let session = Session(Arc::new(Inner {
+            me,
+            peer,
+            conn,
+            control: Mutex::new(send),
+            state: std::sync::Mutex::new(state),
+        }));
+        let (tx, rx) = mpsc::channel(4_096);
+        let s = session.clone();
+        let events = tx.clone();
+        tokio::spawn(async move {
+            if let Err(e) = s.announce_and_subscribe().await {
+                let _ = events.send(SessionEvent::Closed(e)).await;
+                return;
+            }
+            let reason = s.control_loop(recv, buf, &events).await;
+            let _ = events.send(SessionEvent::Closed(reason)).await;
+        });
+        let s = session.clone();
+        let events = tx.clone();
+        tokio::spawn(async move { s.streams_loop(&events).await });
+        let s = session.clone();
+        tokio::spawn(async move { s.datagrams_loop(&tx).await });
+        (session, rx)
+    }
+
+    /// The peer's agent id, from its certificate.
+    pub fn peer(&self) -> &AgentId {
+        &self.0.peer
+    }
+
+    /// The underlying QUIC connection.
+    pub fn connection(&self) -> &quinn::Connection {
+        &self.0.conn
+    }
+
+    /// Whether the peer subscribed to `track`.
+    pub fn is_subscribed(&self, track: Track) -> bool {
+        self.state().outbound.contains_key(&track)
+    }
+
+    /// Closes the session with NO_ERROR.
+    pub fn close(&self, reason: &str) {
+        self.0.conn.close(code::NO_ERROR.into(), reason.as_bytes());
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.0.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn next_request(&self) -> u64 {
+        let mut st = self.state();
+        let id = st.next_request;
+        st.next_request += 2;
+        id
+    }
+
+    async fn write_control(&self, msg: Control) -> Result<(), String> {
+        let mut out = Vec::new();
+        msg.encode(&mut out);
+        self.0
+            .control
+            .lock()
+            .await
+            .write_all(&out)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn announce_and_subscribe(&self) -> Result<(), String> {
+        let id = self.next_request();
+        self.write_control(Control::PublishNamespace {
+            request_id: id,
+            namespace: namespace(&self.0.me),
+            params: vec![],
+        })
+        .await?;
+        for track in Track::ALL {
+            let id = self.next_request();
+            self.state().requested.insert(id, track);
+            self.write_control(Control::Subscribe {
+                request_id: id,
+                namespace: namespace(&self.0.peer),
+                name: track.name(&self.0.me),
+                priority: 0,
+                group_order: 1,
+                forward: 1,
+                filter: abhyasa_wire::moqt::Filter::LargestObject,
+                params: vec![],
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Sends one group of objects on `track`. `datagram`: each object as an OBJECT_DATAGRAM
+    /// when it fits the path, else the group rides a subgroup stream.
+    pub async fn send_group(
+        &self,
+        track: Track,
+        payloads: &[Vec<u8>],
+        datagram: bool,
+    ) -> Result<(), SendError> {
+        let group = {
+            let mut st = self.state();
+            if !st.outbound.contains_key(&track) {
+                return Err(SendError::NotSubscribed(track));
+            }
+            let g = st.groups.entry(track).or_insert(0);
+            *g += 1;
+            *g - 1
+        };
+        let limit = self.0.conn.max_datagram_size();
+        let fits = |p: &Vec<u8>| limit.is_some_and(|l| p.len() + 24 <= l);
+        if datagram && payloads.iter().all(fits) {
+            for (i, p) in payloads.iter().enumerate() {
+                let d = ObjectDatagram {
+                    track_alias: track.alias(),
+                    group,
+                    object_id: (i > 0).then_some(i as u64),
+                    priority: 0,
+                    extensions: None,
+                    end_of_group: i + 1 == payloads.len(),
+                    body: ObjectBody::Payload(p.clone()),
+                };
+                self.0
+                    .conn
+                    .send_datagram(d.encode().into())
+                    .map_err(|e| SendError::Closed(e.to_string()))?;
+            }
+            return Ok(());
+        }
+        let header = SubgroupHeader {
+            track_alias: track.alias(),
+            group,
+            subgroup: SubgroupId::Zero,
+            priority: 0,
+            extensions: false,
+            end_of_group: true,
+        };
+        let mut out = Vec::new();
+        header.encode(&mut out);
+        for p in payloads {
+            StreamObject {
+                object_id_delta: 0,
+                extensions: vec![],
+                body: ObjectBody::Payload(p.clone()),
+            }
+            .encode(false, &mut out);
+        }
+        let mut stream = self
+            .0
+            .conn
+            .open_uni()
+            .await
+            .map_err(|e| SendError::Closed(e.to_string()))?;
+        *self.state().streams.entry(track).or_insert(0) += 1;
+        stream
+            .write_all(&out)
+            .await
+            .map_err(|e| SendError::Closed(e.to_string()))?;
+        stream
+            .finish()
+            .map_err(|e| SendError::Closed(e.to_string()))?;
+        Ok(())
+    }
+
+    async fn control_loop(
+        &self,
+        mut recv: quinn::RecvStream,
+        mut buf: Vec<u8>,
+        events: &mpsc::Sender<SessionEvent>,
+    ) -> String {
+        loop {
+            let msg = match read_control(&mut recv, &mut buf).await {
+                Ok(Some(m)) => m,
+                Ok(None) => {
+                    self.0
+                        .conn
+                        .close(code::NO_ERROR.into(), b"control stream ended");
+                    return "control stream ended".into();
+                }
+                Err(e) => {
+                    close(&self.0.conn, &e);
+                    return format!("closed: {e}");
+                }
+            };
+            if let Err(e) = self.handle_control(msg, events).await {
+                close(&self.0.conn, &e);
+                return format!("closed: {e}");
+            }
+        }
+    }
+
+    fn check_request_id(&self, id: u64) -> Result<(), MoqtError> {
+        let mut st = self.state();
+        if id != st.peer_next_request {
+            return Err(MoqtError::ProtocolViolation("unexpected request id"));
+        }
+        st.peer_next_request += 2;
+        Ok(())
+    }
+
+    async fn handle_control(
+        &self,
+        msg: Control,
+        events: &mpsc::Sender<SessionEvent>,
+    ) -> Result<(), MoqtError> {
+        let io = |_| MoqtError::ProtocolViolation("control stream write failed");
+        match msg {
+            Control::Subscribe {
+                request_id,
+                namespace: ns,
+                name,
+                ..
+            } => {
+                if self.check_request_id(request_id).is_err() {
+                    self.0
+                        .conn
+                        .close(code::INVALID_REQUEST_ID.into(), b"unexpected request id");
+                    return Err(MoqtError::ProtocolViolation("unexpected request id"));
+                }
+                let ours = ns == namespace(&self.0.me);
+                let grant = match Track::parse(&name) {
+                    Some((track, addressed))
+                        if ours && addressed == self.0.peer.as_str().as_bytes() =>
+                    {
+                        Ok(track)
+                    }
+                    // A track of ours addressed to someone else: not for this subscriber.
+                    Some(_) if ours => Err((0x1, "track not addressed to the subscriber")),
+                    _ => Err((0x4, "no such track")),
+                };
+                match grant {
+                    Ok(track) => {
+                        self.state().outbound.insert(track, request_id);
+                        let largest =
+                            self.state()
+                                .groups
+                                .get(&track)
+                                .map(|g| abhyasa_wire::moqt::Location {
+                                    group: g.saturating_sub(1),
+                                    object: 0,
+                                });
+                        self.write_control(Control::SubscribeOk {
+                            request_id,
+                            track_alias: track.alias(),
+                            expires: 0,
+                            group_order: 1,
+                            largest,
+                            params: vec![],
+                        })
+                        .await
+                        .map_err(io)?;
+                        // Every (re)subscription is news: the owner re-offers what is pending.
+                        let _ = events.send(SessionEvent::PeerSubscribed(track)).await;
+                    }
+                    Err((code, reason)) => {
+                        tracing::warn!(peer = %self.0.peer, reason, "refused a subscription");
+                        self.write_control(Control::SubscribeError {
+                            request_id,
+                            code,
+                            reason: reason.into(),
+                        })
+                        .await
+                        .map_err(io)?;
+                    }
+                }
+            }
+            Control::SubscribeOk {
+                request_id,
+                track_alias,
+                ..
+            } => {
+                let mut st = self.state();
+                let Some(track) = st.requested.remove(&request_id) else {
+                    return Err(MoqtError::ProtocolViolation(
+                        "SUBSCRIBE_OK for no subscription",
+                    ));
+                };
+                if st.inbound.insert(track_alias, track).is_some() {
+                    return Err(MoqtError::ProtocolViolation("duplicate track alias"));
+                }
+            }
+            Control::SubscribeError {
+                request_id, reason, ..
+            } => {
+                let track = self.state().requested.remove(&request_id);
+                tracing::warn!(peer = %self.0.peer, ?track, reason, "subscription refused by the peer");
+            }
+            Control::Unsubscribe { request_id } => {
+                let ended = {
+                    let mut st = self.state();
+                    let track = st
+                        .outbound
+                        .iter()
+                        .find(|(_, id)| **id == request_id)
+                        .map(|(t, _)| *t);
+                    track.map(|t| {
+                        st.outbound.remove(&t);
+                        st.streams.get(&t).copied().unwrap_or(0)
+                    })
+                };
+                if let Some(stream_count) = ended {
+                    self.write_control(Control::PublishDone {
+                        request_id,
+                        status: 0x3,
+                        stream_count,
+                        reason: String::new(),
+                    })
+                    .await
+                    .map_err(io)?;
+                }
+            }
+            Control::PublishNamespace {
+                request_id,
+                namespace: ns,
+                ..
+            } => {
+                self.check_request_id(request_id)?;
+                let reply = if ns == namespace(&self.0.peer) {
+                    Control::PublishNamespaceOk { request_id }
+                } else {
+                    Control::PublishNamespaceError {
+                        request_id,
+                        code: 0x1,
+                        reason: "namespace is not the peer's own".into(),
+                    }
+                };
+                self.write_control(reply).await.map_err(io)?;
+            }
+            Control::SubscribeNamespace {
+                request_id, prefix, ..
+            } => {
+                self.check_request_id(request_id)?;
+                let ours = namespace(&self.0.me);
+                if ours.starts_with(&prefix) {
+                    self.write_control(Control::SubscribeNamespaceOk { request_id })
+                        .await
+                        .map_err(io)?;
+                    let id = self.next_request();
+                    self.write_control(Control::PublishNamespace {
+                        request_id: id,
+                        namespace: ours,
+                        params: vec![],
+                    })
+                    .await
+                    .map_err(io)?;
+                } else {
+                    self.write_control(Control::SubscribeNamespaceError {
+                        request_id,
+                        code: 0x4,
+                        reason: "no namespace under that prefix".into(),
+                    })
+                    .await
+                    .map_err(io)?;
+                }
+            }
+            Control::Goaway { uri } => {
+                let mut st = self.state();
+                if st.goaway {
+                    return Err(MoqtError::ProtocolViolation("second GOAWAY"));
+                }
+                st.goaway = true;
+                drop(st);
+                tracing::info!(peer = %self.0.peer, uri = %String::from_utf8_lossy(&uri), "peer is going away");
+                self.0.conn.close(code::NO_ERROR.into(), b"goaway");
+            }
+            Control::RequestsBlocked { max } => {
+                self.write_control(Control::MaxRequestId {
+                    request_id: max + (1 << 20),
+                })
+                .await
+                .map_err(io)?;
+            }
+            Control::ClientSetup { .. } | Control::ServerSetup { .. } => {
+                return Err(MoqtError::ProtocolViolation("setup after setup"));
+            }
+            Control::Unsupported { kind: k, payload } => {
+                // Requests we do not serve get their error answer; the rest are ignored.
+                let answer = match k {
+                    0x16 => Some(0x19), // FETCH -> FETCH_ERROR
+                    0x1D => Some(0x1F), // PUBLISH -> PUBLISH_ERROR
+                    0xD => Some(0xF),   // TRACK_STATUS -> TRACK_STATUS_ERROR
+                    _ => None,
+                };
+                if let Some(answer) = answer {
+                    let request_id = abhyasa_wire::moqt::Reader::new(&payload).varint()?;
+                    self.check_request_id(request_id)?;
+                    let mut p = Vec::new();
+                    abhyasa_wire::moqt::put_varint(&mut p, request_id);
+                    abhyasa_wire::moqt::put_varint(&mut p, 0x3);
+                    abhyasa_wire::moqt::put_field(&mut p, b"not supported");
+                    self.write_control(Control::Unsupported {
+                        kind: answer,
+                        payload: p,
+                    })
+                    .await
+                    .map_err(io)?;
+                }
+            }
+            Control::MaxRequestId { .. }
+            | Control::PublishDone { .. }
+            | Control::PublishNamespaceOk { .. }
+            | Control::PublishNamespaceError { .. }
+            | Control::PublishNamespaceDone { .. }
+            | Control::SubscribeNamespaceOk { .. }
+            | Control::SubscribeNamespaceError { .. }
+            | Control::UnsubscribeNamespace { .. } => {}
+            _ => {}
+        }
+        Ok(())
+    }
+
+    async fn streams_loop(&self, events: &mpsc::Sender<SessionEvent>) {
+        while let Ok(mut recv) = self.0.conn.accept_uni().await {
+            let bytes = match recv.read_to_end(MAX_STREAM_BYTES).await {
+                Ok(b) => b,
+                Err(_) => continue, // A reset stream loses only itself.
+            };
+            if let Err(e) = self.handle_stream(&bytes, events).await {
+                close(&self.0.conn, &e);
+                return;
+            }
+        }
+    }
+
+    async fn handle_stream(
+        &self,
+        bytes: &[u8],
+        events: &mpsc::Sender<SessionEvent>,
+    ) -> Result<(), MoqtError> {
+        let Some((header, mut at)) = SubgroupHeader::decode(bytes)? else {
+            return Err(MoqtError::ProtocolViolation(
+                "stream ended inside its header",
+            ));
+        };
+        let track = self.state().inbound.get(&header.track_alias).copied();
+        while at < bytes.len() {
+            let Some((object, used)) = StreamObject::decode(&bytes[at..], header.extensions)?
+            else {
+                return Err(MoqtError::ProtocolViolation(
+                    "stream ended inside an object",
+                ));
+            };
+            at += used;
+            if let (Some(track), ObjectBody::Payload(payload)) = (track, object.body) {
+                let _ = events.send(SessionEvent::Object { track, payload }).await;
+            }
+        }
+        Ok(())
+    }
+
+    async fn datagrams_loop(&self, events: &mpsc::Sender<SessionEvent>) {
+        while let Ok(d) = self.0.conn.read_datagram().await {
+            match ObjectDatagram::decode(&d) {
+                Ok(d) => {
+                    let track = self.state().inbound.get(&d.track_alias).copied();
+                    if let (Some(track), ObjectBody::Payload(payload)) = (track, d.body) {
+                        let _ = events.send(SessionEvent::Object { track, payload }).await;
+                    }
+                }
+                Err(e) => {
+                    close(&self.0.conn, &e);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Reads one control message, buffering partial input in `buf`. `Ok(None)`: the stream ended.
+async fn read_control(
+    recv: &mut quinn::RecvStream,
+    buf: &mut Vec<u8>,
+) -> Result<Option<Control>, MoqtError> {
+    loop {
+        if let Some((msg, used)) = Control::decode(buf)? {
+            buf.drain(..used);
+            return Ok(Some(msg));
+        }
+        if buf.len() > MAX_CONTROL_BUFFER {
+            return Err(MoqtError::ProtocolViolation("control message too large"));
+        }
+        let mut chunk = [0u8; 4096];
+        match recv.read(&mut chunk).await {
+            Ok(Some(n)) => buf.extend_from_slice(&chunk[..n]),
+            Ok(None) => {
+                return if buf.is_empty() {
+                    Ok(None)
+                } else {
+                    Err(MoqtError::ProtocolViolation(
+                        "control stream ended inside a message",
+                    ))
+                }
+            }
+            Err(_) => return Ok(None),
+        }
+    }
+}
+
+fn close(conn: &quinn::Connection, e: &MoqtError) {
+    let code = u32::try_from(e.to_code()).unwrap_or(code::INTERNAL_ERROR);
+    conn.close(code.into(), e.to_string().as_bytes());
+}
