@@ -553,6 +553,26 @@ impl Custodian {
         }
     }
 
+    /// The transport to `target` is (again) ready to carry obligations — a fresh
+    /// subscription: re-offer everything pending for it now instead of at the next backoff
+    /// slot. Each re-offer is a new attempt (counted, persisted before it is sent); deadlines
+    /// and budgets are unchanged.
+    pub fn handle_peer_ready(&mut self, now: UnixMillis, target: &AgentId) {
+        let due: Vec<ObligationId> = self
+            .pending
+            .values()
+            .filter(|p| &p.obligation.target == target && p.phase != Phase::AwaitingPersist)
+            .map(|p| p.obligation.id)
+            .collect();
+        for id in due {
+            if let Some(p) = self.pending.get_mut(&id) {
+                p.phase = Phase::Backoff;
+            }
+            self.rearm(id, now);
+        }
+        self.handle_timeout(now);
+    }
+
     /// Runs every timer due at `now`. A spurious call is a no-op.
     pub fn handle_timeout(&mut self, now: UnixMillis) {
         while let Some(&(at, id)) = self.timers.first() {

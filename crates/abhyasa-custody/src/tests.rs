@@ -530,3 +530,23 @@ fn admissibility_is_per_instance() {
         assert_eq!(kinds::admissible(&o), admissible);
     }
 }
+
+#[test]
+fn a_ready_peer_gets_pending_obligations_re_offered_at_once() {
+    let mut c = Custodian::new(p(), config(), 3);
+    c.issue(UnixMillis(0), revoke_token(1, 5, 100_000)).unwrap();
+    c.issue(UnixMillis(0), revoke_token(2, 5, 100_000)).unwrap();
+    assert_eq!(persist_all(&mut c, 0).len(), 2);
+    // Long before any backoff slot: the subscription comes back.
+    c.handle_peer_ready(UnixMillis(10), &a());
+    assert!(
+        c.poll_transmit().is_none(),
+        "a re-offer waits for its attempt record"
+    );
+    let sent = persist_all(&mut c, 10);
+    assert_eq!(sent.len(), 2);
+    assert!(sent.iter().all(|t| t.attempt == 2));
+    // Another agent's readiness re-offers nothing.
+    c.handle_peer_ready(UnixMillis(20), &AgentId::new("b").unwrap());
+    assert!(persist_all(&mut c, 20).is_empty());
+}

@@ -1,0 +1,470 @@
+//! The core task and the session plumbing around it.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use abhyasa_custody::{Channel, Custodian, CustodianEvent, Receiver, ReceiverEvent};
+use abhyasa_moq::{Session, SessionEvent, Track};
+use abhyasa_store::{GroupCommit, GroupError, Op, Store};
+use abhyasa_wire::{decode, decode_obligation, encode, AgentId, CustodyAck, UnixMillis};
+use tokio::sync::{broadcast, mpsc};
+use tracing::{debug, info, info_span, warn};
+
+use crate::{Command, Node, NodeBuilder, NodeError, NodeEvent, Status};
+
+type Blocked = Arc<Mutex<HashMap<AgentId, Instant>>>;
+
+enum Internal {
+    Up(Session),
+    Event(AgentId, usize, SessionEvent),
+}
+
+fn now() -> UnixMillis {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    UnixMillis(d.as_millis() as u64)
+}
+
+fn is_blocked(blocked: &Blocked, peer: &AgentId) -> bool {
+    let map = blocked.lock().unwrap_or_else(|e| e.into_inner());
+    map.get(peer).is_some_and(|until| Instant::now() < *until)
+}
+
+pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, NodeError> {
+    let agent = b.identity.agent.clone();
+    let store = Store::open(&db_path, b.store.clone())?;
+    let t = now();
+    let seed = t.0 ^ 0x9e37_79b9_7f4a_7c15;
+    let custodian = store.recover_custodian(agent.clone(), b.custodian.clone(), seed, t)?;
+    let receiver = store.recover_receiver(agent.clone(), b.receiver.clone())?;
+    let (path, store_config) = (db_path.clone(), b.store.clone());
+    let group = GroupCommit::spawn(store, b.group, move || {
+        Store::open(&path, store_config.clone())
+    });
+    let endpoint = abhyasa_moq::endpoint(&b.identity, b.listen, &b.transport)?;
+    let local_addr = endpoint
+        .local_addr()
+        .map_err(abhyasa_moq::EndpointError::Bind)?;
+    let (tx, rx) = mpsc::channel(1_024);
+    let (itx, irx) = mpsc::channel(16_384);
+    let (events, _) = broadcast::channel(16_384);
+    let blocked: Blocked = Arc::default();
+
+    // Accept loop.
+    {
+        let (endpoint, itx, me, blocked) = (
+            endpoint.clone(),
+            itx.clone(),
+            agent.clone(),
+            blocked.clone(),
+        );
+        tokio::spawn(async move {
+            while let Some(incoming) = endpoint.accept().await {
+                let (itx, me, blocked) = (itx.clone(), me.clone(), blocked.clone());
+                tokio::spawn(async move {
+                    match Session::accept(incoming, &me).await {
+                        Ok((s, rx)) if is_blocked(&blocked, s.peer()) => {
+                            drop(rx);
+                            s.close("blocked");
+                        }
+                        Ok((s, rx)) => forward(s, rx, itx).await,
+                        Err(e) => debug!(%e, "session setup failed"),
+                    }
+                });
+            }
+        });
+    }
+    // Dial loops.
+    for (peer, addr) in b.peers.clone() {
+        let (endpoint, itx, me, blocked) = (
+            endpoint.clone(),
+            itx.clone(),
+            agent.clone(),
+            blocked.clone(),
+        );
+        tokio::spawn(async move {
+            let mut backoff = Duration::from_millis(50);
+            let dial = async {
+                loop {
+                    if !is_blocked(&blocked, &peer) {
+                        match Session::connect(&endpoint, addr, &peer, &me).await {
+                            Ok((s, rx)) => {
+                                backoff = Duration::from_millis(50);
+                                let conn = s.connection().clone();
+                                tokio::spawn(forward(s, rx, itx.clone()));
+                                conn.closed().await;
+                            }
+                            Err(e) => debug!(%peer, %e, "dial failed"),
+                        }
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+            };
+            // Re-dial with backoff until the node stops.
+            tokio::select! {
+                () = dial => {}
+                () = itx.closed() => {}
+            }
+        });
+    }
+
+    let core = Core {
+        agent: agent.clone(),
+        custodian,
+        receiver,
+        group,
+        custodian_config: b.custodian,
+        receiver_config: b.receiver,
+        sessions: HashMap::new(),
+        events: events.clone(),
+        blocked,
+        endpoint,
+    };
+    tokio::spawn(core.run(rx, irx));
+    Ok(Node {
+        agent,
+        local_addr,
+        tx,
+        events,
+    })
+}
+
+/// Hands a session to the core and forwards its events, tagged with its connection id.
+async fn forward(s: Session, mut rx: mpsc::Receiver<SessionEvent>, itx: mpsc::Sender<Internal>) {
+    let (peer, id) = (s.peer().clone(), s.connection().stable_id());
+    if itx.send(Internal::Up(s)).await.is_err() {
+        return;
+    }
+    while let Some(e) = rx.recv().await {
+        let closed = matches!(e, SessionEvent::Closed(_));
+        if itx
+            .send(Internal::Event(peer.clone(), id, e))
+            .await
+            .is_err()
+            || closed
+        {
+            return;
+        }
+    }
+    let _ = itx
+        .send(Internal::Event(
+            peer,
+            id,
+            SessionEvent::Closed("events ended".into()),
+        ))
+        .await;
+}
+
+struct Core {
+    agent: AgentId,
+    custodian: Custodian,
+    receiver: Receiver,
+    group: GroupCommit,
+    custodian_config: abhyasa_custody::CustodianConfig,
+    receiver_config: abhyasa_custody::ReceiverConfig,
+    sessions: HashMap<AgentId, Session>,
+    events: broadcast::Sender<NodeEvent>,
+    blocked: Blocked,
+    endpoint: quinn::Endpoint,
+}
+
+impl Core {
+    async fn run(mut self, mut rx: mpsc::Receiver<Command>, mut irx: mpsc::Receiver<Internal>) {
+        let done = self.run_loop(&mut rx, &mut irx).await;
+        // Close the internal channel so dial loops and forwarders let go of the endpoint;
+        // dropping the core joins the store writer, which closes the file. Only then is the
+        // shutdown reported, so the same state can be reopened at once.
+        irx.close();
+        drop(irx);
+        drop(self);
+        if let Some(done) = done {
+            let _ = done.send(());
+        }
+    }
+
+    async fn run_loop(
+        &mut self,
+        rx: &mut mpsc::Receiver<Command>,
+        irx: &mut mpsc::Receiver<Internal>,
+    ) -> Option<tokio::sync::oneshot::Sender<()>> {
+        loop {
+            let wake = [self.custodian.poll_timeout(), self.receiver.poll_timeout()]
+                .into_iter()
+                .flatten()
+                .min();
+            let sleep = wake.map(|w| Duration::from_millis(w.0.saturating_sub(now().0)));
+            tokio::select! {
+                cmd = rx.recv() => match cmd {
+                    Some(Command::Shutdown(done)) => {
+                        self.flush().await;
+                        self.stop().await;
+                        return Some(done);
+                    }
+                    Some(cmd) => self.command(cmd).await,
+                    None => {
+                        self.flush().await;
+                        self.stop().await;
+                        return None;
+                    }
+                },
+                Some(msg) = irx.recv() => self.internal(msg),
+                _ = tokio::time::sleep(sleep.unwrap_or(Duration::from_secs(3600))) => {
+                    let t = now();
+                    self.custodian.handle_timeout(t);
+                    self.receiver.handle_timeout(t);
+                }
+            }
+            if !self.flush().await {
+                self.stop().await;
+                return None;
+            }
+        }
+    }
+
+    async fn stop(&mut self) {
+        for s in self.sessions.values() {
+            s.close("shutting down");
+        }
+        self.sessions.clear();
+        self.endpoint.close(0u32.into(), b"shutting down");
+        // The socket is released once every connection has drained.
+        self.endpoint.wait_idle().await;
+    }
+
+    async fn command(&mut self, cmd: Command) {
+        match cmd {
+            Command::Issue(o, reply) => {
+                let span =
+                    info_span!("obligation", id = %o.id, kind = %o.kind(), target = %o.target);
+                let id = o.id;
+                let known = self
+                    .group
+                    .read(move |s| s.knows(id))
+                    .map(|r| r.unwrap_or(false));
+                if matches!(known, Ok(true)) || self.custodian.is_pending(id) {
+                    let _ = reply.send(Ok(abhyasa_custody::Admission::Custody));
+                    return;
+                }
+                let result = self.custodian.issue(now(), o).map_err(NodeError::from);
+                span.in_scope(|| info!(?result, "issued"));
+                // Answer once the pending record is durable.
+                self.flush().await;
+                let _ = reply.send(result);
+            }
+            Command::Status(reply) => {
+                let stored = self.group.read(|s| {
+                    (
+                        s.terminal_records().unwrap_or_default(),
+                        s.escalations().unwrap_or_default(),
+                    )
+                });
+                let (mut recent, escalations) = stored.unwrap_or_default();
+                recent.sort_by_key(|r| r.at);
+                let keep = recent.len().saturating_sub(200);
+                recent.drain(..keep);
+                let _ = reply.send(Status {
+                    agent: self.agent.clone(),
+                    pending: self
+                        .custodian
+                        .pending()
+                        .map(|(o, n)| (o.clone(), n))
+                        .collect(),
+                    recent,
+                    escalations,
+                    principal: self.custodian.principal().clone(),
+                    peers: self.sessions.keys().cloned().collect(),
+                });
+            }
+            Command::Block(peer, duration) => {
+                self.blocked
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(peer.clone(), Instant::now() + duration);
+                if let Some(s) = self.sessions.remove(&peer) {
+                    s.close("link cut");
+                    let _ = self.events.send(NodeEvent::PeerDown(peer));
+                }
+            }
+            Command::Shutdown(_) => unreachable!("handled in run"),
+        }
+    }
+
+    fn internal(&mut self, msg: Internal) {
+        let t = now();
+        match msg {
+            Internal::Up(s) => {
+                let peer = s.peer().clone();
+                if is_blocked(&self.blocked, &peer) {
+                    s.close("blocked");
+                    return;
+                }
+                info!(%peer, "session up");
+                self.sessions.insert(peer.clone(), s);
+                let _ = self.events.send(NodeEvent::PeerUp(peer));
+            }
+            Internal::Event(peer, conn, e) => match e {
+                SessionEvent::Object {
+                    track: Track::Obligations,
+                    payload,
+                } => match decode_obligation(&payload) {
+                    Ok(o) => {
+                        self.receiver.handle_obligation(t, &peer, o);
+                    }
+                    Err(err) => match (err.envelope(), err.decline_reason()) {
+                        (Some(env), Some(reason)) => {
+                            self.receiver.handle_unreadable(t, &peer, env, reason);
+                        }
+                        _ => warn!(%peer, %err, "dropped an unreadable obligation"),
+                    },
+                },
+                SessionEvent::Object {
+                    track: Track::Acks,
+                    payload,
+                } => match decode::<CustodyAck>(&payload) {
+                    Ok(ack) => {
+                        self.custodian.handle_ack(t, &peer, ack);
+                    }
+                    Err(err) => warn!(%peer, %err, "dropped an unreadable ack"),
+                },
+                SessionEvent::Object {
+                    track: Track::Ledger,
+                    ..
+                } => {}
+                SessionEvent::PeerSubscribed(Track::Obligations) => {
+                    // Re-offer pending obligations for this peer now, not at the next slot.
+                    self.custodian.handle_peer_ready(t, &peer);
+                }
+                SessionEvent::PeerSubscribed(_) => {}
+                SessionEvent::Closed(reason) => {
+                    if self
+                        .sessions
+                        .get(&peer)
+                        .is_some_and(|s| s.connection().stable_id() == conn)
+                    {
+                        self.sessions.remove(&peer);
+                        info!(%peer, reason, "session down");
+                        let _ = self.events.send(NodeEvent::PeerDown(peer));
+                    }
+                }
+            },
+        }
+    }
+
+    /// Persists what both machines hand out in one group commit, then releases what
+    /// depended on it. `false`: the store is gone and the node must stop.
+    async fn flush(&mut self) -> bool {
+        loop {
+            let mut ops = Vec::new();
+            let (mut ct, mut rt) = (Vec::new(), Vec::new());
+            while let Some(p) = self.custodian.poll_persist() {
+                ops.push(Op::Custodian(p.record));
+                ct.push(p.token);
+            }
+            while let Some(p) = self.receiver.poll_persist() {
+                ops.push(Op::Receiver(p.record));
+                rt.push(p.token);
+            }
+            if !ops.is_empty() {
+                let ticket = self.group.submit(ops);
+                let outcome = tokio::task::spawn_blocking(move || ticket.wait())
+                    .await
+                    .unwrap_or(Err(GroupError::Stopped));
+                match outcome {
+                    Ok(()) => {
+                        let t = now();
+                        ct.into_iter()
+                            .for_each(|k| self.custodian.handle_persisted(t, k));
+                        rt.into_iter()
+                            .for_each(|k| self.receiver.handle_persisted(k));
+                    }
+                    Err(GroupError::Unknown(e)) => {
+                        warn!(%e, "commit outcome unknown: recovering from the store");
+                        if !self.recover() {
+                            return false;
+                        }
+                        continue;
+                    }
+                    Err(_) => return false,
+                }
+            }
+            self.release();
+            // Releasing (an escalation's timer, a re-offer) may hand out more records.
+            let more = self.custodian.poll_timeout().is_some_and(|w| w <= now());
+            if !more {
+                return true;
+            }
+            let t = now();
+            self.custodian.handle_timeout(t);
+        }
+    }
+
+    fn recover(&mut self) -> bool {
+        let (agent, cc, rc, t) = (
+            self.agent.clone(),
+            self.custodian_config.clone(),
+            self.receiver_config.clone(),
+            now(),
+        );
+        let a2 = agent.clone();
+        let recovered = self.group.read(move |s| {
+            let c = s.recover_custodian(agent, cc, t.0, t)?;
+            let r = s.recover_receiver(a2, rc)?;
+            Ok::<_, abhyasa_store::StoreError>((c, r))
+        });
+        match recovered {
+            Ok(Ok((c, r))) => {
+                self.custodian = c;
+                self.receiver = r;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn release(&mut self) {
+        while let Some(t) = self.custodian.poll_transmit() {
+            let Some(s) = self.sessions.get(&t.to).cloned() else {
+                continue; // No session: custody retries, and re-offers on the next subscription.
+            };
+            let datagram = t.channel == Channel::Datagram;
+            let bytes = encode(&t.obligation);
+            tokio::spawn(async move {
+                if let Err(e) = s.send_group(Track::Obligations, &[bytes], datagram).await {
+                    debug!(%e, "obligation not sent");
+                }
+            });
+        }
+        while let Some(a) = self.receiver.poll_transmit() {
+            let Some(s) = self.sessions.get(&a.to).cloned() else {
+                continue; // The custodian will redeliver; the ack is re-sent then.
+            };
+            let bytes = encode(&a.ack);
+            tokio::spawn(async move {
+                if let Err(e) = s.send_group(Track::Acks, &[bytes], false).await {
+                    debug!(%e, "ack not sent");
+                }
+            });
+        }
+        while let Some(e) = self.custodian.poll_event() {
+            let event = match e {
+                CustodianEvent::Terminal { record, escalation } => {
+                    info_span!("obligation", id = %record.obligation_id)
+                        .in_scope(|| info!(outcome = ?record.outcome, attempts = record.attempts, "custody ended"));
+                    NodeEvent::Terminal { record, escalation }
+                }
+                CustodianEvent::Reconciled(note) => NodeEvent::Reconciled(note),
+                _ => continue,
+            };
+            let _ = self.events.send(event);
+        }
+        while let Some(e) = self.receiver.poll_event() {
+            if let ReceiverEvent::Applied { id, issuer } = e {
+                let _ = self.events.send(NodeEvent::Applied { id, issuer });
+            }
+        }
+    }
+}

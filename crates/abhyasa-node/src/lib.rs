@@ -1,0 +1,254 @@
+//! The Abhyasa node: the tokio runtime that drives the custodian and the receiver over MOQT
+//! sessions and the redb store.
+//!
+//! ```text
+//!  issue() ─┐            ┌─ dial loops (backoff) ─┐   accept loop
+//!           ▼            ▼                        ▼        ▼
+//!        core task: Custodian + Receiver ◀── session events (objects, subscriptions)
+//!           │ poll_persist → GroupCommit (one Immediate commit per flush) → handle_persisted
+//!           │ poll_transmit → Session::send_group (to/<peer> streams, datagrams) / acks/<peer>
+//!           │ one timer: min(poll_timeout) of both machines
+//!           ▼
+//!        events (broadcast): applied, terminal (applied/declined/escalated), reconciled, ...
+//! ```
+//!
+//! Nothing is sent before the commit that makes it safe to send has returned; a commit with an
+//! unknown outcome rebuilds both machines from the reopened store. On every (re)subscription of
+//! a peer to its obligations track the custodian re-offers what is pending for it at once.
+
+#![warn(missing_docs, unreachable_pub)]
+
+mod core;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use abhyasa_custody::{CustodianConfig, PrincipalState, ReceiverConfig};
+use abhyasa_moq::{Identity, TransportSettings};
+use abhyasa_store::{GroupConfig, StoreConfig};
+use abhyasa_wire::{
+    AgentId, Escalation, Obligation, ObligationId, ReconciliationNote, TerminalRecord,
+};
+use tokio::sync::{broadcast, mpsc, oneshot};
+
+pub use abhyasa_custody::Admission;
+
+/// What a node reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NodeEvent {
+    /// Custody of an issued obligation ended (or a best-effort one was sent).
+    Terminal {
+        /// The terminal record.
+        record: TerminalRecord,
+        /// The escalation, when the fail-safe ran (with its safe action).
+        escalation: Option<Escalation>,
+    },
+    /// A late `applied` was noted against an escalation.
+    Reconciled(ReconciliationNote),
+    /// This node, as receiver, applied an obligation (durably).
+    Applied {
+        /// The obligation.
+        id: ObligationId,
+        /// Its issuer.
+        issuer: AgentId,
+    },
+    /// A session with a peer is up.
+    PeerUp(AgentId),
+    /// A session with a peer ended.
+    PeerDown(AgentId),
+}
+
+/// Why a node operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NodeError {
+    /// The store could not be opened or written.
+    #[error("store: {0}")]
+    Store(#[from] abhyasa_store::StoreError),
+    /// The store writer stopped.
+    #[error("store writer: {0}")]
+    Group(#[from] abhyasa_store::GroupError),
+    /// The QUIC endpoint could not be built.
+    #[error("endpoint: {0}")]
+    Endpoint(#[from] abhyasa_moq::EndpointError),
+    /// The custodian refused the obligation.
+    #[error("issue: {0}")]
+    Issue(#[from] abhyasa_custody::IssueError),
+    /// The node has stopped.
+    #[error("the node has stopped")]
+    Stopped,
+}
+
+/// A snapshot for `status`.
+#[derive(Clone, Debug)]
+pub struct Status {
+    /// This node.
+    pub agent: AgentId,
+    /// Obligations under custody with their attempts.
+    pub pending: Vec<(Obligation, u32)>,
+    /// Kept terminal records (most recent last, up to a bound).
+    pub recent: Vec<TerminalRecord>,
+    /// Kept escalations.
+    pub escalations: Vec<Escalation>,
+    /// Principal-side state.
+    pub principal: PrincipalState,
+    /// Peers with a live session.
+    pub peers: Vec<AgentId>,
+}
+
+pub(crate) enum Command {
+    Issue(Obligation, oneshot::Sender<Result<Admission, NodeError>>),
+    Status(oneshot::Sender<Status>),
+    Block(AgentId, Duration),
+    Shutdown(oneshot::Sender<()>),
+}
+
+/// Builds a [`Node`].
+pub struct NodeBuilder {
+    identity: Identity,
+    listen: SocketAddr,
+    peers: BTreeMap<AgentId, SocketAddr>,
+    state_dir: Option<PathBuf>,
+    transport: TransportSettings,
+    custodian: CustodianConfig,
+    receiver: ReceiverConfig,
+    store: StoreConfig,
+    group: GroupConfig,
+}
+
+impl NodeBuilder {
+    /// Where to listen (default `127.0.0.1:0`).
+    pub fn listen(mut self, addr: SocketAddr) -> Self {
+        self.listen = addr;
+        self
+    }
+
+    /// A peer to dial (and re-dial after loss).
+    pub fn peer(mut self, agent: AgentId, addr: SocketAddr) -> Self {
+        self.peers.insert(agent, addr);
+        self
+    }
+
+    /// The directory of the node's database file (required).
+    pub fn state_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.state_dir = Some(dir.into());
+        self
+    }
+
+    /// QUIC transport settings.
+    pub fn transport(mut self, t: TransportSettings) -> Self {
+        self.transport = t;
+        self
+    }
+
+    /// Custodian settings.
+    pub fn custodian(mut self, c: CustodianConfig) -> Self {
+        self.custodian = c;
+        self
+    }
+
+    /// Receiver settings.
+    pub fn receiver(mut self, r: ReceiverConfig) -> Self {
+        self.receiver = r;
+        self
+    }
+
+    /// Store settings.
+    pub fn store(mut self, s: StoreConfig) -> Self {
+        self.store = s;
+        self
+    }
+
+    /// Group-commit bounds.
+    pub fn group(mut self, g: GroupConfig) -> Self {
+        self.group = g;
+        self
+    }
+
+    /// Opens the store, recovers both machines, binds the endpoint and starts the node.
+    pub async fn build(self) -> Result<Node, NodeError> {
+        let state_dir = self.state_dir.clone().unwrap_or_else(|| PathBuf::from("."));
+        std::fs::create_dir_all(&state_dir).map_err(abhyasa_store::StoreError::from)?;
+        core::start(self, state_dir.join("node.redb")).await
+    }
+}
+
+/// A running node. Dropping it stops the node.
+pub struct Node {
+    agent: AgentId,
+    local_addr: SocketAddr,
+    tx: mpsc::Sender<Command>,
+    events: broadcast::Sender<NodeEvent>,
+}
+
+impl Node {
+    /// A builder for `identity`.
+    pub fn builder(identity: Identity) -> NodeBuilder {
+        NodeBuilder {
+            identity,
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            peers: BTreeMap::new(),
+            state_dir: None,
+            transport: TransportSettings::default(),
+            custodian: CustodianConfig::default(),
+            receiver: ReceiverConfig::default(),
+            store: StoreConfig::default(),
+            group: GroupConfig::default(),
+        }
+    }
+
+    /// This node's agent id.
+    pub fn agent(&self) -> &AgentId {
+        &self.agent
+    }
+
+    /// The address the node listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Issues an obligation. Returns once it is durably under custody (or sent best-effort).
+    /// Issuing an id the node already knows is a no-op that answers `Custody`.
+    pub async fn issue(&self, obligation: Obligation) -> Result<Admission, NodeError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Command::Issue(obligation, tx))
+            .await
+            .map_err(|_| NodeError::Stopped)?;
+        rx.await.map_err(|_| NodeError::Stopped)?
+    }
+
+    /// The node's events from now on.
+    pub fn events(&self) -> broadcast::Receiver<NodeEvent> {
+        self.events.subscribe()
+    }
+
+    /// The pending set, terminal history, escalations, principal state and live peers.
+    pub async fn status(&self) -> Result<Status, NodeError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Command::Status(tx))
+            .await
+            .map_err(|_| NodeError::Stopped)?;
+        rx.await.map_err(|_| NodeError::Stopped)
+    }
+
+    /// Cuts every session with `peer` and refuses it for `duration` (an outage on demand).
+    pub async fn block_peer(&self, peer: AgentId, duration: Duration) -> Result<(), NodeError> {
+        self.tx
+            .send(Command::Block(peer, duration))
+            .await
+            .map_err(|_| NodeError::Stopped)
+    }
+
+    /// Stops the node gracefully: queued commits land, sessions close, the store is closed.
+    pub async fn shutdown(self) {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(Command::Shutdown(tx)).await.is_ok() {
+            let _ = rx.await;
+        }
+    }
+}

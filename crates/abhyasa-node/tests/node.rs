@@ -1,0 +1,175 @@
+//! Two nodes in one process over loopback QUIC.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use abhyasa_custody::{CustodianConfig, ReceiverConfig};
+use abhyasa_moq::Ca;
+use abhyasa_node::{Admission, Node, NodeEvent};
+use abhyasa_wire::{
+    AgentId, BeliefUpdatePayload, ClientId, Obligation, ObligationId, Outcome, Payload,
+    TokenAction, TokenId, TokenPayload, UnixMillis, WeightDelta, WeightKey,
+};
+use tokio::sync::broadcast;
+
+fn id(s: &str) -> AgentId {
+    AgentId::new(s).unwrap()
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+fn free_addr() -> SocketAddr {
+    UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+fn custodian() -> CustodianConfig {
+    CustodianConfig {
+        response_timeout_ms: 200,
+        backoff_base_ms: 50,
+        backoff_cap_ms: 300,
+        ..CustodianConfig::default()
+    }
+}
+
+fn revoke(n: u128, target: &AgentId, deadline_ms: u64) -> Obligation {
+    let t = now();
+    Obligation {
+        id: ObligationId::from_u128(n),
+        issuer: id("principal"),
+        target: target.clone(),
+        created_at: UnixMillis(t),
+        deadline: UnixMillis(t + deadline_ms),
+        max_retries: 30,
+        sequence: None,
+        payload: Payload::OauthToken(TokenPayload {
+            action: TokenAction::Revoke,
+            token_id: TokenId::new(format!("tok-{n}")).unwrap(),
+            client_id: ClientId::new("c").unwrap(),
+        }),
+    }
+}
+
+async fn terminal(
+    rx: &mut broadcast::Receiver<NodeEvent>,
+    n: usize,
+    limit: Duration,
+) -> Vec<Outcome> {
+    let mut out = Vec::new();
+    tokio::time::timeout(limit, async {
+        while out.len() < n {
+            if let Ok(NodeEvent::Terminal { record, .. }) = rx.recv().await {
+                out.push(record.outcome);
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("only {} of {n} terminal events: {out:?}", out.len()));
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn obligations_are_applied_across_a_receiver_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate("t").unwrap();
+    let (p, a) = (id("principal"), id("agent-1"));
+    let a_addr = free_addr();
+    let agent = Node::builder(ca.issue(&a).unwrap())
+        .listen(a_addr)
+        .state_dir(dir.path().join("a"))
+        .receiver(ReceiverConfig::default())
+        .build()
+        .await
+        .unwrap();
+    let principal = Node::builder(ca.issue(&p).unwrap())
+        .peer(a.clone(), a_addr)
+        .state_dir(dir.path().join("p"))
+        .custodian(custodian())
+        .build()
+        .await
+        .unwrap();
+    let mut events = principal.events();
+    for n in 1..=5 {
+        assert_eq!(
+            principal.issue(revoke(n, &a, 20_000)).await.unwrap(),
+            Admission::Custody
+        );
+    }
+    // Best-effort: a reinforcing belief update.
+    let mut be = revoke(6, &a, 20_000);
+    be.payload = Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
+        weight_key: WeightKey::new("k").unwrap(),
+        weight_delta: WeightDelta(10),
+        ttl_ms: 1,
+    });
+    assert_eq!(principal.issue(be).await.unwrap(), Admission::BestEffort);
+    let outcomes = terminal(&mut events, 6, Duration::from_secs(10)).await;
+    assert_eq!(
+        outcomes.iter().filter(|o| **o == Outcome::Applied).count(),
+        5,
+        "{outcomes:?}"
+    );
+    assert!(outcomes.contains(&Outcome::BestEffort));
+
+    // Restart the receiver on the same state and address; issue more while it is down.
+    agent.shutdown().await;
+    for n in 7..=9 {
+        principal.issue(revoke(n, &a, 20_000)).await.unwrap();
+    }
+    let agent = Node::builder(ca.issue(&a).unwrap())
+        .listen(a_addr)
+        .state_dir(dir.path().join("a"))
+        .build()
+        .await
+        .unwrap();
+    let outcomes = terminal(&mut events, 3, Duration::from_secs(10)).await;
+    assert!(
+        outcomes.iter().all(|o| *o == Outcome::Applied),
+        "{outcomes:?}"
+    );
+    let status = principal.status().await.unwrap();
+    assert!(status.pending.is_empty());
+    assert!(status.principal.is_revoked(&TokenId::new("tok-9").unwrap()));
+    principal.shutdown().await;
+    agent.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_agent_escalates_with_the_safe_action() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate("t").unwrap();
+    let (p, z) = (id("principal"), id("agent-z"));
+    let principal = Node::builder(ca.issue(&p).unwrap())
+        .peer(z.clone(), free_addr())
+        .state_dir(dir.path().join("p"))
+        .custodian(custodian())
+        .build()
+        .await
+        .unwrap();
+    let mut events = principal.events();
+    principal.issue(revoke(1, &z, 1_500)).await.unwrap();
+    let escalation = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Ok(NodeEvent::Terminal {
+                escalation: Some(e),
+                ..
+            }) = events.recv().await
+            {
+                return e;
+            }
+        }
+    })
+    .await
+    .unwrap();
+    let status = principal.status().await.unwrap();
+    assert!(status.principal.holds(&escalation.safe_action));
+    assert_eq!(status.escalations.len(), 1);
+    principal.shutdown().await;
+}
