@@ -10,9 +10,13 @@
 
 #![warn(missing_docs)]
 
+pub mod admin;
 pub mod crashpeer;
+pub mod demo;
 
 pub use abhyasa_custody as custody;
+pub use abhyasa_moq as moq;
+pub use abhyasa_node as node;
 pub use abhyasa_sim as sim;
 pub use abhyasa_store as store;
 pub use abhyasa_wire as wire;

@@ -1,12 +1,24 @@
 //! The `abhyasa` command.
 
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
-use abhyasa_sim::{run_scenario, Scenario};
+use abhyasa::admin::{self, IssueSpec, Request, StatusJson};
+use abhyasa::demo::{self, DemoConfig};
+use abhyasa_custody::CustodianConfig;
+use abhyasa_moq::{Ca, Identity};
+use abhyasa_node::Node;
+use abhyasa_wire::AgentId;
 use clap::{Parser, Subcommand};
+use serde::Deserialize;
 
 #[derive(Parser)]
-#[command(version, about = "Deliver-or-report custody of governance obligations")]
+#[command(
+    version,
+    about = "Deliver-or-report custody of governance obligations over QUIC"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -14,49 +26,263 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the custody demo: a principal and two agents, in one process.
-    ///
-    /// This build runs the real custodian and receiver machines over the deterministic
-    /// simulated network (virtual time, 10% loss, a cut link, a receiver restart, one agent
-    /// offline past the deadline). The QUIC transport is not part of this build yet.
+    /// A principal and two agents on loopback QUIC, in one process, no setup.
     Demo {
-        /// Seed for the network's loss and the backoff jitter.
-        #[arg(long, default_value_t = 2026)]
-        seed: u64,
+        /// Obligations to issue.
+        #[arg(long, default_value_t = 24)]
+        count: u32,
+        /// Deadline of each obligation, ms.
+        #[arg(long, default_value_t = 3_000)]
+        deadline_ms: u64,
+    },
+    /// Deployment CA and agent certificates.
+    Certs {
+        #[command(subcommand)]
+        command: CertsCommand,
+    },
+    /// Run a node from a TOML config.
+    Node {
+        /// The config file.
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Submit an obligation to a running node.
+    Issue {
+        /// The node's admin address.
+        #[arg(long, default_value = "127.0.0.1:7701")]
+        admin: SocketAddr,
+        #[command(flatten)]
+        spec: Box<IssueSpec>,
+    },
+    /// Show a running node's pending set, outcomes, escalations and principal state.
+    Status {
+        /// The node's admin address.
+        #[arg(long, default_value = "127.0.0.1:7701")]
+        admin: SocketAddr,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 
-fn main() -> ExitCode {
-    let Command::Demo { seed } = Cli::parse().command;
-    let scenario = Scenario::demo();
-    println!("abhyasa demo: principal -> agent-0 (10% loss, link cut 200-1000ms, receiver restart at 700ms)");
-    println!("              principal -> agent-1 (offline past every deadline)");
-    println!("transport: deterministic simulated network in virtual time, seed {seed} (QUIC comes in a later build)");
-    println!(
-        "issuing {} obligations of every kind, both polarities, deadline 3s each...",
-        scenario.obligations.len()
-    );
-    let report = run_scenario(scenario, seed);
-    println!(
-        "crashes injected: {}; late acks reconciled: {}",
-        report.crashes, report.reconciled
-    );
-    for v in &report.violations {
-        println!("VIOLATION: {v}");
+#[derive(Subcommand)]
+enum CertsCommand {
+    /// Create the deployment CA (`ca.pem`, `ca.key`).
+    Init {
+        /// Directory.
+        #[arg(long, default_value = "certs")]
+        dir: PathBuf,
+    },
+    /// Issue a certificate for an agent (`<agent>.pem`, `<agent>.key`).
+    Issue {
+        /// The agent id.
+        agent: String,
+        /// Directory holding the CA.
+        #[arg(long, default_value = "certs")]
+        dir: PathBuf,
+    },
+}
+
+/// `abhyasa node` configuration.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodeConfig {
+    agent: String,
+    listen: SocketAddr,
+    certs: PathBuf,
+    state: PathBuf,
+    admin: SocketAddr,
+    #[serde(default)]
+    peers: Vec<PeerConfig>,
+    #[serde(default)]
+    custody: CustodyConfig,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PeerConfig {
+    id: String,
+    addr: SocketAddr,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct CustodyConfig {
+    response_timeout_ms: u64,
+    backoff_base_ms: u64,
+    backoff_cap_ms: u64,
+}
+
+impl Default for CustodyConfig {
+    fn default() -> Self {
+        let d = CustodianConfig::default();
+        Self {
+            response_timeout_ms: d.response_timeout_ms,
+            backoff_base_ms: d.backoff_base_ms,
+            backoff_cap_ms: d.backoff_cap_ms,
+        }
     }
+}
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("ABHYASA_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Cli::parse().command).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("abhyasa: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command) -> Result<ExitCode> {
+    match command {
+        Command::Demo { count, deadline_ms } => {
+            let summary = demo::run(DemoConfig { count, deadline_ms }).await?;
+            println!("{summary}");
+            let clean = summary.lost == 0 && summary.double_applied == 0;
+            Ok(if clean {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Command::Certs {
+            command: CertsCommand::Init { dir },
+        } => {
+            Ca::generate("abhyasa deployment CA")?.save(&dir)?;
+            println!(
+                "wrote {}/ca.pem and {}/ca.key",
+                dir.display(),
+                dir.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Certs {
+            command: CertsCommand::Issue { agent, dir },
+        } => {
+            let agent = AgentId::new(agent)?;
+            Ca::load(&dir)?.issue(&agent)?.save(&dir)?;
+            println!(
+                "wrote {}/{agent}.pem and {}/{agent}.key",
+                dir.display(),
+                dir.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Node { config } => node(config).await,
+        Command::Issue { admin, spec } => {
+            let reply = admin::request(admin, &Request::Issue(spec)).await?;
+            println!("{reply}");
+            Ok(if reply["ok"] == true {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Command::Status { admin, json } => {
+            let reply = admin::request(admin, &Request::Status).await?;
+            if reply["ok"] != true {
+                eprintln!("{reply}");
+                return Ok(ExitCode::FAILURE);
+            }
+            let status: StatusJson = serde_json::from_value(reply["status"].clone())?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&status)?);
+            } else {
+                print_status(&status);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+async fn node(path: PathBuf) -> Result<ExitCode> {
+    let text = std::fs::read_to_string(&path)?;
+    let config: NodeConfig = toml::from_str(&text)?;
+    let agent = AgentId::new(config.agent.clone())?;
+    let identity = Identity::load(&config.certs, &agent)?;
+    let mut builder = Node::builder(identity)
+        .listen(config.listen)
+        .state_dir(&config.state)
+        .custodian(CustodianConfig {
+            response_timeout_ms: config.custody.response_timeout_ms,
+            backoff_base_ms: config.custody.backoff_base_ms,
+            backoff_cap_ms: config.custody.backoff_cap_ms,
+            ..CustodianConfig::default()
+        });
+    for p in &config.peers {
+        builder = builder.peer(AgentId::new(p.id.clone())?, p.addr);
+    }
+    let node = Arc::new(builder.build().await?);
     println!(
-        "summary: obligations={} applied={} declined={} escalated={} best_effort={} lost={} double_applied={}",
-        report.obligations,
-        report.applied,
-        report.declined,
-        report.escalated,
-        report.best_effort,
-        report.lost,
-        report.double_applied
+        "node {agent} listening on {} (admin {})",
+        node.local_addr(),
+        config.admin
     );
-    if report.violations.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
+    let admin = tokio::spawn(admin::serve(node.clone(), config.admin));
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+        r = admin => {
+            eprintln!("admin interface stopped: {r:?}");
+        }
+    }
+    if let Ok(node) = Arc::try_unwrap(node) {
+        node.shutdown().await;
+    }
+    println!("node {agent} stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_status(s: &StatusJson) {
+    println!("agent {}   peers: {}", s.agent, s.peers.join(", "));
+    println!("\npending ({}):", s.pending.len());
+    println!(
+        "  {:<34} {:<20} {:<12} {:>8}",
+        "id", "kind", "target", "attempts"
+    );
+    for p in &s.pending {
+        println!(
+            "  {:<34} {:<20} {:<12} {:>8}",
+            p.id, p.kind, p.target, p.attempts
+        );
+    }
+    println!("\nrecent outcomes ({}):", s.recent.len());
+    for r in s.recent.iter().rev().take(20) {
+        println!(
+            "  {:<34} {:<20} {:<12} {:<28} attempts={}",
+            r.id, r.kind, r.target, r.outcome, r.attempts
+        );
+    }
+    println!("\nescalations ({}):", s.escalations.len());
+    for e in &s.escalations {
+        println!(
+            "  {:<34} {:<12} {:<18} {}",
+            e.id,
+            e.target,
+            e.outcome,
+            e.safe_action.as_deref().unwrap_or("")
+        );
+    }
+    println!("\nprincipal state:");
+    for (t, sc) in &s.withheld {
+        println!("  withheld  {sc} from {t}");
+    }
+    for t in &s.revoked_tokens {
+        println!("  revoked   token {t}");
+    }
+    for (t, k, w) in &s.routes {
+        println!("  routing   {t} {k} weight {:.3}", *w as f64 / 1e6);
     }
 }

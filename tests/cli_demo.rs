@@ -1,5 +1,6 @@
-//! The `abhyasa demo` binary, run as a separate process: it must end with the summary line,
-//! with nothing lost or applied twice and every outcome class present.
+//! The `abhyasa demo` binary, run as a separate process: real nodes on loopback QUIC. It must
+//! end with the summary line, with nothing lost or applied twice, and applied, escalated and
+//! best-effort outcomes all present.
 
 use std::process::Command;
 
@@ -31,16 +32,4 @@ fn demo_ends_with_a_clean_summary() {
         + field(last, "escalated")
         + field(last, "best_effort");
     assert_eq!(total, field(last, "obligations"));
-}
-
-#[test]
-fn demo_is_reproducible_from_its_seed() {
-    let run = |seed: &str| {
-        let out = Command::new(env!("CARGO_BIN_EXE_abhyasa"))
-            .args(["demo", "--seed", seed])
-            .output()
-            .unwrap();
-        String::from_utf8(out.stdout).unwrap()
-    };
-    assert_eq!(run("11"), run("11"));
 }

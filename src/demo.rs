@@ -1,0 +1,269 @@
+//! `abhyasa demo`: a principal and two agents as real nodes on loopback QUIC, in one process,
+//! with fresh certificates and a temporary state directory.
+//!
+//! The principal issues a mix of every kind, both polarities, to `agent-0` and `agent-1`.
+//! The link to `agent-0` is cut and restored, and `agent-0` is restarted mid-run; `agent-1`
+//! never comes up, so its admissible obligations escalate at their (short) deadline. The
+//! summary is computed from both nodes' durable state after they have shut down.
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, UdpSocket};
+use std::path::Path;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use abhyasa_custody::{kinds, CustodianConfig};
+use abhyasa_moq::Ca;
+use abhyasa_node::{Node, NodeEvent};
+use abhyasa_store::{Store, StoreConfig};
+use abhyasa_wire::{
+    AgentId, BeliefUpdatePayload, ClientId, ConsentDecision, ConsentPayload, Obligation,
+    ObligationId, Outcome, Payload, Scope, TokenAction, TokenId, TokenPayload, UnixMillis,
+    WeightDelta, WeightKey,
+};
+
+/// Demo settings.
+#[derive(Clone, Debug)]
+pub struct DemoConfig {
+    /// Obligations to issue.
+    pub count: u32,
+    /// Deadline of each, ms after issue.
+    pub deadline_ms: u64,
+}
+
+impl Default for DemoConfig {
+    fn default() -> Self {
+        Self {
+            count: 24,
+            deadline_ms: 3_000,
+        }
+    }
+}
+
+/// What the demo counted from durable state.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Obligations issued.
+    pub obligations: u64,
+    /// Ended applied.
+    pub applied: u64,
+    /// Ended declined.
+    pub declined: u64,
+    /// Ended escalated.
+    pub escalated: u64,
+    /// Sent best-effort.
+    pub best_effort: u64,
+    /// Admissible obligations with no terminal record on the principal's disk.
+    pub lost: u64,
+    /// Obligations whose effect shows more than once on a receiver's disk.
+    pub double_applied: u64,
+}
+
+impl std::fmt::Display for Summary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "summary: obligations={} applied={} declined={} escalated={} best_effort={} lost={} double_applied={}",
+            self.obligations, self.applied, self.declined, self.escalated, self.best_effort, self.lost, self.double_applied
+        )
+    }
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64
+}
+
+fn free_addr() -> std::io::Result<SocketAddr> {
+    UdpSocket::bind("127.0.0.1:0")?.local_addr()
+}
+
+fn id(s: &str) -> AgentId {
+    AgentId::new(s).expect("valid agent id")
+}
+
+/// Obligation `i` of the demo: kinds and polarities rotate; every third goes to `agent-1`.
+/// Belief updates use their own weight key and delta, so a double apply would show.
+fn obligation(i: u32, deadline_ms: u64) -> Obligation {
+    let admissible = i % 2 == 0;
+    let payload = match (i / 2) % 3 {
+        0 => Payload::AnumatiConsent(ConsentPayload {
+            decision: Some(if admissible {
+                ConsentDecision::Revoke
+            } else {
+                ConsentDecision::Grant
+            }),
+            scope: Scope::new(format!("calendar.{i}")).expect("valid"),
+        }),
+        1 => Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
+            weight_key: WeightKey::new(format!("supplier/{i}")).expect("valid"),
+            weight_delta: WeightDelta(delta(i) as i32 * if admissible { 1 } else { -1 }),
+            ttl_ms: 60_000,
+        }),
+        _ => Payload::OauthToken(TokenPayload {
+            action: if admissible {
+                TokenAction::Revoke
+            } else {
+                TokenAction::Issue
+            },
+            token_id: TokenId::new(format!("tok-{i}")).expect("valid"),
+            client_id: ClientId::new("mail-client").expect("valid"),
+        }),
+    };
+    let t = now();
+    Obligation {
+        id: ObligationId::from_u128((u128::from(t) << 32) | u128::from(i)),
+        issuer: id("principal"),
+        target: id(if i % 3 == 2 { "agent-1" } else { "agent-0" }),
+        created_at: UnixMillis(t),
+        deadline: UnixMillis(t + deadline_ms),
+        max_retries: 20,
+        sequence: None,
+        payload,
+    }
+}
+
+fn delta(i: u32) -> i64 {
+    -1_000 * (i64::from(i) + 1)
+}
+
+/// Runs the demo, printing progress; returns the summary computed from durable state.
+pub async fn run(config: DemoConfig) -> Result<Summary, Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let ca = Ca::generate("abhyasa demo deployment")?;
+    let (p, a0, a1) = (id("principal"), id("agent-0"), id("agent-1"));
+    let (a0_addr, a1_addr) = (free_addr()?, free_addr()?);
+    let custodian = CustodianConfig {
+        response_timeout_ms: 150,
+        backoff_base_ms: 50,
+        backoff_cap_ms: 300,
+        ..CustodianConfig::default()
+    };
+    let start_agent = |d: &Path| {
+        Node::builder(ca.issue(&a0).expect("issue"))
+            .listen(a0_addr)
+            .state_dir(d.join("agent-0"))
+            .build()
+    };
+    let mut agent0 = Some(start_agent(dir.path()).await?);
+    let principal = Node::builder(ca.issue(&p)?)
+        .peer(a0.clone(), a0_addr)
+        .peer(a1.clone(), a1_addr) // agent-1 never comes up
+        .state_dir(dir.path().join("principal"))
+        .custodian(custodian)
+        .build()
+        .await?;
+    println!("principal, agent-0 on {a0_addr}; agent-1 ({a1_addr}) stays offline; QUIC + MOQT draft-14, mutual TLS");
+    let started = Instant::now();
+    let mut events = principal.events();
+    let mut issued: BTreeMap<ObligationId, Obligation> = BTreeMap::new();
+    let mut done = 0u64;
+    let progress = |e: &NodeEvent, started: &Instant| {
+        let t = started.elapsed().as_secs_f64();
+        match e {
+            NodeEvent::Terminal { record, escalation } => {
+                let safe = escalation
+                    .as_ref()
+                    .map(|e| format!(" safe action: {:?}", e.safe_action))
+                    .unwrap_or_default();
+                println!(
+                    "  {t:6.2}s  {:<20} -> {:<8} {:?} after {} attempt(s){safe}",
+                    record.kind.as_str(),
+                    record.target.as_str(),
+                    record.outcome,
+                    record.attempts
+                );
+            }
+            NodeEvent::PeerUp(peer) => println!("  {t:6.2}s  session up with {peer}"),
+            NodeEvent::PeerDown(peer) => println!("  {t:6.2}s  session down with {peer}"),
+            _ => {}
+        }
+    };
+    let drain = |events: &mut tokio::sync::broadcast::Receiver<NodeEvent>, done: &mut u64| {
+        while let Ok(e) = events.try_recv() {
+            progress(&e, &started);
+            if matches!(e, NodeEvent::Terminal { .. }) {
+                *done += 1;
+            }
+        }
+    };
+    for i in 0..config.count {
+        let o = obligation(i, config.deadline_ms);
+        issued.insert(o.id, o.clone());
+        principal.issue(o).await?;
+        if i == 8 {
+            println!(
+                "  {:6.2}s  cutting the link to agent-0 for 800 ms",
+                started.elapsed().as_secs_f64()
+            );
+            principal
+                .block_peer(a0.clone(), Duration::from_millis(800))
+                .await?;
+        }
+        if i == 16 {
+            println!(
+                "  {:6.2}s  restarting agent-0",
+                started.elapsed().as_secs_f64()
+            );
+            if let Some(n) = agent0.take() {
+                n.shutdown().await;
+            }
+            agent0 = Some(start_agent(dir.path()).await?);
+        }
+        drain(&mut events, &mut done);
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    let limit = Instant::now() + Duration::from_millis(config.deadline_ms + 5_000);
+    while done < issued.len() as u64 && Instant::now() < limit {
+        if let Ok(Ok(e)) = tokio::time::timeout(Duration::from_millis(200), events.recv()).await {
+            progress(&e, &started);
+            if matches!(e, NodeEvent::Terminal { .. }) {
+                done += 1;
+            }
+        }
+    }
+    principal.shutdown().await;
+    if let Some(n) = agent0 {
+        n.shutdown().await;
+    }
+    summarize(dir.path(), &issued)
+}
+
+/// Counts outcomes from the principal's store and checks each receiver's store.
+fn summarize(
+    dir: &Path,
+    issued: &BTreeMap<ObligationId, Obligation>,
+) -> Result<Summary, Box<dyn std::error::Error>> {
+    let pstore = Store::open(
+        dir.join("principal").join("node.redb"),
+        StoreConfig::default(),
+    )?;
+    let astore = Store::open(
+        dir.join("agent-0").join("node.redb"),
+        StoreConfig::default(),
+    )?;
+    let mut s = Summary {
+        obligations: issued.len() as u64,
+        ..Summary::default()
+    };
+    for o in issued.values() {
+        match pstore.terminal(o.id)?.map(|t| t.outcome) {
+            Some(Outcome::Applied) => s.applied += 1,
+            Some(Outcome::Declined(_)) => s.declined += 1,
+            Some(Outcome::Escalated(_)) => s.escalated += 1,
+            Some(Outcome::BestEffort) => s.best_effort += 1,
+            None if kinds::admissible(o) => s.lost += 1,
+            None => s.best_effort += 1,
+        }
+        // A belief update's weight on its own key is its delta once, or nothing.
+        if let Payload::PhalaBeliefUpdate(p) = &o.payload {
+            let w = astore.receiver_state().weight(&o.issuer, &p.weight_key);
+            let once = i64::from(p.weight_delta.0);
+            if w != 0 && w != once {
+                s.double_applied += 1;
+            }
+        }
+    }
+    Ok(s)
+}

@@ -1,0 +1,228 @@
+//! Two `abhyasa node` processes over loopback QUIC, set up with the CLI exactly as the README
+//! describes (certs init / issue, TOML configs), driven with `abhyasa issue` and checked with
+//! `abhyasa status --json`. The receiver is SIGKILLed mid-run, which tears its connection down
+//! with obligations in flight, and restarted; the principal re-dials and custody completes.
+
+use std::net::UdpSocket;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn abhyasa(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_abhyasa"))
+        .args(args)
+        .output()
+        .expect("run abhyasa")
+}
+
+fn free_port() -> u16 {
+    UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn free_tcp() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_node(config: &Path) -> Proc {
+    Proc(
+        Command::new(env!("CARGO_BIN_EXE_abhyasa"))
+            .args(["node", "--config"])
+            .arg(config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn node"),
+    )
+}
+
+fn status(admin: &str) -> Option<serde_json::Value> {
+    let out = abhyasa(&["status", "--admin", admin, "--json"]);
+    out.status
+        .success()
+        .then(|| serde_json::from_slice(&out.stdout).ok())
+        .flatten()
+}
+
+fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let until = Instant::now() + limit;
+    while Instant::now() < until {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("timed out waiting for {what}");
+}
+
+fn issue(admin: &str, args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["issue", "--admin", admin];
+    all.extend_from_slice(args);
+    let out = abhyasa(&all);
+    assert!(
+        out.status.success(),
+        "issue failed: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn outcomes(s: &serde_json::Value) -> Vec<String> {
+    s["recent"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["outcome"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn two_node_processes_with_a_receiver_killed_and_restarted() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    let c = certs.to_str().unwrap();
+    assert!(abhyasa(&["certs", "init", "--dir", c]).status.success());
+    assert!(abhyasa(&["certs", "issue", "principal", "--dir", c])
+        .status
+        .success());
+    assert!(abhyasa(&["certs", "issue", "agent-1", "--dir", c])
+        .status
+        .success());
+    // A second init refuses to overwrite the CA.
+    assert!(!abhyasa(&["certs", "init", "--dir", c]).status.success());
+
+    let (p_port, a_port) = (free_port(), free_port());
+    let (p_admin, a_admin) = (
+        format!("127.0.0.1:{}", free_tcp()),
+        format!("127.0.0.1:{}", free_tcp()),
+    );
+    let p_cfg = dir.path().join("principal.toml");
+    std::fs::write(
+        &p_cfg,
+        format!(
+            "agent = \"principal\"\nlisten = \"127.0.0.1:{p_port}\"\ncerts = \"{c}\"\nstate = \"{}\"\nadmin = \"{p_admin}\"\n\n\
+             [custody]\nresponse_timeout_ms = 200\nbackoff_base_ms = 50\nbackoff_cap_ms = 400\n\n\
+             [[peers]]\nid = \"agent-1\"\naddr = \"127.0.0.1:{a_port}\"\n",
+            dir.path().join("state-p").display()
+        ),
+    )
+    .unwrap();
+    let a_cfg = dir.path().join("agent.toml");
+    std::fs::write(
+        &a_cfg,
+        format!(
+            "agent = \"agent-1\"\nlisten = \"127.0.0.1:{a_port}\"\ncerts = \"{c}\"\nstate = \"{}\"\nadmin = \"{a_admin}\"\n",
+            dir.path().join("state-a").display()
+        ),
+    )
+    .unwrap();
+
+    let mut agent = start_node(&a_cfg);
+    let _principal = start_node(&p_cfg);
+    wait_for(
+        "both nodes up and connected",
+        Duration::from_secs(15),
+        || status(&p_admin).is_some_and(|s| s["peers"].as_array().is_some_and(|p| !p.is_empty())),
+    );
+
+    let revoke = |token: &str| {
+        issue(
+            &p_admin,
+            &[
+                "--target",
+                "agent-1",
+                "--kind",
+                "oauth.token",
+                "--action",
+                "revoke",
+                "--token",
+                token,
+            ],
+        )
+    };
+    let r = revoke("t1");
+    assert_eq!(r["admission"], "custody");
+    let r = issue(
+        &p_admin,
+        &[
+            "--target",
+            "agent-1",
+            "--kind",
+            "anumati.consent",
+            "--decision",
+            "revoke",
+            "--scope",
+            "calendar.read",
+        ],
+    );
+    assert_eq!(r["admission"], "custody");
+    let r = issue(
+        &p_admin,
+        &[
+            "--target",
+            "agent-1",
+            "--kind",
+            "phala.belief_update",
+            "--weight-key",
+            "s/acme",
+            "--delta",
+            "0.1",
+        ],
+    );
+    assert_eq!(r["admission"], "best_effort");
+    wait_for("two applied", Duration::from_secs(15), || {
+        status(&p_admin)
+            .is_some_and(|s| outcomes(&s).iter().filter(|o| *o == "Applied").count() == 2)
+    });
+
+    // Kill the receiver with obligations in flight, then bring it back.
+    drop(agent);
+    for t in ["t2", "t3", "t4"] {
+        assert_eq!(revoke(t)["admission"], "custody");
+    }
+    let s = status(&p_admin).unwrap();
+    assert!(
+        !s["pending"].as_array().unwrap().is_empty(),
+        "nothing was in flight"
+    );
+    agent = start_node(&a_cfg);
+    wait_for(
+        "all five applied after the restart",
+        Duration::from_secs(20),
+        || {
+            status(&p_admin).is_some_and(|s| {
+                outcomes(&s).iter().filter(|o| *o == "Applied").count() == 5
+                    && s["pending"].as_array().unwrap().is_empty()
+            })
+        },
+    );
+    let s = status(&p_admin).unwrap();
+    let revoked: Vec<&str> = s["revoked_tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(revoked, ["t1", "t2", "t3", "t4"]);
+    assert_eq!(s["withheld"][0][1], "calendar.read");
+    // The table view works too.
+    let table = abhyasa(&["status", "--admin", &p_admin]);
+    assert!(String::from_utf8_lossy(&table.stdout).contains("revoked   token t4"));
+    drop(agent);
+}
