@@ -4,11 +4,12 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use abhyasa::admin::{self, IssueSpec, Request, StatusJson};
 use abhyasa::demo::{self, DemoConfig};
 use abhyasa_custody::CustodianConfig;
-use abhyasa_moq::{Ca, Identity};
+use abhyasa_moq::{Ca, Congestion, Identity, TransportSettings};
 use abhyasa_node::Node;
 use abhyasa_wire::AgentId;
 use clap::{Parser, Subcommand};
@@ -96,6 +97,47 @@ struct NodeConfig {
     peers: Vec<PeerConfig>,
     #[serde(default)]
     custody: CustodyConfig,
+    #[serde(default)]
+    transport: TransportConfig,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct TransportConfig {
+    keep_alive_ms: u64,
+    idle_timeout_ms: u64,
+    initial_rtt_ms: u64,
+    congestion: String,
+}
+
+impl Default for TransportConfig {
+    fn default() -> Self {
+        let d = TransportSettings::default();
+        Self {
+            keep_alive_ms: d.keep_alive.as_millis() as u64,
+            idle_timeout_ms: d.idle_timeout.as_millis() as u64,
+            initial_rtt_ms: d.initial_rtt.as_millis() as u64,
+            congestion: "cubic".into(),
+        }
+    }
+}
+
+impl TransportConfig {
+    fn settings(&self) -> Result<TransportSettings> {
+        let congestion = match self.congestion.as_str() {
+            "cubic" => Congestion::Cubic,
+            "newreno" => Congestion::NewReno,
+            "bbr" => Congestion::Bbr,
+            other => return Err(format!("unknown congestion controller {other:?} (cubic, newreno, bbr)").into()),
+        };
+        Ok(TransportSettings {
+            keep_alive: Duration::from_millis(self.keep_alive_ms),
+            idle_timeout: Duration::from_millis(self.idle_timeout_ms),
+            initial_rtt: Duration::from_millis(self.initial_rtt_ms),
+            congestion,
+            ..TransportSettings::default()
+        })
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -213,6 +255,7 @@ async fn node(path: PathBuf) -> Result<ExitCode> {
     let identity = Identity::load(&config.certs, &agent)?;
     let mut builder = Node::builder(identity)
         .listen(config.listen)
+        .transport(config.transport.settings()?)
         .state_dir(&config.state)
         .custodian(CustodianConfig {
             response_timeout_ms: config.custody.response_timeout_ms,
