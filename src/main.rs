@@ -128,7 +128,12 @@ impl TransportConfig {
             "cubic" => Congestion::Cubic,
             "newreno" => Congestion::NewReno,
             "bbr" => Congestion::Bbr,
-            other => return Err(format!("unknown congestion controller {other:?} (cubic, newreno, bbr)").into()),
+            other => {
+                return Err(format!(
+                    "unknown congestion controller {other:?} (cubic, newreno, bbr)"
+                )
+                .into())
+            }
         };
         Ok(TransportSettings {
             keep_alive: Duration::from_millis(self.keep_alive_ms),
