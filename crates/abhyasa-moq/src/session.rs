@@ -155,7 +155,36 @@ struct State {
     peer_next_request: u64,
     /// Whether the peer sent GOAWAY.
     goaway: bool,
+    /// The peer's Maximum Request ID: we may only use ids below it.
+    peer_max_request: u64,
+    /// Requests waiting for the peer to raise its Maximum Request ID.
+    blocked: Vec<Request>,
+    /// Whether REQUESTS_BLOCKED was sent for the current maximum.
+    blocked_reported: bool,
+    /// The Maximum Request ID we granted the peer.
+    our_max_request: u64,
 }
+
+/// A request this side makes.
+#[derive(Clone, Debug)]
+enum Request {
+    PublishNamespace,
+    Subscribe(Track),
+}
+
+/// The MAX_REQUEST_ID setup parameter (0x02); 0 when absent, so no requests may be sent.
+fn max_request_id(params: &[KeyValue]) -> u64 {
+    params
+        .iter()
+        .find_map(|p| match p {
+            KeyValue::Int { key: 0x02, value } => Some(*value),
+            _ => None,
+        })
+        .unwrap_or(0)
+}
+
+/// The Maximum Request ID we grant the peer.
+const OUR_MAX_REQUEST_ID: u64 = 1 << 20;
 
 struct Inner {
     me: AgentId,
@@ -201,7 +230,7 @@ impl Session {
             versions: vec![DRAFT_14],
             params: vec![KeyValue::Int {
                 key: 0x02,
-                value: 1 << 20,
+                value: OUR_MAX_REQUEST_ID,
             }],
         }
         .encode(&mut out);
@@ -212,8 +241,10 @@ impl Session {
         let reply = tokio::time::timeout(SETUP_TIMEOUT, read_control(&mut recv, &mut buf))
             .await
             .map_err(|_| SessionError::Timeout)?;
-        match reply {
-            Ok(Some(Control::ServerSetup { version, .. })) if version == DRAFT_14 => {}
+        let peer_max = match reply {
+            Ok(Some(Control::ServerSetup { version, params })) if version == DRAFT_14 => {
+                max_request_id(&params)
+            }
             Ok(Some(Control::ServerSetup { .. })) => {
                 let e = MoqtError::VersionNegotiationFailed;
                 close(&conn, &e);
@@ -228,8 +259,15 @@ impl Session {
                 close(&conn, &e);
                 return Err(e.into());
             }
-        }
-        Ok(Self::start(me.clone(), peer, conn, send, recv, buf, 0))
+        };
+        Ok(Self::start(
+            me.clone(),
+            peer,
+            conn,
+            (send, recv, buf),
+            0,
+            peer_max,
+        ))
     }
 
     /// Sets up an accepted connection as server.
@@ -247,8 +285,10 @@ impl Session {
         let first = tokio::time::timeout(SETUP_TIMEOUT, read_control(&mut recv, &mut buf))
             .await
             .map_err(|_| SessionError::Timeout)?;
-        match first {
-            Ok(Some(Control::ClientSetup { versions, .. })) if versions.contains(&DRAFT_14) => {}
+        let peer_max = match first {
+            Ok(Some(Control::ClientSetup { versions, params })) if versions.contains(&DRAFT_14) => {
+                max_request_id(&params)
+            }
             Ok(Some(Control::ClientSetup { .. })) => {
                 let e = MoqtError::VersionNegotiationFailed;
                 close(&conn, &e);
@@ -263,34 +303,43 @@ impl Session {
                 close(&conn, &e);
                 return Err(e.into());
             }
-        }
+        };
         let mut out = Vec::new();
         Control::ServerSetup {
             version: DRAFT_14,
             params: vec![KeyValue::Int {
                 key: 0x02,
-                value: 1 << 20,
+                value: OUR_MAX_REQUEST_ID,
             }],
         }
         .encode(&mut out);
         send.write_all(&out)
             .await
             .map_err(|e| SessionError::Stream(e.to_string()))?;
-        Ok(Self::start(me.clone(), peer, conn, send, recv, buf, 1))
+        Ok(Self::start(
+            me.clone(),
+            peer,
+            conn,
+            (send, recv, buf),
+            1,
+            peer_max,
+        ))
     }
 
     fn start(
         me: AgentId,
         peer: AgentId,
         conn: quinn::Connection,
-        send: quinn::SendStream,
-        recv: quinn::RecvStream,
-        buf: Vec<u8>,
+        control: (quinn::SendStream, quinn::RecvStream, Vec<u8>),
         parity: u64,
+        peer_max: u64,
     ) -> (Session, mpsc::Receiver<SessionEvent>) {
+        let (send, recv, buf) = control;
         let state = State {
             next_request: parity,
             peer_next_request: 1 - parity,
+            peer_max_request: peer_max,
+            our_max_request: OUR_MAX_REQUEST_ID,
             ..State::default()
         };
         let session = Session(Arc::new(Inner {
@@ -343,11 +392,49 @@ impl Session {
         self.0.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn next_request(&self) -> u64 {
-        let mut st = self.state();
-        let id = st.next_request;
-        st.next_request += 2;
-        id
+    /// Sends `req` now if the peer's Maximum Request ID allows, else queues it and reports
+    /// REQUESTS_BLOCKED once.
+    async fn request(&self, req: Request) -> Result<(), String> {
+        let (id, blocked_at) = {
+            let mut st = self.state();
+            if st.next_request < st.peer_max_request {
+                let id = st.next_request;
+                st.next_request += 2;
+                if let Request::Subscribe(track) = req {
+                    st.requested.insert(id, track);
+                }
+                (Some(id), None)
+            } else {
+                st.blocked.push(req.clone());
+                let report = !st.blocked_reported;
+                st.blocked_reported = true;
+                (None, report.then_some(st.peer_max_request))
+            }
+        };
+        if let Some(max) = blocked_at {
+            return self.write_control(Control::RequestsBlocked { max }).await;
+        }
+        let Some(request_id) = id else {
+            return Ok(());
+        };
+        let msg = match req {
+            Request::PublishNamespace => Control::PublishNamespace {
+                request_id,
+                namespace: namespace(&self.0.me),
+                params: vec![],
+            },
+            Request::Subscribe(track) => Control::Subscribe {
+                request_id,
+                namespace: namespace(&self.0.peer),
+                name: track.name(&self.0.me),
+                priority: 0,
+                group_order: 1,
+                forward: 1,
+                filter: abhyasa_wire::moqt::Filter::LargestObject,
+                params: vec![],
+            },
+        };
+        self.write_control(msg).await
     }
 
     async fn write_control(&self, msg: Control) -> Result<(), String> {
@@ -363,27 +450,9 @@ impl Session {
     }
 
     async fn announce_and_subscribe(&self) -> Result<(), String> {
-        let id = self.next_request();
-        self.write_control(Control::PublishNamespace {
-            request_id: id,
-            namespace: namespace(&self.0.me),
-            params: vec![],
-        })
-        .await?;
+        self.request(Request::PublishNamespace).await?;
         for track in Track::ALL {
-            let id = self.next_request();
-            self.state().requested.insert(id, track);
-            self.write_control(Control::Subscribe {
-                request_id: id,
-                namespace: namespace(&self.0.peer),
-                name: track.name(&self.0.me),
-                priority: 0,
-                group_order: 1,
-                forward: 1,
-                filter: abhyasa_wire::moqt::Filter::LargestObject,
-                params: vec![],
-            })
-            .await?;
+            self.request(Request::Subscribe(track)).await?;
         }
         Ok(())
     }
@@ -489,6 +558,11 @@ impl Session {
 
     fn check_request_id(&self, id: u64) -> Result<(), MoqtError> {
         let mut st = self.state();
+        if id >= st.our_max_request {
+            return Err(MoqtError::ProtocolViolation(
+                "request id at or above our maximum",
+            ));
+        }
         if id != st.peer_next_request {
             return Err(MoqtError::ProtocolViolation("unexpected request id"));
         }
@@ -633,14 +707,7 @@ impl Session {
                     self.write_control(Control::SubscribeNamespaceOk { request_id })
                         .await
                         .map_err(io)?;
-                    let id = self.next_request();
-                    self.write_control(Control::PublishNamespace {
-                        request_id: id,
-                        namespace: ours,
-                        params: vec![],
-                    })
-                    .await
-                    .map_err(io)?;
+                    self.request(Request::PublishNamespace).await.map_err(io)?;
                 } else {
                     self.write_control(Control::SubscribeNamespaceError {
                         request_id,
@@ -661,12 +728,15 @@ impl Session {
                 tracing::info!(peer = %self.0.peer, uri = %String::from_utf8_lossy(&uri), "peer is going away");
                 self.0.conn.close(code::NO_ERROR.into(), b"goaway");
             }
-            Control::RequestsBlocked { max } => {
-                self.write_control(Control::MaxRequestId {
-                    request_id: max + (1 << 20),
-                })
-                .await
-                .map_err(io)?;
+            Control::RequestsBlocked { .. } => {
+                let raised = {
+                    let mut st = self.state();
+                    st.our_max_request += OUR_MAX_REQUEST_ID;
+                    st.our_max_request
+                };
+                self.write_control(Control::MaxRequestId { request_id: raised })
+                    .await
+                    .map_err(io)?;
             }
             Control::ClientSetup { .. } | Control::ServerSetup { .. } => {
                 return Err(MoqtError::ProtocolViolation("setup after setup"));
@@ -694,8 +764,23 @@ impl Session {
                     .map_err(io)?;
                 }
             }
-            Control::MaxRequestId { .. }
-            | Control::PublishDone { .. }
+            Control::MaxRequestId { request_id: max } => {
+                let waiting = {
+                    let mut st = self.state();
+                    if max <= st.peer_max_request {
+                        return Err(MoqtError::ProtocolViolation(
+                            "MAX_REQUEST_ID did not increase",
+                        ));
+                    }
+                    st.peer_max_request = max;
+                    st.blocked_reported = false;
+                    std::mem::take(&mut st.blocked)
+                };
+                for req in waiting {
+                    self.request(req).await.map_err(io)?;
+                }
+            }
+            Control::PublishDone { .. }
             | Control::PublishNamespaceOk { .. }
             | Control::PublishNamespaceError { .. }
             | Control::PublishNamespaceDone { .. }
