@@ -255,7 +255,7 @@ pub async fn serve(node: std::sync::Arc<Node>, addr: SocketAddr) -> std::io::Res
                 Ok(Request::Issue(spec)) => match spec.build(node.agent()) {
                     Ok(o) => {
                         let id = o.id;
-                        match node.issue(o).await {
+                        match node.issue(o).await.map(|h| h.admission()) {
                             Ok(a) => {
                                 serde_json::json!({"ok": true, "id": id.to_string(), "admission": match a {
                                     Admission::Custody => "custody",

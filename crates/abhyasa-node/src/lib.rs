@@ -106,6 +106,43 @@ pub(crate) enum Command {
     Shutdown(oneshot::Sender<()>),
 }
 
+/// An issued obligation: how it was taken, and a way to wait for how custody ends.
+#[derive(Debug)]
+pub struct IssueHandle {
+    id: ObligationId,
+    admission: Admission,
+    events: broadcast::Receiver<NodeEvent>,
+}
+
+impl IssueHandle {
+    /// The obligation's id.
+    pub fn id(&self) -> ObligationId {
+        self.id
+    }
+
+    /// Under custody or best-effort.
+    pub fn admission(&self) -> Admission {
+        self.admission
+    }
+
+    /// Waits for the terminal record (applied, declined, escalated with its escalation, or
+    /// best-effort). `None` if the node stopped, or if this handle fell too far behind the
+    /// event stream to see it (then ask [`Node::status`]).
+    pub async fn outcome(mut self) -> Option<(TerminalRecord, Option<Escalation>)> {
+        loop {
+            match self.events.recv().await {
+                Ok(NodeEvent::Terminal { record, escalation })
+                    if record.obligation_id == self.id =>
+                {
+                    return Some((record, escalation));
+                }
+                Ok(_) => {}
+                Err(_) => return None,
+            }
+        }
+    }
+}
+
 /// Builds a [`Node`].
 pub struct NodeBuilder {
     identity: Identity,
@@ -210,15 +247,24 @@ impl Node {
         self.local_addr
     }
 
-    /// Issues an obligation. Returns once it is durably under custody (or sent best-effort).
-    /// Issuing an id the node already knows is a no-op that answers `Custody`.
-    pub async fn issue(&self, obligation: Obligation) -> Result<Admission, NodeError> {
+    /// Issues an obligation. Returns once it is durably under custody (or sent best-effort),
+    /// with a handle that can wait for its outcome. Issuing an id the node already knows is a
+    /// no-op that answers `Custody`.
+    pub async fn issue(&self, obligation: Obligation) -> Result<IssueHandle, NodeError> {
+        // Subscribe first, so the outcome cannot slip past the handle.
+        let events = self.events.subscribe();
+        let id = obligation.id;
         let (tx, rx) = oneshot::channel();
         self.tx
             .send(Command::Issue(obligation, tx))
             .await
             .map_err(|_| NodeError::Stopped)?;
-        rx.await.map_err(|_| NodeError::Stopped)?
+        let admission = rx.await.map_err(|_| NodeError::Stopped)??;
+        Ok(IssueHandle {
+            id,
+            admission,
+            events,
+        })
     }
 
     /// The node's events from now on.

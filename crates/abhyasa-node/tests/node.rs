@@ -96,12 +96,17 @@ async fn obligations_are_applied_across_a_receiver_restart() {
         .await
         .unwrap();
     let mut events = principal.events();
-    for n in 1..=5 {
-        assert_eq!(
-            principal.issue(revoke(n, &a, 20_000)).await.unwrap(),
-            Admission::Custody
-        );
+    for n in 1..=4 {
+        let h = principal.issue(revoke(n, &a, 20_000)).await.unwrap();
+        assert_eq!(h.admission(), Admission::Custody);
     }
+    // A handle waits for its own outcome.
+    let h = principal.issue(revoke(5, &a, 20_000)).await.unwrap();
+    let (record, escalation) = tokio::time::timeout(Duration::from_secs(10), h.outcome())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((record.outcome, escalation), (Outcome::Applied, None));
     // Best-effort: a reinforcing belief update.
     let mut be = revoke(6, &a, 20_000);
     be.payload = Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
@@ -109,7 +114,10 @@ async fn obligations_are_applied_across_a_receiver_restart() {
         weight_delta: WeightDelta(10),
         ttl_ms: 1,
     });
-    assert_eq!(principal.issue(be).await.unwrap(), Admission::BestEffort);
+    assert_eq!(
+        principal.issue(be).await.unwrap().admission(),
+        Admission::BestEffort
+    );
     let outcomes = terminal(&mut events, 6, Duration::from_secs(10)).await;
     assert_eq!(
         outcomes.iter().filter(|o| **o == Outcome::Applied).count(),
