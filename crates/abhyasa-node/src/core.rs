@@ -123,6 +123,7 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         events: events.clone(),
         blocked,
         endpoint,
+        awaiting: HashMap::new(),
     };
     tokio::spawn(core.run(rx, irx));
     Ok(Node {
@@ -170,7 +171,11 @@ struct Core {
     events: broadcast::Sender<NodeEvent>,
     blocked: Blocked,
     endpoint: quinn::Endpoint,
+    /// Issue commands waiting for their record to be durable.
+    awaiting: HashMap<abhyasa_wire::ObligationId, IssueReply>,
 }
+
+type IssueReply = tokio::sync::oneshot::Sender<Result<abhyasa_custody::Admission, NodeError>>;
 
 impl Core {
     async fn run(mut self, mut rx: mpsc::Receiver<Command>, mut irx: mpsc::Receiver<Internal>) {
@@ -204,7 +209,21 @@ impl Core {
                         self.stop().await;
                         return Some(done);
                     }
-                    Some(cmd) => self.command(cmd).await,
+                    Some(cmd) => {
+                        self.command(cmd).await;
+                        // Take what else is queued before committing: one flush, one commit.
+                        for _ in 0..1_024 {
+                            match rx.try_recv() {
+                                Ok(Command::Shutdown(done)) => {
+                                    self.flush().await;
+                                    self.stop().await;
+                                    return Some(done);
+                                }
+                                Ok(cmd) => self.command(cmd).await,
+                                Err(_) => break,
+                            }
+                        }
+                    }
                     None => {
                         self.flush().await;
                         self.stop().await;
@@ -249,11 +268,18 @@ impl Core {
                     let _ = reply.send(Ok(abhyasa_custody::Admission::Custody));
                     return;
                 }
-                let result = self.custodian.issue(now(), o).map_err(NodeError::from);
-                span.in_scope(|| info!(?result, "issued"));
-                // Answer once the pending record is durable.
-                self.flush().await;
-                let _ = reply.send(result);
+                match self.custodian.issue(now(), o) {
+                    Ok(admission) => {
+                        span.in_scope(|| info!(?admission, "issued"));
+                        // Answered when its record is durable (the Accepted event, or the
+                        // best-effort terminal record), so many issues share one commit.
+                        self.awaiting.insert(id, reply);
+                    }
+                    Err(e) => {
+                        span.in_scope(|| info!(%e, "refused"));
+                        let _ = reply.send(Err(e.into()));
+                    }
+                }
             }
             Command::Status(reply) => {
                 let stored = self.group.read(|s| {
@@ -419,6 +445,18 @@ impl Core {
             Ok(Ok((c, r))) => {
                 self.custodian = c;
                 self.receiver = r;
+                // Issues waiting on a commit of unknown outcome: the store decides.
+                for (id, reply) in std::mem::take(&mut self.awaiting) {
+                    let known = self
+                        .group
+                        .read(move |s| s.knows(id))
+                        .map(|r| r.unwrap_or(false));
+                    let answer = match known {
+                        Ok(true) => Ok(abhyasa_custody::Admission::Custody),
+                        _ => Err(NodeError::IssueAgain),
+                    };
+                    let _ = reply.send(answer);
+                }
                 true
             }
             _ => false,
@@ -451,7 +489,18 @@ impl Core {
         }
         while let Some(e) = self.custodian.poll_event() {
             let event = match e {
+                CustodianEvent::Accepted { id } => {
+                    if let Some(reply) = self.awaiting.remove(&id) {
+                        let _ = reply.send(Ok(abhyasa_custody::Admission::Custody));
+                    }
+                    continue;
+                }
                 CustodianEvent::Terminal { record, escalation } => {
+                    if record.outcome == abhyasa_wire::Outcome::BestEffort {
+                        if let Some(reply) = self.awaiting.remove(&record.obligation_id) {
+                            let _ = reply.send(Ok(abhyasa_custody::Admission::BestEffort));
+                        }
+                    }
                     info_span!("obligation", id = %record.obligation_id)
                         .in_scope(|| info!(outcome = ?record.outcome, attempts = record.attempts, "custody ended"));
                     NodeEvent::Terminal { record, escalation }

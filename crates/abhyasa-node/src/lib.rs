@@ -77,6 +77,10 @@ pub enum NodeError {
     /// The custodian refused the obligation.
     #[error("issue: {0}")]
     Issue(#[from] abhyasa_custody::IssueError),
+    /// The commit carrying the obligation had an unknown outcome and it is not on disk:
+    /// issue it again (issuing is idempotent on the id).
+    #[error("not durable after a failed commit; issue it again")]
+    IssueAgain,
     /// The node has stopped.
     #[error("the node has stopped")]
     Stopped,
