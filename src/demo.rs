@@ -17,8 +17,8 @@ use abhyasa_node::{Node, NodeEvent};
 use abhyasa_store::{Store, StoreConfig};
 use abhyasa_wire::{
     AgentId, BeliefUpdatePayload, ClientId, ConsentDecision, ConsentPayload, Obligation,
-    ObligationId, Outcome, Payload, Scope, TokenAction, TokenId, TokenPayload, UnixMillis,
-    WeightDelta, WeightKey,
+    ObligationId, Outcome, Payload, Scope, TerminalRecord, TokenAction, TokenId, TokenPayload,
+    UnixMillis, WeightDelta, WeightKey,
 };
 
 /// Demo settings.
@@ -28,6 +28,9 @@ pub struct DemoConfig {
     pub count: u32,
     /// Deadline of each, ms after issue.
     pub deadline_ms: u64,
+    /// Impairment of the principal ↔ agent-0 link (both directions), through the userspace
+    /// netem relay.
+    pub impairment: Option<abhyasa_netem::Impairment>,
 }
 
 impl Default for DemoConfig {
@@ -35,6 +38,7 @@ impl Default for DemoConfig {
         Self {
             count: 24,
             deadline_ms: 3_000,
+            impairment: None,
         }
     }
 }
@@ -147,8 +151,26 @@ pub async fn run(config: DemoConfig) -> Result<Summary, Box<dyn std::error::Erro
             .build()
     };
     let mut agent0 = Some(start_agent(dir.path()).await?);
+    // With an impairment, the principal reaches agent-0 through the netem relay.
+    let relay = match &config.impairment {
+        Some(spec) => Some(
+            abhyasa_netem::relay::Relay::start(abhyasa_netem::relay::RelayConfig {
+                listen: "127.0.0.1:0".parse()?,
+                forward: a0_addr,
+                up: spec.clone(),
+                down: spec.clone(),
+                seed: 1,
+            })
+            .await?,
+        ),
+        None => None,
+    };
+    let a0_dial = relay.as_ref().map_or(a0_addr, |r| r.local_addr());
+    if let Some(spec) = &config.impairment {
+        println!("link principal <-> agent-0 impaired both ways: {spec}");
+    }
     let principal = Node::builder(ca.issue(&p)?)
-        .peer(a0.clone(), a0_addr)
+        .peer(a0.clone(), a0_dial)
         .peer(a1.clone(), a1_addr) // agent-1 never comes up
         .state_dir(dir.path().join("principal"))
         .custodian(custodian)
@@ -159,6 +181,7 @@ pub async fn run(config: DemoConfig) -> Result<Summary, Box<dyn std::error::Erro
     let mut events = principal.events();
     let mut issued: BTreeMap<ObligationId, Obligation> = BTreeMap::new();
     let mut done = 0u64;
+    let mut records: Vec<TerminalRecord> = Vec::new();
     let progress = |e: &NodeEvent, started: &Instant| {
         let t = started.elapsed().as_secs_f64();
         match e {
@@ -180,11 +203,14 @@ pub async fn run(config: DemoConfig) -> Result<Summary, Box<dyn std::error::Erro
             _ => {}
         }
     };
-    let drain = |events: &mut tokio::sync::broadcast::Receiver<NodeEvent>, done: &mut u64| {
+    let drain = |events: &mut tokio::sync::broadcast::Receiver<NodeEvent>,
+                 done: &mut u64,
+                 finished: &mut Vec<TerminalRecord>| {
         while let Ok(e) = events.try_recv() {
             progress(&e, &started);
-            if matches!(e, NodeEvent::Terminal { .. }) {
+            if let NodeEvent::Terminal { record, .. } = e {
                 *done += 1;
+                finished.push(record);
             }
         }
     };
@@ -211,15 +237,16 @@ pub async fn run(config: DemoConfig) -> Result<Summary, Box<dyn std::error::Erro
             }
             agent0 = Some(start_agent(dir.path()).await?);
         }
-        drain(&mut events, &mut done);
+        drain(&mut events, &mut done, &mut records);
         tokio::time::sleep(Duration::from_millis(60)).await;
     }
     let limit = Instant::now() + Duration::from_millis(config.deadline_ms + 5_000);
     while done < issued.len() as u64 && Instant::now() < limit {
         if let Ok(Ok(e)) = tokio::time::timeout(Duration::from_millis(200), events.recv()).await {
             progress(&e, &started);
-            if matches!(e, NodeEvent::Terminal { .. }) {
+            if let NodeEvent::Terminal { record, .. } = e {
                 done += 1;
+                records.push(record);
             }
         }
     }
@@ -227,7 +254,63 @@ pub async fn run(config: DemoConfig) -> Result<Summary, Box<dyn std::error::Erro
     if let Some(n) = agent0 {
         n.shutdown().await;
     }
+    if let Some(r) = relay {
+        let s = r.stats();
+        println!(
+            "relay: up {} offered, {} lost, {} duplicated; down {} offered, {} lost, {} duplicated",
+            s.up.offered,
+            s.up.lost,
+            s.up.duplicated,
+            s.down.offered,
+            s.down.lost,
+            s.down.duplicated
+        );
+    }
+    report(&records, &issued);
     summarize(dir.path(), &issued)
+}
+
+/// Latency from issue to `applied`, and attempts per obligation under custody.
+fn report(records: &[TerminalRecord], issued: &BTreeMap<ObligationId, Obligation>) {
+    let mut latency: Vec<u64> = records
+        .iter()
+        .filter(|r| r.outcome == Outcome::Applied)
+        .filter_map(|r| {
+            issued
+                .get(&r.obligation_id)
+                .map(|o| r.at.0.saturating_sub(o.created_at.0))
+        })
+        .collect();
+    latency.sort_unstable();
+    let pct = |p: f64| {
+        latency
+            .get(((latency.len() as f64 - 1.0) * p).round() as usize)
+            .copied()
+            .unwrap_or(0)
+    };
+    if !latency.is_empty() {
+        println!(
+            "latency issue -> applied (ms): p50={} p90={} p99={} max={} (n={})",
+            pct(0.5),
+            pct(0.9),
+            pct(0.99),
+            latency[latency.len() - 1],
+            latency.len()
+        );
+    }
+    let attempts: Vec<u32> = records
+        .iter()
+        .filter(|r| r.outcome != Outcome::BestEffort)
+        .map(|r| r.attempts)
+        .collect();
+    if !attempts.is_empty() {
+        let mean = f64::from(attempts.iter().sum::<u32>()) / attempts.len() as f64;
+        let mut hist: BTreeMap<u32, usize> = BTreeMap::new();
+        for a in &attempts {
+            *hist.entry(*a).or_default() += 1;
+        }
+        println!("attempts per obligation under custody: mean={mean:.2} histogram={hist:?}");
+    }
 }
 
 /// Counts outcomes from the principal's store and checks each receiver's store.

@@ -35,6 +35,29 @@ enum Command {
         /// Deadline of each obligation, ms.
         #[arg(long, default_value_t = 3_000)]
         deadline_ms: u64,
+        /// Impair the principal ↔ agent-0 link (both directions) through the userspace netem relay.
+        #[command(flatten)]
+        impair: ImpairmentArgs,
+    },
+    /// A UDP relay that impairs traffic like `tc netem`, to put between two nodes.
+    Netem {
+        /// Where clients (a dialing node) send.
+        #[arg(long)]
+        listen: SocketAddr,
+        /// Where the relay forwards (the dialed node).
+        #[arg(long)]
+        forward: SocketAddr,
+        #[command(flatten)]
+        both: ImpairmentArgs,
+        /// Extra words for client→server only, e.g. "loss 10%".
+        #[arg(long, default_value = "")]
+        up: String,
+        /// Extra words for server→client only.
+        #[arg(long, default_value = "")]
+        down: String,
+        /// Seed for every random choice.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
     },
     /// Deployment CA and agent certificates.
     Certs {
@@ -64,6 +87,61 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// netem words as flags, applied to both directions.
+#[derive(clap::Args, Debug, Default)]
+struct ImpairmentArgs {
+    /// Independent loss, e.g. 5%.
+    #[arg(long)]
+    loss: Option<String>,
+    /// One-way delay, e.g. 20ms.
+    #[arg(long)]
+    delay: Option<String>,
+    /// Delay jitter, e.g. 5ms.
+    #[arg(long)]
+    jitter: Option<String>,
+    /// Duplication, e.g. 1%.
+    #[arg(long)]
+    duplicate: Option<String>,
+    /// Reordering, e.g. 10% (needs a delay).
+    #[arg(long)]
+    reorder: Option<String>,
+    /// Link rate, e.g. 10mbit.
+    #[arg(long)]
+    rate: Option<String>,
+    /// A blackhole window START:LENGTH after the start, e.g. 1s:2s (repeatable).
+    #[arg(long)]
+    partition: Vec<String>,
+}
+
+impl ImpairmentArgs {
+    /// The flags as netem words.
+    fn words(&self) -> String {
+        let mut w = Vec::new();
+        if let Some(l) = &self.loss {
+            w.push(format!("loss {l}"));
+        }
+        if let Some(d) = &self.delay {
+            w.push(format!(
+                "delay {d} {}",
+                self.jitter.as_deref().unwrap_or("0ms")
+            ));
+        }
+        if let Some(d) = &self.duplicate {
+            w.push(format!("duplicate {d}"));
+        }
+        if let Some(r) = &self.reorder {
+            w.push(format!("reorder {r}"));
+        }
+        if let Some(r) = &self.rate {
+            w.push(format!("rate {r}"));
+        }
+        for p in &self.partition {
+            w.push(format!("partition {}", p.replace(':', " ")));
+        }
+        w.join(" ")
+    }
 }
 
 #[derive(Subcommand)]
@@ -193,8 +271,23 @@ async fn main() -> ExitCode {
 
 async fn run(command: Command) -> Result<ExitCode> {
     match command {
-        Command::Demo { count, deadline_ms } => {
-            let summary = demo::run(DemoConfig { count, deadline_ms }).await?;
+        Command::Demo {
+            count,
+            deadline_ms,
+            impair,
+        } => {
+            let words = impair.words();
+            let impairment = if words.is_empty() {
+                None
+            } else {
+                Some(words.parse::<abhyasa_netem::Impairment>()?)
+            };
+            let summary = demo::run(DemoConfig {
+                count,
+                deadline_ms,
+                impairment,
+            })
+            .await?;
             println!("{summary}");
             let clean = summary.lost == 0 && summary.double_applied == 0;
             Ok(if clean {
@@ -227,6 +320,31 @@ async fn run(command: Command) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Node { config } => node(config).await,
+        Command::Netem {
+            listen,
+            forward,
+            both,
+            up,
+            down,
+            seed,
+        } => {
+            let base = both.words();
+            let up: abhyasa_netem::Impairment = format!("{base} {up}").parse()?;
+            let down: abhyasa_netem::Impairment = format!("{base} {down}").parse()?;
+            println!("netem relay {listen} -> {forward}\n  up:   {up}\n  down: {down}");
+            let relay = abhyasa_netem::relay::Relay::start(abhyasa_netem::relay::RelayConfig {
+                listen,
+                forward,
+                up,
+                down,
+                seed,
+            })
+            .await?;
+            tokio::signal::ctrl_c().await?;
+            let s = relay.stats();
+            println!("up: {:?}\ndown: {:?}", s.up, s.down);
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Issue { admin, spec } => {
             let reply = admin::request(admin, &Request::Issue(spec)).await?;
             println!("{reply}");

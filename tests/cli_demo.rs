@@ -33,3 +33,22 @@ fn demo_ends_with_a_clean_summary() {
         + field(last, "best_effort");
     assert_eq!(total, field(last, "obligations"));
 }
+
+#[test]
+fn demo_through_the_netem_relay_reports_latency_and_attempts() {
+    let out = Command::new(env!("CARGO_BIN_EXE_abhyasa"))
+        .args(["demo", "--loss", "10%", "--delay", "20ms"])
+        .output()
+        .expect("the demo runs");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(out.status.success(), "demo failed:\n{stdout}");
+    assert!(stdout.contains("impaired both ways: loss 10% delay 20000us"), "{stdout}");
+    let relay = stdout.lines().find(|l| l.starts_with("relay: up")).expect("relay counters");
+    assert!(!relay.starts_with("relay: up 0 offered"), "{relay}");
+    assert!(stdout.lines().any(|l| l.starts_with("latency issue -> applied (ms): p50=")));
+    assert!(stdout.lines().any(|l| l.starts_with("attempts per obligation under custody: mean=")));
+    let last = stdout.lines().last().unwrap();
+    assert_eq!(field(last, "lost"), 0);
+    assert_eq!(field(last, "double_applied"), 0);
+    assert!(field(last, "applied") > 0 && field(last, "escalated") > 0);
+}
