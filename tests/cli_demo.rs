@@ -42,11 +42,21 @@ fn demo_through_the_netem_relay_reports_latency_and_attempts() {
         .expect("the demo runs");
     let stdout = String::from_utf8(out.stdout).unwrap();
     assert!(out.status.success(), "demo failed:\n{stdout}");
-    assert!(stdout.contains("impaired both ways: loss 10% delay 20000us"), "{stdout}");
-    let relay = stdout.lines().find(|l| l.starts_with("relay: up")).expect("relay counters");
+    assert!(
+        stdout.contains("impaired both ways: loss 10% delay 20000us"),
+        "{stdout}"
+    );
+    let relay = stdout
+        .lines()
+        .find(|l| l.starts_with("relay: up"))
+        .expect("relay counters");
     assert!(!relay.starts_with("relay: up 0 offered"), "{relay}");
-    assert!(stdout.lines().any(|l| l.starts_with("latency issue -> applied (ms): p50=")));
-    assert!(stdout.lines().any(|l| l.starts_with("attempts per obligation under custody: mean=")));
+    assert!(stdout
+        .lines()
+        .any(|l| l.starts_with("latency issue -> applied (ms): p50=")));
+    assert!(stdout
+        .lines()
+        .any(|l| l.starts_with("attempts per obligation under custody: mean=")));
     let last = stdout.lines().last().unwrap();
     assert_eq!(field(last, "lost"), 0);
     assert_eq!(field(last, "double_applied"), 0);

@@ -241,25 +241,7 @@ impl Session {
         let reply = tokio::time::timeout(SETUP_TIMEOUT, read_control(&mut recv, &mut buf))
             .await
             .map_err(|_| SessionError::Timeout)?;
-        let peer_max = match reply {
-            Ok(Some(Control::ServerSetup { version, params })) if version == DRAFT_14 => {
-                max_request_id(&params)
-            }
-            Ok(Some(Control::ServerSetup { .. })) => {
-                let e = MoqtError::VersionNegotiationFailed;
-                close(&conn, &e);
-                return Err(e.into());
-            }
-            Ok(_) => {
-                let e = MoqtError::ProtocolViolation("expected SERVER_SETUP");
-                close(&conn, &e);
-                return Err(e.into());
-            }
-            Err(e) => {
-                close(&conn, &e);
-                return Err(e.into());
-            }
-        };
+        let peer_max = check_setup(&conn, reply, false)?;
         Ok(Self::start(
             me.clone(),
             peer,
@@ -285,25 +267,7 @@ impl Session {
         let first = tokio::time::timeout(SETUP_TIMEOUT, read_control(&mut recv, &mut buf))
             .await
             .map_err(|_| SessionError::Timeout)?;
-        let peer_max = match first {
-            Ok(Some(Control::ClientSetup { versions, params })) if versions.contains(&DRAFT_14) => {
-                max_request_id(&params)
-            }
-            Ok(Some(Control::ClientSetup { .. })) => {
-                let e = MoqtError::VersionNegotiationFailed;
-                close(&conn, &e);
-                return Err(e.into());
-            }
-            Ok(_) => {
-                let e = MoqtError::ProtocolViolation("expected CLIENT_SETUP");
-                close(&conn, &e);
-                return Err(e.into());
-            }
-            Err(e) => {
-                close(&conn, &e);
-                return Err(e.into());
-            }
-        };
+        let peer_max = check_setup(&conn, first, true)?;
         let mut out = Vec::new();
         Control::ServerSetup {
             version: DRAFT_14,
@@ -847,6 +811,38 @@ impl Session {
             }
         }
     }
+}
+
+/// Checks the peer's setup message (CLIENT_SETUP from a client, SERVER_SETUP from a server)
+/// and returns its Maximum Request ID; anything else closes the session with the draft's code.
+fn check_setup(
+    conn: &quinn::Connection,
+    setup: Result<Option<Control>, MoqtError>,
+    from_client: bool,
+) -> Result<u64, SessionError> {
+    let checked = match setup {
+        Ok(Some(Control::ClientSetup { versions, params })) if from_client => {
+            if versions.contains(&DRAFT_14) {
+                Ok(max_request_id(&params))
+            } else {
+                Err(MoqtError::VersionNegotiationFailed)
+            }
+        }
+        Ok(Some(Control::ServerSetup { version, params })) if !from_client => {
+            if version == DRAFT_14 {
+                Ok(max_request_id(&params))
+            } else {
+                Err(MoqtError::VersionNegotiationFailed)
+            }
+        }
+        Ok(_) if from_client => Err(MoqtError::ProtocolViolation("expected CLIENT_SETUP")),
+        Ok(_) => Err(MoqtError::ProtocolViolation("expected SERVER_SETUP")),
+        Err(e) => Err(e),
+    };
+    checked.map_err(|e| {
+        close(conn, &e);
+        e.into()
+    })
 }
 
 /// Reads one control message, buffering partial input in `buf`. `Ok(None)`: the stream ended.

@@ -344,3 +344,48 @@ async fn garbage_on_the_control_stream_closes_only_that_session() {
     );
     assert!(sa_c.connection().close_reason().is_none());
 }
+
+#[tokio::test]
+async fn a_client_without_draft_14_fails_version_negotiation() {
+    let ca = Ca::generate("t").unwrap();
+    let (a, b) = (id("agent-a"), id("agent-b"));
+    let ea = endpoint(
+        &ca.issue(&a).unwrap(),
+        loopback(),
+        &TransportSettings::default(),
+    )
+    .unwrap();
+    let _accepted = serve(ea.clone(), a.clone());
+    let eb = endpoint(
+        &ca.issue(&b).unwrap(),
+        loopback(),
+        &TransportSettings::default(),
+    )
+    .unwrap();
+    let conn = eb
+        .connect(ea.local_addr().unwrap(), a.as_str())
+        .unwrap()
+        .await
+        .unwrap();
+    let (mut send, _recv) = conn.open_bi().await.unwrap();
+    let mut out = Vec::new();
+    // Draft 13 only, and an unknown setup parameter (ignored, not an error).
+    Control::ClientSetup {
+        versions: vec![0xff00_000d],
+        params: vec![KeyValue::Int {
+            key: 0x3e,
+            value: 1,
+        }],
+    }
+    .encode(&mut out);
+    send.write_all(&out).await.unwrap();
+    let err = tokio::time::timeout(Duration::from_secs(5), conn.closed())
+        .await
+        .unwrap();
+    match err {
+        quinn::ConnectionError::ApplicationClosed(close) => {
+            assert_eq!(close.error_code, quinn::VarInt::from_u32(0x15), "{close:?}");
+        }
+        other => panic!("closed otherwise: {other}"),
+    }
+}
