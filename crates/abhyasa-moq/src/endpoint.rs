@@ -104,6 +104,16 @@ pub fn endpoint(
     bind: SocketAddr,
     settings: &TransportSettings,
 ) -> Result<quinn::Endpoint, EndpointError> {
+    let (server, client) = configs(identity, settings)?;
+    let mut endpoint = quinn::Endpoint::server(server, bind)?;
+    endpoint.set_default_client_config(client);
+    Ok(endpoint)
+}
+
+fn configs(
+    identity: &Identity,
+    settings: &TransportSettings,
+) -> Result<(quinn::ServerConfig, quinn::ClientConfig), EndpointError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
     roots.add(identity.ca.clone())?;
@@ -134,10 +144,32 @@ pub fn endpoint(
         QuicClientConfig::try_from(client).map_err(|e| EndpointError::Crypto(e.to_string()))?;
     let mut client = quinn::ClientConfig::new(Arc::new(client));
     client.transport_config(transport);
+    Ok((server, client))
+}
 
-    let mut endpoint = quinn::Endpoint::server(server, bind)?;
+/// Like [`endpoint`], with every datagram it sends impaired by `spec` (netem rules, in
+/// process). Returns a handle to the impairment's counters.
+pub fn impaired_endpoint(
+    identity: &Identity,
+    bind: SocketAddr,
+    settings: &TransportSettings,
+    spec: abhyasa_netem::Impairment,
+    seed: u64,
+) -> Result<(quinn::Endpoint, crate::impaired::ImpairmentHandle), EndpointError> {
+    let (server, client) = configs(identity, settings)?;
+    let runtime = quinn::default_runtime()
+        .ok_or_else(|| EndpointError::Setting("no async runtime".into()))?;
+    let socket = std::net::UdpSocket::bind(bind)?;
+    let inner = runtime.wrap_udp_socket(socket)?;
+    let (impaired, handle) = crate::impaired::ImpairedSocket::new(inner, spec, seed);
+    let mut endpoint = quinn::Endpoint::new_with_abstract_socket(
+        quinn::EndpointConfig::default(),
+        Some(server),
+        impaired,
+        runtime,
+    )?;
     endpoint.set_default_client_config(client);
-    Ok(endpoint)
+    Ok((endpoint, handle))
 }
 
 /// The agent id proved by the peer's verified certificate.

@@ -12,8 +12,11 @@
 
 pub mod endpoint;
 pub mod identity;
+pub mod impaired;
 pub mod session;
 
-pub use endpoint::{endpoint, peer_agent, Congestion, EndpointError, TransportSettings};
+pub use endpoint::{
+    endpoint, impaired_endpoint, peer_agent, Congestion, EndpointError, TransportSettings,
+};
 pub use identity::{agent_of, Ca, Identity, IdentityError};
 pub use session::{namespace, SendError, Session, SessionError, SessionEvent, Track};

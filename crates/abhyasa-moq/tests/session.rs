@@ -389,3 +389,57 @@ async fn a_client_without_draft_14_fails_version_negotiation() {
         other => panic!("closed otherwise: {other}"),
     }
 }
+
+#[tokio::test]
+async fn an_impaired_socket_delays_and_drops_what_its_endpoint_sends() {
+    let ca = Ca::generate("t").unwrap();
+    let (a, b) = (id("agent-a"), id("agent-b"));
+    let ea = endpoint(
+        &ca.issue(&a).unwrap(),
+        loopback(),
+        &TransportSettings::default(),
+    )
+    .unwrap();
+    let mut accepted = serve(ea.clone(), a.clone());
+    let (eb, impairment) = abhyasa_moq::impaired_endpoint(
+        &ca.issue(&b).unwrap(),
+        loopback(),
+        &TransportSettings::default(),
+        "delay 50ms loss 20%".parse().unwrap(),
+        7,
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    let (sb, _rb) = Session::connect(&eb, ea.local_addr().unwrap(), &a, &b)
+        .await
+        .unwrap();
+    // The handshake and CLIENT_SETUP each wait for a delayed datagram from B.
+    assert!(
+        started.elapsed() >= Duration::from_millis(100),
+        "{:?}",
+        started.elapsed()
+    );
+    let (_sa, mut ra) = accepted.recv().await.unwrap();
+    next(&mut ra, |e| *e == SessionEvent::PeerSubscribed(Track::Acks)).await;
+    // QUIC recovers what the 20% loss takes: every object arrives.
+    for i in 0..20u8 {
+        while !sb.is_subscribed(Track::Obligations) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        sb.send_group(Track::Obligations, &[vec![i]], false)
+            .await
+            .unwrap();
+    }
+    let mut got = Vec::new();
+    while got.len() < 20 {
+        if let SessionEvent::Object { payload, .. } =
+            next(&mut ra, |e| matches!(e, SessionEvent::Object { .. })).await
+        {
+            got.push(payload[0]);
+        }
+    }
+    got.sort_unstable();
+    assert_eq!(got, (0..20).collect::<Vec<u8>>());
+    let stats = impairment.stats();
+    assert!(stats.lost > 0 && stats.offered > stats.lost, "{stats:?}");
+}
