@@ -44,7 +44,12 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
     let group = GroupCommit::spawn(store, b.group, move || {
         Store::open(&path, store_config.clone())
     });
-    let endpoint = abhyasa_moq::endpoint(&b.identity, b.listen, &b.transport)?;
+    let endpoint = match b.impairment.clone() {
+        None => abhyasa_moq::endpoint(&b.identity, b.listen, &b.transport)?,
+        Some((spec, seed)) => {
+            abhyasa_moq::impaired_endpoint(&b.identity, b.listen, &b.transport, spec, seed)?.0
+        }
+    };
     let local_addr = endpoint
         .local_addr()
         .map_err(abhyasa_moq::EndpointError::Bind)?;

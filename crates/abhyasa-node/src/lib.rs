@@ -158,9 +158,17 @@ pub struct NodeBuilder {
     receiver: ReceiverConfig,
     store: StoreConfig,
     group: GroupConfig,
+    impairment: Option<(abhyasa_netem::Impairment, u64)>,
 }
 
 impl NodeBuilder {
+    /// Impairs every datagram this node sends with netem rules (in process; testing and
+    /// benchmarks). Impair both nodes to impair both directions.
+    pub fn impair(mut self, spec: abhyasa_netem::Impairment, seed: u64) -> Self {
+        self.impairment = Some((spec, seed));
+        self
+    }
+
     /// Where to listen (default `127.0.0.1:0`).
     pub fn listen(mut self, addr: SocketAddr) -> Self {
         self.listen = addr;
@@ -238,6 +246,7 @@ impl Node {
             receiver: ReceiverConfig::default(),
             store: StoreConfig::default(),
             group: GroupConfig::default(),
+            impairment: None,
         }
     }
 

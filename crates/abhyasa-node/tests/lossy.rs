@@ -1,0 +1,134 @@
+//! Custody over impaired links (netem rules on every datagram each node sends).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use abhyasa_custody::CustodianConfig;
+use abhyasa_moq::Ca;
+use abhyasa_node::Node;
+use abhyasa_wire::{
+    AgentId, ClientId, Obligation, ObligationId, Outcome, Payload, TokenAction, TokenId,
+    TokenPayload, UnixMillis,
+};
+
+fn id(s: &str) -> AgentId {
+    AgentId::new(s).unwrap()
+}
+
+fn revoke(n: u128, target: &AgentId, deadline_ms: u64) -> Obligation {
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    Obligation {
+        id: ObligationId::from_u128(n),
+        issuer: id("principal"),
+        target: target.clone(),
+        created_at: UnixMillis(t),
+        deadline: UnixMillis(t + deadline_ms),
+        max_retries: 40,
+        sequence: None,
+        payload: Payload::OauthToken(TokenPayload {
+            action: TokenAction::Revoke,
+            token_id: TokenId::new(format!("t{n}")).unwrap(),
+            client_id: ClientId::new("c").unwrap(),
+        }),
+    }
+}
+
+fn custodian() -> CustodianConfig {
+    CustodianConfig {
+        response_timeout_ms: 150,
+        backoff_base_ms: 50,
+        backoff_cap_ms: 300,
+        ..CustodianConfig::default()
+    }
+}
+
+async fn outcomes(
+    principal: &Node,
+    a: &AgentId,
+    n: u128,
+    deadline_ms: u64,
+) -> Vec<(Outcome, u64, u64)> {
+    let mut handles = Vec::new();
+    for i in 1..=n {
+        let o = revoke(i, a, deadline_ms);
+        let deadline = o.deadline.0;
+        handles.push((principal.issue(o).await.unwrap(), deadline));
+    }
+    let mut out = Vec::new();
+    for (h, deadline) in handles {
+        let (record, _) =
+            tokio::time::timeout(Duration::from_millis(deadline_ms + 5_000), h.outcome())
+                .await
+                .expect("an outcome before the deadline passes by much")
+                .expect("node running");
+        out.push((record.outcome, record.at.0, deadline));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_10_percent_loss_nothing_escalates_spuriously() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate("t").unwrap();
+    let (p, a) = (id("principal"), id("agent-1"));
+    let link = || "loss 10% delay 10ms 2ms".parse().unwrap();
+    let agent = Node::builder(ca.issue(&a).unwrap())
+        .state_dir(dir.path().join("a"))
+        .impair(link(), 1)
+        .build()
+        .await
+        .unwrap();
+    let principal = Node::builder(ca.issue(&p).unwrap())
+        .peer(a.clone(), agent.local_addr())
+        .state_dir(dir.path().join("p"))
+        .custodian(custodian())
+        .impair(link(), 2)
+        .build()
+        .await
+        .unwrap();
+    let results = outcomes(&principal, &a, 30, 5_000).await;
+    for (outcome, at, deadline) in &results {
+        assert_eq!(*outcome, Outcome::Applied, "{results:?}");
+        assert!(at < deadline);
+    }
+    principal.shutdown().await;
+    agent.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_longer_than_the_deadline_escalates_every_obligation() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate("t").unwrap();
+    let (p, a) = (id("principal"), id("agent-1"));
+    let agent = Node::builder(ca.issue(&a).unwrap())
+        .state_dir(dir.path().join("a"))
+        .build()
+        .await
+        .unwrap();
+    // Everything the principal sends is black-holed for a minute.
+    let principal = Node::builder(ca.issue(&p).unwrap())
+        .peer(a.clone(), agent.local_addr())
+        .state_dir(dir.path().join("p"))
+        .custodian(custodian())
+        .impair("partition 0s 60s".parse().unwrap(), 3)
+        .build()
+        .await
+        .unwrap();
+    let results = outcomes(&principal, &a, 10, 1_500).await;
+    assert!(
+        results
+            .iter()
+            .all(|(o, _, _)| matches!(o, Outcome::Escalated(_))),
+        "{results:?}"
+    );
+    let status = principal.status().await.unwrap();
+    assert_eq!(status.escalations.len(), 10);
+    assert!(status
+        .escalations
+        .iter()
+        .all(|e| status.principal.holds(&e.safe_action)));
+    principal.shutdown().await;
+    agent.shutdown().await;
+}
