@@ -215,18 +215,25 @@ impl Core {
                         return Some(done);
                     }
                     Some(cmd) => {
-                        self.command(cmd).await;
-                        // Take what else is queued before committing: one flush, one commit.
-                        for _ in 0..1_024 {
+                        // Take what else is queued before committing: one flush, one commit,
+                        // and one store look-up for all the issues among them.
+                        let mut batch = vec![cmd];
+                        let mut shutdown = None;
+                        while batch.len() < 1_024 {
                             match rx.try_recv() {
                                 Ok(Command::Shutdown(done)) => {
-                                    self.flush().await;
-                                    self.stop().await;
-                                    return Some(done);
+                                    shutdown = Some(done);
+                                    break;
                                 }
-                                Ok(cmd) => self.command(cmd).await,
+                                Ok(cmd) => batch.push(cmd),
                                 Err(_) => break,
                             }
+                        }
+                        self.commands(batch).await;
+                        if let Some(done) = shutdown {
+                            self.flush().await;
+                            self.stop().await;
+                            return Some(done);
                         }
                     }
                     None => {
@@ -235,7 +242,16 @@ impl Core {
                         return None;
                     }
                 },
-                Some(msg) = irx.recv() => self.internal(msg),
+                Some(msg) = irx.recv() => {
+                    self.internal(msg);
+                    // Everything that has arrived meanwhile shares the next commit.
+                    for _ in 0..4_096 {
+                        match irx.try_recv() {
+                            Ok(msg) => self.internal(msg),
+                            Err(_) => break,
+                        }
+                    }
+                }
                 _ = tokio::time::sleep(sleep.unwrap_or(Duration::from_secs(3600))) => {
                     let t = now();
                     self.custodian.handle_timeout(t);
@@ -259,17 +275,45 @@ impl Core {
         self.endpoint.wait_idle().await;
     }
 
+    /// Handles a batch of commands. Issuing is idempotent on the id: ids the store already
+    /// holds (pending or terminal) are answered `Custody` without a new custody, looked up in
+    /// one read for the whole batch.
+    async fn commands(&mut self, batch: Vec<Command>) {
+        let ids: Vec<_> = batch
+            .iter()
+            .filter_map(|c| match c {
+                Command::Issue(o, _) => Some(o.id),
+                _ => None,
+            })
+            .collect();
+        let known: std::collections::HashSet<_> = if ids.is_empty() {
+            Default::default()
+        } else {
+            self.group
+                .read(move |s| {
+                    ids.into_iter()
+                        .filter(|id| s.knows(*id).unwrap_or(false))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        for cmd in batch {
+            match cmd {
+                Command::Issue(o, reply) if known.contains(&o.id) => {
+                    let _ = reply.send(Ok(abhyasa_custody::Admission::Custody));
+                }
+                cmd => self.command(cmd).await,
+            }
+        }
+    }
+
     async fn command(&mut self, cmd: Command) {
         match cmd {
             Command::Issue(o, reply) => {
                 let span =
                     info_span!("obligation", id = %o.id, kind = %o.kind(), target = %o.target);
                 let id = o.id;
-                let known = self
-                    .group
-                    .read(move |s| s.knows(id))
-                    .map(|r| r.unwrap_or(false));
-                if matches!(known, Ok(true)) || self.custodian.is_pending(id) {
+                if self.custodian.is_pending(id) {
                     let _ = reply.send(Ok(abhyasa_custody::Admission::Custody));
                     return;
                 }

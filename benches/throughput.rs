@@ -1,0 +1,173 @@
+//! Throughput with many obligations in flight over QUIC on loopback: custody (durable on both
+//! ends, group commit, acks) against a best-effort baseline that sends the same encoded
+//! objects on the same MOQT track layout with no custody, no acks and no durability. The
+//! ratio of the two is the overhead of custody.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use abhyasa::custody::CustodianConfig;
+use abhyasa::moq::{endpoint, Ca, Session, SessionEvent, Track, TransportSettings};
+use abhyasa::node::Node;
+use abhyasa::wire::{
+    encode, AgentId, ClientId, Obligation, ObligationId, Outcome, Payload, TokenAction, TokenId,
+    TokenPayload, UnixMillis,
+};
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+
+const BATCH: u64 = 500;
+
+fn obligation(n: u128, target: &AgentId) -> Obligation {
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    Obligation {
+        id: ObligationId::from_u128((u128::from(t) << 40) | n),
+        issuer: AgentId::new("principal").unwrap(),
+        target: target.clone(),
+        created_at: UnixMillis(t),
+        deadline: UnixMillis(t + 120_000),
+        max_retries: 200,
+        sequence: None,
+        payload: Payload::OauthToken(TokenPayload {
+            action: TokenAction::Revoke,
+            token_id: TokenId::new(format!("tok-{n}")).unwrap(),
+            client_id: ClientId::new("c").unwrap(),
+        }),
+    }
+}
+
+fn throughput(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut g = c.benchmark_group("obligations_in_flight_500");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(8));
+    g.throughput(Throughput::Elements(BATCH));
+    let ca = Ca::generate("bench").unwrap();
+    let (p, a) = (
+        AgentId::new("principal").unwrap(),
+        AgentId::new("agent-1").unwrap(),
+    );
+
+    // Custody: 500 issued at once, each awaited to `applied`.
+    let dir = tempfile::tempdir_in(std::env::current_dir().unwrap()).unwrap();
+    let (principal, agent) = rt.block_on(async {
+        let agent = Node::builder(ca.issue(&a).unwrap())
+            .state_dir(dir.path().join("a"))
+            .build()
+            .await
+            .unwrap();
+        let principal = Node::builder(ca.issue(&p).unwrap())
+            .peer(a.clone(), agent.local_addr())
+            .state_dir(dir.path().join("p"))
+            .custodian(CustodianConfig {
+                response_timeout_ms: 2_000,
+                ..CustodianConfig::default()
+            })
+            .build()
+            .await
+            .unwrap();
+        let h = principal.issue(obligation(0, &a)).await.unwrap();
+        h.outcome().await.unwrap();
+        (Arc::new(principal), agent)
+    });
+    let mut n = 1u128;
+    g.bench_function("custody_durable", |b| {
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    let mut tasks = Vec::new();
+                    for _ in 0..BATCH {
+                        n += 1;
+                        let (principal, o) = (principal.clone(), obligation(n, &a));
+                        tasks.push(tokio::spawn(async move {
+                            let h = principal.issue(o).await.unwrap();
+                            h.outcome().await.unwrap().0.outcome
+                        }));
+                    }
+                    for t in tasks {
+                        assert_eq!(t.await.unwrap(), Outcome::Applied);
+                    }
+                }
+                start.elapsed()
+            })
+        })
+    });
+    rt.block_on(async {
+        if let Ok(p) = Arc::try_unwrap(principal) {
+            p.shutdown().await;
+        }
+        agent.shutdown().await;
+    });
+
+    // Best effort: the same objects on the same track, one group each, no custody.
+    let (sender, mut events) = rt.block_on(async {
+        let loopback = "127.0.0.1:0".parse().unwrap();
+        let ea = endpoint(
+            &ca.issue(&a).unwrap(),
+            loopback,
+            &TransportSettings::default(),
+        )
+        .unwrap();
+        let ep = endpoint(
+            &ca.issue(&p).unwrap(),
+            loopback,
+            &TransportSettings::default(),
+        )
+        .unwrap();
+        let server = tokio::spawn({
+            let (ea, a) = (ea.clone(), a.clone());
+            async move {
+                Session::accept(ea.accept().await.unwrap(), &a)
+                    .await
+                    .unwrap()
+            }
+        });
+        let (sp, _rp) = Session::connect(&ep, ea.local_addr().unwrap(), &a, &p)
+            .await
+            .unwrap();
+        let (_sa, ra) = server.await.unwrap();
+        while !sp.is_subscribed(Track::Obligations) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        (sp, ra)
+    });
+    g.bench_function("best_effort_no_custody", |b| {
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    let mut tasks = Vec::new();
+                    for _ in 0..BATCH {
+                        n += 1;
+                        let (s, bytes) = (sender.clone(), encode(&obligation(n, &a)));
+                        tasks.push(tokio::spawn(async move {
+                            s.send_group(Track::Obligations, &[bytes], false).await
+                        }));
+                    }
+                    let mut got = 0;
+                    while got < BATCH {
+                        if let Some(SessionEvent::Object { .. }) = events.recv().await {
+                            got += 1;
+                        }
+                    }
+                    for t in tasks {
+                        t.await.unwrap().unwrap();
+                    }
+                }
+                start.elapsed()
+            })
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, throughput);
+criterion_main!(benches);
