@@ -3,37 +3,16 @@
 //! pending record committed → sent on a subgroup stream → applied and committed by the agent →
 //! ack → terminal record committed. 10 ms each way (20 ms RTT), at several loss rates.
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use abhyasa::custody::CustodianConfig;
 use abhyasa::moq::Ca;
 use abhyasa::node::Node;
-use abhyasa::wire::{
-    AgentId, ClientId, Obligation, ObligationId, Outcome, Payload, TokenAction, TokenId,
-    TokenPayload, UnixMillis,
-};
+use abhyasa::wire::{AgentId, Outcome};
 use criterion::{criterion_group, criterion_main, Criterion};
 
-fn obligation(n: u128, target: &AgentId) -> Obligation {
-    let t = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64;
-    Obligation {
-        id: ObligationId::from_u128((u128::from(t) << 40) | n),
-        issuer: AgentId::new("principal").unwrap(),
-        target: target.clone(),
-        created_at: UnixMillis(t),
-        deadline: UnixMillis(t + 60_000),
-        max_retries: 200,
-        sequence: None,
-        payload: Payload::OauthToken(TokenPayload {
-            action: TokenAction::Revoke,
-            token_id: TokenId::new(format!("tok-{n}")).unwrap(),
-            client_id: ClientId::new("c").unwrap(),
-        }),
-    }
-}
+mod common;
+use common::obligation;
 
 fn discharge(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -81,7 +60,7 @@ fn discharge(c: &mut Criterion) {
                 .await
                 .unwrap();
             // Wait for the session before measuring.
-            let h = principal.issue(obligation(0, &a)).await.unwrap();
+            let h = principal.issue(obligation(0, &a, 60_000)).await.unwrap();
             h.outcome().await.unwrap();
             (principal, agent)
         });
@@ -92,7 +71,7 @@ fn discharge(c: &mut Criterion) {
                     let start = Instant::now();
                     for _ in 0..iters {
                         n += 1;
-                        let h = principal.issue(obligation(n, &a)).await.unwrap();
+                        let h = principal.issue(obligation(n, &a, 60_000)).await.unwrap();
                         let (record, _) = h.outcome().await.unwrap();
                         assert_eq!(record.outcome, Outcome::Applied);
                     }

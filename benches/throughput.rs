@@ -4,39 +4,18 @@
 //! ratio of the two is the overhead of custody.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use abhyasa::custody::CustodianConfig;
 use abhyasa::moq::{endpoint, Ca, Session, SessionEvent, Track, TransportSettings};
 use abhyasa::node::Node;
-use abhyasa::wire::{
-    encode, AgentId, ClientId, Obligation, ObligationId, Outcome, Payload, TokenAction, TokenId,
-    TokenPayload, UnixMillis,
-};
+use abhyasa::wire::{encode, AgentId, Outcome};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
-const BATCH: u64 = 500;
+mod common;
+use common::obligation;
 
-fn obligation(n: u128, target: &AgentId) -> Obligation {
-    let t = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64;
-    Obligation {
-        id: ObligationId::from_u128((u128::from(t) << 40) | n),
-        issuer: AgentId::new("principal").unwrap(),
-        target: target.clone(),
-        created_at: UnixMillis(t),
-        deadline: UnixMillis(t + 120_000),
-        max_retries: 200,
-        sequence: None,
-        payload: Payload::OauthToken(TokenPayload {
-            action: TokenAction::Revoke,
-            token_id: TokenId::new(format!("tok-{n}")).unwrap(),
-            client_id: ClientId::new("c").unwrap(),
-        }),
-    }
-}
+const BATCH: u64 = 500;
 
 fn throughput(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -73,7 +52,7 @@ fn throughput(c: &mut Criterion) {
             .build()
             .await
             .unwrap();
-        let h = principal.issue(obligation(0, &a)).await.unwrap();
+        let h = principal.issue(obligation(0, &a, 120_000)).await.unwrap();
         h.outcome().await.unwrap();
         (Arc::new(principal), agent)
     });
@@ -86,7 +65,7 @@ fn throughput(c: &mut Criterion) {
                     let mut tasks = Vec::new();
                     for _ in 0..BATCH {
                         n += 1;
-                        let (principal, o) = (principal.clone(), obligation(n, &a));
+                        let (principal, o) = (principal.clone(), obligation(n, &a, 120_000));
                         tasks.push(tokio::spawn(async move {
                             let h = principal.issue(o).await.unwrap();
                             h.outcome().await.unwrap().0.outcome
@@ -147,7 +126,7 @@ fn throughput(c: &mut Criterion) {
                     let mut tasks = Vec::new();
                     for _ in 0..BATCH {
                         n += 1;
-                        let (s, bytes) = (sender.clone(), encode(&obligation(n, &a)));
+                        let (s, bytes) = (sender.clone(), encode(&obligation(n, &a, 120_000)));
                         tasks.push(tokio::spawn(async move {
                             s.send_group(Track::Obligations, &[bytes], false).await
                         }));

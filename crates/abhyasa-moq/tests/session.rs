@@ -16,6 +16,16 @@ fn loopback() -> SocketAddr {
     "127.0.0.1:0".parse().unwrap()
 }
 
+/// An endpoint on loopback for `agent`, with a certificate from `ca`.
+fn ep(ca: &Ca, agent: &AgentId) -> quinn::Endpoint {
+    endpoint(
+        &ca.issue(agent).unwrap(),
+        loopback(),
+        &TransportSettings::default(),
+    )
+    .unwrap()
+}
+
 async fn next(
     rx: &mut mpsc::Receiver<SessionEvent>,
     want: impl Fn(&SessionEvent) -> bool,
@@ -56,18 +66,8 @@ fn serve(
 async fn two_agents_exchange_objects_on_streams_and_datagrams() {
     let ca = Ca::generate("t").unwrap();
     let (a, b) = (id("agent-a"), id("agent-b"));
-    let ea = endpoint(
-        &ca.issue(&a).unwrap(),
-        loopback(),
-        &TransportSettings::default(),
-    )
-    .unwrap();
-    let eb = endpoint(
-        &ca.issue(&b).unwrap(),
-        loopback(),
-        &TransportSettings::default(),
-    )
-    .unwrap();
+    let ea = ep(&ca, &a);
+    let eb = ep(&ca, &b);
     let mut accepted = serve(ea.clone(), a.clone());
     let (sb, mut rb) = Session::connect(&eb, ea.local_addr().unwrap(), &a, &b)
         .await
@@ -133,19 +133,9 @@ async fn two_agents_exchange_objects_on_streams_and_datagrams() {
 async fn a_certificate_from_another_ca_is_refused() {
     let (ca, rogue_ca) = (Ca::generate("t").unwrap(), Ca::generate("other").unwrap());
     let (a, b) = (id("agent-a"), id("agent-b"));
-    let ea = endpoint(
-        &ca.issue(&a).unwrap(),
-        loopback(),
-        &TransportSettings::default(),
-    )
-    .unwrap();
+    let ea = ep(&ca, &a);
     let mut accepted = serve(ea.clone(), a.clone());
-    let eb = endpoint(
-        &rogue_ca.issue(&b).unwrap(),
-        loopback(),
-        &TransportSettings::default(),
-    )
-    .unwrap();
+    let eb = ep(&rogue_ca, &b);
     let r = Session::connect(&eb, ea.local_addr().unwrap(), &a, &b).await;
     assert!(r.is_err(), "a foreign certificate got a session");
     assert!(
@@ -159,19 +149,9 @@ async fn a_certificate_from_another_ca_is_refused() {
 async fn dialing_one_agent_and_reaching_another_is_refused() {
     let ca = Ca::generate("t").unwrap();
     let (a, b) = (id("agent-a"), id("agent-b"));
-    let ea = endpoint(
-        &ca.issue(&a).unwrap(),
-        loopback(),
-        &TransportSettings::default(),
-    )
-    .unwrap();
+    let ea = ep(&ca, &a);
     let _accepted = serve(ea.clone(), a.clone());
-    let eb = endpoint(
-        &ca.issue(&b).unwrap(),
-        loopback(),
-        &TransportSettings::default(),
-    )
-    .unwrap();
+    let eb = ep(&ca, &b);
     let r = Session::connect(&eb, ea.local_addr().unwrap(), &id("agent-c"), &b).await;
     assert!(r.is_err());
 }
@@ -226,19 +206,9 @@ async fn read_one(recv: &mut quinn::RecvStream, buf: &mut Vec<u8>) -> Control {
 async fn subscribing_to_another_agents_track_is_refused() {
     let ca = Ca::generate("t").unwrap();
     let (a, b) = (id("agent-a"), id("agent-b"));
-    let ea = endpoint(
-        &ca.issue(&a).unwrap(),
-        loopback(),
-        &TransportSettings::default(),
-    )
-    .unwrap();
+    let ea = ep(&ca, &a);
     let _accepted = serve(ea.clone(), a.clone());
-    let eb = endpoint(
-        &ca.issue(&b).unwrap(),
-        loopback(),
-        &TransportSettings::default(),
-    )
-    .unwrap();
+    let eb = ep(&ca, &b);
     let (_conn, mut send, mut recv) = raw_client(&eb, ea.local_addr().unwrap(), &a).await;
     let subscribe = |request_id, name: &str| Control::Subscribe {
         request_id,
@@ -289,32 +259,17 @@ async fn subscribing_to_another_agents_track_is_refused() {
 async fn garbage_on_the_control_stream_closes_only_that_session() {
     let ca = Ca::generate("t").unwrap();
     let (a, b, c) = (id("agent-a"), id("agent-b"), id("agent-c"));
-    let ea = endpoint(
-        &ca.issue(&a).unwrap(),
-        loopback(),
-        &TransportSettings::default(),
-    )
-    .unwrap();
+    let ea = ep(&ca, &a);
     let mut accepted = serve(ea.clone(), a.clone());
     // A good session from C.
-    let ec = endpoint(
-        &ca.issue(&c).unwrap(),
-        loopback(),
-        &TransportSettings::default(),
-    )
-    .unwrap();
+    let ec = ep(&ca, &c);
     let (sc, mut rc) = Session::connect(&ec, ea.local_addr().unwrap(), &a, &c)
         .await
         .unwrap();
     let (sa_c, mut ra_c) = accepted.recv().await.unwrap();
     next(&mut rc, |e| *e == SessionEvent::PeerSubscribed(Track::Acks)).await;
     // B sends an unknown message type after setup.
-    let eb = endpoint(
-        &ca.issue(&b).unwrap(),
-        loopback(),
-        &TransportSettings::default(),
-    )
-    .unwrap();
+    let eb = ep(&ca, &b);
     let (conn, mut send, _recv) = raw_client(&eb, ea.local_addr().unwrap(), &a).await;
     send.write_all(&[0x3f, 0x00, 0x00]).await.unwrap();
     let err = tokio::time::timeout(Duration::from_secs(5), conn.closed())
@@ -349,19 +304,9 @@ async fn garbage_on_the_control_stream_closes_only_that_session() {
 async fn a_client_without_draft_14_fails_version_negotiation() {
     let ca = Ca::generate("t").unwrap();
     let (a, b) = (id("agent-a"), id("agent-b"));
-    let ea = endpoint(
-        &ca.issue(&a).unwrap(),
-        loopback(),
-        &TransportSettings::default(),
-    )
-    .unwrap();
+    let ea = ep(&ca, &a);
     let _accepted = serve(ea.clone(), a.clone());
-    let eb = endpoint(
-        &ca.issue(&b).unwrap(),
-        loopback(),
-        &TransportSettings::default(),
-    )
-    .unwrap();
+    let eb = ep(&ca, &b);
     let conn = eb
         .connect(ea.local_addr().unwrap(), a.as_str())
         .unwrap()
@@ -394,12 +339,7 @@ async fn a_client_without_draft_14_fails_version_negotiation() {
 async fn an_impaired_socket_delays_and_drops_what_its_endpoint_sends() {
     let ca = Ca::generate("t").unwrap();
     let (a, b) = (id("agent-a"), id("agent-b"));
-    let ea = endpoint(
-        &ca.issue(&a).unwrap(),
-        loopback(),
-        &TransportSettings::default(),
-    )
-    .unwrap();
+    let ea = ep(&ca, &a);
     let mut accepted = serve(ea.clone(), a.clone());
     let (eb, impairment) = abhyasa_moq::impaired_endpoint(
         &ca.issue(&b).unwrap(),

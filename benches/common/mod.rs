@@ -1,0 +1,30 @@
+//! Shared by the network benchmarks.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use abhyasa::wire::{
+    AgentId, ClientId, Obligation, ObligationId, Payload, TokenAction, TokenId, TokenPayload,
+    UnixMillis,
+};
+
+/// A token revocation from `principal` to `target`, unique per `n` and per run.
+pub fn obligation(n: u128, target: &AgentId, deadline_ms: u64) -> Obligation {
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    Obligation {
+        id: ObligationId::from_u128((u128::from(t) << 40) | n),
+        issuer: AgentId::new("principal").unwrap(),
+        target: target.clone(),
+        created_at: UnixMillis(t),
+        deadline: UnixMillis(t + deadline_ms),
+        max_retries: 200,
+        sequence: None,
+        payload: Payload::OauthToken(TokenPayload {
+            action: TokenAction::Revoke,
+            token_id: TokenId::new(format!("tok-{n}")).unwrap(),
+            client_id: ClientId::new("c").unwrap(),
+        }),
+    }
+}
