@@ -1,48 +1,13 @@
 //! Custody over impaired links (netem rules on every datagram each node sends).
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+mod common;
 
-use abhyasa_custody::CustodianConfig;
+use std::time::Duration;
+
 use abhyasa_moq::Ca;
 use abhyasa_node::Node;
-use abhyasa_wire::{
-    AgentId, ClientId, Obligation, ObligationId, Outcome, Payload, TokenAction, TokenId,
-    TokenPayload, UnixMillis,
-};
-
-fn id(s: &str) -> AgentId {
-    AgentId::new(s).unwrap()
-}
-
-fn revoke(n: u128, target: &AgentId, deadline_ms: u64) -> Obligation {
-    let t = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64;
-    Obligation {
-        id: ObligationId::from_u128(n),
-        issuer: id("principal"),
-        target: target.clone(),
-        created_at: UnixMillis(t),
-        deadline: UnixMillis(t + deadline_ms),
-        max_retries: 40,
-        sequence: None,
-        payload: Payload::OauthToken(TokenPayload {
-            action: TokenAction::Revoke,
-            token_id: TokenId::new(format!("t{n}")).unwrap(),
-            client_id: ClientId::new("c").unwrap(),
-        }),
-    }
-}
-
-fn custodian() -> CustodianConfig {
-    CustodianConfig {
-        response_timeout_ms: 150,
-        backoff_base_ms: 50,
-        backoff_cap_ms: 300,
-        ..CustodianConfig::default()
-    }
-}
+use abhyasa_wire::{AgentId, Outcome};
+use common::{custodian, id, revoke};
 
 async fn outcomes(
     principal: &Node,

@@ -1,60 +1,22 @@
 //! Two nodes in one process over loopback QUIC.
 
-use std::net::{SocketAddr, UdpSocket};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+mod common;
 
-use abhyasa_custody::{CustodianConfig, ReceiverConfig};
+use std::net::{SocketAddr, UdpSocket};
+use std::time::Duration;
+
+use abhyasa_custody::ReceiverConfig;
 use abhyasa_moq::Ca;
 use abhyasa_node::{Admission, Node, NodeEvent};
-use abhyasa_wire::{
-    AgentId, BeliefUpdatePayload, ClientId, Obligation, ObligationId, Outcome, Payload,
-    TokenAction, TokenId, TokenPayload, UnixMillis, WeightDelta, WeightKey,
-};
+use abhyasa_wire::{BeliefUpdatePayload, Outcome, Payload, TokenId, WeightDelta, WeightKey};
+use common::{custodian, id, revoke};
 use tokio::sync::broadcast;
-
-fn id(s: &str) -> AgentId {
-    AgentId::new(s).unwrap()
-}
-
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
 
 fn free_addr() -> SocketAddr {
     UdpSocket::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
-}
-
-fn custodian() -> CustodianConfig {
-    CustodianConfig {
-        response_timeout_ms: 200,
-        backoff_base_ms: 50,
-        backoff_cap_ms: 300,
-        ..CustodianConfig::default()
-    }
-}
-
-fn revoke(n: u128, target: &AgentId, deadline_ms: u64) -> Obligation {
-    let t = now();
-    Obligation {
-        id: ObligationId::from_u128(n),
-        issuer: id("principal"),
-        target: target.clone(),
-        created_at: UnixMillis(t),
-        deadline: UnixMillis(t + deadline_ms),
-        max_retries: 30,
-        sequence: None,
-        payload: Payload::OauthToken(TokenPayload {
-            action: TokenAction::Revoke,
-            token_id: TokenId::new(format!("tok-{n}")).unwrap(),
-            client_id: ClientId::new("c").unwrap(),
-        }),
-    }
 }
 
 async fn terminal(
