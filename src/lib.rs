@@ -6,13 +6,15 @@
 //! - [`custody`]: the sans-IO custodian and receiver state machines and the kind registry;
 //! - [`store`]: durable custody state in redb, with group commit and recovery;
 //! - [`sim`]: the deterministic simulation that checks them under faults;
-//! - [`crashpeer`]: the process that the SIGKILL crash test kills at named points.
+//! - [`crashpeer`]: the process that the SIGKILL crash test kills at named points;
+//! - [`sweep`]: end-to-end sweeps over QUIC through the emulator (CSV and SVG).
 
 #![warn(missing_docs)]
 
 pub mod admin;
 pub mod crashpeer;
 pub mod demo;
+pub mod sweep;
 
 pub use abhyasa_custody as custody;
 pub use abhyasa_moq as moq;

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use abhyasa::admin::{self, IssueSpec, Request, StatusJson};
 use abhyasa::demo::{self, DemoConfig};
-use abhyasa_custody::CustodianConfig;
+use abhyasa::sweep;
+use abhyasa_custody::{Channel, CustodianConfig};
 use abhyasa_moq::{Ca, Congestion, Identity, TransportSettings};
 use abhyasa_node::Node;
 use abhyasa_wire::AgentId;
@@ -86,6 +87,55 @@ enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// End-to-end sweeps over loopback QUIC through the emulator, written as CSV and SVG.
+    Sweep {
+        #[command(subcommand)]
+        which: SweepCommand,
+        /// Where the CSV and SVG files go.
+        #[arg(long, global = true, default_value = "docs/bench")]
+        out: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum SweepCommand {
+    /// Spurious escalations against partition length over the deadline.
+    Partition {
+        /// Deadline of each obligation, ms.
+        #[arg(long, default_value_t = 1_000)]
+        deadline_ms: u64,
+        /// Obligations issued per point.
+        #[arg(long, default_value_t = 100)]
+        obligations: u64,
+        /// Partition lengths as fractions of the deadline, comma-separated.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0,1.1,1.2"
+        )]
+        fractions: Vec<f64>,
+        /// Backoff caps to compare, ms, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "50,250")]
+        caps_ms: Vec<u64>,
+    },
+    /// Discharge time against loss, first attempt on a stream and as a datagram.
+    Loss {
+        /// Loss rates in percent, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "0,1,5,10,20")]
+        loss: Vec<f64>,
+        /// Obligations per point.
+        #[arg(long, default_value_t = 60)]
+        obligations: u64,
+    },
+    /// Restart with many obligations pending: time to resumed custody.
+    Recovery {
+        /// Pending sizes, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1000,10000,100000")]
+        pending: Vec<u64>,
+        /// Restarts per size.
+        #[arg(long, default_value_t = 3)]
+        runs: u32,
     },
 }
 
@@ -236,6 +286,8 @@ struct CustodyConfig {
     response_timeout_ms: u64,
     backoff_base_ms: u64,
     backoff_cap_ms: u64,
+    /// `"stream"` (default) or `"datagram"`: how the first attempt travels.
+    first_attempt: String,
 }
 
 impl Default for CustodyConfig {
@@ -245,6 +297,7 @@ impl Default for CustodyConfig {
             response_timeout_ms: d.response_timeout_ms,
             backoff_base_ms: d.backoff_base_ms,
             backoff_cap_ms: d.backoff_cap_ms,
+            first_attempt: "stream".into(),
         }
     }
 }
@@ -271,6 +324,44 @@ async fn main() -> ExitCode {
 
 async fn run(command: Command) -> Result<ExitCode> {
     match command {
+        Command::Sweep { which, out } => {
+            let r = match which {
+                SweepCommand::Partition {
+                    deadline_ms,
+                    obligations,
+                    fractions,
+                    caps_ms,
+                } => sweep::partition_to(
+                    &sweep::PartitionSweep {
+                        deadline_ms,
+                        obligations,
+                        fractions,
+                        caps_ms,
+                        ..Default::default()
+                    },
+                    &out,
+                )
+                .await
+                .map(|p| print!("{}", sweep::partition_csv(&p))),
+                SweepCommand::Loss { loss, obligations } => sweep::loss_to(
+                    &sweep::LossSweep {
+                        loss_percent: loss,
+                        obligations,
+                    },
+                    &out,
+                )
+                .await
+                .map(|p| print!("{}", sweep::loss_csv(&p))),
+                SweepCommand::Recovery { pending, runs } => {
+                    sweep::recovery_to(&sweep::RecoverySweep { pending, runs }, &out)
+                        .await
+                        .map(|r| print!("{}", sweep::recovery_csv(&sweep::recovery_medians(&r))))
+                }
+            };
+            r.map_err(|e| e.to_string())?;
+            println!("wrote {}", out.display());
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Demo {
             count,
             deadline_ms,
@@ -384,6 +475,16 @@ async fn node(path: PathBuf) -> Result<ExitCode> {
             response_timeout_ms: config.custody.response_timeout_ms,
             backoff_base_ms: config.custody.backoff_base_ms,
             backoff_cap_ms: config.custody.backoff_cap_ms,
+            first_attempt: match config.custody.first_attempt.as_str() {
+                "stream" => Channel::Stream,
+                "datagram" => Channel::Datagram,
+                other => {
+                    return Err(format!(
+                        "custody.first_attempt must be \"stream\" or \"datagram\", not {other:?}"
+                    )
+                    .into())
+                }
+            },
             ..CustodianConfig::default()
         });
     for p in &config.peers {

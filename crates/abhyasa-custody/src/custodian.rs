@@ -46,6 +46,11 @@ pub struct CustodianConfig {
     pub escalation_memory: usize,
     /// Bounds of principal-side routing weights.
     pub weight_bounds: WeightBounds,
+    /// How the first attempt of an admissible obligation travels. `Stream` (the default) is
+    /// reliable at the transport too; `Datagram` sends attempt 1 as a datagram where it fits —
+    /// one less stream per obligation, no transport retransmission — and every retry on a
+    /// stream. Custody is the same either way: an attempt without an ack is retried.
+    pub first_attempt: Channel,
     /// A deliberately broken rule, for the simulation's mutation tests. Always `None` in use.
     #[doc(hidden)]
     pub mutation: Option<Mutation>,
@@ -62,6 +67,7 @@ impl Default for CustodianConfig {
             max_clock_skew_ms: 5_000,
             escalation_memory: 10_000,
             weight_bounds: WeightBounds::default(),
+            first_attempt: Channel::Stream,
             mutation: None,
         }
     }
@@ -112,7 +118,8 @@ pub struct Transmit {
     pub obligation: Obligation,
     /// Which attempt this is (1-based; 0 for best-effort).
     pub attempt: u32,
-    /// Stream for custody, datagram for best-effort.
+    /// Stream for custody (or datagram for a first attempt, when configured), datagram for
+    /// best-effort.
     pub channel: Channel,
 }
 
@@ -673,7 +680,11 @@ impl Custodian {
             to: p.obligation.target.clone(),
             obligation: p.obligation.clone(),
             attempt,
-            channel: Channel::Stream,
+            channel: if attempt == 1 {
+                self.config.first_attempt
+            } else {
+                Channel::Stream
+            },
         });
         self.stats.attempts += 1;
         self.rearm(id, wake);

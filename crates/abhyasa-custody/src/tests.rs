@@ -550,3 +550,42 @@ fn a_ready_peer_gets_pending_obligations_re_offered_at_once() {
     c.handle_peer_ready(UnixMillis(20), &AgentId::new("b").unwrap());
     assert!(persist_all(&mut c, 20).is_empty());
 }
+
+#[test]
+fn a_datagram_first_attempt_is_retried_on_a_stream() {
+    let mut c = Custodian::new(
+        p(),
+        CustodianConfig {
+            first_attempt: Channel::Datagram,
+            ..config()
+        },
+        3,
+    );
+    c.issue(UnixMillis(0), revoke_token(1, 4, 100_000)).unwrap();
+    let first = persist_all(&mut c, 0);
+    assert_eq!(
+        first
+            .iter()
+            .map(|t| (t.attempt, t.channel))
+            .collect::<Vec<_>>(),
+        vec![(1, Channel::Datagram)]
+    );
+    // No ack: the response timeout, then the backoff, then attempt 2 on a stream.
+    let mut retries = Vec::new();
+    while retries.is_empty() {
+        let now = c.poll_timeout().unwrap().0;
+        c.handle_timeout(UnixMillis(now));
+        retries = persist_all(&mut c, now);
+    }
+    assert_eq!(
+        retries
+            .iter()
+            .map(|t| (t.attempt, t.channel))
+            .collect::<Vec<_>>(),
+        vec![(2, Channel::Stream)]
+    );
+    // The ack of a datagram attempt discharges like any other.
+    c.handle_ack(UnixMillis(400), &a(), ack(1, AckStatus::Applied));
+    persist_all(&mut c, 400);
+    assert_eq!(terminal(&mut c), vec![(Outcome::Applied, 2)]);
+}

@@ -23,14 +23,33 @@ pub struct ImpairedSocket {
     handle: tokio::runtime::Handle,
 }
 
-/// Reads the counters of an impaired socket while quinn owns it.
+/// Reads the counters of an impaired socket, and changes its rules, while quinn owns it.
 #[derive(Clone)]
-pub struct ImpairmentHandle(Arc<Mutex<Emulator>>);
+pub struct ImpairmentHandle {
+    emulator: Arc<Mutex<Emulator>>,
+    start: Instant,
+}
 
 impl ImpairmentHandle {
     /// Counters so far.
     pub fn stats(&self) -> Stats {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).stats()
+        self.lock().stats()
+    }
+
+    /// Time since the socket was created: the clock its partition windows are measured on.
+    pub fn elapsed(&self) -> Duration {
+        self.start.elapsed()
+    }
+
+    /// Replaces the rules from the next packet on (the seeded randomness and the counters
+    /// carry over). With [`elapsed`](Self::elapsed) this schedules a partition that starts
+    /// at the same moment on several sockets.
+    pub fn set_rules(&self, spec: Impairment) {
+        self.lock().set_spec(spec);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Emulator> {
+        self.emulator.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -50,13 +69,14 @@ impl ImpairedSocket {
         seed: u64,
     ) -> (Arc<Self>, ImpairmentHandle) {
         let emulator = Arc::new(Mutex::new(Emulator::new(spec, seed)));
+        let start = Instant::now();
         let socket = Arc::new(Self {
             inner,
             emulator: emulator.clone(),
-            start: Instant::now(),
+            start,
             handle: tokio::runtime::Handle::current(),
         });
-        (socket, ImpairmentHandle(emulator))
+        (socket, ImpairmentHandle { emulator, start })
     }
 }
 

@@ -19,4 +19,5 @@ pub use endpoint::{
     endpoint, impaired_endpoint, peer_agent, Congestion, EndpointError, TransportSettings,
 };
 pub use identity::{agent_of, Ca, Identity, IdentityError};
+pub use impaired::ImpairmentHandle;
 pub use session::{namespace, SendError, Session, SessionError, SessionEvent, Track};

@@ -77,6 +77,11 @@ impl Emulator {
         &self.spec
     }
 
+    /// Replaces the rules; the randomness, the link's queue and the counters carry over.
+    pub fn set_spec(&mut self, spec: Impairment) {
+        self.spec = spec;
+    }
+
     /// Counters so far.
     pub fn stats(&self) -> Stats {
         self.stats

@@ -44,10 +44,15 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
     let group = GroupCommit::spawn(store, b.group, move || {
         Store::open(&path, store_config.clone())
     });
-    let endpoint = match b.impairment.clone() {
-        None => abhyasa_moq::endpoint(&b.identity, b.listen, &b.transport)?,
+    let (endpoint, impairment) = match b.impairment.clone() {
+        None => (
+            abhyasa_moq::endpoint(&b.identity, b.listen, &b.transport)?,
+            None,
+        ),
         Some((spec, seed)) => {
-            abhyasa_moq::impaired_endpoint(&b.identity, b.listen, &b.transport, spec, seed)?.0
+            let (e, h) =
+                abhyasa_moq::impaired_endpoint(&b.identity, b.listen, &b.transport, spec, seed)?;
+            (e, Some(h))
         }
     };
     let local_addr = endpoint
@@ -136,6 +141,7 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         local_addr,
         tx,
         events,
+        impairment,
     })
 }
 

@@ -231,6 +231,7 @@ pub struct Node {
     local_addr: SocketAddr,
     tx: mpsc::Sender<Command>,
     events: broadcast::Sender<NodeEvent>,
+    impairment: Option<abhyasa_moq::ImpairmentHandle>,
 }
 
 impl Node {
@@ -253,6 +254,12 @@ impl Node {
     /// This node's agent id.
     pub fn agent(&self) -> &AgentId {
         &self.agent
+    }
+
+    /// The impaired socket's handle, when the node was built with
+    /// [`impair`](NodeBuilder::impair): its counters, and its rules changed on the live link.
+    pub fn impairment(&self) -> Option<&abhyasa_moq::ImpairmentHandle> {
+        self.impairment.as_ref()
     }
 
     /// The address the node listens on.

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use abhyasa_custody::{CustodianConfig, ReceiverConfig};
+use abhyasa_custody::{Channel, CustodianConfig, ReceiverConfig};
 use abhyasa_wire::{
     AgentId, BeliefUpdatePayload, ClientId, ConsentDecision, ConsentPayload, Kind, Obligation,
     ObligationId, Payload, Scope, TokenAction, TokenId, TokenPayload, UnixMillis, WeightDelta,
@@ -173,6 +173,11 @@ impl Scenario {
             backoff_base_ms: rng.random_range(5..=80),
             backoff_cap_ms: rng.random_range(50..=800),
             max_clock_skew_ms: skew_limit,
+            first_attempt: if rng.random_bool(0.3) {
+                Channel::Datagram
+            } else {
+                Channel::Stream
+            },
             ..CustodianConfig::default()
         };
         let receiver = ReceiverConfig {

@@ -1,0 +1,81 @@
+//! The sweeps run end to end on small sizes and write their CSV and SVG files.
+
+use abhyasa::sweep::{self, LossSweep, PartitionSweep, RecoverySweep};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partition_sweep_separates_reachable_from_unreachable() {
+    let out = tempfile::tempdir().unwrap();
+    let points = sweep::partition_to(
+        &PartitionSweep {
+            deadline_ms: 800,
+            obligations: 10,
+            fractions: vec![0.0, 1.25],
+            caps_ms: vec![50],
+            response_timeout_ms: 100,
+        },
+        out.path(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(points.len(), 2);
+    // No partition: every obligation applied, none escalated.
+    let (open, cut) = (&points[0], &points[1]);
+    assert_eq!((open.applied, open.escalated, open.reachable), (10, 0, 10));
+    // A partition longer than the deadline (scheduled on the live sockets): every one
+    // escalates, and none of those escalations counts as spurious.
+    assert_eq!(
+        (cut.partition_ms, cut.applied, cut.escalated),
+        (1_000, 0, 10)
+    );
+    assert_eq!((cut.reachable, cut.spurious), (0, 0));
+    let csv = std::fs::read_to_string(out.path().join("partition.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 3);
+    assert!(csv
+        .lines()
+        .nth(2)
+        .unwrap()
+        .starts_with("50,1000,1.25,10,0,10,0,0,"));
+    let svg = std::fs::read_to_string(out.path().join("partition.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("backoff cap 50 ms"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loss_and_recovery_sweeps_measure_real_discharges() {
+    let out = tempfile::tempdir().unwrap();
+    let points = sweep::loss_to(
+        &LossSweep {
+            loss_percent: vec![0.0],
+            obligations: 3,
+        },
+        out.path(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(points.len(), 2, "a stream point and a datagram point");
+    for p in &points {
+        // 20 ms RTT emulated: nothing is discharged faster than one round trip.
+        assert!(p.p50_ms >= 20.0, "{p:?}");
+        assert_eq!(p.mean_attempts, 1.0, "{p:?}");
+    }
+    let runs = sweep::recovery_to(
+        &RecoverySweep {
+            pending: vec![300],
+            runs: 1,
+        },
+        out.path(),
+    )
+    .await
+    .unwrap();
+    let r = &runs[0];
+    assert_eq!(r.pending, 300);
+    assert!(r.node_up_ms <= r.first_discharge_ms && r.first_discharge_ms <= r.all_discharged_ms);
+    for f in [
+        "loss.csv",
+        "loss.svg",
+        "recovery.csv",
+        "recovery.svg",
+        "recovery-drain.svg",
+    ] {
+        assert!(out.path().join(f).exists(), "{f}");
+    }
+}
