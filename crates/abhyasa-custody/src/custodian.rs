@@ -51,6 +51,11 @@ pub struct CustodianConfig {
     /// one less stream per obligation, no transport retransmission — and every retry on a
     /// stream. Custody is the same either way: an attempt without an ack is retried.
     pub first_attempt: Channel,
+    /// Most attempts awaiting an ack per target at once. Further attempts queue (their
+    /// response timer not yet running) until one is answered or times out, so a restart with
+    /// a large pending set, or a burst of issues, does not flood the link with copies that
+    /// time out before the receiver reaches them. Deadlines run regardless.
+    pub max_inflight_per_target: usize,
     /// A deliberately broken rule, for the simulation's mutation tests. Always `None` in use.
     #[doc(hidden)]
     pub mutation: Option<Mutation>,
@@ -68,6 +73,7 @@ impl Default for CustodianConfig {
             escalation_memory: 10_000,
             weight_bounds: WeightBounds::default(),
             first_attempt: Channel::Stream,
+            max_inflight_per_target: 1_024,
             mutation: None,
         }
     }
@@ -258,6 +264,8 @@ enum Phase {
     InFlight { since: UnixMillis },
     /// Waiting out a backoff; the next attempt starts at the wake time.
     Backoff,
+    /// Persisted and ready, waiting for room in the target's in-flight window.
+    Queued { attempt: u32 },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -298,6 +306,10 @@ pub struct Custodian {
     transmits: VecDeque<Transmit>,
     events: VecDeque<CustodianEvent>,
     stats: CustodianStats,
+    /// Obligations in `Phase::InFlight` per target.
+    inflight: BTreeMap<AgentId, usize>,
+    /// Obligations waiting for room per target, oldest first (stale entries are skipped).
+    queued: BTreeMap<AgentId, VecDeque<ObligationId>>,
 }
 
 impl Custodian {
@@ -319,6 +331,8 @@ impl Custodian {
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             stats: CustodianStats::default(),
+            inflight: BTreeMap::new(),
+            queued: BTreeMap::new(),
         }
     }
 
@@ -568,13 +582,14 @@ impl Custodian {
         let due: Vec<ObligationId> = self
             .pending
             .values()
-            .filter(|p| &p.obligation.target == target && p.phase != Phase::AwaitingPersist)
+            .filter(|p| {
+                &p.obligation.target == target
+                    && matches!(p.phase, Phase::InFlight { .. } | Phase::Backoff)
+            })
             .map(|p| p.obligation.id)
             .collect();
         for id in due {
-            if let Some(p) = self.pending.get_mut(&id) {
-                p.phase = Phase::Backoff;
-            }
+            self.set_phase(now, id, Phase::Backoff);
             self.rearm(id, now);
         }
         self.handle_timeout(now);
@@ -601,7 +616,7 @@ impl Custodian {
         }
         let rt = self.config.response_timeout_ms;
         match p.phase {
-            Phase::AwaitingPersist => self.rearm(id, p.obligation.deadline),
+            Phase::AwaitingPersist | Phase::Queued { .. } => self.rearm(id, p.obligation.deadline),
             Phase::InFlight { since } if now < since.saturating_add(rt) => {
                 self.rearm(id, since.saturating_add(rt));
             }
@@ -609,24 +624,23 @@ impl Custodian {
                 self.escalate(now, id, EscalationCause::RetriesExhausted);
             }
             Phase::InFlight { .. } => {
+                let deadline = p.obligation.deadline;
                 let delay = self.backoff(id);
-                let p = self.pending.get_mut(&id).expect("pending checked above");
-                p.phase = Phase::Backoff;
-                let wake = now.saturating_add(delay).min(p.obligation.deadline);
+                let wake = now.saturating_add(delay).min(deadline);
+                self.set_phase(now, id, Phase::Backoff);
                 self.rearm(id, wake);
             }
             Phase::Backoff if now < p.wake => self.rearm(id, p.wake),
             Phase::Backoff if p.attempts >= p.budget() => {
                 // Recovered after the last attempt: give it one response timeout.
-                let p = self.pending.get_mut(&id).expect("pending checked above");
-                p.phase = Phase::InFlight { since: now };
                 let wake = now.saturating_add(rt).min(p.obligation.deadline);
+                self.set_phase(now, id, Phase::InFlight { since: now });
                 self.rearm(id, wake);
             }
             Phase::Backoff => {
+                self.set_phase(now, id, Phase::AwaitingPersist);
                 let p = self.pending.get_mut(&id).expect("pending checked above");
                 p.attempts += 1;
-                p.phase = Phase::AwaitingPersist;
                 let (attempts, last_observed, deadline) =
                     (p.attempts, p.last_observed, p.obligation.deadline);
                 let token = self.persist(CustodianRecord::Attempt {
@@ -664,8 +678,7 @@ impl Custodian {
     }
 
     fn send(&mut self, now: UnixMillis, id: ObligationId, attempt: u32) {
-        let rt = self.config.response_timeout_ms;
-        let Some(p) = self.pending.get_mut(&id) else {
+        let Some(p) = self.pending.get(&id) else {
             return; // Discharged while the record was being written.
         };
         if p.attempts != attempt
@@ -674,7 +687,21 @@ impl Custodian {
         {
             return;
         }
-        p.phase = Phase::InFlight { since: now };
+        let target = p.obligation.target.clone();
+        let window = self.config.max_inflight_per_target.max(1);
+        if self.inflight.get(&target).copied().unwrap_or(0) >= window {
+            self.set_phase(now, id, Phase::Queued { attempt });
+            self.queued.entry(target).or_default().push_back(id);
+            return;
+        }
+        self.transmit(now, id, attempt);
+    }
+
+    /// Puts attempt `attempt` of `id` on the wire and starts its response timer.
+    fn transmit(&mut self, now: UnixMillis, id: ObligationId, attempt: u32) {
+        let rt = self.config.response_timeout_ms;
+        self.set_phase(now, id, Phase::InFlight { since: now });
+        let p = &self.pending[&id];
         let wake = now.saturating_add(rt).min(p.obligation.deadline);
         self.transmits.push_back(Transmit {
             to: p.obligation.target.clone(),
@@ -736,6 +763,11 @@ impl Custodian {
         principal: Option<PrincipalUpdate>,
         escalation: Option<Escalation>,
     ) {
+        if !self.pending.contains_key(&id) {
+            return;
+        }
+        // Leaving custody frees its place in the window.
+        self.set_phase(now, id, Phase::Backoff);
         let Some(p) = self.pending.remove(&id) else {
             return;
         };
@@ -769,6 +801,53 @@ impl Custodian {
             if let Some(old) = self.escalated_order.pop_front() {
                 self.escalated.remove(&old);
             }
+        }
+    }
+
+    /// Changes the phase of `id`, keeping the per-target in-flight count; a freed place
+    /// goes to the oldest queued attempt for the same target.
+    fn set_phase(&mut self, now: UnixMillis, id: ObligationId, phase: Phase) {
+        let Some(p) = self.pending.get_mut(&id) else {
+            return;
+        };
+        let (was, is) = (
+            matches!(p.phase, Phase::InFlight { .. }),
+            matches!(phase, Phase::InFlight { .. }),
+        );
+        p.phase = phase;
+        if was == is {
+            return;
+        }
+        let target = p.obligation.target.clone();
+        let count = self.inflight.entry(target.clone()).or_insert(0);
+        if is {
+            *count += 1;
+            return;
+        }
+        *count = count.saturating_sub(1);
+        if *count == 0 {
+            self.inflight.remove(&target);
+        }
+        self.release_queued(now, &target);
+    }
+
+    fn release_queued(&mut self, now: UnixMillis, target: &AgentId) {
+        let window = self.config.max_inflight_per_target.max(1);
+        while self.inflight.get(target).copied().unwrap_or(0) < window {
+            let Some(id) = self.queued.get_mut(target).and_then(VecDeque::pop_front) else {
+                self.queued.remove(target);
+                return;
+            };
+            let Some(p) = self.pending.get(&id) else {
+                continue; // Ended while queued.
+            };
+            let Phase::Queued { attempt } = p.phase else {
+                continue; // Stale entry: the phase moved on.
+            };
+            if now >= p.obligation.deadline {
+                continue; // Its deadline timer escalates it.
+            }
+            self.transmit(now, id, attempt);
         }
     }
 

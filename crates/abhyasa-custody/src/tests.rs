@@ -589,3 +589,87 @@ fn a_datagram_first_attempt_is_retried_on_a_stream() {
     persist_all(&mut c, 400);
     assert_eq!(terminal(&mut c), vec![(Outcome::Applied, 2)]);
 }
+
+#[test]
+fn attempts_beyond_the_window_wait_for_room_and_deadlines_still_run() {
+    let mut c = Custodian::new(
+        p(),
+        CustodianConfig {
+            max_inflight_per_target: 2,
+            ..config()
+        },
+        5,
+    );
+    for id in 1..=5 {
+        c.issue(UnixMillis(0), revoke_token(id, 50, 10_000))
+            .unwrap();
+    }
+    let sent = persist_all(&mut c, 0);
+    let ids = |ts: &[Transmit]| {
+        ts.iter()
+            .map(|t| t.obligation.id.to_u128())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(ids(&sent), vec![1, 2], "two in flight, three queued");
+    // An answer frees a place: the oldest queued attempt goes out.
+    c.handle_ack(UnixMillis(10), &a(), ack(1, AckStatus::Applied));
+    assert_eq!(ids(&persist_all(&mut c, 10)), vec![3]);
+    // A response timeout frees a place too (the timed-out one backs off).
+    c.handle_timeout(UnixMillis(100));
+    assert_eq!(ids(&persist_all(&mut c, 100)), vec![4]);
+    // The receiver answers whatever reaches it; the rest drains through the window.
+    let mut now = 100;
+    let mut sent_later = Vec::new();
+    while c.pending_len() > 0 {
+        for t in persist_all(&mut c, now) {
+            sent_later.push(t.obligation.id.to_u128());
+            c.handle_ack(
+                UnixMillis(now),
+                &a(),
+                ack(t.obligation.id.to_u128(), AckStatus::Applied),
+            );
+        }
+        if now == 100 {
+            for id in [2, 3, 4] {
+                c.handle_ack(UnixMillis(now), &a(), ack(id, AckStatus::Applied));
+            }
+        }
+        now = c.poll_timeout().map_or(now + 10, |t| t.0.max(now + 1));
+        c.handle_timeout(UnixMillis(now));
+        assert!(now < 10_000, "drained before the deadline");
+    }
+    persist_all(&mut c, now);
+    assert!(
+        sent_later.contains(&5),
+        "the last queued one went out: {sent_later:?}"
+    );
+    let outcomes = terminal(&mut c);
+    assert_eq!(outcomes.len(), 5);
+    assert!(outcomes.iter().all(|(o, _)| *o == Outcome::Applied));
+
+    // With no answers at all, queued obligations still escalate at their deadline.
+    let mut c = Custodian::new(
+        p(),
+        CustodianConfig {
+            max_inflight_per_target: 1,
+            ..config()
+        },
+        6,
+    );
+    for id in 10..13 {
+        c.issue(UnixMillis(0), revoke_token(id, 50, 1_000)).unwrap();
+    }
+    persist_all(&mut c, 0);
+    let mut now = 0;
+    while c.pending_len() > 0 {
+        now = c.poll_timeout().unwrap().0;
+        c.handle_timeout(UnixMillis(now));
+        persist_all(&mut c, now);
+    }
+    assert_eq!(now, 1_000);
+    let outcomes = terminal(&mut c);
+    assert_eq!(outcomes.len(), 3);
+    assert!(outcomes
+        .iter()
+        .all(|(o, _)| *o == Outcome::Escalated(EscalationCause::Deadline)));
+}

@@ -173,6 +173,11 @@ impl Scenario {
             backoff_base_ms: rng.random_range(5..=80),
             backoff_cap_ms: rng.random_range(50..=800),
             max_clock_skew_ms: skew_limit,
+            max_inflight_per_target: if rng.random_bool(0.3) {
+                rng.random_range(1..=4)
+            } else {
+                1_024
+            },
             first_attempt: if rng.random_bool(0.3) {
                 Channel::Datagram
             } else {
