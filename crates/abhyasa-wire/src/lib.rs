@@ -43,6 +43,7 @@
 mod ack;
 mod escalation;
 mod ids;
+pub mod ledger;
 pub mod moqt;
 mod obligation;
 

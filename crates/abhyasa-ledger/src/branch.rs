@@ -1,0 +1,1295 @@
+//! One agent's share of the ledger: its credits, its transfers and its operations.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use abhyasa_wire::ledger::*;
+use abhyasa_wire::{AgentId, UnixMillis};
+
+use crate::{Keyring, LedgerError, LedgerMutation, PersistToken};
+
+/// Branch settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BranchConfig {
+    /// How often undecided transfers and unsettled dispatches are sent again, in ms.
+    pub resend_ms: u64,
+    /// A deliberately broken rule (simulation only).
+    #[doc(hidden)]
+    pub mutation: Option<LedgerMutation>,
+}
+
+impl Default for BranchConfig {
+    fn default() -> Self {
+        Self {
+            resend_ms: 500,
+            mutation: None,
+        }
+    }
+}
+
+/// A credit: exclusive ownership of the atoms in `available`, under one root.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Credit {
+    /// The credit.
+    pub id: CreditId,
+    /// Its root.
+    pub root: RootId,
+    /// What it may be spent on.
+    pub label: Label,
+    /// Bumped by each reissue (a join's output starts a new lineage at 0).
+    pub generation: u32,
+    /// The epoch permits are bound to; raised by a confirmed fence.
+    pub epoch: u64,
+    /// Atoms it owns and may reserve, split or transfer.
+    pub available: Footprint,
+    /// Consumed by a join (its atoms moved to the output).
+    pub closed: bool,
+}
+
+/// Where an operation's reserved atoms are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OpState {
+    /// Reserved; the permit has never been exposed.
+    Reserved,
+    /// Dispatched: the gateway may have accepted it. Only evidence moves it on.
+    Quarantined,
+    /// Settled by a receipt: `charged` is committed, the rest went back to Available.
+    Settled {
+        /// The committed atoms.
+        charged: Footprint,
+        /// The receipt.
+        receipt: Signed<Receipt>,
+    },
+    /// A fenced no-effect proof returned every atom to Available.
+    NoEffect(Signed<NoEffect>),
+    /// Released before it was ever dispatchable: every atom back to Available.
+    Released,
+    /// Retired: the atoms stay charged forever. A later receipt only annotates.
+    Forfeited {
+        /// A receipt that arrived after forfeiture (audit only).
+        annotation: Option<Signed<Receipt>>,
+    },
+    /// Returned to Available without evidence — only the `RefundOnTimeout` mutant does this.
+    #[doc(hidden)]
+    Refunded,
+}
+
+/// An operation: reserved atoms bound to one effect at one gateway.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Operation {
+    /// The signed permit (its binding names everything).
+    pub permit: Signed<Permit>,
+    /// The binding (the permit's, as signed).
+    pub binding: Binding,
+    /// The effect it pays for.
+    pub effect: Effect,
+    /// The reserved atoms (their size is the maximum charge).
+    pub footprint: Footprint,
+    /// Where the atoms are.
+    pub state: OpState,
+    /// Whether the permit was ever made dispatchable.
+    pub dispatched: bool,
+    /// When it was last sent (for resends).
+    pub sent_at: Option<UnixMillis>,
+}
+
+/// A transfer this branch sealed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outgoing {
+    /// The signed certificate.
+    pub cert: Signed<TransferCert>,
+    /// Its body.
+    pub body: TransferCert,
+    /// What became of it.
+    pub state: OutgoingState,
+}
+
+/// The source's view of a transfer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OutgoingState {
+    /// Sealed, in transit: no decision yet. A timeout never decides.
+    Sealed,
+    /// The destination accepted it (its decision).
+    Accepted(Signed<TransferDecision>),
+    /// The destination refused it (its signed decision): the atoms came back.
+    Cancelled(Signed<TransferDecision>),
+}
+
+/// A durable ledger step: each transition is one, applied atomically; replaying one that
+/// already took effect changes nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// A root grant to this branch, held by `credit`.
+    Grant {
+        /// The issuer-signed grant.
+        grant: Signed<RootGrant>,
+        /// The root credit.
+        credit: CreditId,
+    },
+    /// `amount` of `parent`'s available atoms become the new credit `child`.
+    Split {
+        /// The parent.
+        parent: CreditId,
+        /// The new credit.
+        child: CreditId,
+        /// How much.
+        amount: Vector,
+        /// The child's label (within the parent's).
+        label: Label,
+    },
+    /// A transfer sealed: Available → InTransit.
+    Seal {
+        /// The signed certificate.
+        cert: Signed<TransferCert>,
+    },
+    /// As destination: the transfer accepted once, creating `credit`.
+    Accept {
+        /// The source's certificate.
+        cert: Signed<TransferCert>,
+        /// The new credit.
+        credit: CreditId,
+        /// This branch's signed decision.
+        decision: Signed<TransferDecision>,
+    },
+    /// As destination: the transfer refused for good.
+    Refuse {
+        /// The source's certificate.
+        cert: Signed<TransferCert>,
+        /// This branch's signed decision.
+        decision: Signed<TransferDecision>,
+    },
+    /// As source: the destination's decision arrived.
+    Decided {
+        /// The signed decision.
+        decision: Signed<TransferDecision>,
+    },
+    /// Available → Reserved, with the signed permit.
+    Reserve {
+        /// The permit.
+        permit: Signed<Permit>,
+        /// The effect.
+        effect: Effect,
+    },
+    /// Reserved → Quarantined: the permit may now be exposed.
+    Dispatch {
+        /// The operation.
+        key: OpKey,
+    },
+    /// Reserved → Available: the permit was never dispatchable.
+    ReleaseUnsent {
+        /// The operation.
+        key: OpKey,
+    },
+    /// Quarantined → Committed (actual) + Available (remainder).
+    Settle {
+        /// The operation.
+        key: OpKey,
+        /// The gateway's receipt.
+        receipt: Signed<Receipt>,
+    },
+    /// Quarantined → Available on a fenced no-effect proof.
+    NoEffect {
+        /// The operation.
+        key: OpKey,
+        /// The proof.
+        proof: Signed<NoEffect>,
+    },
+    /// Quarantined → Forfeited.
+    Forfeit {
+        /// The operation.
+        key: OpKey,
+    },
+    /// A receipt for a forfeited operation, kept for audit.
+    Annotate {
+        /// The operation.
+        key: OpKey,
+        /// The receipt.
+        receipt: Signed<Receipt>,
+    },
+    /// Pairwise-disjoint, operation-free credits of one root consumed into `output`.
+    Join {
+        /// The inputs.
+        inputs: Vec<CreditId>,
+        /// The output.
+        output: CreditId,
+    },
+    /// A gateway confirmed a fence: the credit's permits now use a higher epoch.
+    Fenced {
+        /// The gateway's confirmation.
+        fenced: Signed<Fenced>,
+    },
+    /// Quarantined → Available with no evidence (the `RefundOnTimeout` mutant only).
+    #[doc(hidden)]
+    Refund {
+        /// The operation.
+        key: OpKey,
+    },
+}
+
+/// What a branch reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LedgerEvent {
+    /// An operation settled with this actual charge.
+    Settled {
+        /// The operation.
+        key: OpKey,
+        /// The actual charge.
+        actual: Vector,
+    },
+    /// An operation proven to have had no effect.
+    NoEffect {
+        /// The operation.
+        key: OpKey,
+    },
+    /// A gateway refused a permit (the atoms stay quarantined until a fenced proof).
+    Refused {
+        /// The operation.
+        key: OpKey,
+        /// Why.
+        reason: Refusal,
+    },
+    /// A transfer this branch sent was accepted.
+    TransferAccepted {
+        /// The transfer.
+        transfer: TransferId,
+    },
+    /// A transfer this branch sent was refused; its atoms came back.
+    TransferCancelled {
+        /// The transfer.
+        transfer: TransferId,
+    },
+    /// A transfer to this branch was accepted as a new credit.
+    CreditReceived {
+        /// The new credit.
+        credit: CreditId,
+    },
+    /// A message that could not be used (bad signature, unknown object, mismatch).
+    Rejected(LedgerError),
+}
+
+/// One agent's ledger branch. See the crate docs for the buckets and transitions.
+#[derive(Clone, Debug)]
+pub struct Branch {
+    me: AgentId,
+    key: LedgerSigningKey,
+    keys: Keyring,
+    config: BranchConfig,
+    refusing: bool,
+    roots: BTreeMap<RootId, RootGrant>,
+    credits: BTreeMap<CreditId, Credit>,
+    ops: BTreeMap<OpKey, Operation>,
+    outgoing: BTreeMap<TransferId, Outgoing>,
+    incoming: BTreeMap<(RootId, TransferId), Step>,
+    journal_len: u64,
+    next_token: u64,
+    persists: VecDeque<(PersistToken, Step)>,
+    gated: BTreeMap<PersistToken, Vec<(AgentId, LedgerMessage)>>,
+    transmits: VecDeque<(AgentId, LedgerMessage)>,
+    events: VecDeque<LedgerEvent>,
+    last_resend: UnixMillis,
+}
+
+impl Branch {
+    /// A fresh branch for `me`, signing with `key`, trusting `keys`.
+    pub fn new(me: AgentId, key: LedgerSigningKey, keys: Keyring, config: BranchConfig) -> Self {
+        Self {
+            me,
+            key,
+            keys,
+            config,
+            refusing: false,
+            roots: BTreeMap::new(),
+            credits: BTreeMap::new(),
+            ops: BTreeMap::new(),
+            outgoing: BTreeMap::new(),
+            incoming: BTreeMap::new(),
+            journal_len: 0,
+            next_token: 0,
+            persists: VecDeque::new(),
+            gated: BTreeMap::new(),
+            transmits: VecDeque::new(),
+            events: VecDeque::new(),
+            last_resend: UnixMillis(0),
+        }
+    }
+
+    /// Rebuilds a branch from its durable steps, in order. A step that does not apply (a
+    /// damaged or foreign journal) is skipped and returned, never trusted. Sealed transfers
+    /// and dispatched permits are sent again at the first `handle_timeout`.
+    pub fn recover(
+        me: AgentId,
+        key: LedgerSigningKey,
+        keys: Keyring,
+        config: BranchConfig,
+        steps: impl IntoIterator<Item = Step>,
+    ) -> (Self, Vec<(Step, LedgerError)>) {
+        let mut b = Self::new(me, key, keys, config);
+        let mut rejected = Vec::new();
+        for s in steps {
+            match b.apply(&s) {
+                Ok(true) => b.journal_len += 1,
+                Ok(false) => {}
+                Err(e) => rejected.push((s, e)),
+            }
+        }
+        (b, rejected)
+    }
+
+    /// This branch's agent.
+    pub fn agent(&self) -> &AgentId {
+        &self.me
+    }
+
+    /// Refuse (`true`) or accept incoming transfers from now on.
+    pub fn set_refusing(&mut self, refusing: bool) {
+        self.refusing = refusing;
+    }
+
+    // -----------------------------------------------------------------------------------
+    // Transitions started here
+
+    /// Takes a root grant: its full atoms become the credit `credit`.
+    pub fn grant(&mut self, grant: Signed<RootGrant>, credit: CreditId) -> Result<(), LedgerError> {
+        let body = grant.peek()?;
+        self.keys.open(&grant, &body.issuer)?;
+        if body.holder != self.me {
+            return Err(LedgerError::WrongState("grant held by another branch"));
+        }
+        self.commit(Step::Grant { grant, credit }, Vec::new())
+    }
+
+    /// Splits `amount` of `parent`'s available atoms into a new credit `child` with `label`.
+    pub fn split(
+        &mut self,
+        parent: CreditId,
+        child: CreditId,
+        amount: Vector,
+        label: Label,
+    ) -> Result<(), LedgerError> {
+        self.commit(
+            Step::Split {
+                parent,
+                child,
+                amount,
+                label,
+            },
+            Vec::new(),
+        )
+    }
+
+    /// Seals a transfer of `amount` from `credit` to `destination`: Available → InTransit,
+    /// durable before the certificate is sent.
+    pub fn transfer(
+        &mut self,
+        credit: CreditId,
+        transfer: TransferId,
+        amount: &Vector,
+        destination: &AgentId,
+        label: Label,
+    ) -> Result<(), LedgerError> {
+        let c = self.live_credit(credit)?;
+        if !label.within(&c.label) {
+            return Err(LedgerError::LabelNotAttenuated);
+        }
+        let (taken, _) = take(c, amount)?;
+        let body = TransferCert {
+            root: c.root,
+            transfer,
+            source: self.me.clone(),
+            destination: destination.clone(),
+            source_credit: credit,
+            footprint: taken,
+            label,
+        };
+        body.validate_as_cert()?;
+        let cert = Signed::sign(&body, &self.me, &self.key);
+        self.commit(
+            Step::Seal { cert: cert.clone() },
+            vec![(destination.clone(), LedgerMessage::Transfer(cert))],
+        )
+    }
+
+    /// Reserves `effect`'s maximum charge from `credit` for gateway `receiver`: Available →
+    /// Reserved, with the signed permit in the same step. Nothing is sent.
+    pub fn reserve(
+        &mut self,
+        credit: CreditId,
+        effect: Effect,
+        receiver: &AgentId,
+        key: OpKey,
+    ) -> Result<(), LedgerError> {
+        let c = self.live_credit(credit)?;
+        if !c.label.allows(&effect.purpose) {
+            return Err(LedgerError::PurposeNotAllowed);
+        }
+        let (footprint, _) = take(c, &effect.max_charge)?;
+        let binding = Binding {
+            root: c.root,
+            credit,
+            generation: c.generation,
+            epoch: c.epoch,
+            effect: effect.digest(),
+            receiver: receiver.clone(),
+            max_charge: effect.max_charge.clone(),
+            key,
+            payer: self.me.clone(),
+        };
+        let permit = Signed::sign(&Permit { binding, footprint }, &self.me, &self.key);
+        self.commit(Step::Reserve { permit, effect }, Vec::new())
+    }
+
+    /// Reserved → Quarantined, durable before the permit goes to the gateway.
+    pub fn dispatch(&mut self, now: UnixMillis, key: OpKey) -> Result<(), LedgerError> {
+        let op = self
+            .ops
+            .get(&key)
+            .ok_or(LedgerError::UnknownOperation(key))?;
+        let msg = (
+            op.binding.receiver.clone(),
+            LedgerMessage::Dispatch {
+                permit: op.permit.clone(),
+                effect: op.effect.clone(),
+            },
+        );
+        self.commit(Step::Dispatch { key }, vec![msg])?;
+        if let Some(op) = self.ops.get_mut(&key) {
+            op.sent_at = Some(now);
+        }
+        Ok(())
+    }
+
+    /// Reserved → Available: allowed only while the permit was never dispatchable.
+    pub fn release_unsent(&mut self, key: OpKey) -> Result<(), LedgerError> {
+        self.commit(Step::ReleaseUnsent { key }, Vec::new())
+    }
+
+    /// Quarantined → Forfeited: the atoms stay charged for good.
+    pub fn forfeit(&mut self, key: OpKey) -> Result<(), LedgerError> {
+        self.commit(Step::Forfeit { key }, Vec::new())
+    }
+
+    /// Joins pairwise-disjoint, operation-free credits of one root into `output`.
+    pub fn join(&mut self, inputs: Vec<CreditId>, output: CreditId) -> Result<(), LedgerError> {
+        self.commit(Step::Join { inputs, output }, Vec::new())
+    }
+
+    /// Asks every gateway that holds a dispatch of `credit` that is still quarantined to
+    /// fence the credit's current epoch. Once confirmed, permits at older epochs are refused
+    /// and queries about never-accepted ones come back as no-effect proofs.
+    pub fn request_fence(&mut self, credit: CreditId) -> Result<(), LedgerError> {
+        let c = self
+            .credits
+            .get(&credit)
+            .ok_or(LedgerError::UnknownCredit(credit))?;
+        let fence = Fence {
+            root: c.root,
+            credit,
+            epoch: c.epoch + 1,
+            holder: self.me.clone(),
+        };
+        let gateways: BTreeSet<AgentId> = self
+            .ops
+            .values()
+            .filter(|o| o.binding.credit == credit && o.state == OpState::Quarantined)
+            .map(|o| o.binding.receiver.clone())
+            .collect();
+        let signed = Signed::sign(&fence, &self.me, &self.key);
+        for g in gateways {
+            self.transmits
+                .push_back((g, LedgerMessage::Fence(signed.clone())));
+        }
+        Ok(())
+    }
+
+    // -----------------------------------------------------------------------------------
+    // Input
+
+    /// Handles a message from `from`. Bad messages are reported as events, never applied.
+    pub fn handle_message(&mut self, now: UnixMillis, from: &AgentId, msg: LedgerMessage) {
+        if let Err(e) = self.on_message(now, from, msg) {
+            self.events.push_back(LedgerEvent::Rejected(e));
+        }
+    }
+
+    fn on_message(
+        &mut self,
+        _now: UnixMillis,
+        from: &AgentId,
+        msg: LedgerMessage,
+    ) -> Result<(), LedgerError> {
+        match msg {
+            LedgerMessage::Transfer(cert) => self.on_transfer(from, cert),
+            LedgerMessage::Decision(decision) => {
+                let d = self.keys.open(&decision, from)?;
+                let Some(out) = self.outgoing.get(&d.transfer) else {
+                    return Err(LedgerError::UnknownTransfer(d.transfer));
+                };
+                if out.state != OutgoingState::Sealed {
+                    return Ok(()); // Already decided: a repeat.
+                }
+                if d.destination != out.body.destination || d.root != out.body.root {
+                    return Err(LedgerError::Mismatch("decision from another destination"));
+                }
+                self.commit(Step::Decided { decision }, Vec::new())
+            }
+            LedgerMessage::Receipt(receipt) => {
+                let r = self.keys.open(&receipt, from)?;
+                let op = self
+                    .ops
+                    .get(&r.key)
+                    .ok_or(LedgerError::UnknownOperation(r.key))?;
+                if op.binding.receiver != r.gateway || &r.gateway != from {
+                    return Err(LedgerError::Mismatch("receipt from another gateway"));
+                }
+                match op.state {
+                    OpState::Quarantined => self.commit(
+                        Step::Settle {
+                            key: r.key,
+                            receipt,
+                        },
+                        Vec::new(),
+                    ),
+                    OpState::Forfeited { annotation: None } => self.commit(
+                        Step::Annotate {
+                            key: r.key,
+                            receipt,
+                        },
+                        Vec::new(),
+                    ),
+                    _ => Ok(()), // A repeat, or evidence that came too late to matter.
+                }
+            }
+            LedgerMessage::NoEffect(proof) => {
+                let p = self.keys.open(&proof, from)?;
+                let op = self
+                    .ops
+                    .get(&p.key)
+                    .ok_or(LedgerError::UnknownOperation(p.key))?;
+                if op.state != OpState::Quarantined {
+                    return Ok(());
+                }
+                self.commit(Step::NoEffect { key: p.key, proof }, Vec::new())
+            }
+            LedgerMessage::Refused { key, reason } => {
+                self.events.push_back(LedgerEvent::Refused { key, reason });
+                Ok(())
+            }
+            LedgerMessage::Pending { .. } => Ok(()),
+            LedgerMessage::Fenced(fenced) => {
+                let f = self.keys.open(&fenced, from)?;
+                let c = self
+                    .credits
+                    .get(&f.credit)
+                    .ok_or(LedgerError::UnknownCredit(f.credit))?;
+                if f.epoch <= c.epoch {
+                    return Ok(());
+                }
+                // Ask right away about every quarantined dispatch below the new fence.
+                let queries: Vec<_> = self
+                    .ops
+                    .values()
+                    .filter(|o| {
+                        o.state == OpState::Quarantined
+                            && o.binding.credit == f.credit
+                            && &o.binding.receiver == from
+                    })
+                    .map(|o| {
+                        (
+                            from.clone(),
+                            LedgerMessage::Query {
+                                key: o.binding.key,
+                                binding: Box::new(o.binding.clone()),
+                            },
+                        )
+                    })
+                    .collect();
+                self.commit(Step::Fenced { fenced }, queries)
+            }
+            LedgerMessage::Dispatch { .. }
+            | LedgerMessage::Query { .. }
+            | LedgerMessage::Fence(_) => Err(LedgerError::WrongState(
+                "a gateway message sent to a branch",
+            )),
+        }
+    }
+
+    fn on_transfer(
+        &mut self,
+        from: &AgentId,
+        cert: Signed<TransferCert>,
+    ) -> Result<(), LedgerError> {
+        let body = self.keys.open(&cert, from)?;
+        if body.destination != self.me {
+            return Err(LedgerError::Mismatch(
+                "transfer addressed to another branch",
+            ));
+        }
+        let replay = self.config.mutation == Some(LedgerMutation::AcceptReplayedTransfer);
+        if let Some(prior) = self.incoming.get(&(body.root, body.transfer)) {
+            if !replay {
+                // Decided before: answer with the same decision.
+                let decision = match prior {
+                    Step::Accept { decision, .. } | Step::Refuse { decision, .. } => {
+                        decision.clone()
+                    }
+                    _ => return Ok(()),
+                };
+                self.transmits
+                    .push_back((from.clone(), LedgerMessage::Decision(decision)));
+                return Ok(());
+            }
+        }
+        let credit = derive_credit_id(&self.me, body.root, body.transfer, self.journal_len);
+        let refuse = self.refusing;
+        let d = TransferDecision {
+            root: body.root,
+            transfer: body.transfer,
+            destination: self.me.clone(),
+            credit: (!refuse).then_some(credit),
+        };
+        let decision = Signed::sign(&d, &self.me, &self.key);
+        let reply = vec![(from.clone(), LedgerMessage::Decision(decision.clone()))];
+        if refuse {
+            self.commit(Step::Refuse { cert, decision }, reply)
+        } else {
+            self.commit(
+                Step::Accept {
+                    cert,
+                    credit,
+                    decision,
+                },
+                reply,
+            )?;
+            self.events
+                .push_back(LedgerEvent::CreditReceived { credit });
+            Ok(())
+        }
+    }
+
+    /// Sends again what is still undecided: sealed transfers and quarantined dispatches
+    /// (the gateway answers a repeated key with its prior decision). Never refunds.
+    pub fn handle_timeout(&mut self, now: UnixMillis) {
+        if now.0 < self.last_resend.0.saturating_add(self.config.resend_ms) {
+            return;
+        }
+        self.last_resend = now;
+        for out in self.outgoing.values() {
+            if out.state == OutgoingState::Sealed {
+                self.transmits.push_back((
+                    out.body.destination.clone(),
+                    LedgerMessage::Transfer(out.cert.clone()),
+                ));
+            }
+        }
+        let mut refunds = Vec::new();
+        for (key, op) in &mut self.ops {
+            if op.state != OpState::Quarantined {
+                continue;
+            }
+            let stale = op
+                .sent_at
+                .is_some_and(|t| now.0 >= t.0.saturating_add(self.config.resend_ms));
+            if self.config.mutation == Some(LedgerMutation::RefundOnTimeout) && stale {
+                refunds.push(*key);
+                continue;
+            }
+            op.sent_at = Some(now);
+            self.transmits.push_back((
+                op.binding.receiver.clone(),
+                LedgerMessage::Dispatch {
+                    permit: op.permit.clone(),
+                    effect: op.effect.clone(),
+                },
+            ));
+        }
+        for key in refunds {
+            let _ = self.commit(Step::Refund { key }, Vec::new());
+        }
+    }
+
+    /// Queries the gateway about a quarantined operation (reconciliation).
+    pub fn query(&mut self, key: OpKey) -> Result<(), LedgerError> {
+        let op = self
+            .ops
+            .get(&key)
+            .ok_or(LedgerError::UnknownOperation(key))?;
+        self.transmits.push_back((
+            op.binding.receiver.clone(),
+            LedgerMessage::Query {
+                key,
+                binding: Box::new(op.binding.clone()),
+            },
+        ));
+        Ok(())
+    }
+
+    // -----------------------------------------------------------------------------------
+    // Output
+
+    /// The next step to make durable.
+    pub fn poll_persist(&mut self) -> Option<(PersistToken, Step)> {
+        self.persists.pop_front()
+    }
+
+    /// `token`'s step is durable: release what waited for it.
+    pub fn handle_persisted(&mut self, token: PersistToken) {
+        if let Some(msgs) = self.gated.remove(&token) {
+            self.transmits.extend(msgs);
+        }
+    }
+
+    /// The next message to send.
+    pub fn poll_transmit(&mut self) -> Option<(AgentId, LedgerMessage)> {
+        self.transmits.pop_front()
+    }
+
+    /// The next event.
+    pub fn poll_event(&mut self) -> Option<LedgerEvent> {
+        self.events.pop_front()
+    }
+
+    // -----------------------------------------------------------------------------------
+    // State
+
+    /// Credits (closed ones included).
+    pub fn credits(&self) -> impl Iterator<Item = &Credit> {
+        self.credits.values()
+    }
+
+    /// One credit.
+    pub fn credit(&self, id: CreditId) -> Option<&Credit> {
+        self.credits.get(&id)
+    }
+
+    /// Operations.
+    pub fn operations(&self) -> impl Iterator<Item = &Operation> {
+        self.ops.values()
+    }
+
+    /// One operation.
+    pub fn operation(&self, key: OpKey) -> Option<&Operation> {
+        self.ops.get(&key)
+    }
+
+    /// Transfers this branch sealed.
+    pub fn outgoing(&self) -> impl Iterator<Item = &Outgoing> {
+        self.outgoing.values()
+    }
+
+    /// Decisions on transfers to this branch: the step that decided each.
+    pub fn incoming(&self) -> impl Iterator<Item = &Step> {
+        self.incoming.values()
+    }
+
+    /// Root grants held here.
+    pub fn roots(&self) -> impl Iterator<Item = &RootGrant> {
+        self.roots.values()
+    }
+
+    /// Steps applied so far (replays excluded).
+    pub fn journal_len(&self) -> u64 {
+        self.journal_len
+    }
+
+    /// The six buckets' sizes for `root` as seen from this branch: (available, in transit,
+    /// reserved, quarantined, committed, forfeited).
+    pub fn buckets(&self, root: RootId) -> [Vector; 6] {
+        let mut b: [Vector; 6] = Default::default();
+        let mut add = |i: usize, f: &Footprint| {
+            b[i] = b[i].checked_add(&f.size()).unwrap_or_else(|| b[i].clone());
+        };
+        for c in self
+            .credits
+            .values()
+            .filter(|c| c.root == root && !c.closed)
+        {
+            add(0, &c.available);
+        }
+        for o in self.outgoing.values().filter(|o| o.body.root == root) {
+            if o.state == OutgoingState::Sealed {
+                add(1, &o.body.footprint);
+            }
+        }
+        for o in self.ops.values().filter(|o| o.binding.root == root) {
+            match &o.state {
+                OpState::Reserved => add(2, &o.footprint),
+                OpState::Quarantined => add(3, &o.footprint),
+                OpState::Settled { charged, .. } => add(4, charged),
+                OpState::Forfeited { .. } => add(5, &o.footprint),
+                _ => {}
+            }
+        }
+        b
+    }
+
+    // -----------------------------------------------------------------------------------
+    // Applying steps
+
+    fn live_credit(&self, id: CreditId) -> Result<&Credit, LedgerError> {
+        self.credits
+            .get(&id)
+            .filter(|c| !c.closed)
+            .ok_or(LedgerError::UnknownCredit(id))
+    }
+
+    /// Applies `step` and hands it out for persistence, with `msgs` released after it.
+    fn commit(
+        &mut self,
+        step: Step,
+        msgs: Vec<(AgentId, LedgerMessage)>,
+    ) -> Result<(), LedgerError> {
+        if !self.apply(&step)? {
+            return Ok(()); // A replay: nothing to write.
+        }
+        self.journal_len += 1;
+        let token = PersistToken(self.next_token);
+        self.next_token += 1;
+        self.persists.push_back((token, step));
+        if !msgs.is_empty() {
+            self.gated.insert(token, msgs);
+        }
+        Ok(())
+    }
+
+    /// Applies one step. `Ok(false)`: it had already taken effect (a replay).
+    fn apply(&mut self, step: &Step) -> Result<bool, LedgerError> {
+        match step {
+            Step::Grant { grant, credit } => {
+                let g = grant.peek()?;
+                if self.roots.contains_key(&g.root) {
+                    return Ok(false);
+                }
+                if self.credits.contains_key(credit) {
+                    return Err(LedgerError::IdInUse("credit"));
+                }
+                self.credits.insert(
+                    *credit,
+                    Credit {
+                        id: *credit,
+                        root: g.root,
+                        label: g.label.clone(),
+                        generation: 0,
+                        epoch: 0,
+                        available: Footprint::full(&g.budget),
+                        closed: false,
+                    },
+                );
+                self.roots.insert(g.root, g);
+            }
+            Step::Split {
+                parent,
+                child,
+                amount,
+                label,
+            } => {
+                if self.credits.contains_key(child) {
+                    return Ok(false);
+                }
+                let p = self.live_credit(*parent)?;
+                if !label.within(&p.label) {
+                    return Err(LedgerError::LabelNotAttenuated);
+                }
+                let (taken, rest) = take(p, amount)?;
+                let c = Credit {
+                    id: *child,
+                    root: p.root,
+                    label: label.clone(),
+                    generation: 0,
+                    epoch: 0,
+                    available: taken,
+                    closed: false,
+                };
+                self.credits.get_mut(parent).expect("checked").available = rest;
+                self.credits.insert(*child, c);
+            }
+            Step::Seal { cert } => {
+                let body = cert.peek()?;
+                if self.outgoing.contains_key(&body.transfer) {
+                    return Ok(false);
+                }
+                let c = self.live_credit(body.source_credit)?;
+                let rest =
+                    c.available
+                        .subtract(&body.footprint)
+                        .ok_or(LedgerError::Insufficient {
+                            need: body.footprint.size(),
+                            have: c.available.size(),
+                        })?;
+                self.credits
+                    .get_mut(&body.source_credit)
+                    .expect("checked")
+                    .available = rest;
+                self.outgoing.insert(
+                    body.transfer,
+                    Outgoing {
+                        cert: cert.clone(),
+                        body,
+                        state: OutgoingState::Sealed,
+                    },
+                );
+            }
+            Step::Accept {
+                cert,
+                credit,
+                decision: _,
+            } => {
+                let body = cert.peek()?;
+                let replay = self.config.mutation == Some(LedgerMutation::AcceptReplayedTransfer);
+                if self.incoming.contains_key(&(body.root, body.transfer)) && !replay {
+                    return Ok(false);
+                }
+                if self.credits.contains_key(credit) {
+                    return Ok(false);
+                }
+                self.credits.insert(
+                    *credit,
+                    Credit {
+                        id: *credit,
+                        root: body.root,
+                        label: body.label.clone(),
+                        generation: 0,
+                        epoch: 0,
+                        available: body.footprint.clone(),
+                        closed: false,
+                    },
+                );
+                self.incoming
+                    .insert((body.root, body.transfer), step.clone());
+            }
+            Step::Refuse { cert, .. } => {
+                let body = cert.peek()?;
+                if self.incoming.contains_key(&(body.root, body.transfer)) {
+                    return Ok(false);
+                }
+                self.incoming
+                    .insert((body.root, body.transfer), step.clone());
+            }
+            Step::Decided { decision } => {
+                let d = decision.peek()?;
+                let out = self
+                    .outgoing
+                    .get_mut(&d.transfer)
+                    .ok_or(LedgerError::UnknownTransfer(d.transfer))?;
+                if out.state != OutgoingState::Sealed {
+                    return Ok(false);
+                }
+                if d.credit.is_some() {
+                    out.state = OutgoingState::Accepted(decision.clone());
+                    self.events.push_back(LedgerEvent::TransferAccepted {
+                        transfer: d.transfer,
+                    });
+                } else {
+                    out.state = OutgoingState::Cancelled(decision.clone());
+                    let (credit, fp) = (out.body.source_credit, out.body.footprint.clone());
+                    self.give_back(credit, &fp)?;
+                    self.events.push_back(LedgerEvent::TransferCancelled {
+                        transfer: d.transfer,
+                    });
+                }
+            }
+            Step::Reserve { permit, effect } => {
+                let p = permit.peek()?;
+                if self.ops.contains_key(&p.binding.key) {
+                    return Ok(false);
+                }
+                let c = self.live_credit(p.binding.credit)?;
+                let rest = c
+                    .available
+                    .subtract(&p.footprint)
+                    .ok_or(LedgerError::Insufficient {
+                        need: p.footprint.size(),
+                        have: c.available.size(),
+                    })?;
+                self.credits
+                    .get_mut(&p.binding.credit)
+                    .expect("checked")
+                    .available = rest;
+                self.ops.insert(
+                    p.binding.key,
+                    Operation {
+                        permit: permit.clone(),
+                        binding: p.binding,
+                        effect: effect.clone(),
+                        footprint: p.footprint,
+                        state: OpState::Reserved,
+                        dispatched: false,
+                        sent_at: None,
+                    },
+                );
+            }
+            Step::Dispatch { key } => {
+                let op = self.op_mut(*key)?;
+                match op.state {
+                    OpState::Reserved => {
+                        op.state = OpState::Quarantined;
+                        op.dispatched = true;
+                    }
+                    OpState::Released => {
+                        return Err(LedgerError::WrongState("dispatch after release"))
+                    }
+                    _ => return Ok(false),
+                }
+            }
+            Step::ReleaseUnsent { key } => {
+                let op = self.op_mut(*key)?;
+                match op.state {
+                    OpState::Reserved if !op.dispatched => {
+                        op.state = OpState::Released;
+                        let (credit, fp) = (op.binding.credit, op.footprint.clone());
+                        self.give_back(credit, &fp)?;
+                    }
+                    OpState::Released => return Ok(false),
+                    _ => return Err(LedgerError::WrongState("release of a dispatched operation")),
+                }
+            }
+            Step::Settle { key, receipt } => {
+                let r = receipt.peek()?;
+                let op = self.op_mut(*key)?;
+                match op.state {
+                    OpState::Quarantined => {}
+                    OpState::Settled { .. } => return Ok(false),
+                    _ => {
+                        return Err(LedgerError::WrongState(
+                            "settle of an unquarantined operation",
+                        ))
+                    }
+                }
+                if r.key != *key || r.binding != op.binding.digest() {
+                    return Err(LedgerError::Mismatch("receipt for another binding"));
+                }
+                if !r.actual.le(&op.binding.max_charge) {
+                    // A conflicting receipt: the atoms stay quarantined.
+                    return Err(LedgerError::Mismatch("receipt above the maximum charge"));
+                }
+                let (charged, remainder) = op
+                    .footprint
+                    .take(&r.actual)
+                    .ok_or(LedgerError::Mismatch("receipt not within the reservation"))?;
+                op.state = OpState::Settled {
+                    charged,
+                    receipt: receipt.clone(),
+                };
+                let credit = op.binding.credit;
+                self.give_back(credit, &remainder)?;
+                self.events.push_back(LedgerEvent::Settled {
+                    key: *key,
+                    actual: r.actual,
+                });
+            }
+            Step::NoEffect { key, proof } => {
+                let p = proof.peek()?;
+                let op = self.op_mut(*key)?;
+                match op.state {
+                    OpState::Quarantined => {}
+                    OpState::NoEffect(_) => return Ok(false),
+                    _ => {
+                        return Err(LedgerError::WrongState(
+                            "no-effect for an unquarantined operation",
+                        ))
+                    }
+                }
+                if p.key != *key
+                    || p.binding != op.binding.digest()
+                    || p.gateway != op.binding.receiver
+                    || p.fence <= op.binding.epoch
+                {
+                    return Err(LedgerError::Mismatch(
+                        "no-effect proof for another binding or unfenced",
+                    ));
+                }
+                op.state = OpState::NoEffect(proof.clone());
+                let (credit, fp) = (op.binding.credit, op.footprint.clone());
+                self.give_back(credit, &fp)?;
+                self.events.push_back(LedgerEvent::NoEffect { key: *key });
+            }
+            Step::Forfeit { key } => {
+                let op = self.op_mut(*key)?;
+                match op.state {
+                    OpState::Quarantined => op.state = OpState::Forfeited { annotation: None },
+                    OpState::Forfeited { .. } => return Ok(false),
+                    _ => {
+                        return Err(LedgerError::WrongState(
+                            "forfeit of an unquarantined operation",
+                        ))
+                    }
+                }
+            }
+            Step::Annotate { key, receipt } => {
+                let op = self.op_mut(*key)?;
+                match &op.state {
+                    OpState::Forfeited { annotation: None } => {
+                        op.state = OpState::Forfeited {
+                            annotation: Some(receipt.clone()),
+                        }
+                    }
+                    OpState::Forfeited { .. } => return Ok(false),
+                    _ => {
+                        return Err(LedgerError::WrongState(
+                            "annotation of an unforfeited operation",
+                        ))
+                    }
+                }
+            }
+            Step::Join { inputs, output } => {
+                if self.credits.get(output).is_some_and(|c| !c.closed)
+                    && inputs
+                        .iter()
+                        .all(|i| self.credits.get(i).is_some_and(|c| c.closed))
+                {
+                    return Ok(false);
+                }
+                let checked = self.config.mutation != Some(LedgerMutation::JoinWithoutDisjointness);
+                let footprint = self.join_footprint(inputs, *output, checked)?;
+                let first = &self.credits[&inputs[0]];
+                let (root, label) = (first.root, first.label.clone());
+                // The output's label is the inputs' common lower bound.
+                let label = inputs.iter().fold(label, |l, i| {
+                    Label(
+                        l.0.intersection(&self.credits[i].label.0)
+                            .cloned()
+                            .collect(),
+                    )
+                });
+                for i in inputs {
+                    let c = self.credits.get_mut(i).expect("checked");
+                    c.closed = true;
+                    c.available = Footprint::default();
+                }
+                self.credits.insert(
+                    *output,
+                    Credit {
+                        id: *output,
+                        root,
+                        label,
+                        generation: 0,
+                        epoch: 0,
+                        available: footprint,
+                        closed: false,
+                    },
+                );
+            }
+            Step::Fenced { fenced } => {
+                let f = fenced.peek()?;
+                let c = self
+                    .credits
+                    .get_mut(&f.credit)
+                    .ok_or(LedgerError::UnknownCredit(f.credit))?;
+                if f.epoch <= c.epoch {
+                    return Ok(false);
+                }
+                c.epoch = f.epoch;
+                c.generation += 1;
+            }
+            Step::Refund { key } => {
+                let op = self.op_mut(*key)?;
+                if op.state != OpState::Quarantined {
+                    return Ok(false);
+                }
+                op.state = OpState::Refunded;
+                let (credit, fp) = (op.binding.credit, op.footprint.clone());
+                self.give_back(credit, &fp)?;
+            }
+        }
+        Ok(true)
+    }
+
+    fn join_footprint(
+        &self,
+        inputs: &[CreditId],
+        output: CreditId,
+        checked: bool,
+    ) -> Result<Footprint, LedgerError> {
+        if inputs.len() < 2 {
+            return Err(LedgerError::Join("fewer than two inputs"));
+        }
+        if self.credits.contains_key(&output) {
+            return Err(LedgerError::IdInUse("join output"));
+        }
+        let mut seen = BTreeSet::new();
+        let mut root = None;
+        let mut out = Footprint::default();
+        for i in inputs {
+            let c = self.live_credit(*i)?;
+            if checked && !seen.insert(*i) {
+                return Err(LedgerError::Join("an input appears twice"));
+            }
+            if *root.get_or_insert(c.root) != c.root {
+                return Err(LedgerError::Join("inputs of different roots"));
+            }
+            let busy = self.ops.values().any(|o| {
+                o.binding.credit == *i
+                    && matches!(o.state, OpState::Reserved | OpState::Quarantined)
+            });
+            if busy {
+                return Err(LedgerError::Join("an input has an operation in progress"));
+            }
+            out = if checked {
+                out.union(&c.available)
+                    .ok_or(LedgerError::Join("inputs are not disjoint"))?
+            } else {
+                out.concat_unchecked(&c.available)
+            };
+        }
+        Ok(out)
+    }
+
+    fn op_mut(&mut self, key: OpKey) -> Result<&mut Operation, LedgerError> {
+        self.ops
+            .get_mut(&key)
+            .ok_or(LedgerError::UnknownOperation(key))
+    }
+
+    /// Returns atoms to `credit`'s available set (or, if it was joined away, to the output
+    /// that holds its lineage — never silently dropped).
+    fn give_back(&mut self, credit: CreditId, fp: &Footprint) -> Result<(), LedgerError> {
+        if fp.is_empty() {
+            return Ok(());
+        }
+        let c = self
+            .credits
+            .get_mut(&credit)
+            .ok_or(LedgerError::UnknownCredit(credit))?;
+        c.available = c
+            .available
+            .union(fp)
+            .ok_or(LedgerError::WrongState("returned atoms already available"))?;
+        Ok(())
+    }
+}
+
+fn take(c: &Credit, amount: &Vector) -> Result<(Footprint, Footprint), LedgerError> {
+    if amount.is_zero() {
+        return Err(LedgerError::WrongState("an empty amount"));
+    }
+    c.available
+        .take(amount)
+        .ok_or_else(|| LedgerError::Insufficient {
+            need: amount.clone(),
+            have: c.available.size(),
+        })
+}
+
+/// The destination's credit id for an accepted transfer: a function of who accepted what,
+/// so replaying the acceptance step yields the same credit.
+fn derive_credit_id(me: &AgentId, root: RootId, transfer: TransferId, salt: u64) -> CreditId {
+    let d = Digest::of(&[
+        b"abhyasa/v1/credit",
+        me.as_str().as_bytes(),
+        &root.to_u128().to_be_bytes(),
+        &transfer.to_u128().to_be_bytes(),
+        &salt.to_be_bytes(),
+    ]);
+    let mut b = [0u8; 16];
+    b.copy_from_slice(&d.0[..16]);
+    CreditId::from_u128(u128::from_be_bytes(b))
+}
+
+trait CertRules {
+    fn validate_as_cert(&self) -> Result<(), LedgerError>;
+}
+
+impl CertRules for TransferCert {
+    fn validate_as_cert(&self) -> Result<(), LedgerError> {
+        self.validate()
+            .map_err(|e| LedgerError::Signature(SignatureError::Invalid(e)))
+    }
+}

@@ -1,0 +1,483 @@
+//! The conservation checker, L1–L7 of SPEC.md Part 2.
+//!
+//! It is written apart from the ledger's transitions: it reads what the branches and
+//! gateways hold durably (through their read accessors) and the effects that actually ran,
+//! and recomputes everything with its own interval arithmetic on raw atom ranges — never
+//! with the ledger's own `take`, `union` or `subtract`, so a bug there cannot hide itself.
+//! Signed evidence is verified again with the keyring.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use abhyasa_wire::ledger::*;
+use abhyasa_wire::AgentId;
+
+use crate::{Branch, Gateway, Keyring, OpState, OutgoingState, Step};
+
+/// One effect that really happened at a gateway (the executor's own record).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EffectInstance {
+    /// Where it ran.
+    pub gateway: AgentId,
+    /// The operation key it ran under.
+    pub key: OpKey,
+    /// What it charged.
+    pub charge: Vector,
+}
+
+/// A broken invariant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// Which: `L1` … `L7`.
+    pub law: &'static str,
+    /// What was found.
+    pub detail: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.law, self.detail)
+    }
+}
+
+/// Everything the checker reads.
+pub struct World<'a> {
+    /// Every branch's durable state.
+    pub branches: &'a [&'a Branch],
+    /// Every gateway's durable state.
+    pub gateways: &'a [&'a Gateway],
+    /// Every effect that ran.
+    pub effects: &'a [EffectInstance],
+    /// Keys of issuers, branches and gateways.
+    pub keys: &'a Keyring,
+}
+
+type Iv = (u64, u64);
+
+fn size(ivs: &[Iv]) -> u128 {
+    ivs.iter()
+        .map(|&(s, e)| u128::from(e.saturating_sub(s)))
+        .sum()
+}
+
+/// Sorted and merged; `Err(atom)` names an atom found twice.
+fn normalize(mut ivs: Vec<Iv>) -> Result<Vec<Iv>, u64> {
+    ivs.sort_unstable();
+    let mut out: Vec<Iv> = Vec::new();
+    for (s, e) in ivs {
+        if s >= e {
+            continue;
+        }
+        match out.last_mut() {
+            Some(last) if s < last.1 => return Err(s),
+            Some(last) if s == last.1 => last.1 = e,
+            _ => out.push((s, e)),
+        }
+    }
+    Ok(out)
+}
+
+/// Whether every atom of `inner` is in `outer` (both normalized).
+fn subset(inner: &[Iv], outer: &[Iv]) -> bool {
+    inner
+        .iter()
+        .all(|&(s, e)| outer.iter().any(|&(os, oe)| os <= s && e <= oe))
+}
+
+fn vec_get(v: &Vector, d: &Dim) -> u128 {
+    u128::from(v.get(d))
+}
+
+/// Runs every check; returns what is broken (empty when all hold).
+pub fn check(w: &World<'_>) -> Vec<Violation> {
+    let mut v = Vec::new();
+    let mut bad = |law: &'static str, detail: String| v.push(Violation { law, detail });
+
+    // Root budgets, from the grants their holders keep (issuer signature verified again).
+    let mut budgets: BTreeMap<RootId, (AgentId, Vector)> = BTreeMap::new();
+    for b in w.branches {
+        for g in b.roots() {
+            budgets.insert(g.root, (b.agent().clone(), g.budget.clone()));
+        }
+    }
+    // Destination decisions, keyed by (root, transfer).
+    let mut accepted_at: BTreeMap<(RootId, TransferId), Vec<AgentId>> = BTreeMap::new();
+    // Ingress per branch and root: atoms that entered it (grant or accepted transfers).
+    let mut ingress: BTreeMap<(AgentId, RootId, Dim), Vec<Iv>> = BTreeMap::new();
+    for b in w.branches {
+        for g in b.roots() {
+            for (d, n) in g.budget.iter() {
+                ingress
+                    .entry((b.agent().clone(), g.root, d.clone()))
+                    .or_default()
+                    .push((0, n));
+            }
+        }
+        for s in b.incoming() {
+            if let Step::Accept { cert, .. } = s {
+                let Ok(c) = cert.peek() else {
+                    bad(
+                        "L5",
+                        format!("{}: unreadable accepted certificate", b.agent()),
+                    );
+                    continue;
+                };
+                if w.keys.open(cert, &c.source).is_err() {
+                    bad(
+                        "L5",
+                        format!("{}: accepted a certificate that does not verify", b.agent()),
+                    );
+                }
+                accepted_at
+                    .entry((c.root, c.transfer))
+                    .or_default()
+                    .push(b.agent().clone());
+                for (d, r) in c.footprint.iter() {
+                    ingress
+                        .entry((b.agent().clone(), c.root, d.clone()))
+                        .or_default()
+                        .extend_from_slice(r.ranges());
+                }
+            }
+        }
+    }
+
+    // Everything each branch holds, per root and dimension, by bucket.
+    #[derive(Default)]
+    struct Held {
+        all: Vec<Iv>,
+        committed: u128,
+        at_risk: u128,
+    }
+    let mut held: BTreeMap<(RootId, Dim), Held> = BTreeMap::new();
+    let mut held_by: BTreeMap<(AgentId, RootId, Dim), Vec<Iv>> = BTreeMap::new();
+    let mut settled_keys: BTreeMap<OpKey, u32> = BTreeMap::new();
+    for b in w.branches {
+        let me = b.agent().clone();
+        let mut put = |root: RootId, f: &Footprint, kind: u8, max: Option<&Vector>| {
+            for (d, r) in f.iter() {
+                let h = held.entry((root, d.clone())).or_default();
+                h.all.extend_from_slice(r.ranges());
+                match kind {
+                    1 => h.committed += size(r.ranges()),
+                    2 => h.at_risk += max.map_or(size(r.ranges()), |m| vec_get(m, d)),
+                    _ => {}
+                }
+                held_by
+                    .entry((me.clone(), root, d.clone()))
+                    .or_default()
+                    .extend_from_slice(r.ranges());
+            }
+        };
+        for c in b.credits() {
+            put(c.root, &c.available, 0, None);
+        }
+        for o in b.outgoing() {
+            if o.state == OutgoingState::Sealed
+                && !accepted_at.contains_key(&(o.body.root, o.body.transfer))
+            {
+                put(o.body.root, &o.body.footprint, 0, None);
+            }
+            if let OutgoingState::Cancelled(d) = &o.state {
+                match w.keys.open(d, &o.body.destination) {
+                    Ok(d) if d.credit.is_none() => {}
+                    _ => bad(
+                        "L6",
+                        format!(
+                            "{me}: transfer {} cancelled without the destination's signed refusal",
+                            o.body.transfer
+                        ),
+                    ),
+                }
+                if accepted_at.contains_key(&(o.body.root, o.body.transfer)) {
+                    bad("L1", format!("{me}: transfer {} cancelled at the source but accepted at the destination", o.body.transfer));
+                }
+            }
+        }
+        for o in b.operations() {
+            let root = o.binding.root;
+            match &o.state {
+                OpState::Reserved | OpState::Quarantined => {
+                    put(root, &o.footprint, 2, Some(&o.binding.max_charge))
+                }
+                OpState::Forfeited { .. } => {
+                    put(root, &o.footprint, 2, Some(&o.binding.max_charge))
+                }
+                OpState::Settled { charged, receipt } => {
+                    put(root, charged, 1, None);
+                    *settled_keys.entry(o.binding.key).or_default() += 1;
+                    match w.keys.open(receipt, &o.binding.receiver) {
+                        Ok(r)
+                            if r.key == o.binding.key
+                                && r.binding == o.binding.digest()
+                                && r.actual == charged.size()
+                                && r.actual.le(&o.binding.max_charge) => {}
+                        _ => bad(
+                            "L6",
+                            format!(
+                                "{me}: operation {} settled on a receipt that does not match",
+                                o.binding.key
+                            ),
+                        ),
+                    }
+                }
+                OpState::NoEffect(proof) => match w.keys.open(proof, &o.binding.receiver) {
+                    Ok(p)
+                        if p.key == o.binding.key
+                            && p.binding == o.binding.digest()
+                            && p.fence > o.binding.epoch => {}
+                    _ => bad(
+                        "L6",
+                        format!(
+                            "{me}: operation {} returned on a proof that does not hold",
+                            o.binding.key
+                        ),
+                    ),
+                },
+                OpState::Released => {
+                    if o.dispatched {
+                        bad(
+                            "L6",
+                            format!("{me}: operation {} released after dispatch", o.binding.key),
+                        );
+                    }
+                }
+                OpState::Refunded => bad(
+                    "L6",
+                    format!(
+                        "{me}: operation {} left quarantine for available without evidence",
+                        o.binding.key
+                    ),
+                ),
+            }
+        }
+    }
+
+    // L1: exact partition of each root's atoms; L4: committed + at risk ≤ B.
+    for (root, (_, budget)) in &budgets {
+        for (d, n) in budget.iter() {
+            let h = held.remove(&(*root, d.clone())).unwrap_or_default();
+            let total = size(&h.all);
+            match normalize(h.all) {
+                Err(atom) => bad("L1", format!("root {root} {d}: atom {atom} is owned twice")),
+                Ok(ivs) => {
+                    if ivs != [(0, n)] {
+                        bad("L1", format!("root {root} {d}: atoms owned {ivs:?} (total {total}) are not exactly [0, {n})"));
+                    }
+                }
+            }
+            if h.committed + h.at_risk > u128::from(n) {
+                bad(
+                    "L4",
+                    format!(
+                        "root {root} {d}: committed {} + at risk {} > {n}",
+                        h.committed, h.at_risk
+                    ),
+                );
+            }
+        }
+    }
+    for ((root, d), h) in held {
+        if !h.all.is_empty() {
+            bad(
+                "L1",
+                format!("root {root} {d}: atoms held outside any granted budget"),
+            );
+        }
+    }
+
+    // L2: one settlement per key, agreeing with the gateway's receipt.
+    for (key, n) in &settled_keys {
+        if *n > 1 {
+            bad("L2", format!("operation {key} settled {n} times"));
+        }
+    }
+    let mut receipts: BTreeMap<OpKey, Signed<Receipt>> = BTreeMap::new();
+    for g in w.gateways {
+        for (k, a) in g.log() {
+            if let crate::AcceptanceState::Done(r) = &a.state {
+                receipts.insert(*k, r.clone());
+            }
+        }
+    }
+    for b in w.branches {
+        for o in b.operations() {
+            if let OpState::Settled { receipt, .. } = &o.state {
+                if receipts.get(&o.binding.key).is_some_and(|r| r != receipt) {
+                    bad(
+                        "L2",
+                        format!(
+                            "operation {} settled on a receipt other than the gateway's",
+                            o.binding.key
+                        ),
+                    );
+                }
+            }
+        }
+    }
+
+    // L3: every effect that ran is covered by exactly one operation whose atoms are still
+    // reserved, quarantined or forfeited, or committed by its receipt; one instance per key.
+    let mut instances: BTreeMap<(AgentId, OpKey), u32> = BTreeMap::new();
+    let ops: BTreeMap<OpKey, (&AgentId, &crate::Operation)> = w
+        .branches
+        .iter()
+        .flat_map(|b| b.operations().map(move |o| (o.binding.key, (b.agent(), o))))
+        .collect();
+    for e in w.effects {
+        let n = instances.entry((e.gateway.clone(), e.key)).or_default();
+        *n += 1;
+        if *n == 2 {
+            bad(
+                "L3",
+                format!(
+                    "operation {} covers two effect instances at {}",
+                    e.key, e.gateway
+                ),
+            );
+        }
+        let accepted = w
+            .gateways
+            .iter()
+            .find(|g| g.agent() == &e.gateway)
+            .and_then(|g| g.log().find(|(k, _)| **k == e.key).map(|(_, a)| a.clone()));
+        let Some(a) = accepted else {
+            bad(
+                "L3",
+                format!("effect {} at {} ran with no acceptance", e.key, e.gateway),
+            );
+            continue;
+        };
+        let Some((payer, op)) = ops.get(&e.key) else {
+            bad(
+                "L3",
+                format!(
+                    "effect {} at {} has no operation at any branch",
+                    e.key, e.gateway
+                ),
+            );
+            continue;
+        };
+        if op.binding != a.binding || *payer != &a.binding.payer {
+            bad(
+                "L3",
+                format!(
+                    "effect {} ran under a binding its operation does not have",
+                    e.key
+                ),
+            );
+        }
+        let covered = match &op.state {
+            OpState::Reserved | OpState::Quarantined | OpState::Forfeited { .. } => {
+                e.charge.le(&op.binding.max_charge)
+            }
+            OpState::Settled { charged, .. } => charged.size() == e.charge,
+            OpState::NoEffect(_) | OpState::Released | OpState::Refunded => false,
+        };
+        if !covered {
+            bad(
+                "L3",
+                format!(
+                    "effect {} (charge {:?}) is not covered: operation is {:?}",
+                    e.key,
+                    e.charge,
+                    state_name(&op.state)
+                ),
+            );
+        }
+    }
+
+    // L5: no branch holds an atom that did not enter it.
+    for ((agent, root, d), ivs) in &held_by {
+        let Ok(inner) = normalize(ivs.clone()) else {
+            continue; // Reported as L1.
+        };
+        let outer = ingress
+            .get(&(agent.clone(), *root, d.clone()))
+            .cloned()
+            .map(|v| {
+                let mut v = v;
+                v.sort_unstable();
+                let mut m: Vec<Iv> = Vec::new();
+                for (s, e) in v {
+                    match m.last_mut() {
+                        Some(l) if s <= l.1 => l.1 = l.1.max(e),
+                        _ => m.push((s, e)),
+                    }
+                }
+                m
+            })
+            .unwrap_or_default();
+        if !subset(&inner, &outer) {
+            bad(
+                "L5",
+                format!("{agent} holds atoms of root {root} {d} beyond what was transferred to it"),
+            );
+        }
+    }
+
+    // L7: every acceptance is paid from the payer's own escrow.
+    for g in w.gateways {
+        for (k, a) in g.log() {
+            match ops.get(k) {
+                Some((payer, op)) if *payer == &a.binding.payer && op.binding == a.binding => {
+                    for (d, r) in op.footprint.iter() {
+                        let entered = ingress
+                            .get(&((*payer).clone(), op.binding.root, d.clone()))
+                            .cloned()
+                            .unwrap_or_default();
+                        let entered = normalize_loose(entered);
+                        if !subset(r.ranges(), &entered) {
+                            bad(
+                                "L7",
+                                format!(
+                                    "{} accepted {k} paid with atoms {} never held",
+                                    g.agent(),
+                                    payer
+                                ),
+                            );
+                        }
+                    }
+                }
+                _ => bad(
+                    "L7",
+                    format!(
+                        "{} accepted {k} with no matching operation at its payer",
+                        g.agent()
+                    ),
+                ),
+            }
+            if a.accepted > 1 {
+                bad(
+                    "L3",
+                    format!("{} accepted {k} {} times", g.agent(), a.accepted),
+                );
+            }
+        }
+    }
+    v
+}
+
+fn normalize_loose(mut v: Vec<Iv>) -> Vec<Iv> {
+    v.sort_unstable();
+    let mut m: Vec<Iv> = Vec::new();
+    for (s, e) in v {
+        match m.last_mut() {
+            Some(l) if s <= l.1 => l.1 = l.1.max(e),
+            _ => m.push((s, e)),
+        }
+    }
+    m
+}
+
+fn state_name(s: &OpState) -> &'static str {
+    match s {
+        OpState::Reserved => "reserved",
+        OpState::Quarantined => "quarantined",
+        OpState::Settled { .. } => "settled",
+        OpState::NoEffect(_) => "no-effect",
+        OpState::Released => "released",
+        OpState::Forfeited { .. } => "forfeited",
+        OpState::Refunded => "refunded",
+    }
+}

@@ -1,0 +1,396 @@
+//! The gateway: the one place an effect paid from a credit can happen.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use abhyasa_wire::ledger::*;
+use abhyasa_wire::AgentId;
+
+use crate::{Keyring, LedgerMutation, PersistToken};
+
+/// A durable gateway record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GatewayRecord {
+    /// First acceptance of a key, written before the effect runs.
+    Accepted {
+        /// The binding accepted.
+        binding: Box<Binding>,
+        /// The permit as signed (evidence for audits).
+        permit: Signed<Permit>,
+        /// The effect.
+        effect: Effect,
+    },
+    /// The effect ran; the signed receipt.
+    Receipt {
+        /// The receipt.
+        receipt: Signed<Receipt>,
+    },
+    /// A fence raised.
+    Fence {
+        /// The credit.
+        credit: CreditId,
+        /// Permits below this epoch are refused.
+        epoch: u64,
+    },
+}
+
+/// What the gateway knows of an accepted key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Acceptance {
+    /// The binding accepted.
+    pub binding: Binding,
+    /// The permit.
+    pub permit: Signed<Permit>,
+    /// The effect.
+    pub effect: Effect,
+    /// How far it got.
+    pub state: AcceptanceState,
+    /// How many times it was accepted (1; more only under the `GatewayAcceptsKeyTwice`
+    /// mutant).
+    pub accepted: u32,
+}
+
+/// How far an accepted key got.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AcceptanceState {
+    /// Accepted; the effect may be running.
+    Accepted,
+    /// Ran; receipt signed.
+    Done(Signed<Receipt>),
+}
+
+/// An effect to run: handed out only after its acceptance is durable. `resume` marks one
+/// found accepted without a receipt at recovery: the executor must first look up whether it
+/// already ran (by key) and report that instead of running it again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Execute {
+    /// The operation.
+    pub key: OpKey,
+    /// What to run.
+    pub effect: Effect,
+    /// The hard limit on its charge.
+    pub max_charge: Vector,
+    /// Found accepted at recovery.
+    pub resume: bool,
+}
+
+/// The gateway state machine (sans-IO).
+#[derive(Clone, Debug)]
+pub struct Gateway {
+    me: AgentId,
+    key: LedgerSigningKey,
+    keys: Keyring,
+    mutation: Option<LedgerMutation>,
+    fences: BTreeMap<CreditId, u64>,
+    log: BTreeMap<OpKey, Acceptance>,
+    next_token: u64,
+    persists: VecDeque<(PersistToken, GatewayRecord)>,
+    gated: BTreeMap<PersistToken, Gated>,
+    transmits: VecDeque<(AgentId, LedgerMessage)>,
+    executes: VecDeque<Execute>,
+}
+
+#[derive(Clone, Debug)]
+enum Gated {
+    Execute(Execute),
+    Send(AgentId, LedgerMessage),
+}
+
+impl Gateway {
+    /// A gateway `me`, signing with `key`, trusting payers in `keys`.
+    pub fn new(
+        me: AgentId,
+        key: LedgerSigningKey,
+        keys: Keyring,
+        mutation: Option<LedgerMutation>,
+    ) -> Self {
+        Self {
+            me,
+            key,
+            keys,
+            mutation,
+            fences: BTreeMap::new(),
+            log: BTreeMap::new(),
+            next_token: 0,
+            persists: VecDeque::new(),
+            gated: BTreeMap::new(),
+            transmits: VecDeque::new(),
+            executes: VecDeque::new(),
+        }
+    }
+
+    /// Rebuilds a gateway from its records; accepted keys without a receipt are handed out
+    /// again as `Execute { resume: true }`.
+    pub fn recover(
+        me: AgentId,
+        key: LedgerSigningKey,
+        keys: Keyring,
+        mutation: Option<LedgerMutation>,
+        records: impl IntoIterator<Item = GatewayRecord>,
+    ) -> Self {
+        let mut g = Self::new(me, key, keys, mutation);
+        for r in records {
+            g.apply(&r);
+        }
+        for (k, a) in &g.log {
+            if a.state == AcceptanceState::Accepted {
+                g.executes.push_back(Execute {
+                    key: *k,
+                    effect: a.effect.clone(),
+                    max_charge: a.binding.max_charge.clone(),
+                    resume: true,
+                });
+            }
+        }
+        g
+    }
+
+    /// This gateway.
+    pub fn agent(&self) -> &AgentId {
+        &self.me
+    }
+
+    /// Handles a message from `from`.
+    pub fn handle_message(&mut self, from: &AgentId, msg: LedgerMessage) {
+        match msg {
+            LedgerMessage::Dispatch { permit, effect } => self.on_dispatch(from, permit, effect),
+            LedgerMessage::Query { key, binding } => self.on_query(from, key, &binding),
+            LedgerMessage::Fence(fence) => self.on_fence(from, fence),
+            _ => {} // Branch-bound messages are not for a gateway.
+        }
+    }
+
+    fn refuse(&mut self, to: &AgentId, key: OpKey, reason: Refusal) {
+        self.transmits
+            .push_back((to.clone(), LedgerMessage::Refused { key, reason }));
+    }
+
+    fn on_dispatch(&mut self, from: &AgentId, permit: Signed<Permit>, effect: Effect) {
+        // Strict verification: the signer must be the payer the binding names.
+        let p = match self.keys.open(&permit, from) {
+            Ok(p) => p,
+            Err(_) => {
+                let key = permit
+                    .peek()
+                    .map(|p| p.binding.key)
+                    .unwrap_or(OpKey::from_u128(0));
+                return self.refuse(from, key, Refusal::BadSignature);
+            }
+        };
+        let b = &p.binding;
+        let key = b.key;
+        // Recompute the binding from what is actually asked for.
+        if &b.payer != from
+            || b.receiver != self.me
+            || b.effect != effect.digest()
+            || b.max_charge != effect.max_charge
+        {
+            return self.refuse(from, key, Refusal::BindingMismatch);
+        }
+        if let Some(prior) = self.log.get(&key) {
+            if prior.binding != *b {
+                return self.refuse(from, key, Refusal::KeyConflict);
+            }
+            if self.mutation != Some(LedgerMutation::GatewayAcceptsKeyTwice) {
+                // A repeat: the prior decision.
+                let reply = match &prior.state {
+                    AcceptanceState::Done(r) => LedgerMessage::Receipt(r.clone()),
+                    AcceptanceState::Accepted => LedgerMessage::Pending { key },
+                };
+                self.transmits.push_back((from.clone(), reply));
+                return;
+            }
+        }
+        let fence = self.fences.get(&b.credit).copied().unwrap_or(0);
+        if b.epoch < fence && self.mutation != Some(LedgerMutation::GatewayWithoutFence) {
+            return self.refuse(from, key, Refusal::Fenced);
+        }
+        let record = GatewayRecord::Accepted {
+            binding: Box::new(b.clone()),
+            permit,
+            effect: effect.clone(),
+        };
+        self.apply(&record);
+        let token = self.persist(record);
+        self.gated.insert(
+            token,
+            Gated::Execute(Execute {
+                key,
+                effect,
+                max_charge: b.max_charge.clone(),
+                resume: false,
+            }),
+        );
+    }
+
+    fn on_query(&mut self, from: &AgentId, key: OpKey, binding: &Binding) {
+        let reply = match self.log.get(&key) {
+            Some(a) if a.binding != *binding => LedgerMessage::Refused {
+                key,
+                reason: Refusal::KeyConflict,
+            },
+            Some(a) => match &a.state {
+                AcceptanceState::Done(r) => LedgerMessage::Receipt(r.clone()),
+                AcceptanceState::Accepted => LedgerMessage::Pending { key },
+            },
+            None => {
+                let fence = self.fences.get(&binding.credit).copied().unwrap_or(0);
+                if binding.receiver == self.me && binding.epoch < fence {
+                    // Never accepted, and the fence makes sure it never will be.
+                    let proof = NoEffect {
+                        key,
+                        binding: binding.digest(),
+                        gateway: self.me.clone(),
+                        fence,
+                    };
+                    LedgerMessage::NoEffect(Signed::sign(&proof, &self.me, &self.key))
+                } else {
+                    LedgerMessage::Pending { key }
+                }
+            }
+        };
+        self.transmits.push_back((from.clone(), reply));
+    }
+
+    fn on_fence(&mut self, from: &AgentId, fence: Signed<Fence>) {
+        let Ok(f) = self.keys.open(&fence, from) else {
+            return;
+        };
+        // Only the holder that pays from the credit may fence it: every permit seen for the
+        // credit must have come from the same payer.
+        let other_payer = self
+            .log
+            .values()
+            .any(|a| a.binding.credit == f.credit && a.binding.payer != f.holder);
+        if other_payer {
+            return;
+        }
+        let current = self.fences.get(&f.credit).copied().unwrap_or(0);
+        let reply = |g: &Self, epoch| {
+            let fenced = Fenced {
+                credit: f.credit,
+                epoch,
+                gateway: g.me.clone(),
+            };
+            LedgerMessage::Fenced(Signed::sign(&fenced, &g.me, &g.key))
+        };
+        if f.epoch <= current {
+            let msg = reply(self, current);
+            self.transmits.push_back((from.clone(), msg));
+            return;
+        }
+        let record = GatewayRecord::Fence {
+            credit: f.credit,
+            epoch: f.epoch,
+        };
+        self.apply(&record);
+        let token = self.persist(record);
+        let msg = reply(self, f.epoch);
+        self.gated.insert(token, Gated::Send(from.clone(), msg));
+    }
+
+    /// The effect of `key` ran (or, for a resumed one, was found to have run) and charged
+    /// `actual`. The receipt never exceeds the maximum: the executor is bound by it, and a
+    /// higher report is clamped and recorded as the maximum.
+    pub fn handle_executed(&mut self, key: OpKey, actual: Vector) {
+        let Some(a) = self.log.get(&key) else {
+            return;
+        };
+        if a.state != AcceptanceState::Accepted {
+            return;
+        }
+        let actual = if actual.le(&a.binding.max_charge) {
+            actual
+        } else {
+            a.binding.max_charge.clone()
+        };
+        let receipt = Receipt {
+            key,
+            binding: a.binding.digest(),
+            gateway: self.me.clone(),
+            actual,
+        };
+        let payer = a.binding.payer.clone();
+        let signed = Signed::sign(&receipt, &self.me, &self.key);
+        let record = GatewayRecord::Receipt {
+            receipt: signed.clone(),
+        };
+        self.apply(&record);
+        let token = self.persist(record);
+        self.gated
+            .insert(token, Gated::Send(payer, LedgerMessage::Receipt(signed)));
+    }
+
+    fn apply(&mut self, r: &GatewayRecord) {
+        match r {
+            GatewayRecord::Accepted {
+                binding,
+                permit,
+                effect,
+            } => {
+                let e = self.log.entry(binding.key).or_insert_with(|| Acceptance {
+                    binding: (**binding).clone(),
+                    permit: permit.clone(),
+                    effect: effect.clone(),
+                    state: AcceptanceState::Accepted,
+                    accepted: 0,
+                });
+                e.accepted += 1;
+                if self.mutation == Some(LedgerMutation::GatewayAcceptsKeyTwice) {
+                    e.state = AcceptanceState::Accepted;
+                }
+            }
+            GatewayRecord::Receipt { receipt } => {
+                if let Ok(body) = receipt.peek() {
+                    if let Some(a) = self.log.get_mut(&body.key) {
+                        a.state = AcceptanceState::Done(receipt.clone());
+                    }
+                }
+            }
+            GatewayRecord::Fence { credit, epoch } => {
+                let f = self.fences.entry(*credit).or_insert(0);
+                *f = (*f).max(*epoch);
+            }
+        }
+    }
+
+    fn persist(&mut self, r: GatewayRecord) -> PersistToken {
+        let t = PersistToken(self.next_token);
+        self.next_token += 1;
+        self.persists.push_back((t, r));
+        t
+    }
+
+    /// The next record to make durable.
+    pub fn poll_persist(&mut self) -> Option<(PersistToken, GatewayRecord)> {
+        self.persists.pop_front()
+    }
+
+    /// `token` is durable: release what waited for it.
+    pub fn handle_persisted(&mut self, token: PersistToken) {
+        match self.gated.remove(&token) {
+            Some(Gated::Execute(e)) => self.executes.push_back(e),
+            Some(Gated::Send(to, m)) => self.transmits.push_back((to, m)),
+            None => {}
+        }
+    }
+
+    /// The next effect to run.
+    pub fn poll_execute(&mut self) -> Option<Execute> {
+        self.executes.pop_front()
+    }
+
+    /// The next message to send.
+    pub fn poll_transmit(&mut self) -> Option<(AgentId, LedgerMessage)> {
+        self.transmits.pop_front()
+    }
+
+    /// The acceptance log.
+    pub fn log(&self) -> impl Iterator<Item = (&OpKey, &Acceptance)> {
+        self.log.iter()
+    }
+
+    /// Fences in force.
+    pub fn fences(&self) -> impl Iterator<Item = (&CreditId, &u64)> {
+        self.fences.iter()
+    }
+}

@@ -1,0 +1,159 @@
+//! Budget conservation in delegation (SPEC.md Part 2), sans-IO.
+//!
+//! A root grant's atoms (`[0, B)` per dimension) are owned by exactly one place at a time:
+//!
+//! ```text
+//!            split / join (local)                 transfer: seal ─▶ accept at destination
+//!   Available ◀──────────────▶ Available      Available ──▶ InTransit ──▶ (destination's Available)
+//!       │  ▲                                                   └─ signed refusal ─▶ Available
+//!       │  └── release unsent (permit never exposed)
+//!       ▼  │
+//!   Reserved ──dispatch──▶ Quarantined ──receipt──▶ Committed (actual) + Available (remainder)
+//!                               │  ├──no-effect proof (fenced)──▶ Available
+//!                               │  └──forfeit──▶ Forfeited (absorbing)
+//!                               └── a timeout changes nothing
+//! ```
+//!
+//! - [`Branch`]: one agent's credits, transfers and operations. Every transition is a
+//!   [`Step`] handed out through `poll_persist`; messages that depend on it are released only
+//!   after `handle_persisted` (persist before exposure). Replaying steps rebuilds the state
+//!   ([`Branch::recover`]); replaying one twice is a no-op.
+//! - [`Gateway`]: mediates effects — verifies the permit, recomputes the binding, enforces the
+//!   epoch fence and the maximum charge, records first acceptance durably before the effect
+//!   runs, answers a repeated key with the prior decision, signs receipts, answers queries.
+//! - [`check`]: the conservation checker, written apart from the ledger: it reads plain
+//!   snapshots of durable state (and the gateway's log and the effects that ran) and checks
+//!   L1–L7 with its own interval arithmetic.
+
+#![warn(missing_docs, unreachable_pub)]
+
+mod branch;
+pub mod check;
+mod gateway;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+pub use abhyasa_wire::ledger::*;
+use abhyasa_wire::AgentId;
+pub use branch::{
+    Branch, BranchConfig, Credit, LedgerEvent, OpState, Operation, Outgoing, OutgoingState, Step,
+};
+pub use gateway::{Acceptance, AcceptanceState, Execute, Gateway, GatewayRecord};
+
+/// Verifying keys of the agents a ledger component trusts, by agent id.
+#[derive(Clone, Debug, Default)]
+pub struct Keyring(Arc<BTreeMap<AgentId, LedgerVerifyingKey>>);
+
+impl Keyring {
+    /// A keyring of `(agent, key)` pairs.
+    pub fn new(keys: impl IntoIterator<Item = (AgentId, LedgerVerifyingKey)>) -> Self {
+        Self(Arc::new(keys.into_iter().collect()))
+    }
+
+    /// The key of `agent`.
+    pub fn get(&self, agent: &AgentId) -> Option<LedgerVerifyingKey> {
+        self.0.get(agent).copied()
+    }
+
+    /// Opens `signed`, which must come from `expected`.
+    pub fn open<T: SignedObject>(
+        &self,
+        signed: &Signed<T>,
+        expected: &AgentId,
+    ) -> Result<T, SignatureError> {
+        signed.open_from(expected, &|a: &AgentId| self.get(a))
+    }
+}
+
+/// Why a ledger transition was refused. Nothing changes when one is returned.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LedgerError {
+    /// A signature, signer or signed body is wrong.
+    #[error(transparent)]
+    Signature(#[from] SignatureError),
+    /// A body that does not decode (a damaged journal record).
+    #[error(transparent)]
+    Wire(#[from] abhyasa_wire::WireError),
+    /// No such credit here (or it is closed).
+    #[error("unknown or closed credit {0}")]
+    UnknownCredit(CreditId),
+    /// No such operation here.
+    #[error("unknown operation {0}")]
+    UnknownOperation(OpKey),
+    /// No such transfer here.
+    #[error("unknown transfer {0}")]
+    UnknownTransfer(TransferId),
+    /// The credit's available atoms do not cover the amount.
+    #[error("insufficient available balance: need {need:?}, have {have:?}")]
+    Insufficient {
+        /// What was asked for.
+        need: Vector,
+        /// What is available.
+        have: Vector,
+    },
+    /// A label that is not within its parent's.
+    #[error("label is not an attenuation of the credit's label")]
+    LabelNotAttenuated,
+    /// The effect's purpose is not allowed by the credit's label.
+    #[error("purpose not allowed by the credit's label")]
+    PurposeNotAllowed,
+    /// An id that is already in use for something else.
+    #[error("id already used: {0}")]
+    IdInUse(&'static str),
+    /// The transition does not apply in the current state.
+    #[error("not allowed in this state: {0}")]
+    WrongState(&'static str),
+    /// Join inputs that are not pairwise disjoint, of different roots, repeated, or busy.
+    #[error("join refused: {0}")]
+    Join(&'static str),
+    /// Evidence that does not match the operation's binding.
+    #[error("evidence does not match the binding: {0}")]
+    Mismatch(&'static str),
+    /// Arithmetic overflow.
+    #[error("arithmetic overflow")]
+    Overflow,
+}
+
+/// A token that confirms a persisted record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PersistToken(pub u64);
+
+/// A deliberately broken rule, selectable only to prove that the checkers catch it.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LedgerMutation {
+    /// The branch returns quarantined atoms to Available when a query goes unanswered.
+    RefundOnTimeout,
+    /// The destination accepts a transfer certificate it has already decided.
+    AcceptReplayedTransfer,
+    /// Join does not check that its inputs are distinct and disjoint.
+    JoinWithoutDisjointness,
+    /// The gateway ignores the epoch fence when accepting a permit.
+    GatewayWithoutFence,
+    /// The gateway accepts (and runs) a key it has already accepted.
+    GatewayAcceptsKeyTwice,
+}
+
+impl LedgerMutation {
+    /// Every mutant, with its command-line name.
+    pub const ALL: [(&'static str, LedgerMutation); 5] = [
+        ("refund_on_timeout", LedgerMutation::RefundOnTimeout),
+        (
+            "accept_replayed_transfer",
+            LedgerMutation::AcceptReplayedTransfer,
+        ),
+        (
+            "join_without_disjointness",
+            LedgerMutation::JoinWithoutDisjointness,
+        ),
+        ("gateway_without_fence", LedgerMutation::GatewayWithoutFence),
+        (
+            "gateway_accepts_key_twice",
+            LedgerMutation::GatewayAcceptsKeyTwice,
+        ),
+    ];
+}
+
+#[cfg(test)]
+mod tests;

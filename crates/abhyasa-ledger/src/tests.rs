@@ -1,0 +1,563 @@
+//! Hand-driven schedules of branches and a gateway, checked by the independent checker.
+
+use abhyasa_wire::{AgentId, UnixMillis};
+
+use super::*;
+use crate::check::{check, EffectInstance, World};
+
+fn id(s: &str) -> AgentId {
+    AgentId::new(s).unwrap()
+}
+
+fn sk(n: u8) -> LedgerSigningKey {
+    signing_key([n; 32])
+}
+
+fn v(pairs: &[(&str, u64)]) -> Vector {
+    Vector::of(pairs).unwrap()
+}
+
+/// Issuer, root branch `r`, child `c`, gateway `g`.
+struct Net {
+    keys: Keyring,
+    r: Branch,
+    c: Branch,
+    g: Gateway,
+    effects: Vec<EffectInstance>,
+    now: u64,
+}
+
+const ROOT_CREDIT: CreditId = CreditId::from_u128(1);
+
+impl Net {
+    fn new(budget: &[(&str, u64)], mutation: Option<LedgerMutation>) -> Self {
+        let keys = Keyring::new([
+            (id("issuer"), sk(1).verifying_key()),
+            (id("r"), sk(2).verifying_key()),
+            (id("c"), sk(3).verifying_key()),
+            (id("g"), sk(4).verifying_key()),
+        ]);
+        let config = BranchConfig {
+            resend_ms: 100,
+            mutation,
+        };
+        let mut n = Self {
+            r: Branch::new(id("r"), sk(2), keys.clone(), config.clone()),
+            c: Branch::new(id("c"), sk(3), keys.clone(), config),
+            g: Gateway::new(id("g"), sk(4), keys.clone(), mutation),
+            keys,
+            effects: Vec::new(),
+            now: 0,
+        };
+        let grant = RootGrant {
+            root: RootId::from_u128(7),
+            issuer: id("issuer"),
+            holder: id("r"),
+            budget: v(budget),
+            label: Label::of(&["tools", "travel"]).unwrap(),
+            issued_at: UnixMillis(0),
+        };
+        n.r.grant(Signed::sign(&grant, &id("issuer"), &sk(1)), ROOT_CREDIT)
+            .unwrap();
+        n.persist_all();
+        n
+    }
+
+    /// Makes every step and record durable (releasing what waited).
+    fn persist_all(&mut self) {
+        for b in [&mut self.r, &mut self.c] {
+            while let Some((t, _)) = b.poll_persist() {
+                b.handle_persisted(t);
+            }
+        }
+        while let Some((t, _)) = self.g.poll_persist() {
+            self.g.handle_persisted(t);
+        }
+    }
+
+    /// Delivers every queued message (dropping those `drop` picks), runs effects charging
+    /// `charge`, until quiet.
+    fn run(&mut self, charge: &Vector, drop: &mut dyn FnMut(&AgentId, &LedgerMessage) -> bool) {
+        for _ in 0..50 {
+            self.persist_all();
+            let mut moved = false;
+            let mut msgs = Vec::new();
+            for (from, b) in [(id("r"), &mut self.r), (id("c"), &mut self.c)] {
+                while let Some((to, m)) = b.poll_transmit() {
+                    msgs.push((from.clone(), to, m));
+                }
+            }
+            while let Some((to, m)) = self.g.poll_transmit() {
+                msgs.push((id("g"), to, m));
+            }
+            while let Some(e) = self.g.poll_execute() {
+                moved = true;
+                let ran = self.effects.iter().any(|x| x.key == e.key);
+                if !(e.resume && ran) {
+                    self.effects.push(EffectInstance {
+                        gateway: id("g"),
+                        key: e.key,
+                        charge: charge.clone(),
+                    });
+                }
+                self.g.handle_executed(e.key, charge.clone());
+            }
+            for (from, to, m) in msgs {
+                moved = true;
+                if drop(&to, &m) {
+                    continue;
+                }
+                match to.as_str() {
+                    "r" => self.r.handle_message(UnixMillis(self.now), &from, m),
+                    "c" => self.c.handle_message(UnixMillis(self.now), &from, m),
+                    "g" => self.g.handle_message(&from, m),
+                    _ => panic!("no such agent {to}"),
+                }
+            }
+            if !moved {
+                return;
+            }
+        }
+        panic!("did not settle");
+    }
+
+    fn violations(&self) -> Vec<check::Violation> {
+        check(&World {
+            branches: &[&self.r, &self.c],
+            gateways: &[&self.g],
+            effects: &self.effects,
+            keys: &self.keys,
+        })
+    }
+
+    fn effect(&self, op: &str, max: &[(&str, u64)]) -> Effect {
+        Effect {
+            purpose: Dim::new("tools").unwrap(),
+            operation: op.into(),
+            max_charge: v(max),
+        }
+    }
+}
+
+fn key(n: u128) -> OpKey {
+    OpKey::from_u128(n)
+}
+
+#[test]
+fn partial_charge_commits_the_actual_and_returns_the_remainder() {
+    // The paper's example: reserve (1000 cents, 3 calls), receipt (730, 1) → commit (730, 1),
+    // return (270, 2).
+    let mut n = Net::new(&[("cents", 5_000), ("calls", 10)], None);
+    let e = n.effect("search", &[("cents", 1_000), ("calls", 3)]);
+    n.r.reserve(ROOT_CREDIT, e, &id("g"), key(1)).unwrap();
+    let root = RootId::from_u128(7);
+    assert_eq!(n.r.buckets(root)[2], v(&[("cents", 1_000), ("calls", 3)]));
+    n.r.dispatch(UnixMillis(0), key(1)).unwrap();
+    assert_eq!(n.r.buckets(root)[3], v(&[("cents", 1_000), ("calls", 3)]));
+    n.run(&v(&[("cents", 730), ("calls", 1)]), &mut |_, _| false);
+    let [a, t, r, q, c, f] = n.r.buckets(root);
+    assert_eq!(c, v(&[("cents", 730), ("calls", 1)]));
+    assert_eq!(
+        a,
+        v(&[("cents", 4_270), ("calls", 9)]),
+        "270 cents and 2 calls came back"
+    );
+    assert!(t.is_zero() && r.is_zero() && q.is_zero() && f.is_zero());
+    assert_eq!(n.violations(), vec![]);
+    // A replayed receipt changes nothing.
+    let receipt = match &n.r.operation(key(1)).unwrap().state {
+        OpState::Settled { receipt, .. } => receipt.clone(),
+        s => panic!("{s:?}"),
+    };
+    let before = n.r.journal_len();
+    n.r.handle_message(UnixMillis(1), &id("g"), LedgerMessage::Receipt(receipt));
+    assert_eq!(n.r.journal_len(), before);
+    assert_eq!(n.r.buckets(root)[4], v(&[("cents", 730), ("calls", 1)]));
+}
+
+#[test]
+fn late_completion_a_two_unit_root_lost_reply() {
+    // The paper's late-completion schedule: a 2-unit root, one 2-unit operation, the reply is
+    // lost, the request times out. The atoms must stay quarantined (no refund), so nothing
+    // else can be funded; the late receipt then settles it.
+    let mut n = Net::new(&[("units", 2)], None);
+    let root = RootId::from_u128(7);
+    let e = n.effect("pay", &[("units", 2)]);
+    n.r.reserve(ROOT_CREDIT, e, &id("g"), key(1)).unwrap();
+    n.r.dispatch(UnixMillis(0), key(1)).unwrap();
+    // The gateway accepts and runs the effect; its receipt is lost.
+    n.run(&v(&[("units", 2)]), &mut |to, m| {
+        to.as_str() == "r" && matches!(m, LedgerMessage::Receipt(_))
+    });
+    assert_eq!(n.effects.len(), 1);
+    // Timeouts pass: still quarantined, and no second spend fits.
+    for t in [100, 200, 300] {
+        n.now = t;
+        n.r.handle_timeout(UnixMillis(t));
+        n.r.poll_transmit(); // The resend is lost too.
+    }
+    assert_eq!(n.r.buckets(root)[3], v(&[("units", 2)]));
+    let again = n.effect("pay-again", &[("units", 1)]);
+    assert!(matches!(
+        n.r.reserve(ROOT_CREDIT, again, &id("g"), key(2)),
+        Err(LedgerError::Insufficient { .. })
+    ));
+    assert_eq!(n.violations(), vec![]);
+    // The late completion arrives (the resend is answered with the prior receipt).
+    n.now = 400;
+    n.r.handle_timeout(UnixMillis(400));
+    n.run(&v(&[("units", 2)]), &mut |_, _| false);
+    assert_eq!(n.r.buckets(root)[4], v(&[("units", 2)]));
+    assert_eq!(
+        n.effects.len(),
+        1,
+        "the resend did not run the effect again"
+    );
+    assert_eq!(n.violations(), vec![]);
+}
+
+#[test]
+fn late_completion_is_caught_when_timeouts_refund() {
+    let mut n = Net::new(&[("units", 2)], Some(LedgerMutation::RefundOnTimeout));
+    let e = n.effect("pay", &[("units", 2)]);
+    n.r.reserve(ROOT_CREDIT, e, &id("g"), key(1)).unwrap();
+    n.r.dispatch(UnixMillis(0), key(1)).unwrap();
+    n.run(&v(&[("units", 2)]), &mut |to, m| {
+        to.as_str() == "r" && matches!(m, LedgerMessage::Receipt(_))
+    });
+    n.now = 200;
+    n.r.handle_timeout(UnixMillis(200));
+    n.persist_all();
+    // The refunded units fund a second effect: 4 units spent from a 2-unit root.
+    let e = n.effect("pay-again", &[("units", 2)]);
+    n.r.reserve(ROOT_CREDIT, e, &id("g"), key(2)).unwrap();
+    n.r.dispatch(UnixMillis(200), key(2)).unwrap();
+    n.run(&v(&[("units", 2)]), &mut |_, _| false);
+    let found = n.violations();
+    assert!(found.iter().any(|x| x.law == "L6"), "{found:?}");
+    assert!(found.iter().any(|x| x.law == "L3"), "{found:?}");
+}
+
+#[test]
+fn transfer_is_accepted_once_and_cancelled_only_on_a_signed_refusal() {
+    let mut n = Net::new(&[("cents", 100)], None);
+    let root = RootId::from_u128(7);
+    let label = Label::of(&["tools"]).unwrap();
+    n.r.transfer(
+        ROOT_CREDIT,
+        TransferId::from_u128(1),
+        &v(&[("cents", 40)]),
+        &id("c"),
+        label.clone(),
+    )
+    .unwrap();
+    assert_eq!(n.r.buckets(root)[1], v(&[("cents", 40)]), "in transit");
+    // The certificate is delivered twice (a duplicate and a resend).
+    let cert = match n.r.poll_transmit() {
+        None => {
+            n.persist_all();
+            n.r.poll_transmit().unwrap()
+        }
+        Some(m) => m,
+    };
+    n.c.handle_message(UnixMillis(0), &id("r"), cert.1.clone());
+    n.c.handle_message(UnixMillis(0), &id("r"), cert.1.clone());
+    assert_eq!(n.c.credits().count(), 1, "accepted once");
+    assert_eq!(n.c.buckets(root)[0], v(&[("cents", 40)]));
+    n.run(&Vector::zero(), &mut |_, _| false);
+    assert_eq!(n.r.buckets(root)[0], v(&[("cents", 60)]));
+    assert!(n.r.buckets(root)[1].is_zero());
+    assert_eq!(n.violations(), vec![]);
+
+    // A refused transfer comes back exactly once, on the destination's signed decision.
+    n.c.set_refusing(true);
+    n.r.transfer(
+        ROOT_CREDIT,
+        TransferId::from_u128(2),
+        &v(&[("cents", 10)]),
+        &id("c"),
+        label,
+    )
+    .unwrap();
+    // Timeouts alone never cancel.
+    n.persist_all();
+    n.r.poll_transmit();
+    n.r.handle_timeout(UnixMillis(1_000));
+    assert_eq!(n.r.buckets(root)[1], v(&[("cents", 10)]));
+    n.run(&Vector::zero(), &mut |_, _| false);
+    assert_eq!(n.r.buckets(root)[0], v(&[("cents", 60)]));
+    assert!(n.r.buckets(root)[1].is_zero());
+    assert_eq!(n.violations(), vec![]);
+}
+
+#[test]
+fn a_replayed_transfer_accepted_twice_is_caught() {
+    let mut n = Net::new(
+        &[("cents", 100)],
+        Some(LedgerMutation::AcceptReplayedTransfer),
+    );
+    n.r.transfer(
+        ROOT_CREDIT,
+        TransferId::from_u128(1),
+        &v(&[("cents", 40)]),
+        &id("c"),
+        Label::of(&["tools"]).unwrap(),
+    )
+    .unwrap();
+    n.persist_all();
+    let (_, m) = n.r.poll_transmit().unwrap();
+    n.c.handle_message(UnixMillis(0), &id("r"), m.clone());
+    n.c.handle_message(UnixMillis(0), &id("r"), m);
+    assert_eq!(n.c.credits().count(), 2);
+    assert!(n.violations().iter().any(|x| x.law == "L1"));
+}
+
+#[test]
+fn joins_need_distinct_disjoint_idle_inputs() {
+    let mut n = Net::new(&[("cents", 100)], None);
+    let (a, b, out) = (
+        CreditId::from_u128(10),
+        CreditId::from_u128(11),
+        CreditId::from_u128(12),
+    );
+    let label = Label::of(&["tools"]).unwrap();
+    n.r.split(ROOT_CREDIT, a, v(&[("cents", 30)]), label.clone())
+        .unwrap();
+    n.r.split(ROOT_CREDIT, b, v(&[("cents", 20)]), label)
+        .unwrap();
+    assert!(matches!(
+        n.r.join(vec![a, a], out),
+        Err(LedgerError::Join(_))
+    ));
+    n.r.join(vec![a, b], out).unwrap();
+    assert_eq!(
+        n.r.credit(out).unwrap().available.size(),
+        v(&[("cents", 50)])
+    );
+    assert_eq!(n.violations(), vec![]);
+
+    let mut n = Net::new(
+        &[("cents", 100)],
+        Some(LedgerMutation::JoinWithoutDisjointness),
+    );
+    n.r.split(
+        ROOT_CREDIT,
+        a,
+        v(&[("cents", 30)]),
+        Label::of(&["tools"]).unwrap(),
+    )
+    .unwrap();
+    n.r.join(vec![a, a], out).unwrap();
+    assert_eq!(
+        n.r.credit(out).unwrap().available.size(),
+        v(&[("cents", 60)])
+    );
+    assert!(n.violations().iter().any(|x| x.law == "L1"));
+}
+
+#[test]
+fn fence_then_no_effect_returns_a_lost_dispatch_and_stale_permits_are_refused() {
+    for mutation in [None, Some(LedgerMutation::GatewayWithoutFence)] {
+        let mut n = Net::new(&[("units", 5)], mutation);
+        let root = RootId::from_u128(7);
+        let e = n.effect("call", &[("units", 5)]);
+        n.r.reserve(ROOT_CREDIT, e, &id("g"), key(1)).unwrap();
+        n.r.dispatch(UnixMillis(0), key(1)).unwrap();
+        n.persist_all();
+        // The permit is delayed in the network (held here).
+        let (_, late) = n.r.poll_transmit().unwrap();
+        // Reclaim: fence the credit's epoch, then the query proves no effect.
+        n.r.request_fence(ROOT_CREDIT).unwrap();
+        n.run(&v(&[("units", 5)]), &mut |_, _| false);
+        assert_eq!(
+            n.r.buckets(root)[0],
+            v(&[("units", 5)]),
+            "returned on the proof"
+        );
+        assert!(matches!(
+            n.r.operation(key(1)).unwrap().state,
+            OpState::NoEffect(_)
+        ));
+        // The units are spent again at the new epoch.
+        let e2 = n.effect("call-2", &[("units", 5)]);
+        n.r.reserve(ROOT_CREDIT, e2, &id("g"), key(2)).unwrap();
+        n.r.dispatch(UnixMillis(1), key(2)).unwrap();
+        n.run(&v(&[("units", 5)]), &mut |_, _| false);
+        // Now the stale permit arrives.
+        n.g.handle_message(&id("r"), late);
+        n.run(&v(&[("units", 5)]), &mut |_, _| false);
+        let found = n.violations();
+        match mutation {
+            None => {
+                assert_eq!(found, vec![]);
+                assert_eq!(n.effects.len(), 1);
+            }
+            Some(_) => assert!(found.iter().any(|x| x.law == "L3"), "{found:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_gateway_answers_a_repeated_key_with_its_prior_decision() {
+    for mutation in [None, Some(LedgerMutation::GatewayAcceptsKeyTwice)] {
+        let mut n = Net::new(&[("units", 3)], mutation);
+        let e = n.effect("call", &[("units", 3)]);
+        n.r.reserve(ROOT_CREDIT, e, &id("g"), key(1)).unwrap();
+        n.r.dispatch(UnixMillis(0), key(1)).unwrap();
+        n.persist_all();
+        let (_, m) = n.r.poll_transmit().unwrap();
+        n.g.handle_message(&id("r"), m.clone());
+        n.persist_all();
+        n.g.handle_message(&id("r"), m);
+        n.run(&v(&[("units", 1)]), &mut |_, _| false);
+        match mutation {
+            None => {
+                assert_eq!(n.effects.len(), 1);
+                assert_eq!(n.violations(), vec![]);
+            }
+            Some(_) => {
+                assert_eq!(n.effects.len(), 2);
+                assert!(n.violations().iter().any(|x| x.law == "L3"));
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_evidence_is_rejected_and_changes_nothing() {
+    let mut n = Net::new(&[("units", 3)], None);
+    let e = n.effect("call", &[("units", 3)]);
+    n.r.reserve(ROOT_CREDIT, e.clone(), &id("g"), key(1))
+        .unwrap();
+    n.r.dispatch(UnixMillis(0), key(1)).unwrap();
+    n.persist_all();
+    let binding = n.r.operation(key(1)).unwrap().binding.clone();
+    // A receipt signed by someone else, one tampered with, one above the maximum.
+    let forged = Receipt {
+        key: key(1),
+        binding: binding.digest(),
+        gateway: id("g"),
+        actual: v(&[("units", 1)]),
+    };
+    let before = n.r.journal_len();
+    n.r.handle_message(
+        UnixMillis(1),
+        &id("g"),
+        LedgerMessage::Receipt(Signed::sign(&forged, &id("g"), &sk(9))),
+    );
+    let good = Signed::sign(&forged, &id("g"), &sk(4));
+    n.r.handle_message(
+        UnixMillis(1),
+        &id("g"),
+        LedgerMessage::Receipt(good.tampered(3)),
+    );
+    let over = Receipt {
+        actual: v(&[("units", 4)]),
+        ..forged.clone()
+    };
+    n.r.handle_message(
+        UnixMillis(1),
+        &id("g"),
+        LedgerMessage::Receipt(Signed::sign(&over, &id("g"), &sk(4))),
+    );
+    // A no-effect proof without a fence above the binding's epoch.
+    let unfenced = NoEffect {
+        key: key(1),
+        binding: binding.digest(),
+        gateway: id("g"),
+        fence: 0,
+    };
+    n.r.handle_message(
+        UnixMillis(1),
+        &id("g"),
+        LedgerMessage::NoEffect(Signed::sign(&unfenced, &id("g"), &sk(4))),
+    );
+    assert_eq!(n.r.journal_len(), before);
+    let rejected = std::iter::from_fn(|| n.r.poll_event())
+        .filter(|e| matches!(e, LedgerEvent::Rejected(_)))
+        .count();
+    assert_eq!(rejected, 4);
+    assert_eq!(n.r.operation(key(1)).unwrap().state, OpState::Quarantined);
+    // A permit the gateway cannot match to the effect is refused, and runs nothing.
+    let (_, m) = n.r.poll_transmit().unwrap();
+    let LedgerMessage::Dispatch { permit, .. } = m else {
+        panic!()
+    };
+    let other = Effect {
+        operation: "something else".into(),
+        ..e
+    };
+    n.g.handle_message(
+        &id("r"),
+        LedgerMessage::Dispatch {
+            permit,
+            effect: other,
+        },
+    );
+    assert!(matches!(
+        n.g.poll_transmit(),
+        Some((
+            _,
+            LedgerMessage::Refused {
+                reason: Refusal::BindingMismatch,
+                ..
+            }
+        ))
+    ));
+    assert!(n.g.poll_persist().is_none());
+}
+
+#[test]
+fn recovery_replays_the_journal_to_the_same_state() {
+    let mut n = Net::new(&[("cents", 100), ("calls", 5)], None);
+    let mut journal = Vec::new();
+    let grant = RootGrant {
+        root: RootId::from_u128(7),
+        issuer: id("issuer"),
+        holder: id("r"),
+        budget: v(&[("cents", 100), ("calls", 5)]),
+        label: Label::of(&["tools", "travel"]).unwrap(),
+        issued_at: UnixMillis(0),
+    };
+    let mut r = Branch::new(id("r"), sk(2), n.keys.clone(), BranchConfig::default());
+    r.grant(Signed::sign(&grant, &id("issuer"), &sk(1)), ROOT_CREDIT)
+        .unwrap();
+    r.split(
+        ROOT_CREDIT,
+        CreditId::from_u128(5),
+        v(&[("cents", 10)]),
+        Label::of(&["tools"]).unwrap(),
+    )
+    .unwrap();
+    let e = n.effect("x", &[("cents", 20), ("calls", 1)]);
+    r.reserve(ROOT_CREDIT, e, &id("g"), key(3)).unwrap();
+    r.dispatch(UnixMillis(0), key(3)).unwrap();
+    while let Some((t, s)) = r.poll_persist() {
+        journal.push(s);
+        r.handle_persisted(t);
+    }
+    let (back, rejected) = Branch::recover(
+        id("r"),
+        sk(2),
+        n.keys.clone(),
+        BranchConfig::default(),
+        journal.clone(),
+    );
+    assert!(rejected.is_empty());
+    let root = RootId::from_u128(7);
+    assert_eq!(back.buckets(root), r.buckets(root));
+    assert_eq!(back.journal_len(), r.journal_len());
+    // Replaying the journal twice is the same as once.
+    let doubled: Vec<Step> = journal.iter().chain(journal.iter()).cloned().collect();
+    let (twice, rejected) = Branch::recover(
+        id("r"),
+        sk(2),
+        n.keys.clone(),
+        BranchConfig::default(),
+        doubled,
+    );
+    assert!(rejected.is_empty());
+    assert_eq!(twice.buckets(root), r.buckets(root));
+    n.r = back;
+    assert_eq!(n.violations(), vec![]);
+}

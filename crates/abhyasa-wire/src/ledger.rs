@@ -1,0 +1,1216 @@
+//! Budget-ledger wire objects (SPEC.md Part 2): resource vectors, range-compressed atom
+//! footprints, root grants, transfer certificates and decisions, dispatch permits with their
+//! operation binding, gateway receipts and no-effect proofs, epoch fences, status queries.
+//!
+//! Signed objects travel as [`Signed`]: the exact canonical CBOR bytes of the body, the
+//! signer, and an ed25519 signature over a domain-separated message (`abhyasa/v1/ledger/`,
+//! the object's tag, a zero byte, the body bytes). [`Signed::open`] verifies strictly
+//! (`verify_strict`: no small-order keys, no malleable signatures), decodes strictly, checks
+//! the object's own rules, and refuses a body that is not in canonical form, so one value
+//! has exactly one signed form.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::marker::PhantomData;
+
+use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
+use serde::de::{self, DeserializeOwned, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use sha2::{Digest as _, Sha256};
+
+use crate::{decode, encode, AgentId, UnixMillis, WireError};
+
+macro_rules! id16 {
+    ($(#[$m:meta])* $name:ident, $what:literal) => {
+        $(#[$m])*
+        #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub struct $name([u8; 16]);
+
+        impl $name {
+            /// Builds the id from a 128-bit integer (big-endian bytes).
+            pub const fn from_u128(v: u128) -> Self {
+                Self(v.to_be_bytes())
+            }
+
+            /// The id as an integer.
+            pub const fn to_u128(self) -> u128 {
+                u128::from_be_bytes(self.0)
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{:x}", self.to_u128())
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, concat!(stringify!($name), "({})"), self)
+            }
+        }
+
+        impl Serialize for $name {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_bytes(&self.0)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                d.deserialize_bytes(FixedBytes::<16>($what)).map(Self)
+            }
+        }
+    };
+}
+
+id16!(
+    /// A root grant.
+    RootId,
+    "a 16-byte root id"
+);
+id16!(
+    /// A credit (globally unique: minted by its holder).
+    CreditId,
+    "a 16-byte credit id"
+);
+id16!(
+    /// A transfer between two branches.
+    TransferId,
+    "a 16-byte transfer id"
+);
+id16!(
+    /// An operation's canonical idempotency key.
+    OpKey,
+    "a 16-byte operation key"
+);
+
+struct FixedBytes<const N: usize>(&'static str);
+
+impl<const N: usize> Visitor<'_> for FixedBytes<N> {
+    type Value = [u8; N];
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
+    fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<[u8; N], E> {
+        v.try_into().map_err(|_| E::invalid_length(v.len(), &self))
+    }
+}
+
+/// A SHA-256 digest.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Digest(pub [u8; 32]);
+
+impl Digest {
+    /// SHA-256 of `parts`, each length-prefixed.
+    pub fn of(parts: &[&[u8]]) -> Self {
+        let mut h = Sha256::new();
+        for p in parts {
+            h.update((p.len() as u64).to_be_bytes());
+            h.update(p);
+        }
+        Self(h.finalize().into())
+    }
+}
+
+impl fmt::Debug for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Digest(")?;
+        for b in &self.0[..6] {
+            write!(f, "{b:02x}")?;
+        }
+        write!(f, "…)")
+    }
+}
+
+impl Serialize for Digest {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Digest {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_bytes(FixedBytes::<32>("a 32-byte digest"))
+            .map(Self)
+    }
+}
+
+/// A resource dimension: `[a-z0-9_]`, 1 to 32 characters (`cents`, `calls`, `tokens`).
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Serialize)]
+pub struct Dim(String);
+
+impl Dim {
+    /// Validates a dimension name.
+    pub fn new(name: impl Into<String>) -> Result<Self, WireError> {
+        let name = name.into();
+        let ok = !name.is_empty()
+            && name.len() <= 32
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+        if ok {
+            Ok(Self(name))
+        } else {
+            Err(WireError::Invalid("dimension name"))
+        }
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for Dim {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Dim::new(String::deserialize(d)?).map_err(de::Error::custom)
+    }
+}
+
+impl fmt::Display for Dim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Most dimensions in one vector or footprint.
+pub const MAX_DIMS: usize = 16;
+
+/// Most ranges in one dimension of a footprint.
+pub const MAX_RANGES: usize = 256;
+
+/// A resource vector: integer quanta per named dimension. Canonical: no zero entries.
+#[derive(Clone, PartialEq, Eq, Hash, Default, Serialize)]
+pub struct Vector(BTreeMap<Dim, u64>);
+
+impl Vector {
+    /// The zero vector.
+    pub fn zero() -> Self {
+        Self::default()
+    }
+
+    /// A vector from `(dimension, amount)` pairs (zero amounts dropped).
+    pub fn of(pairs: &[(&str, u64)]) -> Result<Self, WireError> {
+        let mut v = BTreeMap::new();
+        for &(d, n) in pairs {
+            if n > 0 && v.insert(Dim::new(d)?, n).is_some() {
+                return Err(WireError::Invalid("dimension repeated in vector"));
+            }
+        }
+        if v.len() > MAX_DIMS {
+            return Err(WireError::Invalid("too many dimensions"));
+        }
+        Ok(Self(v))
+    }
+
+    /// The amount in `dim` (0 when absent).
+    pub fn get(&self, dim: &Dim) -> u64 {
+        self.0.get(dim).copied().unwrap_or(0)
+    }
+
+    /// Entries with non-zero amounts.
+    pub fn iter(&self) -> impl Iterator<Item = (&Dim, u64)> {
+        self.0.iter().map(|(d, &n)| (d, n))
+    }
+
+    /// Whether every amount is zero.
+    pub fn is_zero(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// `self + other`, or `None` on overflow.
+    pub fn checked_add(&self, other: &Vector) -> Option<Vector> {
+        let mut out = self.0.clone();
+        for (d, n) in other.iter() {
+            let e = out.entry(d.clone()).or_insert(0);
+            *e = e.checked_add(n)?;
+        }
+        Some(Vector(out))
+    }
+
+    /// `self - other`, or `None` when some component would go negative.
+    pub fn checked_sub(&self, other: &Vector) -> Option<Vector> {
+        let mut out = self.0.clone();
+        for (d, n) in other.iter() {
+            let e = out.get_mut(d)?;
+            *e = e.checked_sub(n)?;
+            if *e == 0 {
+                out.remove(d);
+            }
+        }
+        Some(Vector(out))
+    }
+
+    /// Componentwise `self ≤ other`.
+    pub fn le(&self, other: &Vector) -> bool {
+        self.iter().all(|(d, n)| n <= other.get(d))
+    }
+
+    fn insert(&mut self, d: Dim, n: u64) {
+        if n > 0 {
+            self.0.insert(d, n);
+        }
+    }
+}
+
+impl fmt::Debug for Vector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("(")?;
+        for (i, (d, n)) in self.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{n} {d}")?;
+        }
+        f.write_str(")")
+    }
+}
+
+impl<'de> Deserialize<'de> for Vector {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let map = BTreeMap::<Dim, u64>::deserialize(d)?;
+        if map.len() > MAX_DIMS {
+            return Err(de::Error::custom("too many dimensions"));
+        }
+        if map.values().any(|&n| n == 0) {
+            return Err(de::Error::custom("zero entry in a vector"));
+        }
+        Ok(Vector(map))
+    }
+}
+
+/// A set of atoms of one dimension as sorted, disjoint, non-adjacent half-open ranges.
+#[derive(Clone, PartialEq, Eq, Hash, Default, Serialize)]
+pub struct Ranges(Vec<(u64, u64)>);
+
+impl Ranges {
+    /// `[0, n)`.
+    pub fn upto(n: u64) -> Self {
+        if n == 0 {
+            Self::default()
+        } else {
+            Self(vec![(0, n)])
+        }
+    }
+
+    /// From arbitrary ranges; `None` when two overlap or one is inverted.
+    pub fn from_ranges(mut v: Vec<(u64, u64)>) -> Option<Self> {
+        v.retain(|&(s, e)| s != e);
+        if v.iter().any(|&(s, e)| s > e) {
+            return None;
+        }
+        v.sort_unstable();
+        let mut out: Vec<(u64, u64)> = Vec::with_capacity(v.len());
+        for (s, e) in v {
+            match out.last_mut() {
+                Some(last) if s < last.1 => return None,
+                Some(last) if s == last.1 => last.1 = e,
+                _ => out.push((s, e)),
+            }
+        }
+        Some(Self(out))
+    }
+
+    /// The ranges.
+    pub fn ranges(&self) -> &[(u64, u64)] {
+        &self.0
+    }
+
+    /// Number of atoms.
+    pub fn len(&self) -> u64 {
+        self.0.iter().map(|&(s, e)| e - s).sum()
+    }
+
+    /// Whether there is no atom.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Splits off the lowest `n` atoms: `(taken, rest)`, or `None` when there are fewer.
+    pub fn take_lowest(&self, n: u64) -> Option<(Ranges, Ranges)> {
+        if n > self.len() {
+            return None;
+        }
+        let (mut taken, mut rest, mut left) = (Vec::new(), Vec::new(), n);
+        for &(s, e) in &self.0 {
+            if left == 0 {
+                rest.push((s, e));
+            } else if e - s <= left {
+                taken.push((s, e));
+                left -= e - s;
+            } else {
+                taken.push((s, s + left));
+                rest.push((s + left, e));
+                left = 0;
+            }
+        }
+        Some((Ranges(taken), Ranges(rest)))
+    }
+
+    /// Whether no atom is in both.
+    pub fn is_disjoint(&self, other: &Ranges) -> bool {
+        let (mut i, mut j) = (0, 0);
+        while i < self.0.len() && j < other.0.len() {
+            let (a, b) = (self.0[i], other.0[j]);
+            if a.0 < b.1 && b.0 < a.1 {
+                return false;
+            }
+            if a.1 <= b.1 {
+                i += 1;
+            } else {
+                j += 1;
+            }
+        }
+        true
+    }
+
+    /// The union of two disjoint sets; `None` when they share an atom.
+    pub fn union(&self, other: &Ranges) -> Option<Ranges> {
+        let mut v = self.0.clone();
+        v.extend_from_slice(&other.0);
+        Ranges::from_ranges(v)
+    }
+
+    /// `self` without `other`; `None` unless `other ⊆ self`.
+    pub fn subtract(&self, other: &Ranges) -> Option<Ranges> {
+        let mut out = Vec::new();
+        let mut j = 0;
+        let mut covered = 0u64;
+        for &(s, e) in &self.0 {
+            let mut cur = s;
+            while j < other.0.len() && other.0[j].0 < e {
+                let (os, oe) = other.0[j];
+                if os < cur || oe > e {
+                    return None;
+                }
+                if os > cur {
+                    out.push((cur, os));
+                }
+                covered += oe - os;
+                cur = oe;
+                j += 1;
+            }
+            if cur < e {
+                out.push((cur, e));
+            }
+        }
+        (j == other.0.len() && covered == other.len()).then_some(Ranges(out))
+    }
+}
+
+impl fmt::Debug for Ranges {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries(self.0.iter().map(|(s, e)| s..e))
+            .finish()
+    }
+}
+
+impl<'de> Deserialize<'de> for Ranges {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = Vec::<(u64, u64)>::deserialize(d)?;
+        if v.len() > MAX_RANGES {
+            return Err(de::Error::custom("too many ranges"));
+        }
+        let canonical = v.windows(2).all(|w| w[0].1 < w[1].0) && v.iter().all(|&(s, e)| s < e);
+        if !canonical {
+            return Err(de::Error::custom(
+                "ranges must be non-empty, sorted, disjoint and non-adjacent",
+            ));
+        }
+        Ok(Ranges(v))
+    }
+}
+
+/// Atoms per dimension: the exact rights a credit, transfer or operation owns.
+#[derive(Clone, PartialEq, Eq, Hash, Default, Serialize)]
+pub struct Footprint(BTreeMap<Dim, Ranges>);
+
+impl Footprint {
+    /// All atoms of a root with budget `b`: `[0, b[d])` per dimension.
+    pub fn full(b: &Vector) -> Self {
+        Self(
+            b.iter()
+                .map(|(d, n)| (d.clone(), Ranges::upto(n)))
+                .collect(),
+        )
+    }
+
+    /// The atoms of one dimension.
+    pub fn dim(&self, d: &Dim) -> Option<&Ranges> {
+        self.0.get(d)
+    }
+
+    /// Dimensions with atoms.
+    pub fn iter(&self) -> impl Iterator<Item = (&Dim, &Ranges)> {
+        self.0.iter()
+    }
+
+    /// The size of each dimension.
+    pub fn size(&self) -> Vector {
+        let mut v = Vector::zero();
+        for (d, r) in &self.0 {
+            v.insert(d.clone(), r.len());
+        }
+        v
+    }
+
+    /// Whether there is no atom.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Splits off the lowest `amount` atoms of each dimension: `(taken, rest)`.
+    pub fn take(&self, amount: &Vector) -> Option<(Footprint, Footprint)> {
+        let (mut taken, mut rest) = (BTreeMap::new(), self.0.clone());
+        for (d, n) in amount.iter() {
+            let (t, r) = self.0.get(d)?.take_lowest(n)?;
+            taken.insert(d.clone(), t);
+            if r.is_empty() {
+                rest.remove(d);
+            } else {
+                rest.insert(d.clone(), r);
+            }
+        }
+        Some((Footprint(taken), Footprint(rest)))
+    }
+
+    /// Whether no atom is in both.
+    pub fn is_disjoint(&self, other: &Footprint) -> bool {
+        self.0
+            .iter()
+            .all(|(d, r)| other.0.get(d).is_none_or(|o| r.is_disjoint(o)))
+    }
+
+    /// The union of two disjoint footprints; `None` when they share an atom.
+    pub fn union(&self, other: &Footprint) -> Option<Footprint> {
+        let mut out = self.0.clone();
+        for (d, r) in &other.0 {
+            let merged = match out.get(d) {
+                Some(mine) => mine.union(r)?,
+                None => r.clone(),
+            };
+            out.insert(d.clone(), merged);
+        }
+        Some(Footprint(out))
+    }
+
+    /// Appends `other`'s ranges without checking disjointness or merging — atoms in both
+    /// are then counted twice. Only the `JoinWithoutDisjointness` simulation mutant uses it.
+    #[doc(hidden)]
+    pub fn concat_unchecked(&self, other: &Footprint) -> Footprint {
+        let mut out = self.0.clone();
+        for (d, r) in &other.0 {
+            let e = out.entry(d.clone()).or_default();
+            e.0.extend_from_slice(&r.0);
+            e.0.sort_unstable();
+        }
+        Footprint(out)
+    }
+
+    /// `self` without `other`; `None` unless `other ⊆ self`.
+    pub fn subtract(&self, other: &Footprint) -> Option<Footprint> {
+        let mut out = self.0.clone();
+        for (d, r) in &other.0 {
+            let left = out.get(d)?.subtract(r)?;
+            if left.is_empty() {
+                out.remove(d);
+            } else {
+                out.insert(d.clone(), left);
+            }
+        }
+        Some(Footprint(out))
+    }
+}
+
+impl fmt::Debug for Footprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map().entries(self.0.iter()).finish()
+    }
+}
+
+impl<'de> Deserialize<'de> for Footprint {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let map = BTreeMap::<Dim, Ranges>::deserialize(d)?;
+        if map.len() > MAX_DIMS {
+            return Err(de::Error::custom("too many dimensions"));
+        }
+        if map.values().any(Ranges::is_empty) {
+            return Err(de::Error::custom("empty dimension in a footprint"));
+        }
+        Ok(Footprint(map))
+    }
+}
+
+/// What a credit may be spent on: a set of purposes. Delegation attenuates: a child's label
+/// is a subset of its parent's. The empty label allows nothing.
+#[derive(Clone, PartialEq, Eq, Hash, Default, Debug, Serialize, Deserialize)]
+pub struct Label(pub BTreeSet<Dim>);
+
+impl Label {
+    /// A label of purposes.
+    pub fn of(purposes: &[&str]) -> Result<Self, WireError> {
+        purposes
+            .iter()
+            .map(|p| Dim::new(*p))
+            .collect::<Result<_, _>>()
+            .map(Label)
+    }
+
+    /// Whether `self` is an attenuation of `parent` (a subset).
+    pub fn within(&self, parent: &Label) -> bool {
+        self.0.is_subset(&parent.0)
+    }
+
+    /// Whether `purpose` is allowed.
+    pub fn allows(&self, purpose: &Dim) -> bool {
+        self.0.contains(purpose)
+    }
+}
+
+/// An issuer's grant of a root budget to its first holder.
+#[derive(Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RootGrant {
+    /// The root.
+    pub root: RootId,
+    /// Who signs it.
+    pub issuer: AgentId,
+    /// The branch that holds the root credit.
+    pub holder: AgentId,
+    /// `B_g`.
+    pub budget: Vector,
+    /// What the root may be spent on.
+    pub label: Label,
+    /// When.
+    pub issued_at: UnixMillis,
+}
+
+/// A sealed transfer of a footprint from one branch to another.
+#[derive(Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TransferCert {
+    /// The root the atoms belong to.
+    pub root: RootId,
+    /// Unique per root; acceptance is keyed on (root, transfer).
+    pub transfer: TransferId,
+    /// The sending branch (the signer).
+    pub source: AgentId,
+    /// The receiving branch.
+    pub destination: AgentId,
+    /// The credit the atoms left.
+    pub source_credit: CreditId,
+    /// The atoms.
+    pub footprint: Footprint,
+    /// The child's label (within the source credit's).
+    pub label: Label,
+}
+
+/// The destination's decision on a transfer: accepted (once, creating `credit`) or refused
+/// (durably: it will never accept it). Only a refusal lets the source cancel.
+#[derive(Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TransferDecision {
+    /// The root.
+    pub root: RootId,
+    /// The transfer.
+    pub transfer: TransferId,
+    /// The deciding branch (the signer).
+    pub destination: AgentId,
+    /// The child credit created, or `None` for a refusal.
+    pub credit: Option<CreditId>,
+}
+
+/// The full operation binding a permit authorizes and a gateway recomputes.
+#[derive(Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Binding {
+    /// The root.
+    pub root: RootId,
+    /// The paying credit.
+    pub credit: CreditId,
+    /// Its generation.
+    pub generation: u32,
+    /// Its epoch (the gateway refuses permits below its fence).
+    pub epoch: u64,
+    /// Digest of the normalized effect.
+    pub effect: Digest,
+    /// The gateway that may accept it.
+    pub receiver: AgentId,
+    /// Most the effect may charge.
+    pub max_charge: Vector,
+    /// The canonical idempotency key.
+    pub key: OpKey,
+    /// The branch that pays (the permit's signer).
+    pub payer: AgentId,
+}
+
+impl Binding {
+    /// The digest receipts and proofs refer to.
+    pub fn digest(&self) -> Digest {
+        Digest::of(&[b"abhyasa/v1/binding", &encode(self)])
+    }
+}
+
+/// A signed dispatch permit: the binding and the reserved atoms that cover it.
+#[derive(Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Permit {
+    /// What is authorized.
+    pub binding: Binding,
+    /// The reserved atoms (their size is the maximum charge).
+    pub footprint: Footprint,
+}
+
+/// A normalized effect: what the gateway runs. Its digest is what a permit binds.
+#[derive(Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Effect {
+    /// The purpose (must be allowed by the paying credit's label).
+    pub purpose: Dim,
+    /// The operation, normalized by the caller (e.g. a tool name and canonical arguments).
+    pub operation: String,
+    /// What the effect would charge at most.
+    pub max_charge: Vector,
+}
+
+impl Effect {
+    /// The effect digest.
+    pub fn digest(&self) -> Digest {
+        Digest::of(&[b"abhyasa/v1/effect", &encode(self)])
+    }
+}
+
+/// A gateway's receipt: the effect of `key` ran, charging `actual`.
+#[derive(Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Receipt {
+    /// The operation.
+    pub key: OpKey,
+    /// Digest of its binding.
+    pub binding: Digest,
+    /// The gateway (the signer).
+    pub gateway: AgentId,
+    /// The actual charge (≤ the binding's maximum).
+    pub actual: Vector,
+}
+
+/// A gateway's proof that `key` was never accepted and, below `fence`, never can be.
+#[derive(Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoEffect {
+    /// The operation.
+    pub key: OpKey,
+    /// Digest of its binding.
+    pub binding: Digest,
+    /// The gateway (the signer).
+    pub gateway: AgentId,
+    /// The fence in force: the binding's epoch is below it.
+    pub fence: u64,
+}
+
+/// A request to raise the epoch fence of a credit at a gateway.
+#[derive(Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fence {
+    /// The root.
+    pub root: RootId,
+    /// The credit.
+    pub credit: CreditId,
+    /// Permits below this epoch are refused from now on.
+    pub epoch: u64,
+    /// The credit's holder (the signer).
+    pub holder: AgentId,
+}
+
+/// A gateway's confirmation that a fence is durable.
+#[derive(Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fenced {
+    /// The credit.
+    pub credit: CreditId,
+    /// The fence now in force (at least the one asked for).
+    pub epoch: u64,
+    /// The gateway (the signer).
+    pub gateway: AgentId,
+}
+
+/// Why a gateway refused a permit.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Refusal {
+    /// The signature or the signer is wrong.
+    BadSignature,
+    /// A field of the binding does not match what the gateway recomputed.
+    BindingMismatch,
+    /// The permit's epoch is below the fence.
+    Fenced,
+    /// The effect could charge more than the permit's maximum.
+    OverMaximum,
+    /// The key was accepted before with another binding.
+    KeyConflict,
+}
+
+/// Everything on a `ledger/<peer>` track.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum LedgerMessage {
+    /// A sealed transfer, source → destination.
+    Transfer(Signed<TransferCert>),
+    /// Its decision, destination → source.
+    Decision(Signed<TransferDecision>),
+    /// A permit and its effect, payer → gateway.
+    Dispatch {
+        /// The permit.
+        permit: Signed<Permit>,
+        /// The effect it pays for.
+        effect: Effect,
+    },
+    /// A receipt, gateway → payer.
+    Receipt(Signed<Receipt>),
+    /// A no-effect proof, gateway → payer.
+    NoEffect(Signed<NoEffect>),
+    /// A refused permit, gateway → payer (the atoms stay quarantined: a refusal is evidence
+    /// only once the fence proves it final, through a [`NoEffect`]).
+    Refused {
+        /// The operation.
+        key: OpKey,
+        /// Why.
+        reason: Refusal,
+    },
+    /// A reconciliation query for an operation, payer → gateway.
+    Query {
+        /// The operation.
+        key: OpKey,
+        /// Its binding, so the gateway can prove no-effect for exactly it.
+        binding: Box<Binding>,
+    },
+    /// The answer when the gateway can prove nothing yet (accepted and running, or not
+    /// accepted and not fenced).
+    Pending {
+        /// The operation.
+        key: OpKey,
+    },
+    /// A fence request, holder → gateway.
+    Fence(Signed<Fence>),
+    /// Its confirmation, gateway → holder.
+    Fenced(Signed<Fenced>),
+}
+
+/// A ledger object that is signed.
+pub trait SignedObject: Serialize + DeserializeOwned {
+    /// The domain-separation tag.
+    const TAG: &'static str;
+    /// Rules typing does not capture.
+    fn validate(&self) -> Result<(), &'static str> {
+        Ok(())
+    }
+}
+
+impl SignedObject for RootGrant {
+    const TAG: &'static str = "root_grant";
+    fn validate(&self) -> Result<(), &'static str> {
+        if self.budget.is_zero() {
+            return Err("a root grant with no budget");
+        }
+        Ok(())
+    }
+}
+impl SignedObject for TransferCert {
+    const TAG: &'static str = "transfer";
+    fn validate(&self) -> Result<(), &'static str> {
+        if self.footprint.is_empty() {
+            return Err("a transfer of nothing");
+        }
+        if self.source == self.destination {
+            return Err("a transfer to itself");
+        }
+        Ok(())
+    }
+}
+impl SignedObject for TransferDecision {
+    const TAG: &'static str = "decision";
+}
+impl SignedObject for Permit {
+    const TAG: &'static str = "permit";
+    fn validate(&self) -> Result<(), &'static str> {
+        if self.footprint.size() != self.binding.max_charge {
+            return Err("permit footprint does not match its maximum charge");
+        }
+        Ok(())
+    }
+}
+impl SignedObject for Receipt {
+    const TAG: &'static str = "receipt";
+}
+impl SignedObject for NoEffect {
+    const TAG: &'static str = "no_effect";
+}
+impl SignedObject for Fence {
+    const TAG: &'static str = "fence";
+}
+impl SignedObject for Fenced {
+    const TAG: &'static str = "fenced";
+}
+
+/// Why a signed object was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SignatureError {
+    /// The signature does not verify for the claimed signer's key.
+    #[error("signature does not verify")]
+    BadSignature,
+    /// The signer is not the one expected, or unknown.
+    #[error("unexpected signer {0}")]
+    UnexpectedSigner(AgentId),
+    /// The body does not decode.
+    #[error(transparent)]
+    Body(#[from] WireError),
+    /// The body decodes but is not in canonical form.
+    #[error("body is not in canonical form")]
+    NotCanonical,
+    /// The body breaks a rule.
+    #[error("invalid object: {0}")]
+    Invalid(&'static str),
+}
+
+/// A signed object: the exact body bytes, the signer, the signature.
+#[derive(Serialize, Deserialize)]
+#[serde(bound = "", deny_unknown_fields)]
+pub struct Signed<T> {
+    /// Who signed.
+    pub signer: AgentId,
+    body: Bytes,
+    signature: Bytes,
+    #[serde(skip)]
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for Signed<T> {
+    fn clone(&self) -> Self {
+        Self {
+            signer: self.signer.clone(),
+            body: self.body.clone(),
+            signature: self.signature.clone(),
+            _t: PhantomData,
+        }
+    }
+}
+
+impl<T> PartialEq for Signed<T> {
+    fn eq(&self, o: &Self) -> bool {
+        (&self.signer, &self.body, &self.signature) == (&o.signer, &o.body, &o.signature)
+    }
+}
+
+impl<T> Eq for Signed<T> {}
+
+impl<T> std::hash::Hash for Signed<T> {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        (&self.signer, &self.body, &self.signature).hash(h)
+    }
+}
+
+impl<T: SignedObject> fmt::Debug for Signed<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Signed<{}>(by {}, ", T::TAG, self.signer)?;
+        match decode::<T>(&self.body.0) {
+            Ok(_) => write!(f, "{} bytes)", self.body.0.len()),
+            Err(_) => write!(f, "unreadable body)"),
+        }
+    }
+}
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct Bytes(Vec<u8>);
+
+impl Serialize for Bytes {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Bytes {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Bytes;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a byte string")
+            }
+            fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<Bytes, E> {
+                Ok(Bytes(v.to_vec()))
+            }
+            fn visit_byte_buf<E: de::Error>(self, v: Vec<u8>) -> Result<Bytes, E> {
+                Ok(Bytes(v))
+            }
+        }
+        d.deserialize_byte_buf(V)
+    }
+}
+
+fn message(tag: &str, body: &[u8]) -> Vec<u8> {
+    let mut m = Vec::with_capacity(24 + tag.len() + body.len());
+    m.extend_from_slice(b"abhyasa/v1/ledger/");
+    m.extend_from_slice(tag.as_bytes());
+    m.push(0);
+    m.extend_from_slice(body);
+    m
+}
+
+impl<T: SignedObject> Signed<T> {
+    /// Signs `value` as `signer` with `key`.
+    pub fn sign(value: &T, signer: &AgentId, key: &SigningKey) -> Self {
+        let body = encode(value);
+        let signature = key.sign(&message(T::TAG, &body));
+        Self {
+            signer: signer.clone(),
+            body: Bytes(body),
+            signature: Bytes(signature.to_bytes().to_vec()),
+            _t: PhantomData,
+        }
+    }
+
+    /// Verifies the signature with `key` and returns the value.
+    pub fn open(&self, key: &VerifyingKey) -> Result<T, SignatureError> {
+        let sig: [u8; 64] = self
+            .signature
+            .0
+            .as_slice()
+            .try_into()
+            .map_err(|_| SignatureError::BadSignature)?;
+        key.verify_strict(&message(T::TAG, &self.body.0), &Signature::from_bytes(&sig))
+            .map_err(|_| SignatureError::BadSignature)?;
+        let value: T = decode(&self.body.0)?;
+        if encode(&value) != self.body.0 {
+            return Err(SignatureError::NotCanonical);
+        }
+        value.validate().map_err(SignatureError::Invalid)?;
+        Ok(value)
+    }
+
+    /// [`open`](Self::open) with the key `keys` holds for the signer, checking the signer
+    /// is `expected`.
+    pub fn open_from(
+        &self,
+        expected: &AgentId,
+        keys: &impl Fn(&AgentId) -> Option<VerifyingKey>,
+    ) -> Result<T, SignatureError> {
+        if &self.signer != expected {
+            return Err(SignatureError::UnexpectedSigner(self.signer.clone()));
+        }
+        let key =
+            keys(&self.signer).ok_or(SignatureError::UnexpectedSigner(self.signer.clone()))?;
+        self.open(key_ref(&key))
+    }
+
+    /// The body without checking the signature — for logs and checkers that verify
+    /// separately. Never act on it unverified.
+    pub fn peek(&self) -> Result<T, WireError> {
+        decode(&self.body.0)
+    }
+
+    /// A copy whose body byte `at` is flipped (tests of strict verification).
+    #[doc(hidden)]
+    pub fn tampered(&self, at: usize) -> Self {
+        let mut s = self.clone();
+        if let Some(b) = s.body.0.get_mut(at) {
+            *b ^= 1;
+        }
+        s
+    }
+}
+
+fn key_ref(k: &VerifyingKey) -> &VerifyingKey {
+    k
+}
+
+/// A deterministic signing key from 32 seed bytes (tests, simulation, key files).
+pub fn signing_key(seed: [u8; 32]) -> SigningKey {
+    SigningKey::from_bytes(&seed)
+}
+
+pub use ed25519_dalek::{SigningKey as LedgerSigningKey, VerifyingKey as LedgerVerifyingKey};
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn set(r: &Ranges) -> BTreeSet<u64> {
+        r.ranges().iter().flat_map(|&(s, e)| s..e).collect()
+    }
+
+    fn ranges() -> impl Strategy<Value = Ranges> {
+        proptest::collection::vec((0u64..200, 1u64..20), 0..8).prop_map(|v| {
+            let mut seen = BTreeSet::new();
+            let atoms: Vec<(u64, u64)> = v
+                .into_iter()
+                .filter(|&(s, l)| (s..s + l).all(|a| seen.insert(a)))
+                .map(|(s, l)| (s, s + l))
+                .collect();
+            Ranges::from_ranges(atoms).expect("disjoint by construction")
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn range_algebra_matches_a_set_of_atoms(a in ranges(), b in ranges(), n in 0u64..300) {
+            let (sa, sb) = (set(&a), set(&b));
+            prop_assert_eq!(a.len(), sa.len() as u64);
+            prop_assert_eq!(a.is_disjoint(&b), sa.is_disjoint(&sb));
+            match a.union(&b) {
+                Some(u) => prop_assert_eq!(set(&u), &sa | &sb),
+                None => prop_assert!(!sa.is_disjoint(&sb)),
+            }
+            match a.take_lowest(n) {
+                Some((t, r)) => {
+                    prop_assert_eq!(t.len(), n);
+                    prop_assert_eq!(&set(&t) | &set(&r), sa.clone());
+                    prop_assert!(set(&t).is_disjoint(&set(&r)));
+                    // The lowest atoms, exactly.
+                    let lowest: BTreeSet<u64> = sa.iter().copied().take(n as usize).collect();
+                    prop_assert_eq!(set(&t), lowest);
+                    prop_assert_eq!(a.subtract(&t).map(|x| set(&x)), Some(set(&r)));
+                }
+                None => prop_assert!(n > sa.len() as u64),
+            }
+            if !sb.is_subset(&sa) {
+                prop_assert!(a.subtract(&b).is_none());
+            }
+            // Canonical form survives the wire, and only it decodes.
+            let back: Ranges = decode(&encode(&a)).unwrap();
+            prop_assert_eq!(back, a);
+        }
+    }
+
+    #[test]
+    fn non_canonical_ranges_vectors_and_footprints_do_not_decode() {
+        for bad in [
+            vec![(5u64, 3u64)],
+            vec![(0, 0)],
+            vec![(0, 5), (5, 8)],
+            vec![(0, 5), (3, 8)],
+            vec![(6, 8), (0, 5)],
+        ] {
+            assert!(decode::<Ranges>(&encode(&bad)).is_err(), "{bad:?}");
+        }
+        let zero: BTreeMap<&str, u64> = [("cents", 0)].into();
+        assert!(decode::<Vector>(&encode(&zero)).is_err());
+        let bad_dim: BTreeMap<&str, u64> = [("Cents!", 3)].into();
+        assert!(decode::<Vector>(&encode(&bad_dim)).is_err());
+        let empty: BTreeMap<&str, Vec<(u64, u64)>> = [("cents", vec![])].into();
+        assert!(decode::<Footprint>(&encode(&empty)).is_err());
+    }
+
+    fn fenced() -> Fenced {
+        Fenced {
+            credit: CreditId::from_u128(9),
+            epoch: 5,
+            gateway: AgentId::new("g").unwrap(),
+        }
+    }
+
+    #[test]
+    fn signatures_verify_over_the_exact_canonical_bytes() {
+        let (k, other) = (signing_key([1; 32]), signing_key([2; 32]));
+        let g = AgentId::new("g").unwrap();
+        let s = Signed::sign(&fenced(), &g, &k);
+        assert_eq!(s.open(&k.verifying_key()).unwrap(), fenced());
+        // Through the wire and back.
+        let back: Signed<Fenced> = decode(&encode(&s)).unwrap();
+        assert_eq!(back.open(&k.verifying_key()).unwrap(), fenced());
+        // Another key, a flipped body byte, a truncated signature.
+        assert_eq!(
+            s.open(&other.verifying_key()),
+            Err(SignatureError::BadSignature)
+        );
+        for at in 0..encode(&fenced()).len() {
+            assert!(
+                s.tampered(at).open(&k.verifying_key()).is_err(),
+                "byte {at}"
+            );
+        }
+        let mut short = s.clone();
+        short.signature.0.pop();
+        assert_eq!(
+            short.open(&k.verifying_key()),
+            Err(SignatureError::BadSignature)
+        );
+        // The same tag must not verify as another object type.
+        let as_receipt: Signed<Receipt> = Signed {
+            signer: s.signer.clone(),
+            body: s.body.clone(),
+            signature: s.signature.clone(),
+            _t: PhantomData,
+        };
+        assert!(as_receipt.open(&k.verifying_key()).is_err());
+        // Expected signer.
+        let keys = |a: &AgentId| (a.as_str() == "g").then(|| k.verifying_key());
+        assert!(s.open_from(&g, &keys).is_ok());
+        assert!(matches!(
+            s.open_from(&AgentId::new("h").unwrap(), &keys),
+            Err(SignatureError::UnexpectedSigner(_))
+        ));
+    }
+
+    #[test]
+    fn a_validly_signed_non_canonical_body_is_refused() {
+        let k = signing_key([1; 32]);
+        let mut body = encode(&fenced());
+        // `epoch: 5` is the byte 0x05 after the key "epoch"; re-encode it as 0x18 0x05.
+        let key = encode(&"epoch");
+        let at = body
+            .windows(key.len())
+            .position(|w| w == key.as_slice())
+            .unwrap()
+            + key.len();
+        assert_eq!(body[at], 0x05);
+        body.splice(at..=at, [0x18, 0x05]);
+        assert_eq!(
+            decode::<Fenced>(&body).unwrap(),
+            fenced(),
+            "decodes to the same value"
+        );
+        let sig = k.sign(&message(Fenced::TAG, &body));
+        let s: Signed<Fenced> = Signed {
+            signer: AgentId::new("g").unwrap(),
+            body: Bytes(body),
+            signature: Bytes(sig.to_bytes().to_vec()),
+            _t: PhantomData,
+        };
+        assert_eq!(
+            s.open(&k.verifying_key()),
+            Err(SignatureError::NotCanonical)
+        );
+    }
+
+    #[test]
+    fn footprints_split_exactly_and_join_only_when_disjoint() {
+        let b = Vector::of(&[("cents", 1_000), ("calls", 3)]).unwrap();
+        let full = Footprint::full(&b);
+        let (taken, rest) = full
+            .take(&Vector::of(&[("cents", 730), ("calls", 1)]).unwrap())
+            .unwrap();
+        assert_eq!(
+            taken.size(),
+            Vector::of(&[("cents", 730), ("calls", 1)]).unwrap()
+        );
+        assert_eq!(
+            rest.size(),
+            Vector::of(&[("cents", 270), ("calls", 2)]).unwrap()
+        );
+        assert!(taken.is_disjoint(&rest));
+        assert_eq!(taken.union(&rest).unwrap(), full);
+        assert!(taken.union(&taken).is_none());
+        assert!(full
+            .take(&Vector::of(&[("cents", 1_001)]).unwrap())
+            .is_none());
+        assert!(full.take(&Vector::of(&[("tokens", 1)]).unwrap()).is_none());
+        assert_eq!(full.subtract(&taken).unwrap(), rest);
+        assert!(rest.subtract(&taken).is_none());
+    }
+}
