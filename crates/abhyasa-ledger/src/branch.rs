@@ -693,13 +693,23 @@ impl Branch {
                 continue;
             }
             op.sent_at = Some(now);
-            self.transmits.push_back((
-                op.binding.receiver.clone(),
+            let fenced = self
+                .credits
+                .get(&op.binding.credit)
+                .is_some_and(|c| c.epoch > op.binding.epoch);
+            let msg = if fenced {
+                // The gateway refuses this permit now; ask what became of it instead.
+                LedgerMessage::Query {
+                    key: *key,
+                    binding: Box::new(op.binding.clone()),
+                }
+            } else {
                 LedgerMessage::Dispatch {
                     permit: op.permit.clone(),
                     effect: op.effect.clone(),
-                },
-            ));
+                }
+            };
+            self.transmits.push_back((op.binding.receiver.clone(), msg));
         }
         for key in refunds {
             let _ = self.commit(Step::Refund { key }, Vec::new());
@@ -1219,8 +1229,14 @@ impl Branch {
                 o.binding.credit == *i
                     && matches!(o.state, OpState::Reserved | OpState::Quarantined)
             });
-            if busy {
-                return Err(LedgerError::Join("an input has an operation in progress"));
+            let sealed = self
+                .outgoing
+                .values()
+                .any(|o| o.body.source_credit == *i && o.state == OutgoingState::Sealed);
+            if busy || sealed {
+                return Err(LedgerError::Join(
+                    "an input has an operation or a transfer in progress",
+                ));
             }
             out = if checked {
                 out.union(&c.available)

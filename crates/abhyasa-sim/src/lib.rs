@@ -14,10 +14,12 @@
 
 #![warn(missing_docs, unreachable_pub)]
 
+mod ledger;
 mod scenario;
 mod world;
 
 pub use abhyasa_custody::Mutation;
+pub use ledger::{ledger_mutant, run_ledger, LedgerReport, LEDGER_MUTANTS};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 pub use scenario::{NetParams, Scenario, TargetParams};
@@ -98,6 +100,32 @@ mod tests {
             let caught =
                 (0..2_000).find(|&seed| !run_custody(seed, Some(mutation)).violations.is_empty());
             assert!(caught.is_some(), "mutant {name} survived 2000 seeds");
+        }
+    }
+
+    #[test]
+    fn ledger_seeds_replay_exactly_and_stay_clean() {
+        assert_eq!(run_ledger(3, None), run_ledger(3, None));
+        let mut total = LedgerReport::default();
+        for seed in 0..60 {
+            let r = run_ledger(seed, None);
+            assert!(r.violations.is_empty(), "seed {seed}: {:?}", r.violations);
+            total.settled += r.settled;
+            total.forfeited += r.forfeited;
+            total.no_effect += r.no_effect;
+            total.crashes += r.crashes;
+            total.joins += r.joins;
+        }
+        assert!(total.settled > 0 && total.forfeited > 0 && total.no_effect > 0);
+        assert!(total.crashes > 0 && total.joins > 0);
+    }
+
+    #[test]
+    fn every_ledger_mutant_is_caught() {
+        for (name, mutation) in LEDGER_MUTANTS {
+            let caught =
+                (0..300).find(|&seed| !run_ledger(seed, Some(mutation)).violations.is_empty());
+            assert!(caught.is_some(), "ledger mutant {name} survived 300 seeds");
         }
     }
 }

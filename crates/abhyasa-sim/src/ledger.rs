@@ -1,0 +1,743 @@
+//! Deterministic simulation of the budget ledger: a delegation DAG of branches and two
+//! gateways on a lossy, duplicating, reordering, partitioning network, with crashes of any
+//! component right after any durable step, checked by the independent checker.
+//!
+//! ```text
+//!   issuer ──grant──▶ root ──transfer──▶ a ──transfer──▶ c ◀──transfer── b ◀──transfer── root
+//!                      │                  │              │ (joins what a and b sent)      │
+//!                      └──── reserve ─ dispatch ─▶ g1 / g2 ◀── permits from every branch ─┘
+//! ```
+//!
+//! Every branch spends concurrently; replies get lost or late; a branch that waits too long
+//! for a receipt fences its credit's epoch and asks for a no-effect proof (reclaim), or
+//! forfeits. Gateways run effects through an executor that is not idempotent on its own (the
+//! gateway's acceptance log is what prevents a second run), and a gateway can crash between
+//! running an effect and recording its receipt.
+
+use std::collections::BTreeMap;
+
+use abhyasa_ledger::check::{check, EffectInstance, World};
+use abhyasa_ledger::{
+    signing_key, Branch, BranchConfig, CreditId, Dim, Effect, Gateway, GatewayRecord, Keyring,
+    Label, LedgerMessage, LedgerMutation, LedgerSigningKey, OpKey, OpState, RootGrant, RootId,
+    Signed, Step, TransferId, Vector,
+};
+use abhyasa_wire::{AgentId, UnixMillis};
+use rand::Rng;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+/// Every ledger mutant, by its command-line name.
+pub const LEDGER_MUTANTS: [(&str, LedgerMutation); 5] = LedgerMutation::ALL;
+
+/// The ledger mutant with this name.
+pub fn ledger_mutant(name: &str) -> Option<LedgerMutation> {
+    LEDGER_MUTANTS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|&(_, m)| m)
+}
+
+/// What one seed did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LedgerReport {
+    /// Operations reserved.
+    pub operations: u64,
+    /// Settled on a receipt.
+    pub settled: u64,
+    /// Forfeited.
+    pub forfeited: u64,
+    /// Returned on a no-effect proof.
+    pub no_effect: u64,
+    /// Transfers sealed.
+    pub transfers: u64,
+    /// Joins done.
+    pub joins: u64,
+    /// Crashes injected.
+    pub crashes: u64,
+    /// Effects that ran.
+    pub effects: u64,
+    /// Broken invariants (the first few).
+    pub violations: Vec<String>,
+}
+
+const BRANCHES: [&str; 4] = ["root", "a", "b", "c"];
+const GATEWAYS: [&str; 2] = ["g1", "g2"];
+const ROOT: RootId = RootId::from_u128(1);
+const ROOT_CREDIT: CreditId = CreditId::from_u128(1);
+
+fn agent(s: &str) -> AgentId {
+    AgentId::new(s).expect("a valid agent id")
+}
+
+fn key_of(name: &str) -> LedgerSigningKey {
+    let mut seed = [0u8; 32];
+    seed[..name.len()].copy_from_slice(name.as_bytes());
+    signing_key(seed)
+}
+
+/// Who may transfer to whom: the delegation DAG.
+fn children(of: &str) -> &'static [&'static str] {
+    match of {
+        "root" => &["a", "b"],
+        "a" | "b" => &["c"],
+        _ => &[],
+    }
+}
+
+struct Node<M, R> {
+    machine: Option<M>,
+    durable: Vec<R>,
+    up_at: u64,
+}
+
+struct Msg {
+    from: AgentId,
+    to: AgentId,
+    msg: LedgerMessage,
+}
+
+struct Params {
+    loss: f64,
+    duplicate: f64,
+    delay: (u64, u64),
+    crash_after_step: f64,
+    crash_after_effect: f64,
+    downtime: (u64, u64),
+    partitions: Vec<(u64, u64, usize)>,
+    reclaim_after: u64,
+    forfeit_after: u64,
+    resend_ms: u64,
+    spend_rate: f64,
+    duration: u64,
+}
+
+struct Sim {
+    rng: ChaCha8Rng,
+    p: Params,
+    keys: Keyring,
+    mutation: Option<LedgerMutation>,
+    now: u64,
+    branches: BTreeMap<String, Node<Branch, Step>>,
+    gateways: BTreeMap<String, Node<Gateway, GatewayRecord>>,
+    net: BTreeMap<(u64, u64), Msg>,
+    seq: u64,
+    effects: Vec<EffectInstance>,
+    quarantined_since: BTreeMap<OpKey, u64>,
+    report: LedgerReport,
+    next_id: u128,
+}
+
+impl Sim {
+    fn new(seed: u64, mutation: Option<LedgerMutation>) -> Self {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let duration = rng.random_range(2_000..6_000);
+        let partitions = (0..rng.random_range(0..=2))
+            .map(|_| {
+                let start = rng.random_range(0..duration);
+                (
+                    start,
+                    start + rng.random_range(100..2_000),
+                    rng.random_range(0..6),
+                )
+            })
+            .collect();
+        let p = Params {
+            loss: if rng.random_bool(0.2) {
+                0.0
+            } else {
+                rng.random_range(0.0..0.3)
+            },
+            duplicate: rng.random_range(0.0..0.2),
+            delay: (1, rng.random_range(2..120)),
+            crash_after_step: if rng.random_bool(0.5) {
+                rng.random_range(0.0..0.03)
+            } else {
+                0.0
+            },
+            crash_after_effect: rng.random_range(0.0..0.2),
+            downtime: (10, rng.random_range(20..1_500)),
+            partitions,
+            reclaim_after: rng.random_range(100..1_500),
+            forfeit_after: rng.random_range(300..4_000),
+            resend_ms: rng.random_range(20..300),
+            spend_rate: rng.random_range(0.1..0.6),
+            duration,
+        };
+        let mut all: Vec<(AgentId, _)> = BRANCHES
+            .iter()
+            .chain(GATEWAYS.iter())
+            .chain(["issuer"].iter())
+            .map(|n| (agent(n), key_of(n).verifying_key()))
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        let keys = Keyring::new(all);
+        let config = BranchConfig {
+            resend_ms: p.resend_ms,
+            mutation,
+        };
+        let branches = BRANCHES
+            .iter()
+            .map(|n| {
+                let b = Branch::new(agent(n), key_of(n), keys.clone(), config.clone());
+                (
+                    n.to_string(),
+                    Node {
+                        machine: Some(b),
+                        durable: Vec::new(),
+                        up_at: 0,
+                    },
+                )
+            })
+            .collect();
+        let gateways = GATEWAYS
+            .iter()
+            .map(|n| {
+                let g = Gateway::new(agent(n), key_of(n), keys.clone(), mutation);
+                (
+                    n.to_string(),
+                    Node {
+                        machine: Some(g),
+                        durable: Vec::new(),
+                        up_at: 0,
+                    },
+                )
+            })
+            .collect();
+        let mut sim = Self {
+            rng,
+            p,
+            keys,
+            mutation,
+            now: 0,
+            branches,
+            gateways,
+            net: BTreeMap::new(),
+            seq: 0,
+            effects: Vec::new(),
+            quarantined_since: BTreeMap::new(),
+            report: LedgerReport::default(),
+            next_id: 100,
+        };
+        // The root grant: 2 to 400 cents, and calls in half the runs.
+        let cents = sim.rng.random_range(2..400);
+        let mut budget = vec![("cents", cents)];
+        if sim.rng.random_bool(0.5) {
+            budget.push(("calls", sim.rng.random_range(1..20)));
+        }
+        let grant = RootGrant {
+            root: ROOT,
+            issuer: agent("issuer"),
+            holder: agent("root"),
+            budget: Vector::of(&budget).expect("valid dimensions"),
+            label: Label::of(&["tools", "travel"]).expect("valid purposes"),
+            issued_at: UnixMillis(0),
+        };
+        let signed = Signed::sign(&grant, &agent("issuer"), &key_of("issuer"));
+        sim.with_branch("root", |b, _| b.grant(signed, ROOT_CREDIT).map(|_| ()));
+        sim
+    }
+
+    fn fresh(&mut self) -> u128 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    fn partitioned(&self, a: &AgentId, b: &AgentId) -> bool {
+        // A partition isolates one component (branch or gateway, by index) from the rest.
+        let names: Vec<&str> = BRANCHES.iter().chain(GATEWAYS.iter()).copied().collect();
+        self.p.partitions.iter().any(|&(s, e, who)| {
+            self.now >= s
+                && self.now < e
+                && ((a.as_str() == names[who]) != (b.as_str() == names[who]))
+        })
+    }
+
+    fn send(&mut self, from: AgentId, to: AgentId, msg: LedgerMessage) {
+        if self.rng.random_bool(self.p.loss) || self.partitioned(&from, &to) {
+            return;
+        }
+        let copies = if self.rng.random_bool(self.p.duplicate) {
+            2
+        } else {
+            1
+        };
+        for _ in 0..copies {
+            let at = self.now + self.rng.random_range(self.p.delay.0..=self.p.delay.1);
+            self.seq += 1;
+            self.net.insert(
+                (at, self.seq),
+                Msg {
+                    from: from.clone(),
+                    to: to.clone(),
+                    msg: msg.clone(),
+                },
+            );
+        }
+    }
+
+    /// Runs `f` on a live branch, then makes its steps durable (possibly crashing right
+    /// after one) and sends what they released.
+    fn with_branch<T>(
+        &mut self,
+        name: &str,
+        f: impl FnOnce(&mut Branch, &mut ChaCha8Rng) -> Result<T, abhyasa_ledger::LedgerError>,
+    ) -> Option<T> {
+        let node = self.branches.get_mut(name)?;
+        let b = node.machine.as_mut()?;
+        let out = f(b, &mut self.rng).ok();
+        self.drain_branch(name);
+        out
+    }
+
+    fn drain_branch(&mut self, name: &str) {
+        let mut sends = Vec::new();
+        let mut crashed = false;
+        {
+            let node = self.branches.get_mut(name).expect("known branch");
+            let Some(b) = node.machine.as_mut() else {
+                return;
+            };
+            while let Some((token, step)) = b.poll_persist() {
+                if matches!(step, Step::Reserve { .. }) {
+                    self.report.operations += 1;
+                }
+                if matches!(step, Step::Seal { .. }) {
+                    self.report.transfers += 1;
+                }
+                if matches!(step, Step::Join { .. }) {
+                    self.report.joins += 1;
+                }
+                node.durable.push(step);
+                if self.rng.random_bool(self.p.crash_after_step) {
+                    crashed = true; // Durable, but nothing it released goes out.
+                    break;
+                }
+                b.handle_persisted(token);
+            }
+            if !crashed {
+                while let Some(t) = b.poll_transmit() {
+                    sends.push(t);
+                }
+            }
+        }
+        let from = agent(name);
+        for (to, m) in sends {
+            self.send(from.clone(), to, m);
+        }
+        if crashed {
+            self.crash_branch(name);
+        }
+    }
+
+    fn crash_branch(&mut self, name: &str) {
+        let down = self.rng.random_range(self.p.downtime.0..=self.p.downtime.1);
+        let node = self.branches.get_mut(name).expect("known branch");
+        node.machine = None;
+        node.up_at = self.now + down;
+        self.report.crashes += 1;
+    }
+
+    fn drain_gateway(&mut self, name: &str) {
+        let mut sends = Vec::new();
+        let mut crashed = false;
+        let node = self.gateways.get_mut(name).expect("known gateway");
+        let Some(g) = node.machine.as_mut() else {
+            return;
+        };
+        loop {
+            let mut progressed = false;
+            while let Some((token, record)) = g.poll_persist() {
+                progressed = true;
+                node.durable.push(record);
+                if self.rng.random_bool(self.p.crash_after_step) {
+                    crashed = true;
+                    break;
+                }
+                g.handle_persisted(token);
+            }
+            if crashed {
+                break;
+            }
+            while let Some(e) = g.poll_execute() {
+                progressed = true;
+                // The executor: looks up a resumed key in its own record first.
+                let prior = self
+                    .effects
+                    .iter()
+                    .find(|x| x.gateway.as_str() == name && x.key == e.key)
+                    .map(|x| x.charge.clone());
+                let charge = match (e.resume, prior) {
+                    (true, Some(c)) => c,
+                    _ => {
+                        let c = random_charge(&mut self.rng, &e.max_charge);
+                        self.effects.push(EffectInstance {
+                            gateway: agent(name),
+                            key: e.key,
+                            charge: c.clone(),
+                        });
+                        self.report.effects += 1;
+                        c
+                    }
+                };
+                if self.rng.random_bool(self.p.crash_after_effect) {
+                    crashed = true; // Ran, but the receipt was never recorded.
+                    break;
+                }
+                g.handle_executed(e.key, charge);
+            }
+            if crashed || !progressed {
+                break;
+            }
+        }
+        if !crashed {
+            while let Some(t) = g.poll_transmit() {
+                sends.push(t);
+            }
+        }
+        let from = agent(name);
+        for (to, m) in sends {
+            self.send(from.clone(), to, m);
+        }
+        if crashed {
+            let down = self.rng.random_range(self.p.downtime.0..=self.p.downtime.1);
+            let node = self.gateways.get_mut(name).expect("known gateway");
+            node.machine = None;
+            node.up_at = self.now + down;
+            self.report.crashes += 1;
+        }
+    }
+
+    fn restart_due(&mut self) {
+        let config = BranchConfig {
+            resend_ms: self.p.resend_ms,
+            mutation: self.mutation,
+        };
+        for (name, node) in &mut self.branches {
+            if node.machine.is_none() && self.now >= node.up_at {
+                let (b, rejected) = Branch::recover(
+                    agent(name),
+                    key_of(name),
+                    self.keys.clone(),
+                    config.clone(),
+                    node.durable.clone(),
+                );
+                if !rejected.is_empty() {
+                    self.report.violations.push(format!(
+                        "{name}: journal steps rejected at recovery: {rejected:?}"
+                    ));
+                }
+                node.machine = Some(b);
+            }
+        }
+        for (name, node) in &mut self.gateways {
+            if node.machine.is_none() && self.now >= node.up_at {
+                node.machine = Some(Gateway::recover(
+                    agent(name),
+                    key_of(name),
+                    self.keys.clone(),
+                    self.mutation,
+                    node.durable.clone(),
+                ));
+            }
+        }
+        let names: Vec<String> = self.gateways.keys().cloned().collect();
+        for n in names {
+            self.drain_gateway(&n);
+        }
+    }
+
+    fn deliver(&mut self, m: Msg) {
+        let to = m.to.as_str().to_owned();
+        if self.gateways.contains_key(&to) {
+            if let Some(g) = self.gateways.get_mut(&to).and_then(|n| n.machine.as_mut()) {
+                g.handle_message(&m.from, m.msg);
+                self.drain_gateway(&to);
+            }
+        } else {
+            let now = UnixMillis(self.now);
+            self.with_branch(&to, |b, _| {
+                b.handle_message(now, &m.from, m.msg);
+                Ok(())
+            });
+        }
+    }
+
+    /// One random action by a live branch.
+    fn act(&mut self, name: &'static str) {
+        let now = self.now;
+        let Some(b) = self.branches.get(name).and_then(|n| n.machine.as_ref()) else {
+            return;
+        };
+        let live: Vec<(CreditId, Vector)> = b
+            .credits()
+            .filter(|c| !c.closed && !c.available.is_empty())
+            .map(|c| (c.id, c.available.size()))
+            .collect();
+        let reserved: Vec<OpKey> = b
+            .operations()
+            .filter(|o| o.state == OpState::Reserved)
+            .map(|o| o.binding.key)
+            .collect();
+        let stuck: Vec<(OpKey, CreditId)> = b
+            .operations()
+            .filter(|o| o.state == OpState::Quarantined)
+            .map(|o| (o.binding.key, o.binding.credit))
+            .collect();
+        let roll: f64 = self.rng.random();
+        if let Some(&key) = reserved.first() {
+            // Finish what was reserved: dispatch it, or release it unsent.
+            if self.rng.random_bool(0.85) {
+                self.with_branch(name, |b, _| b.dispatch(UnixMillis(now), key));
+                self.quarantined_since.entry(key).or_insert(now);
+            } else {
+                self.with_branch(name, |b, _| b.release_unsent(key));
+            }
+            return;
+        }
+        for (key, credit) in stuck {
+            let since = *self.quarantined_since.entry(key).or_insert(now);
+            if now >= since + self.p.forfeit_after && self.rng.random_bool(0.3) {
+                self.with_branch(name, |b, _| b.forfeit(key));
+                return;
+            }
+            if now >= since + self.p.reclaim_after && self.rng.random_bool(0.3) {
+                self.with_branch(name, |b, _| b.request_fence(credit));
+                return;
+            }
+        }
+        if live.is_empty() {
+            return;
+        }
+        let (credit, avail) = live[self.rng.random_range(0..live.len())].clone();
+        if roll < self.p.spend_rate {
+            let max = random_part(&mut self.rng, &avail);
+            let gateway = GATEWAYS[self.rng.random_range(0..GATEWAYS.len())];
+            let effect = Effect {
+                purpose: Dim::new("tools").expect("valid purpose"),
+                operation: format!("call-{}", self.next_id),
+                max_charge: max,
+            };
+            let key = OpKey::from_u128(self.fresh());
+            self.with_branch(name, |b, _| b.reserve(credit, effect, &agent(gateway), key));
+        } else if roll < self.p.spend_rate + 0.2 && !children(name).is_empty() {
+            let to = children(name)[self.rng.random_range(0..children(name).len())];
+            let amount = random_part(&mut self.rng, &avail);
+            let t = TransferId::from_u128(self.fresh());
+            let label = Label::of(&["tools"]).expect("valid purpose");
+            self.with_branch(name, |b, _| {
+                b.transfer(credit, t, &amount, &agent(to), label)
+            });
+        } else if roll < self.p.spend_rate + 0.3 {
+            let child = CreditId::from_u128(self.fresh());
+            let amount = random_part(&mut self.rng, &avail);
+            let label = Label::of(&["tools"]).expect("valid purpose");
+            self.with_branch(name, |b, _| b.split(credit, child, amount, label));
+        } else if roll < self.p.spend_rate + 0.4 {
+            // Join two live credits; sometimes an aliased "diamond" join of one credit with
+            // itself, which must be refused.
+            let other = if self.rng.random_bool(0.3) || live.len() < 2 {
+                credit
+            } else {
+                live[self.rng.random_range(0..live.len())].0
+            };
+            let out = CreditId::from_u128(self.fresh());
+            self.with_branch(name, |b, _| b.join(vec![credit, other], out));
+        } else if name == "c" && self.rng.random_bool(0.2) {
+            let refusing = self.rng.random_bool(0.3);
+            self.with_branch(name, |b, _| {
+                b.set_refusing(refusing);
+                Ok(())
+            });
+        }
+    }
+
+    fn branches_for_check(&self) -> Vec<Branch> {
+        let config = BranchConfig {
+            resend_ms: self.p.resend_ms,
+            mutation: self.mutation,
+        };
+        self.branches
+            .iter()
+            .map(|(name, n)| {
+                // The durable state: what recovery would rebuild.
+                Branch::recover(
+                    agent(name),
+                    key_of(name),
+                    self.keys.clone(),
+                    config.clone(),
+                    n.durable.clone(),
+                )
+                .0
+            })
+            .collect()
+    }
+
+    fn check_now(&mut self) {
+        let branches = self.branches_for_check();
+        let gateways: Vec<Gateway> = self
+            .gateways
+            .iter()
+            .map(|(name, n)| {
+                Gateway::recover(
+                    agent(name),
+                    key_of(name),
+                    self.keys.clone(),
+                    self.mutation,
+                    n.durable.clone(),
+                )
+            })
+            .collect();
+        let b: Vec<&Branch> = branches.iter().collect();
+        let g: Vec<&Gateway> = gateways.iter().collect();
+        for v in check(&World {
+            branches: &b,
+            gateways: &g,
+            effects: &self.effects,
+            keys: &self.keys,
+        }) {
+            if self.report.violations.len() < 5 {
+                self.report.violations.push(format!("t={}ms {v}", self.now));
+            }
+        }
+    }
+
+    fn run(mut self) -> LedgerReport {
+        let end = self.p.duration;
+        let quiet_until = end + 20_000;
+        while self.now < quiet_until && self.report.violations.is_empty() {
+            self.now += 1;
+            let acting = self.now < end;
+            if !acting {
+                // Heal: no more partitions, loss or crashes; let everything settle.
+                self.p.partitions.clear();
+                self.p.loss = 0.0;
+                self.p.crash_after_step = 0.0;
+                self.p.crash_after_effect = 0.0;
+            }
+            self.restart_due();
+            while let Some(entry) = self.net.first_entry() {
+                if entry.key().0 > self.now {
+                    break;
+                }
+                let m = entry.remove();
+                self.deliver(m);
+            }
+            if acting && self.now % 7 == 0 {
+                let who = BRANCHES[self.rng.random_range(0..BRANCHES.len())];
+                self.act(who);
+            }
+            if !acting && self.now % 50 == 0 {
+                // Settling: reclaim whatever is still quarantined, everywhere.
+                for who in BRANCHES {
+                    self.act_settle(who);
+                }
+            }
+            if self.now % 10 == 0 {
+                for who in BRANCHES {
+                    let now = UnixMillis(self.now);
+                    self.with_branch(who, |b, _| {
+                        b.handle_timeout(now);
+                        Ok(())
+                    });
+                }
+            }
+            if self.now % 1_000 == 0 {
+                self.check_now();
+            }
+            if !acting && self.net.is_empty() && self.settled() {
+                break;
+            }
+        }
+        self.check_now();
+        // Count outcomes from durable state.
+        for b in self.branches_for_check() {
+            for o in b.operations() {
+                match o.state {
+                    OpState::Settled { .. } => self.report.settled += 1,
+                    OpState::NoEffect(_) => self.report.no_effect += 1,
+                    OpState::Forfeited { .. } => self.report.forfeited += 1,
+                    _ => {}
+                }
+            }
+        }
+        self.report
+    }
+
+    fn act_settle(&mut self, name: &'static str) {
+        let now = self.now;
+        let Some(b) = self.branches.get(name).and_then(|n| n.machine.as_ref()) else {
+            return;
+        };
+        let stuck: Vec<(OpKey, CreditId)> = b
+            .operations()
+            .filter(|o| o.state == OpState::Quarantined)
+            .map(|o| (o.binding.key, o.binding.credit))
+            .collect();
+        let reserved: Vec<OpKey> = b
+            .operations()
+            .filter(|o| o.state == OpState::Reserved)
+            .map(|o| o.binding.key)
+            .collect();
+        for key in reserved {
+            self.with_branch(name, |b, _| b.release_unsent(key));
+        }
+        for (key, credit) in stuck {
+            let since = *self.quarantined_since.entry(key).or_insert(now);
+            if now >= since + 2_000 {
+                self.with_branch(name, |b, _| b.request_fence(credit));
+            }
+        }
+    }
+
+    fn settled(&self) -> bool {
+        self.branches.values().all(|n| {
+            n.machine.as_ref().is_some_and(|b| {
+                b.operations()
+                    .all(|o| !matches!(o.state, OpState::Reserved | OpState::Quarantined))
+            })
+        })
+    }
+}
+
+/// A random non-zero part of `avail` (at least one dimension, each at most what is there).
+fn random_part(rng: &mut ChaCha8Rng, avail: &Vector) -> Vector {
+    let pairs: Vec<(String, u64)> = avail
+        .iter()
+        .map(|(d, n)| {
+            let take = if rng.random_bool(0.2) {
+                n
+            } else {
+                rng.random_range(0..=n.min(60))
+            };
+            (d.as_str().to_owned(), take)
+        })
+        .collect();
+    let mut v: Vec<(&str, u64)> = pairs.iter().map(|(d, n)| (d.as_str(), *n)).collect();
+    if v.iter().all(|(_, n)| *n == 0) {
+        v[0].1 = 1;
+    }
+    Vector::of(&v).expect("dimensions from a valid vector")
+}
+
+/// What an effect charges: anywhere from nothing to its maximum.
+fn random_charge(rng: &mut ChaCha8Rng, max: &Vector) -> Vector {
+    let pairs: Vec<(String, u64)> = max
+        .iter()
+        .map(|(d, n)| {
+            let c = match rng.random_range(0..4) {
+                0 => n,
+                1 => 0,
+                _ => rng.random_range(0..=n),
+            };
+            (d.as_str().to_owned(), c)
+        })
+        .collect();
+    let v: Vec<(&str, u64)> = pairs.iter().map(|(d, n)| (d.as_str(), *n)).collect();
+    Vector::of(&v).expect("dimensions from a valid vector")
+}
+
+/// Runs one seed of the ledger simulation.
+pub fn run_ledger(seed: u64, mutation: Option<LedgerMutation>) -> LedgerReport {
+    Sim::new(seed, mutation).run()
+}
