@@ -4,6 +4,7 @@
 //!
 //! - [`wire`]: the objects that cross process boundaries, as deterministic CBOR;
 //! - [`custody`]: the sans-IO custodian and receiver state machines and the kind registry;
+//! - [`ledger`]: the sans-IO budget ledger (branches, gateway) and its independent checker;
 //! - [`store`]: durable custody state in redb, with group commit and recovery;
 //! - [`sim`]: the deterministic simulation that checks them under faults;
 //! - [`crashpeer`]: the process that the SIGKILL crash test kills at named points;
@@ -17,6 +18,7 @@ pub mod demo;
 pub mod sweep;
 
 pub use abhyasa_custody as custody;
+pub use abhyasa_ledger as ledger;
 pub use abhyasa_moq as moq;
 pub use abhyasa_node as node;
 pub use abhyasa_sim as sim;

@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use abhyasa_wire::ledger::*;
 use abhyasa_wire::{AgentId, UnixMillis};
+use serde::{Deserialize, Serialize};
 
 use crate::{Keyring, LedgerError, LedgerMutation, PersistToken};
 
@@ -115,8 +116,9 @@ pub enum OutgoingState {
 }
 
 /// A durable ledger step: each transition is one, applied atomically; replaying one that
-/// already took effect changes nothing.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// already took effect changes nothing. Stored as deterministic CBOR.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum Step {
     /// A root grant to this branch, held by `credit`.
     Grant {

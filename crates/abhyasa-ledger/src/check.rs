@@ -324,6 +324,11 @@ pub fn check(w: &World<'_>) -> Vec<Violation> {
         .iter()
         .flat_map(|b| b.operations().map(move |o| (o.binding.key, (b.agent(), o))))
         .collect();
+    let acceptances: BTreeMap<(AgentId, OpKey), &crate::Acceptance> = w
+        .gateways
+        .iter()
+        .flat_map(|g| g.log().map(move |(k, a)| ((g.agent().clone(), *k), a)))
+        .collect();
     for e in w.effects {
         let n = instances.entry((e.gateway.clone(), e.key)).or_default();
         *n += 1;
@@ -336,12 +341,7 @@ pub fn check(w: &World<'_>) -> Vec<Violation> {
                 ),
             );
         }
-        let accepted = w
-            .gateways
-            .iter()
-            .find(|g| g.agent() == &e.gateway)
-            .and_then(|g| g.log().find(|(k, _)| **k == e.key).map(|(_, a)| a.clone()));
-        let Some(a) = accepted else {
+        let Some(a) = acceptances.get(&(e.gateway.clone(), e.key)) else {
             bad(
                 "L3",
                 format!("effect {} at {} ran with no acceptance", e.key, e.gateway),

@@ -4,11 +4,13 @@ use std::collections::{BTreeMap, VecDeque};
 
 use abhyasa_wire::ledger::*;
 use abhyasa_wire::AgentId;
+use serde::{Deserialize, Serialize};
 
 use crate::{Keyring, LedgerMutation, PersistToken};
 
-/// A durable gateway record.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A durable gateway record, stored as deterministic CBOR.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum GatewayRecord {
     /// First acceptance of a key, written before the effect runs.
     Accepted {

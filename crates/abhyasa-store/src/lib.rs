@@ -89,6 +89,10 @@ pub enum Op {
     Custodian(CustodianRecord),
     /// A receiver record (apply, prune).
     Receiver(ReceiverRecord),
+    /// A ledger branch step, appended to the journal.
+    Ledger(abhyasa_ledger::Step),
+    /// A gateway record, appended to the acceptance log.
+    Gateway(abhyasa_ledger::GatewayRecord),
 }
 
 /// Store settings.
@@ -295,6 +299,8 @@ impl Store {
             txn.open_table(RECV_WITHHELD)?;
             txn.open_table(RECV_WEIGHTS)?;
             txn.open_table(RECV_TOKENS)?;
+            txn.open_table(LEDGER_JOURNAL)?;
+            txn.open_table(GATEWAY_LOG)?;
         }
         txn.commit()
             .map_err(|e| StoreError::CommitUnknown(e.to_string()))?;
@@ -331,6 +337,8 @@ impl Store {
             match op {
                 Op::Custodian(r) => self.apply_custodian(&txn, r)?,
                 Op::Receiver(r) => self.apply_receiver(&txn, r)?,
+                Op::Ledger(step) => append(&txn, LEDGER_JOURNAL, &encode(step))?,
+                Op::Gateway(record) => append(&txn, GATEWAY_LOG, &encode(record))?,
             }
         }
         txn.commit()
@@ -821,6 +829,30 @@ impl Store {
         self.all(NOTES, "custodian.notes")
     }
 
+    /// The ledger journal, in order. A record that does not decode is an error naming it.
+    pub fn ledger_journal(&self) -> Result<Vec<abhyasa_ledger::Step>, StoreError> {
+        self.log(LEDGER_JOURNAL, "ledger.journal")
+    }
+
+    /// The gateway's acceptance log, in order.
+    pub fn gateway_log(&self) -> Result<Vec<abhyasa_ledger::GatewayRecord>, StoreError> {
+        self.log(GATEWAY_LOG, "gateway.log")
+    }
+
+    fn log<T: serde::de::DeserializeOwned>(
+        &self,
+        table: redb::TableDefinition<'_, u64, &[u8]>,
+        name: &'static str,
+    ) -> Result<Vec<T>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let mut out = Vec::new();
+        for entry in txn.open_table(table)?.iter()? {
+            let (k, v) = entry?;
+            out.push(rows::decode(name, u128::from(k.value()), v.value())?);
+        }
+        Ok(out)
+    }
+
     /// The pending set, in id order.
     pub fn pending(&self) -> Result<Vec<PendingRecord>, StoreError> {
         let rows: Vec<PendingRow> = self.all(PENDING, "custodian.pending")?;
@@ -894,3 +926,15 @@ fn prune_by_time(
 
 #[cfg(test)]
 mod tests;
+
+/// Appends `bytes` at the next sequence number of an append-only log table.
+fn append(
+    txn: &WriteTransaction,
+    table: redb::TableDefinition<'_, u64, &[u8]>,
+    bytes: &[u8],
+) -> Result<(), StoreError> {
+    let mut t = txn.open_table(table)?;
+    let next = t.last()?.map_or(0, |(k, _)| k.value() + 1);
+    t.insert(next, bytes)?;
+    Ok(())
+}

@@ -64,5 +64,16 @@ pub(crate) const RECV_WEIGHTS: TableDefinition<'_, (&str, &str), i64> =
 pub(crate) const RECV_TOKENS: TableDefinition<'_, &str, bool> =
     TableDefinition::new("receiver.tokens");
 
+// Ledger ---------------------------------------------------------------------------------------
+
+/// The branch's ledger journal: sequence → CBOR `abhyasa_ledger::Step`. Append-only; the
+/// branch state (credits, transfers and their outbox, operations and their evidence) is the
+/// replay of it.
+pub(crate) const LEDGER_JOURNAL: TableDefinition<'_, u64, &[u8]> =
+    TableDefinition::new("ledger.journal");
+/// The gateway's acceptance log: sequence → CBOR `abhyasa_ledger::GatewayRecord`
+/// (first acceptances, receipts, fences). Append-only.
+pub(crate) const GATEWAY_LOG: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("gateway.log");
+
 /// The layout version written in `meta.schema`.
 pub(crate) const SCHEMA_VERSION: u64 = 1;

@@ -1,0 +1,239 @@
+//! The budget ledger, durable: reserve → dispatch → gateway acceptance → effect → receipt →
+//! settle, every step committed to redb (`Durability::Immediate`) before what depends on it
+//! is exposed, with N operations per commit (group commit); and the independent checker's
+//! time on a large history.
+
+use std::time::{Duration, Instant};
+
+use abhyasa::ledger::check::{check, EffectInstance, World};
+use abhyasa::ledger::*;
+use abhyasa::store::{Op, Store, StoreConfig};
+use abhyasa::wire::{AgentId, UnixMillis};
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+
+fn id(s: &str) -> AgentId {
+    AgentId::new(s).unwrap()
+}
+
+fn keys() -> Keyring {
+    Keyring::new([
+        (id("issuer"), signing_key([1; 32]).verifying_key()),
+        (id("r"), signing_key([2; 32]).verifying_key()),
+        (id("g"), signing_key([3; 32]).verifying_key()),
+    ])
+}
+
+const CREDIT: CreditId = CreditId::from_u128(1);
+
+fn setup() -> (Branch, Gateway) {
+    let mut r = Branch::new(
+        id("r"),
+        signing_key([2; 32]),
+        keys(),
+        BranchConfig::default(),
+    );
+    let g = Gateway::new(id("g"), signing_key([3; 32]), keys(), None);
+    let grant = RootGrant {
+        root: RootId::from_u128(1),
+        issuer: id("issuer"),
+        holder: id("r"),
+        budget: Vector::of(&[("cents", u64::MAX / 2), ("calls", u64::MAX / 2)]).unwrap(),
+        label: Label::of(&["tools"]).unwrap(),
+        issued_at: UnixMillis(0),
+    };
+    r.grant(
+        Signed::sign(&grant, &id("issuer"), &signing_key([1; 32])),
+        CREDIT,
+    )
+    .unwrap();
+    while let Some((t, _)) = r.poll_persist() {
+        r.handle_persisted(t);
+    }
+    (r, g)
+}
+
+fn effect(n: u64) -> Effect {
+    Effect {
+        purpose: Dim::new("tools").unwrap(),
+        operation: format!("call-{n}"),
+        max_charge: Vector::of(&[("cents", 1_000), ("calls", 3)]).unwrap(),
+    }
+}
+
+/// Drains a branch's steps into one commit, then releases what they gated.
+fn commit_branch(r: &mut Branch, store: &mut Store) {
+    let mut ops = Vec::new();
+    let mut tokens = Vec::new();
+    while let Some((t, s)) = r.poll_persist() {
+        ops.push(Op::Ledger(s));
+        tokens.push(t);
+    }
+    store.commit(&ops).unwrap();
+    for t in tokens {
+        r.handle_persisted(t);
+    }
+}
+
+fn commit_gateway(g: &mut Gateway, store: &mut Store) {
+    let mut ops = Vec::new();
+    let mut tokens = Vec::new();
+    while let Some((t, rec)) = g.poll_persist() {
+        ops.push(Op::Gateway(rec));
+        tokens.push(t);
+    }
+    store.commit(&ops).unwrap();
+    for t in tokens {
+        g.handle_persisted(t);
+    }
+}
+
+/// `n` full cycles, four group commits (branch, gateway acceptance, gateway receipt, branch).
+fn cycles(r: &mut Branch, g: &mut Gateway, bs: &mut Store, gs: &mut Store, next: &mut u64, n: u64) {
+    for _ in 0..n {
+        *next += 1;
+        let key = OpKey::from_u128(u128::from(*next));
+        r.reserve(CREDIT, effect(*next), &id("g"), key).unwrap();
+        r.dispatch(UnixMillis(0), key).unwrap();
+    }
+    commit_branch(r, bs);
+    while let Some((_, m)) = r.poll_transmit() {
+        g.handle_message(&id("r"), m);
+    }
+    commit_gateway(g, gs);
+    let charge = Vector::of(&[("cents", 730), ("calls", 1)]).unwrap();
+    while let Some(e) = g.poll_execute() {
+        g.handle_executed(e.key, charge.clone());
+    }
+    commit_gateway(g, gs);
+    while let Some((_, m)) = g.poll_transmit() {
+        r.handle_message(UnixMillis(1), &id("g"), m);
+    }
+    commit_branch(r, bs);
+    assert!(r.poll_event().is_some(), "settled");
+    while r.poll_event().is_some() {}
+}
+
+fn durable_cycles(c: &mut Criterion) {
+    let dir = tempfile::tempdir_in(std::env::current_dir().unwrap()).unwrap();
+    let mut grp = c.benchmark_group("ledger_durable_cycle");
+    grp.sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(4));
+    for batch in [1u64, 16, 256] {
+        let (mut r, mut g) = setup();
+        let mut bs = Store::open(
+            dir.path().join(format!("b{batch}.redb")),
+            StoreConfig::default(),
+        )
+        .unwrap();
+        let mut gs = Store::open(
+            dir.path().join(format!("g{batch}.redb")),
+            StoreConfig::default(),
+        )
+        .unwrap();
+        let mut next = 0;
+        grp.throughput(Throughput::Elements(batch));
+        grp.bench_function(
+            format!("reserve_dispatch_accept_receipt_settle_{batch}_per_commit"),
+            |b| b.iter(|| cycles(&mut r, &mut g, &mut bs, &mut gs, &mut next, batch)),
+        );
+    }
+    // The same cycle with no store at all: the cost of signatures and bookkeeping alone.
+    let (mut r, mut g) = setup();
+    let mut next = 0u64;
+    grp.throughput(Throughput::Elements(1));
+    grp.bench_function("in_memory_cycle_no_store", |b| {
+        b.iter(|| {
+            next += 1;
+            let key = OpKey::from_u128(u128::from(next));
+            r.reserve(CREDIT, effect(next), &id("g"), key).unwrap();
+            r.dispatch(UnixMillis(0), key).unwrap();
+            while let Some((t, _)) = r.poll_persist() {
+                r.handle_persisted(t);
+            }
+            let (_, m) = r.poll_transmit().unwrap();
+            g.handle_message(&id("r"), m);
+            while let Some((t, _)) = g.poll_persist() {
+                g.handle_persisted(t);
+            }
+            let e = g.poll_execute().unwrap();
+            g.handle_executed(e.key, Vector::of(&[("cents", 730), ("calls", 1)]).unwrap());
+            while let Some((t, _)) = g.poll_persist() {
+                g.handle_persisted(t);
+            }
+            let (_, m) = g.poll_transmit().unwrap();
+            r.handle_message(UnixMillis(1), &id("g"), m);
+            while let Some((t, _)) = r.poll_persist() {
+                r.handle_persisted(t);
+            }
+            while r.poll_event().is_some() {}
+        })
+    });
+    grp.finish();
+}
+
+fn checker(c: &mut Criterion) {
+    let mut grp = c.benchmark_group("ledger_checker");
+    grp.sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(4));
+    for history in [1_000u64, 10_000] {
+        let (mut r, mut g) = setup();
+        let mut effects = Vec::new();
+        let started = Instant::now();
+        for n in 1..=history {
+            let key = OpKey::from_u128(u128::from(n));
+            r.reserve(CREDIT, effect(n), &id("g"), key).unwrap();
+            r.dispatch(UnixMillis(0), key).unwrap();
+            while let Some((t, _)) = r.poll_persist() {
+                r.handle_persisted(t);
+            }
+            let (_, m) = r.poll_transmit().unwrap();
+            g.handle_message(&id("r"), m);
+            while let Some((t, _)) = g.poll_persist() {
+                g.handle_persisted(t);
+            }
+            let e = g.poll_execute().unwrap();
+            let charge = Vector::of(&[("cents", 730), ("calls", 1)]).unwrap();
+            effects.push(EffectInstance {
+                gateway: id("g"),
+                key: e.key,
+                charge: charge.clone(),
+            });
+            g.handle_executed(e.key, charge);
+            while let Some((t, _)) = g.poll_persist() {
+                g.handle_persisted(t);
+            }
+            let (_, m) = g.poll_transmit().unwrap();
+            r.handle_message(UnixMillis(1), &id("g"), m);
+            while let Some((t, _)) = r.poll_persist() {
+                r.handle_persisted(t);
+            }
+        }
+        eprintln!(
+            "built a history of {history} settled operations in {:?}",
+            started.elapsed()
+        );
+        let k = keys();
+        grp.throughput(Throughput::Elements(history));
+        grp.bench_function(format!("check_{history}_settled_operations"), |b| {
+            b.iter_batched(
+                || (),
+                |_| {
+                    let found = check(&World {
+                        branches: &[&r],
+                        gateways: &[&g],
+                        effects: &effects,
+                        keys: &k,
+                    });
+                    assert!(found.is_empty(), "{found:?}");
+                },
+                BatchSize::SmallInput,
+            )
+        });
+    }
+    grp.finish();
+}
+
+criterion_group!(benches, durable_cycles, checker);
+criterion_main!(benches);
