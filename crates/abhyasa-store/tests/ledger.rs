@@ -52,7 +52,7 @@ fn a_settled_cycle_replays_from_disk() {
     let key = OpKey::from_u128(9);
     r.reserve(credit, effect, &id("g"), key).unwrap();
     r.dispatch(UnixMillis(0), key).unwrap();
-    let mut persist_branch = |r: &mut Branch, store: &mut Store| {
+    let persist_branch = |r: &mut Branch, store: &mut Store| {
         let mut ops = Vec::new();
         let mut tokens = Vec::new();
         while let Some((t, s)) = r.poll_persist() {
@@ -67,7 +67,7 @@ fn a_settled_cycle_replays_from_disk() {
     persist_branch(&mut r, &mut store);
     let (_, permit) = r.poll_transmit().unwrap();
     g.handle_message(&id("r"), permit);
-    let mut persist_gateway = |g: &mut Gateway, store: &mut Store| {
+    let persist_gateway = |g: &mut Gateway, store: &mut Store| {
         while let Some((t, rec)) = g.poll_persist() {
             store.commit(&[Op::Gateway(rec)]).unwrap();
             g.handle_persisted(t);
