@@ -15,6 +15,7 @@
 //! running an effect and recording its receipt.
 
 use std::collections::BTreeMap;
+use std::sync::OnceLock;
 
 use abhyasa_ledger::check::{check, EffectInstance, World};
 use abhyasa_ledger::{
@@ -70,10 +71,25 @@ fn agent(s: &str) -> AgentId {
     AgentId::new(s).expect("a valid agent id")
 }
 
+/// Signing keys, derived once per process (deriving the public half is a scalar
+/// multiplication, and components are rebuilt from their journals at every check).
 fn key_of(name: &str) -> LedgerSigningKey {
-    let mut seed = [0u8; 32];
-    seed[..name.len()].copy_from_slice(name.as_bytes());
-    signing_key(seed)
+    static KEYS: OnceLock<BTreeMap<&'static str, LedgerSigningKey>> = OnceLock::new();
+    KEYS.get_or_init(|| {
+        BRANCHES
+            .iter()
+            .chain(GATEWAYS.iter())
+            .chain(["issuer"].iter())
+            .map(|&n| {
+                let mut seed = [0u8; 32];
+                seed[..n.len()].copy_from_slice(n.as_bytes());
+                (n, signing_key(seed))
+            })
+            .collect()
+    })
+    .get(name)
+    .cloned()
+    .expect("a simulated agent")
 }
 
 /// Who may transfer to whom: the delegation DAG.
