@@ -8,6 +8,7 @@
 //! - [`store`]: durable custody state in redb, with group commit and recovery;
 //! - [`sim`]: the deterministic simulation that checks them under faults;
 //! - [`crashpeer`]: the process that the SIGKILL crash test kills at named points;
+//! - [`ledgerpeer`]: the same for the ledger (branch, child, gateway processes);
 //! - [`sweep`]: end-to-end sweeps over QUIC through the emulator (CSV and SVG).
 
 #![warn(missing_docs)]
@@ -15,6 +16,7 @@
 pub mod admin;
 pub mod crashpeer;
 pub mod demo;
+pub mod ledgerpeer;
 pub mod sweep;
 
 pub use abhyasa_custody as custody;
