@@ -12,13 +12,16 @@ use abhyasa_wire::{decode, decode_obligation, encode, AgentId, CustodyAck, UnixM
 use tokio::sync::{broadcast, mpsc};
 use tracing::{debug, info, info_span, warn};
 
+use crate::ledger::{LedgerPart, LedgerReply};
 use crate::{Command, Node, NodeBuilder, NodeError, NodeEvent, Status};
 
 type Blocked = Arc<Mutex<HashMap<AgentId, Instant>>>;
 
-enum Internal {
+pub(crate) enum Internal {
     Up(Session),
     Event(AgentId, usize, SessionEvent),
+    /// The executor ran an accepted effect.
+    Executed(abhyasa_ledger::OpKey, abhyasa_ledger::Vector),
 }
 
 fn now() -> UnixMillis {
@@ -40,6 +43,10 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
     let seed = t.0 ^ 0x9e37_79b9_7f4a_7c15;
     let custodian = store.recover_custodian(agent.clone(), b.custodian.clone(), seed, t)?;
     let receiver = store.recover_receiver(agent.clone(), b.receiver.clone())?;
+    let ledger = match b.ledger.clone() {
+        Some(setup) => Some(LedgerPart::recover(&agent, setup, &store)?),
+        None => None,
+    };
     let (path, store_config) = (db_path.clone(), b.store.clone());
     let group = GroupCommit::spawn(store, b.group, move || {
         Store::open(&path, store_config.clone())
@@ -134,6 +141,10 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         blocked,
         endpoint,
         awaiting: HashMap::new(),
+        ledger,
+        ledger_setup: b.ledger.clone(),
+        ledger_replies: Vec::new(),
+        itx: itx.clone(),
     };
     tokio::spawn(core.run(rx, irx));
     Ok(Node {
@@ -184,7 +195,14 @@ struct Core {
     endpoint: quinn::Endpoint,
     /// Issue commands waiting for their record to be durable.
     awaiting: HashMap<abhyasa_wire::ObligationId, IssueReply>,
+    ledger: Option<LedgerPart>,
+    ledger_setup: Option<crate::LedgerSetup>,
+    /// Ledger commands answered after the next commit.
+    ledger_replies: Vec<(LedgerReplyTx, Result<LedgerReply, NodeError>)>,
+    itx: mpsc::Sender<Internal>,
 }
+
+type LedgerReplyTx = tokio::sync::oneshot::Sender<Result<LedgerReply, NodeError>>;
 
 type IssueReply = tokio::sync::oneshot::Sender<Result<abhyasa_custody::Admission, NodeError>>;
 
@@ -212,7 +230,12 @@ impl Core {
                 .into_iter()
                 .flatten()
                 .min();
-            let sleep = wake.map(|w| Duration::from_millis(w.0.saturating_sub(now().0)));
+            let mut sleep = wake.map(|w| Duration::from_millis(w.0.saturating_sub(now().0)));
+            if let Some(l) = &self.ledger_setup {
+                // The ledger resends on a period.
+                let period = Duration::from_millis(l.resend_ms.max(10));
+                sleep = Some(sleep.map_or(period, |s| s.min(period)));
+            }
             tokio::select! {
                 cmd = rx.recv() => match cmd {
                     Some(Command::Shutdown(done)) => {
@@ -262,6 +285,9 @@ impl Core {
                     let t = now();
                     self.custodian.handle_timeout(t);
                     self.receiver.handle_timeout(t);
+                    if let Some(l) = &mut self.ledger {
+                        l.timeout(t);
+                    }
                 }
             }
             if !self.flush().await {
@@ -370,6 +396,20 @@ impl Core {
                     let _ = self.events.send(NodeEvent::PeerDown(peer));
                 }
             }
+            Command::Ledger(cmd, reply) => {
+                let result = match &mut self.ledger {
+                    None => Err(NodeError::NoLedger),
+                    Some(l) => l.command(now(), cmd).map_err(NodeError::Ledger),
+                };
+                match result {
+                    // A status needs no commit.
+                    Ok(LedgerReply::Status(s)) => {
+                        let _ = reply.send(Ok(LedgerReply::Status(s)));
+                    }
+                    // Answered once the step is durable.
+                    r => self.ledger_replies.push((reply, r)),
+                }
+            }
             Command::Shutdown(_) => unreachable!("handled in run"),
         }
     }
@@ -386,6 +426,11 @@ impl Core {
                 info!(%peer, "session up");
                 self.sessions.insert(peer.clone(), s);
                 let _ = self.events.send(NodeEvent::PeerUp(peer));
+            }
+            Internal::Executed(key, charge) => {
+                if let Some(l) = &mut self.ledger {
+                    l.executed(key, charge);
+                }
             }
             Internal::Event(peer, conn, e) => match e {
                 SessionEvent::Object {
@@ -413,8 +458,12 @@ impl Core {
                 },
                 SessionEvent::Object {
                     track: Track::Ledger,
-                    ..
-                } => {}
+                    payload,
+                } => {
+                    if let Some(l) = &mut self.ledger {
+                        l.on_object(t, &peer, &payload);
+                    }
+                }
                 SessionEvent::PeerSubscribed(Track::Obligations) => {
                     // Re-offer pending obligations for this peer now, not at the next slot.
                     self.custodian.handle_peer_ready(t, &peer);
@@ -449,6 +498,9 @@ impl Core {
                 ops.push(Op::Receiver(p.record));
                 rt.push(p.token);
             }
+            if let Some(l) = &mut self.ledger {
+                l.drain(&mut ops);
+            }
             if !ops.is_empty() {
                 let ticket = self.group.submit(ops);
                 let outcome = tokio::task::spawn_blocking(move || ticket.wait())
@@ -461,6 +513,9 @@ impl Core {
                             .for_each(|k| self.custodian.handle_persisted(t, k));
                         rt.into_iter()
                             .for_each(|k| self.receiver.handle_persisted(k));
+                        if let Some(l) = &mut self.ledger {
+                            l.persisted();
+                        }
                     }
                     Err(GroupError::Unknown(e)) => {
                         warn!(%e, "commit outcome unknown: recovering from the store");
@@ -473,8 +528,16 @@ impl Core {
                 }
             }
             self.release();
-            // Releasing (an escalation's timer, a re-offer) may hand out more records.
+            let local = self.release_ledger();
+            for (reply, result) in self.ledger_replies.drain(..) {
+                let _ = reply.send(result);
+            }
+            // Releasing (an escalation's timer, a re-offer, a message to itself) may hand out
+            // more records.
             let more = self.custodian.poll_timeout().is_some_and(|w| w <= now());
+            if local {
+                continue;
+            }
             if !more {
                 return true;
             }
@@ -490,16 +553,26 @@ impl Core {
             self.receiver_config.clone(),
             now(),
         );
-        let a2 = agent.clone();
+        let (a2, a3, setup) = (agent.clone(), agent.clone(), self.ledger_setup.clone());
         let recovered = self.group.read(move |s| {
             let c = s.recover_custodian(agent, cc, t.0, t)?;
             let r = s.recover_receiver(a2, rc)?;
-            Ok::<_, abhyasa_store::StoreError>((c, r))
+            let l = match setup {
+                Some(setup) => Some(LedgerPart::recover(&a3, setup, s)?),
+                None => None,
+            };
+            Ok::<_, abhyasa_store::StoreError>((c, r, l))
         });
         match recovered {
-            Ok(Ok((c, r))) => {
+            Ok(Ok((c, r, l))) => {
                 self.custodian = c;
                 self.receiver = r;
+                self.ledger = l;
+                // Ledger commands waiting on that commit: unknown, ask again (each is
+                // idempotent on its id).
+                for (reply, _) in self.ledger_replies.drain(..) {
+                    let _ = reply.send(Err(NodeError::IssueAgain));
+                }
                 // Issues waiting on a commit of unknown outcome: the store decides.
                 for (id, reply) in std::mem::take(&mut self.awaiting) {
                     let known = self
@@ -516,6 +589,36 @@ impl Core {
             }
             _ => false,
         }
+    }
+
+    fn release_ledger(&mut self) -> bool {
+        let Some(l) = &mut self.ledger else {
+            return false;
+        };
+        let itx = self.itx.clone();
+        let mut events = Vec::new();
+        let more = l.release(
+            now(),
+            &self.sessions,
+            |e, executor| {
+                let itx = itx.clone();
+                tokio::spawn(async move {
+                    let key = e.key;
+                    let charge = tokio::task::spawn_blocking(move || {
+                        executor.execute(e.key, &e.effect, &e.max_charge, e.resume)
+                    })
+                    .await;
+                    if let Ok(charge) = charge {
+                        let _ = itx.send(Internal::Executed(key, charge)).await;
+                    }
+                });
+            },
+            &mut events,
+        );
+        for e in events {
+            let _ = self.events.send(NodeEvent::Ledger(e));
+        }
+        more
     }
 
     fn release(&mut self) {

@@ -19,6 +19,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod core;
+pub mod ledger;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -34,6 +35,7 @@ use abhyasa_wire::{
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 pub use abhyasa_custody::Admission;
+pub use ledger::{Executor, LedgerCommand, LedgerReply, LedgerSetup, LedgerStatus};
 
 /// What a node reports.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -59,6 +61,8 @@ pub enum NodeEvent {
     PeerUp(AgentId),
     /// A session with a peer ended.
     PeerDown(AgentId),
+    /// The ledger branch reported something (settled, no effect, transfer decided, …).
+    Ledger(abhyasa_ledger::LedgerEvent),
 }
 
 /// Why a node operation failed.
@@ -81,6 +85,12 @@ pub enum NodeError {
     /// issue it again (issuing is idempotent on the id).
     #[error("not durable after a failed commit; issue it again")]
     IssueAgain,
+    /// The ledger refused the request.
+    #[error("ledger: {0}")]
+    Ledger(#[from] abhyasa_ledger::LedgerError),
+    /// The node was built without a ledger.
+    #[error("this node takes no part in the ledger")]
+    NoLedger,
     /// The node has stopped.
     #[error("the node has stopped")]
     Stopped,
@@ -107,6 +117,10 @@ pub(crate) enum Command {
     Issue(Obligation, oneshot::Sender<Result<Admission, NodeError>>),
     Status(oneshot::Sender<Status>),
     Block(AgentId, Duration),
+    Ledger(
+        ledger::LedgerCommand,
+        oneshot::Sender<Result<ledger::LedgerReply, NodeError>>,
+    ),
     Shutdown(oneshot::Sender<()>),
 }
 
@@ -159,6 +173,7 @@ pub struct NodeBuilder {
     store: StoreConfig,
     group: GroupConfig,
     impairment: Option<(abhyasa_netem::Impairment, u64)>,
+    ledger: Option<ledger::LedgerSetup>,
 }
 
 impl NodeBuilder {
@@ -166,6 +181,14 @@ impl NodeBuilder {
     /// benchmarks). Impair both nodes to impair both directions.
     pub fn impair(mut self, spec: abhyasa_netem::Impairment, seed: u64) -> Self {
         self.impairment = Some((spec, seed));
+        self
+    }
+
+    /// Takes part in the budget ledger: a branch, and a gateway when the setup has an
+    /// executor. Its steps share the custody store and group commit; its messages ride the
+    /// `ledger/<peer>` tracks.
+    pub fn ledger(mut self, setup: ledger::LedgerSetup) -> Self {
+        self.ledger = Some(setup);
         self
     }
 
@@ -248,6 +271,7 @@ impl Node {
             store: StoreConfig::default(),
             group: GroupConfig::default(),
             impairment: None,
+            ledger: None,
         }
     }
 
@@ -260,6 +284,19 @@ impl Node {
     /// [`impair`](NodeBuilder::impair): its counters, and its rules changed on the live link.
     pub fn impairment(&self) -> Option<&abhyasa_moq::ImpairmentHandle> {
         self.impairment.as_ref()
+    }
+
+    /// A ledger request: answered once its step is durable (status at once).
+    pub async fn ledger(
+        &self,
+        cmd: ledger::LedgerCommand,
+    ) -> Result<ledger::LedgerReply, NodeError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Command::Ledger(cmd, tx))
+            .await
+            .map_err(|_| NodeError::Stopped)?;
+        rx.await.map_err(|_| NodeError::Stopped)?
     }
 
     /// The address the node listens on.

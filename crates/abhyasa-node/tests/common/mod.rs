@@ -1,4 +1,5 @@
 //! Fixtures shared by the node tests.
+#![allow(dead_code)] // Each test binary uses its own subset.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

@@ -1,0 +1,403 @@
+//! The budget ledger inside the node: a branch (and optionally a gateway) driven by the core
+//! task, its steps and records in the node's store through the same group commit as custody,
+//! its messages on the `ledger/<peer>` tracks.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use abhyasa_ledger::{
+    Branch, BranchConfig, CreditId, Effect, Execute, Gateway, Keyring, Label, LedgerError,
+    LedgerEvent, LedgerMessage, LedgerSigningKey, OpKey, OpState, OutgoingState, PersistToken,
+    RootGrant, RootId, Signed, TransferId, Vector,
+};
+use abhyasa_moq::{Session, Track};
+use abhyasa_store::{Op, Store, StoreError};
+use abhyasa_wire::{decode, encode, AgentId, UnixMillis};
+use tracing::{debug, warn};
+
+/// Runs the effects a gateway accepted. Called off the core task, after the acceptance is
+/// durable; must be bounded by `max` (the gateway clamps anything above it). With `resume`,
+/// the effect may already have run before a crash: report its charge instead of running it
+/// again (look it up by `key`).
+pub trait Executor: Send + Sync + 'static {
+    /// Runs (or, resumed, looks up) the effect of `key`; returns its actual charge.
+    fn execute(&self, key: OpKey, effect: &Effect, max: &Vector, resume: bool) -> Vector;
+}
+
+/// What a node needs to take part in the ledger.
+#[derive(Clone)]
+pub struct LedgerSetup {
+    /// This agent's ledger signing key.
+    pub key: LedgerSigningKey,
+    /// Verifying keys of every agent (issuers, branches, gateways) it trusts.
+    pub keys: Keyring,
+    /// When set, the node is also a gateway that runs effects with this executor.
+    pub executor: Option<Arc<dyn Executor>>,
+    /// How often undecided transfers and dispatches are sent again, in ms.
+    pub resend_ms: u64,
+}
+
+impl std::fmt::Debug for LedgerSetup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LedgerSetup")
+            .field("gateway", &self.executor.is_some())
+            .field("resend_ms", &self.resend_ms)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A ledger request to a running node.
+#[derive(Clone, Debug)]
+pub enum LedgerCommand {
+    /// Take a root grant (signed by its issuer) as the credit `credit`.
+    Grant {
+        /// The signed grant.
+        grant: Signed<RootGrant>,
+        /// The root credit's id.
+        credit: CreditId,
+    },
+    /// Delegate: seal a transfer of `amount` from `credit` to `to`.
+    Delegate {
+        /// The paying credit.
+        credit: CreditId,
+        /// The transfer id (unique per root).
+        transfer: TransferId,
+        /// How much.
+        amount: Vector,
+        /// The receiving branch.
+        to: AgentId,
+        /// The child's label.
+        label: Label,
+    },
+    /// Spend: reserve `effect`'s maximum from `credit` and dispatch it to `gateway`.
+    Spend {
+        /// The paying credit.
+        credit: CreditId,
+        /// What to run.
+        effect: Effect,
+        /// The gateway.
+        gateway: AgentId,
+        /// The operation key.
+        key: OpKey,
+    },
+    /// Fence the epoch of `credit` at the gateways holding its quarantined dispatches.
+    Reclaim {
+        /// The credit.
+        credit: CreditId,
+    },
+    /// The six buckets per root, credits, operations and transfers.
+    Status,
+}
+
+/// A credit, for status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CreditStatus {
+    /// The credit.
+    pub id: CreditId,
+    /// Its root.
+    pub root: RootId,
+    /// Available atoms' size.
+    pub available: Vector,
+    /// Its epoch.
+    pub epoch: u64,
+    /// Joined away.
+    pub closed: bool,
+}
+
+/// An operation, for status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OperationStatus {
+    /// The key.
+    pub key: OpKey,
+    /// The paying credit.
+    pub credit: CreditId,
+    /// The gateway.
+    pub gateway: AgentId,
+    /// Reserved maximum.
+    pub max_charge: Vector,
+    /// `reserved`, `quarantined`, `settled`, `no_effect`, `released`, `forfeited`.
+    pub state: &'static str,
+    /// The committed charge, once settled.
+    pub charged: Option<Vector>,
+}
+
+/// The ledger as one node holds it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LedgerStatus {
+    /// Per root: (Available, InTransit, Reserved, Quarantined, Committed, Forfeited).
+    pub roots: Vec<(RootId, [Vector; 6])>,
+    /// Credits.
+    pub credits: Vec<CreditStatus>,
+    /// Operations.
+    pub operations: Vec<OperationStatus>,
+    /// Transfers sealed here: (id, destination, amount, `sealed`/`accepted`/`cancelled`).
+    pub transfers: Vec<(TransferId, AgentId, Vector, &'static str)>,
+    /// Effects this node accepted as a gateway (key, receipted).
+    pub accepted: Vec<(OpKey, bool)>,
+}
+
+/// A ledger reply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LedgerReply {
+    /// Done: the step is durable (and what it releases is on its way).
+    Done,
+    /// The status.
+    Status(Box<LedgerStatus>),
+}
+
+/// The state name of an operation.
+pub fn state_name(s: &OpState) -> &'static str {
+    match s {
+        OpState::Reserved => "reserved",
+        OpState::Quarantined => "quarantined",
+        OpState::Settled { .. } => "settled",
+        OpState::NoEffect(_) => "no_effect",
+        OpState::Released => "released",
+        OpState::Forfeited { .. } => "forfeited",
+        OpState::Refunded => "refunded",
+    }
+}
+
+pub(crate) struct LedgerPart {
+    me: AgentId,
+    setup: LedgerSetup,
+    pub(crate) branch: Branch,
+    pub(crate) gateway: Option<Gateway>,
+    branch_tokens: Vec<PersistToken>,
+    gateway_tokens: Vec<PersistToken>,
+}
+
+impl LedgerPart {
+    pub(crate) fn recover(
+        me: &AgentId,
+        setup: LedgerSetup,
+        store: &Store,
+    ) -> Result<Self, StoreError> {
+        let config = BranchConfig {
+            resend_ms: setup.resend_ms,
+            mutation: None,
+        };
+        let (branch, rejected) = Branch::recover(
+            me.clone(),
+            setup.key.clone(),
+            setup.keys.clone(),
+            config,
+            store.ledger_journal()?,
+        );
+        for (step, e) in rejected {
+            warn!(%e, ?step, "ledger journal step refused at recovery");
+        }
+        let gateway = match setup.executor {
+            Some(_) => Some(Gateway::recover(
+                me.clone(),
+                setup.key.clone(),
+                setup.keys.clone(),
+                None,
+                store.gateway_log()?,
+            )),
+            None => None,
+        };
+        Ok(Self {
+            me: me.clone(),
+            setup,
+            branch,
+            gateway,
+            branch_tokens: Vec::new(),
+            gateway_tokens: Vec::new(),
+        })
+    }
+
+    /// A ledger object from `peer`.
+    pub(crate) fn on_object(&mut self, now: UnixMillis, peer: &AgentId, payload: &[u8]) {
+        let m = match decode::<LedgerMessage>(payload) {
+            Ok(m) => m,
+            Err(e) => {
+                warn!(%peer, %e, "dropped an unreadable ledger object");
+                return;
+            }
+        };
+        match m {
+            LedgerMessage::Dispatch { .. }
+            | LedgerMessage::Query { .. }
+            | LedgerMessage::Fence(_) => match &mut self.gateway {
+                Some(g) => g.handle_message(peer, m),
+                None => debug!(%peer, "a gateway message, but this node is no gateway"),
+            },
+            m => self.branch.handle_message(now, peer, m),
+        }
+    }
+
+    pub(crate) fn command(
+        &mut self,
+        now: UnixMillis,
+        cmd: LedgerCommand,
+    ) -> Result<LedgerReply, LedgerError> {
+        match cmd {
+            LedgerCommand::Grant { grant, credit } => self.branch.grant(grant, credit)?,
+            LedgerCommand::Delegate {
+                credit,
+                transfer,
+                amount,
+                to,
+                label,
+            } => self
+                .branch
+                .transfer(credit, transfer, &amount, &to, label)?,
+            LedgerCommand::Spend {
+                credit,
+                effect,
+                gateway,
+                key,
+            } => {
+                self.branch.reserve(credit, effect, &gateway, key)?;
+                self.branch.dispatch(now, key)?;
+            }
+            LedgerCommand::Reclaim { credit } => self.branch.request_fence(credit)?,
+            LedgerCommand::Status => return Ok(LedgerReply::Status(Box::new(self.status()))),
+        }
+        Ok(LedgerReply::Done)
+    }
+
+    fn status(&self) -> LedgerStatus {
+        let b = &self.branch;
+        let mut roots: Vec<RootId> = b.credits().map(|c| c.root).collect();
+        roots.sort();
+        roots.dedup();
+        LedgerStatus {
+            roots: roots.into_iter().map(|r| (r, b.buckets(r))).collect(),
+            credits: b
+                .credits()
+                .map(|c| CreditStatus {
+                    id: c.id,
+                    root: c.root,
+                    available: c.available.size(),
+                    epoch: c.epoch,
+                    closed: c.closed,
+                })
+                .collect(),
+            operations: b
+                .operations()
+                .map(|o| OperationStatus {
+                    key: o.binding.key,
+                    credit: o.binding.credit,
+                    gateway: o.binding.receiver.clone(),
+                    max_charge: o.binding.max_charge.clone(),
+                    state: state_name(&o.state),
+                    charged: match &o.state {
+                        OpState::Settled { charged, .. } => Some(charged.size()),
+                        _ => None,
+                    },
+                })
+                .collect(),
+            transfers: b
+                .outgoing()
+                .map(|o| {
+                    (
+                        o.body.transfer,
+                        o.body.destination.clone(),
+                        o.body.footprint.size(),
+                        match o.state {
+                            OutgoingState::Sealed => "sealed",
+                            OutgoingState::Accepted(_) => "accepted",
+                            OutgoingState::Cancelled(_) => "cancelled",
+                        },
+                    )
+                })
+                .collect(),
+            accepted: self
+                .gateway
+                .iter()
+                .flat_map(|g| {
+                    g.log().map(|(k, a)| {
+                        (
+                            *k,
+                            matches!(a.state, abhyasa_ledger::AcceptanceState::Done(_)),
+                        )
+                    })
+                })
+                .collect(),
+        }
+    }
+
+    pub(crate) fn timeout(&mut self, now: UnixMillis) {
+        self.branch.handle_timeout(now);
+    }
+
+    /// Moves what both hand out into `ops`.
+    pub(crate) fn drain(&mut self, ops: &mut Vec<Op>) {
+        while let Some((t, s)) = self.branch.poll_persist() {
+            ops.push(Op::Ledger(s));
+            self.branch_tokens.push(t);
+        }
+        if let Some(g) = &mut self.gateway {
+            while let Some((t, r)) = g.poll_persist() {
+                ops.push(Op::Gateway(r));
+                self.gateway_tokens.push(t);
+            }
+        }
+    }
+
+    /// The drained records are durable.
+    pub(crate) fn persisted(&mut self) {
+        for t in self.branch_tokens.drain(..) {
+            self.branch.handle_persisted(t);
+        }
+        if let Some(g) = &mut self.gateway {
+            for t in self.gateway_tokens.drain(..) {
+                g.handle_persisted(t);
+            }
+        }
+    }
+
+    /// Sends what was released; hands accepted effects to the executor. `true` when a
+    /// message to this node itself (its own gateway) was delivered in place, which may have
+    /// handed out more records.
+    pub(crate) fn release(
+        &mut self,
+        now: UnixMillis,
+        sessions: &HashMap<AgentId, Session>,
+        mut executed: impl FnMut(Execute, Arc<dyn Executor>),
+        events: &mut Vec<LedgerEvent>,
+    ) -> bool {
+        let mut out: Vec<(AgentId, LedgerMessage)> =
+            std::iter::from_fn(|| self.branch.poll_transmit()).collect();
+        if let Some(g) = &mut self.gateway {
+            out.extend(std::iter::from_fn(|| g.poll_transmit()));
+            if let Some(x) = &self.setup.executor {
+                while let Some(e) = g.poll_execute() {
+                    executed(e, x.clone());
+                }
+            }
+        }
+        let mut local = Vec::new();
+        for (to, m) in out {
+            if to == self.me {
+                local.push(encode(&m));
+                continue;
+            }
+            let Some(s) = sessions.get(&to).cloned() else {
+                continue; // Resent on the next timeout.
+            };
+            let bytes = encode(&m);
+            tokio::spawn(async move {
+                if let Err(e) = s.send_group(Track::Ledger, &[bytes], false).await {
+                    debug!(%e, "ledger object not sent");
+                }
+            });
+        }
+        events.extend(std::iter::from_fn(|| self.branch.poll_event()));
+        // A node that is its own gateway: deliver in place.
+        let me = self.me.clone();
+        let more = !local.is_empty();
+        for bytes in local {
+            self.on_object(now, &me, &bytes);
+        }
+        more
+    }
+
+    pub(crate) fn executed(&mut self, key: OpKey, charge: Vector) {
+        if let Some(g) = &mut self.gateway {
+            g.handle_executed(key, charge);
+        }
+    }
+}

@@ -1,0 +1,221 @@
+//! The ledger over the node runtime: a delegating node, a child node and a gateway node over
+//! QUIC on loopback, `ledger/<peer>` tracks, every step in each node's redb file. Root grant →
+//! delegation to the child → the child spends through the gateway → settled; then the
+//! independent checker over the three files.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use abhyasa_ledger::check::{check, EffectInstance, World};
+use abhyasa_ledger::*;
+use abhyasa_moq::Ca;
+use abhyasa_node::{Executor, LedgerCommand, LedgerReply, LedgerSetup, Node, NodeEvent};
+use abhyasa_store::{Store, StoreConfig};
+use abhyasa_wire::UnixMillis;
+
+mod common;
+use common::id;
+
+fn sk(n: &str) -> LedgerSigningKey {
+    let mut seed = [0u8; 32];
+    seed[..n.len()].copy_from_slice(n.as_bytes());
+    signing_key(seed)
+}
+
+fn keys() -> Keyring {
+    Keyring::new(["issuer", "root", "child", "gw"].map(|n| (id(n), sk(n).verifying_key())))
+}
+
+/// Runs every effect once, charging 7 cents, and remembers what ran.
+#[derive(Default)]
+struct Recorder(Mutex<Vec<EffectInstance>>);
+
+impl Executor for Recorder {
+    fn execute(&self, key: OpKey, _effect: &Effect, _max: &Vector, resume: bool) -> Vector {
+        let mut ran = self.0.lock().unwrap();
+        if let Some(e) = ran.iter().find(|e| e.key == key).filter(|_| resume) {
+            return e.charge.clone();
+        }
+        let charge = Vector::of(&[("cents", 7)]).unwrap();
+        ran.push(EffectInstance {
+            gateway: id("gw"),
+            key,
+            charge: charge.clone(),
+        });
+        charge
+    }
+}
+
+fn setup(n: &str, executor: Option<Arc<dyn Executor>>) -> LedgerSetup {
+    LedgerSetup {
+        key: sk(n),
+        keys: keys(),
+        executor,
+        resend_ms: 100,
+    }
+}
+
+fn cents(n: u64) -> Vector {
+    Vector::of(&[("cents", n)]).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grant_delegate_spend_settle_across_three_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate("ledger-test").unwrap();
+    let recorder = Arc::new(Recorder::default());
+    let gw = Node::builder(ca.issue(&id("gw")).unwrap())
+        .state_dir(dir.path().join("gw"))
+        .ledger(setup("gw", Some(recorder.clone())))
+        .build()
+        .await
+        .unwrap();
+    let child = Node::builder(ca.issue(&id("child")).unwrap())
+        .state_dir(dir.path().join("child"))
+        .peer(id("gw"), gw.local_addr())
+        .ledger(setup("child", None))
+        .build()
+        .await
+        .unwrap();
+    let root = Node::builder(ca.issue(&id("root")).unwrap())
+        .state_dir(dir.path().join("root"))
+        .peer(id("child"), child.local_addr())
+        .ledger(setup("root", None))
+        .build()
+        .await
+        .unwrap();
+    let mut child_events = child.events();
+
+    let grant = RootGrant {
+        root: RootId::from_u128(1),
+        issuer: id("issuer"),
+        holder: id("root"),
+        budget: cents(1_000),
+        label: Label::of(&["tools"]).unwrap(),
+        issued_at: UnixMillis(0),
+    };
+    let root_credit = CreditId::from_u128(1);
+    let done = root
+        .ledger(LedgerCommand::Grant {
+            grant: Signed::sign(&grant, &id("issuer"), &sk("issuer")),
+            credit: root_credit,
+        })
+        .await
+        .unwrap();
+    assert_eq!(done, LedgerReply::Done);
+    // A grant signed by someone else is refused.
+    let forged = Signed::sign(&grant, &id("issuer"), &sk("root"));
+    assert!(root
+        .ledger(LedgerCommand::Grant {
+            grant: forged,
+            credit: CreditId::from_u128(2)
+        })
+        .await
+        .is_err());
+
+    root.ledger(LedgerCommand::Delegate {
+        credit: root_credit,
+        transfer: TransferId::from_u128(1),
+        amount: cents(300),
+        to: id("child"),
+        label: Label::of(&["tools"]).unwrap(),
+    })
+    .await
+    .unwrap();
+    // The child's credit appears once the transfer is accepted.
+    let child_credit = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match child_events.recv().await {
+                Ok(NodeEvent::Ledger(LedgerEvent::CreditReceived { credit })) => break credit,
+                Ok(_) => {}
+                Err(e) => panic!("{e}"),
+            }
+        }
+    })
+    .await
+    .expect("the transfer reached the child");
+
+    for k in 0..5u128 {
+        child
+            .ledger(LedgerCommand::Spend {
+                credit: child_credit,
+                effect: Effect {
+                    purpose: Dim::new("tools").unwrap(),
+                    operation: format!("search {k}"),
+                    max_charge: cents(10),
+                },
+                gateway: id("gw"),
+                key: OpKey::from_u128(100 + k),
+            })
+            .await
+            .unwrap();
+    }
+    let mut settled = 0;
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while settled < 5 {
+            if let Ok(NodeEvent::Ledger(LedgerEvent::Settled { actual, .. })) =
+                child_events.recv().await
+            {
+                assert_eq!(actual, cents(7));
+                settled += 1;
+            }
+        }
+    })
+    .await
+    .expect("every spend settled");
+
+    let LedgerReply::Status(s) = child.ledger(LedgerCommand::Status).await.unwrap() else {
+        panic!("status")
+    };
+    let [a, t, r, q, c, f] = s.roots[0].1.clone();
+    assert_eq!((a, c), (cents(300 - 35), cents(35)));
+    assert!(t.is_zero() && r.is_zero() && q.is_zero() && f.is_zero());
+    let LedgerReply::Status(rs) = root.ledger(LedgerCommand::Status).await.unwrap() else {
+        panic!("status")
+    };
+    assert_eq!(rs.transfers[0].3, "accepted");
+    assert_eq!(rs.roots[0].1[0], cents(700));
+
+    root.shutdown().await;
+    child.shutdown().await;
+    gw.shutdown().await;
+
+    // The checker over the three files and what the executor ran.
+    let load = |n: &str| {
+        let store =
+            Store::open(dir.path().join(n).join("node.redb"), StoreConfig::default()).unwrap();
+        Branch::recover(
+            id(n),
+            sk(n),
+            keys(),
+            BranchConfig::default(),
+            store.ledger_journal().unwrap(),
+        )
+        .0
+    };
+    let (rb, cb) = (load("root"), load("child"));
+    let gstore = Store::open(
+        dir.path().join("gw").join("node.redb"),
+        StoreConfig::default(),
+    )
+    .unwrap();
+    let g = Gateway::recover(
+        id("gw"),
+        sk("gw"),
+        keys(),
+        None,
+        gstore.gateway_log().unwrap(),
+    );
+    let effects = recorder.0.lock().unwrap().clone();
+    assert_eq!(effects.len(), 5);
+    let k = keys();
+    assert_eq!(
+        check(&World {
+            branches: &[&rb, &cb],
+            gateways: &[&g],
+            effects: &effects,
+            keys: &k,
+        }),
+        vec![]
+    );
+}
