@@ -1,5 +1,5 @@
 //! The node's local admin interface: JSON lines over TCP on a loopback address, used by
-//! `abhyasa issue` and `abhyasa status`. One request per connection.
+//! `abhyasa issue`, `abhyasa status` and `abhyasa ledger …`. One request per connection.
 
 use std::net::SocketAddr;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -120,6 +120,8 @@ pub enum Request {
     Issue(Box<IssueSpec>),
     /// Report status.
     Status,
+    /// A ledger request.
+    Ledger(crate::ledger_cli::LedgerRequest),
 }
 
 /// Status as JSON.
@@ -266,6 +268,13 @@ pub async fn serve(node: std::sync::Arc<Node>, addr: SocketAddr) -> std::io::Res
                         }
                     }
                     Err(e) => serde_json::json!({"ok": false, "error": e}),
+                },
+                Ok(Request::Ledger(req)) => match req.command() {
+                    Ok(cmd) => match node.ledger(cmd).await {
+                        Ok(r) => crate::ledger_cli::reply_json(&r),
+                        Err(e) => serde_json::json!({"ok": false, "error": e.to_string()}),
+                    },
+                    Err(e) => serde_json::json!({"ok": false, "error": e.to_string()}),
                 },
                 Ok(Request::Status) => match node.status().await {
                     Ok(s) => serde_json::json!({"ok": true, "status": StatusJson::from(s)}),

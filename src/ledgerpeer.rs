@@ -144,6 +144,7 @@ pub fn keyring() -> Keyring {
         ["issuer", "root", "child", "gw"]
             .map(|n| (AgentId::new(n).expect("valid"), key(n).verifying_key())),
     )
+    .with_issuers([AgentId::new("issuer").expect("valid")])
 }
 
 /// The operation keys of a branch.

@@ -16,6 +16,7 @@
 pub mod admin;
 pub mod crashpeer;
 pub mod demo;
+pub mod ledger_cli;
 pub mod ledgerpeer;
 pub mod sweep;
 

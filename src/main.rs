@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use abhyasa::admin::{self, IssueSpec, Request, StatusJson};
 use abhyasa::demo::{self, DemoConfig};
+use abhyasa::ledger_cli;
 use abhyasa::sweep;
 use abhyasa_custody::{Channel, CustodianConfig};
 use abhyasa_moq::{Ca, Congestion, Identity, TransportSettings};
@@ -88,6 +89,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The budget ledger: grant, delegate, spend, reclaim and status through a running node's
+    /// admin interface; check stopped nodes' state.
+    Ledger {
+        #[command(subcommand)]
+        command: LedgerCli,
+    },
     /// End-to-end sweeps over loopback QUIC through the emulator, written as CSV and SVG.
     Sweep {
         #[command(subcommand)]
@@ -95,6 +102,115 @@ enum Command {
         /// Where the CSV and SVG files go.
         #[arg(long, global = true, default_value = "docs/bench")]
         out: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum LedgerCli {
+    /// Sign a root grant with the issuer's key and hand it to its holder node.
+    Grant {
+        /// The holder node's admin address.
+        #[arg(long, default_value = "127.0.0.1:7701")]
+        admin: SocketAddr,
+        /// Directory with the ledger key files.
+        #[arg(long, default_value = "certs")]
+        certs: PathBuf,
+        /// The issuer (its key file `<issuer>.ledger.key` signs).
+        #[arg(long, default_value = "issuer")]
+        issuer: String,
+        /// The holder agent (the node at --admin).
+        #[arg(long)]
+        holder: String,
+        /// Root id (hex).
+        #[arg(long)]
+        root: String,
+        /// The budget, e.g. cents=1000,calls=10.
+        #[arg(long)]
+        budget: String,
+        /// Purposes it may be spent on.
+        #[arg(long, value_delimiter = ',', default_value = "tools")]
+        label: Vec<String>,
+        /// The root credit's id (hex; default: the root id).
+        #[arg(long)]
+        credit: Option<String>,
+    },
+    /// Delegate part of a credit to a child branch (a sealed transfer).
+    Delegate {
+        /// The delegating node's admin address.
+        #[arg(long, default_value = "127.0.0.1:7701")]
+        admin: SocketAddr,
+        /// The paying credit (hex).
+        #[arg(long)]
+        credit: String,
+        /// The child agent.
+        #[arg(long)]
+        to: String,
+        /// How much, e.g. cents=200.
+        #[arg(long)]
+        amount: String,
+        /// Transfer id (hex; default: random).
+        #[arg(long)]
+        transfer: Option<String>,
+        /// The child's purposes (within the credit's).
+        #[arg(long, value_delimiter = ',', default_value = "tools")]
+        label: Vec<String>,
+    },
+    /// Reserve an effect's maximum charge and dispatch it through a gateway.
+    Spend {
+        /// The spending node's admin address.
+        #[arg(long, default_value = "127.0.0.1:7701")]
+        admin: SocketAddr,
+        /// The paying credit (hex).
+        #[arg(long)]
+        credit: String,
+        /// The gateway agent.
+        #[arg(long)]
+        gateway: String,
+        /// Maximum charge, e.g. cents=10.
+        #[arg(long)]
+        max: String,
+        /// The normalized operation.
+        #[arg(long)]
+        operation: String,
+        /// Its purpose.
+        #[arg(long, default_value = "tools")]
+        purpose: String,
+        /// Operation key (hex; default: random).
+        #[arg(long)]
+        key: Option<String>,
+    },
+    /// Fence a credit's epoch at its gateways to reclaim dispatches that never got an answer.
+    Reclaim {
+        /// The node's admin address.
+        #[arg(long, default_value = "127.0.0.1:7701")]
+        admin: SocketAddr,
+        /// The credit (hex).
+        #[arg(long)]
+        credit: String,
+    },
+    /// All six buckets per root, credits, operations, transfers.
+    Status {
+        /// The node's admin address.
+        #[arg(long, default_value = "127.0.0.1:7701")]
+        admin: SocketAddr,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run the L1–L7 checker over stopped nodes' state directories.
+    Check {
+        /// Directory with the ledger key files.
+        #[arg(long, default_value = "certs")]
+        certs: PathBuf,
+        /// A branch node: AGENT=STATE_DIR (repeatable).
+        #[arg(long)]
+        branch: Vec<String>,
+        /// A gateway node: AGENT=STATE_DIR (repeatable; its branch is read too).
+        #[arg(long)]
+        gateway: Vec<String>,
+        /// Who may sign root grants.
+        #[arg(long, value_delimiter = ',', default_value = "issuer")]
+        issuers: Vec<String>,
     },
 }
 
@@ -227,6 +343,29 @@ struct NodeConfig {
     custody: CustodyConfig,
     #[serde(default)]
     transport: TransportConfig,
+    /// Present: the node takes part in the budget ledger.
+    ledger: Option<LedgerConfig>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct LedgerConfig {
+    /// Also a gateway, running effects with the reference executor (`<state>/effects.log`).
+    gateway: bool,
+    /// Resend period of undecided transfers and dispatches, ms.
+    resend_ms: u64,
+    /// Who may sign root grants (their `<name>.ledger.pub` is in the certs directory).
+    issuers: Vec<String>,
+}
+
+impl Default for LedgerConfig {
+    fn default() -> Self {
+        Self {
+            gateway: false,
+            resend_ms: 500,
+            issuers: vec!["issuer".into()],
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -391,9 +530,9 @@ async fn run(command: Command) -> Result<ExitCode> {
             command: CertsCommand::Init { dir },
         } => {
             Ca::generate("abhyasa deployment CA")?.save(&dir)?;
+            ledger_cli::write_keypair(&dir, "issuer").map_err(|e| e.to_string())?;
             println!(
-                "wrote {}/ca.pem and {}/ca.key",
-                dir.display(),
+                "wrote {0}/ca.pem, {0}/ca.key and the budget issuer's {0}/issuer.ledger.key (.pub)",
                 dir.display()
             );
             Ok(ExitCode::SUCCESS)
@@ -403,9 +542,9 @@ async fn run(command: Command) -> Result<ExitCode> {
         } => {
             let agent = AgentId::new(agent)?;
             Ca::load(&dir)?.issue(&agent)?.save(&dir)?;
+            ledger_cli::write_keypair(&dir, agent.as_str()).map_err(|e| e.to_string())?;
             println!(
-                "wrote {}/{agent}.pem and {}/{agent}.key",
-                dir.display(),
+                "wrote {0}/{agent}.pem, {0}/{agent}.key and {0}/{agent}.ledger.key (.pub)",
                 dir.display()
             );
             Ok(ExitCode::SUCCESS)
@@ -445,6 +584,7 @@ async fn run(command: Command) -> Result<ExitCode> {
                 ExitCode::FAILURE
             })
         }
+        Command::Ledger { command } => ledger(command).await,
         Command::Status { admin, json } => {
             let reply = admin::request(admin, &Request::Status).await?;
             if reply["ok"] != true {
@@ -460,6 +600,132 @@ async fn run(command: Command) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+fn hex_id(given: Option<String>) -> String {
+    given.unwrap_or_else(|| format!("{:x}", rand::random::<u64>()))
+}
+
+async fn ledger(command: LedgerCli) -> Result<ExitCode> {
+    use ledger_cli::LedgerRequest as R;
+    let (admin, req, json) = match command {
+        LedgerCli::Check {
+            certs,
+            branch,
+            gateway,
+            issuers,
+        } => {
+            let split = |v: &[String]| -> Result<Vec<(String, PathBuf)>> {
+                v.iter()
+                    .map(|s| {
+                        s.split_once('=')
+                            .map(|(a, d)| (a.to_owned(), PathBuf::from(d)))
+                            .ok_or_else(|| format!("{s:?}: expected AGENT=STATE_DIR").into())
+                    })
+                    .collect()
+            };
+            let report =
+                ledger_cli::check_dirs(&certs, &issuers, &split(&branch)?, &split(&gateway)?)
+                    .map_err(|e| e.to_string())?;
+            for v in &report.violations {
+                println!("{v}");
+            }
+            println!(
+                "ledger check: branches={} gateways={} operations={} effects={} violations={}",
+                report.branches,
+                report.gateways,
+                report.operations,
+                report.effects,
+                report.violations.len()
+            );
+            return Ok(if report.violations.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            });
+        }
+        LedgerCli::Grant {
+            admin,
+            certs,
+            issuer,
+            holder,
+            root,
+            budget,
+            label,
+            credit,
+        } => {
+            let root_id = u128::from_str_radix(&root, 16)?;
+            let grant =
+                ledger_cli::signed_grant(&certs, &issuer, &holder, root_id, &budget, &label)
+                    .map_err(|e| e.to_string())?;
+            let credit = credit.unwrap_or(root);
+            println!("root credit {credit}");
+            (admin, R::Grant { grant, credit }, false)
+        }
+        LedgerCli::Delegate {
+            admin,
+            credit,
+            to,
+            amount,
+            transfer,
+            label,
+        } => {
+            let transfer = hex_id(transfer);
+            println!("transfer {transfer}");
+            (
+                admin,
+                R::Delegate {
+                    credit,
+                    transfer,
+                    amount,
+                    to,
+                    label,
+                },
+                false,
+            )
+        }
+        LedgerCli::Spend {
+            admin,
+            credit,
+            gateway,
+            max,
+            operation,
+            purpose,
+            key,
+        } => {
+            let key = hex_id(key);
+            println!("operation {key}");
+            (
+                admin,
+                R::Spend {
+                    credit,
+                    gateway,
+                    purpose,
+                    operation,
+                    max,
+                    key,
+                },
+                false,
+            )
+        }
+        LedgerCli::Reclaim { admin, credit } => (admin, R::Reclaim { credit }, false),
+        LedgerCli::Status { admin, json } => (admin, R::Status, json),
+    };
+    let reply = admin::request(admin, &Request::Ledger(req)).await?;
+    if reply["ok"] != true {
+        eprintln!("{}", reply["error"].as_str().unwrap_or("request failed"));
+        return Ok(ExitCode::FAILURE);
+    }
+    if reply.get("ledger").is_some() {
+        if json {
+            println!("{}", serde_json::to_string_pretty(&reply["ledger"])?);
+        } else {
+            ledger_cli::print_status(&reply);
+        }
+    } else {
+        println!("ok (durable)");
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn node(path: PathBuf) -> Result<ExitCode> {
@@ -489,6 +755,23 @@ async fn node(path: PathBuf) -> Result<ExitCode> {
         });
     for p in &config.peers {
         builder = builder.peer(AgentId::new(p.id.clone())?, p.addr);
+    }
+    if let Some(l) = &config.ledger {
+        let executor: Option<Arc<dyn abhyasa_node::Executor>> = if l.gateway {
+            std::fs::create_dir_all(&config.state)?;
+            Some(Arc::new(
+                ledger_cli::FileExecutor::open(&config.state.join("effects.log"))
+                    .map_err(|e| e.to_string())?,
+            ))
+        } else {
+            None
+        };
+        builder = builder.ledger(abhyasa_node::LedgerSetup {
+            key: ledger_cli::load_key(&config.certs, agent.as_str()).map_err(|e| e.to_string())?,
+            keys: ledger_cli::load_keyring(&config.certs, &l.issuers).map_err(|e| e.to_string())?,
+            executor,
+            resend_ms: l.resend_ms,
+        });
     }
     let node = Arc::new(builder.build().await?);
     println!(

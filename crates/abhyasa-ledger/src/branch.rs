@@ -352,6 +352,11 @@ impl Branch {
     /// Takes a root grant: its full atoms become the credit `credit`.
     pub fn grant(&mut self, grant: Signed<RootGrant>, credit: CreditId) -> Result<(), LedgerError> {
         let body = grant.peek()?;
+        if !self.keys.is_issuer(&body.issuer) {
+            return Err(LedgerError::Signature(SignatureError::UnexpectedSigner(
+                body.issuer,
+            )));
+        }
         self.keys.open(&grant, &body.issuer)?;
         if body.holder != self.me {
             return Err(LedgerError::WrongState("grant held by another branch"));

@@ -41,19 +41,38 @@ pub use branch::{
 };
 pub use gateway::{Acceptance, AcceptanceState, Execute, Gateway, GatewayRecord};
 
-/// Verifying keys of the agents a ledger component trusts, by agent id.
+/// Verifying keys of the agents a ledger component trusts, by agent id, and which of them
+/// may issue root grants.
 #[derive(Clone, Debug, Default)]
-pub struct Keyring(Arc<BTreeMap<AgentId, LedgerVerifyingKey>>);
+pub struct Keyring {
+    keys: Arc<BTreeMap<AgentId, LedgerVerifyingKey>>,
+    issuers: Arc<std::collections::BTreeSet<AgentId>>,
+}
 
 impl Keyring {
-    /// A keyring of `(agent, key)` pairs.
+    /// A keyring of `(agent, key)` pairs, trusting no root issuer yet.
     pub fn new(keys: impl IntoIterator<Item = (AgentId, LedgerVerifyingKey)>) -> Self {
-        Self(Arc::new(keys.into_iter().collect()))
+        Self {
+            keys: Arc::new(keys.into_iter().collect()),
+            issuers: Arc::default(),
+        }
+    }
+
+    /// The agents whose signatures on root grants are trusted (a branch or an agent key
+    /// alone cannot mint a budget).
+    pub fn with_issuers(mut self, issuers: impl IntoIterator<Item = AgentId>) -> Self {
+        self.issuers = Arc::new(issuers.into_iter().collect());
+        self
+    }
+
+    /// Whether `agent` may issue root grants.
+    pub fn is_issuer(&self, agent: &AgentId) -> bool {
+        self.issuers.contains(agent)
     }
 
     /// The key of `agent`.
     pub fn get(&self, agent: &AgentId) -> Option<LedgerVerifyingKey> {
-        self.0.get(agent).copied()
+        self.keys.get(agent).copied()
     }
 
     /// Opens `signed`, which must come from `expected`.

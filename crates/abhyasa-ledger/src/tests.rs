@@ -36,7 +36,8 @@ impl Net {
             (id("r"), sk(2).verifying_key()),
             (id("c"), sk(3).verifying_key()),
             (id("g"), sk(4).verifying_key()),
-        ]);
+        ])
+        .with_issuers([id("issuer")]);
         let config = BranchConfig {
             resend_ms: 100,
             mutation,
@@ -560,4 +561,39 @@ fn recovery_replays_the_journal_to_the_same_state() {
     assert_eq!(twice.buckets(root), r.buckets(root));
     n.r = back;
     assert_eq!(n.violations(), vec![]);
+}
+
+#[test]
+fn only_a_trusted_issuer_can_mint_a_root() {
+    let n = Net::new(&[("cents", 10)], None);
+    let mut r = Branch::new(id("r"), sk(2), n.keys.clone(), BranchConfig::default());
+    // Signed correctly, but by a branch, not a trusted issuer.
+    let grant = RootGrant {
+        root: RootId::from_u128(8),
+        issuer: id("r"),
+        holder: id("r"),
+        budget: v(&[("cents", 1_000_000)]),
+        label: Label::of(&["tools"]).unwrap(),
+        issued_at: UnixMillis(0),
+    };
+    assert!(matches!(
+        r.grant(
+            Signed::sign(&grant, &id("r"), &sk(2)),
+            CreditId::from_u128(9)
+        ),
+        Err(LedgerError::Signature(SignatureError::UnexpectedSigner(_)))
+    ));
+    // Claiming to be the issuer without its key.
+    let claimed = RootGrant {
+        issuer: id("issuer"),
+        ..grant
+    };
+    assert!(r
+        .grant(
+            Signed::sign(&claimed, &id("issuer"), &sk(2)),
+            CreditId::from_u128(9)
+        )
+        .is_err());
+    assert_eq!(r.credits().count(), 0);
+    assert!(r.poll_persist().is_none());
 }

@@ -24,6 +24,7 @@ fn sk(n: &str) -> LedgerSigningKey {
 
 fn keys() -> Keyring {
     Keyring::new(["issuer", "root", "child", "gw"].map(|n| (id(n), sk(n).verifying_key())))
+        .with_issuers([id("issuer")])
 }
 
 /// Runs every effect once, charging 7 cents, and remembers what ran.

@@ -187,7 +187,7 @@ impl Sim {
             .map(|n| (agent(n), key_of(n).verifying_key()))
             .collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
-        let keys = Keyring::new(all);
+        let keys = Keyring::new(all).with_issuers([agent("issuer")]);
         let config = BranchConfig {
             resend_ms: p.resend_ms,
             mutation,

@@ -44,6 +44,7 @@ fn keys() -> Keyring {
     static RING: OnceLock<Keyring> = OnceLock::new();
     RING.get_or_init(|| {
         Keyring::new(["issuer", "root", "child", "gw"].map(|n| (id(n), sk(n).verifying_key())))
+            .with_issuers([id("issuer")])
     })
     .clone()
 }

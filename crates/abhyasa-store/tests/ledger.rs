@@ -16,6 +16,7 @@ fn keys() -> Keyring {
         (id("r"), signing_key([2; 32]).verifying_key()),
         (id("g"), signing_key([3; 32]).verifying_key()),
     ])
+    .with_issuers([id("issuer")])
 }
 
 #[test]

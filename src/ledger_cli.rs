@@ -1,0 +1,483 @@
+//! `abhyasa ledger …`: ledger key files, the reference gateway executor, admin requests, and
+//! the offline checker over nodes' state directories.
+//!
+//! Key files live beside the certificates: `<agent>.ledger.key` (the ed25519 seed, hex,
+//! secret) and `<agent>.ledger.pub` (the public key, hex). `abhyasa certs init` writes the
+//! issuer's (`issuer.ledger.*`), `abhyasa certs issue <agent>` the agent's. A node trusts every
+//! `*.ledger.pub` in its certificates directory.
+
+use std::collections::BTreeMap;
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use abhyasa_ledger::check::{check, EffectInstance, Violation, World};
+use abhyasa_ledger::{
+    signing_key, Branch, BranchConfig, CreditId, Dim, Effect, Gateway, Keyring, Label,
+    LedgerSigningKey, LedgerVerifyingKey, OpKey, RootGrant, RootId, Signed, TransferId, Vector,
+};
+use abhyasa_node::{Executor, LedgerCommand, LedgerReply, LedgerStatus};
+use abhyasa_store::{Store, StoreConfig};
+use abhyasa_wire::{decode, encode, AgentId};
+use serde::{Deserialize, Serialize};
+
+/// Errors of the ledger commands.
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+
+fn hex_decode(s: &str) -> Result<Vec<u8>, Error> {
+    Ok(hex::decode(s.trim())?)
+}
+
+/// Writes a new ledger key pair for `name` into `dir`; refuses to overwrite.
+pub fn write_keypair(dir: &Path, name: &str) -> Result<PathBuf, Error> {
+    let path = dir.join(format!("{name}.ledger.key"));
+    if path.exists() {
+        return Err(format!("{} exists; not overwriting", path.display()).into());
+    }
+    let seed: [u8; 32] = rand::random();
+    let key = signing_key(seed);
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(&path, hex::encode(seed))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    }
+    std::fs::write(
+        dir.join(format!("{name}.ledger.pub")),
+        hex::encode(key.verifying_key().to_bytes()),
+    )?;
+    Ok(path)
+}
+
+/// Reads `<dir>/<name>.ledger.key`.
+pub fn load_key(dir: &Path, name: &str) -> Result<LedgerSigningKey, Error> {
+    let path = dir.join(format!("{name}.ledger.key"));
+    let bytes = hex_decode(
+        &std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?,
+    )?;
+    let seed: [u8; 32] = bytes
+        .try_into()
+        .map_err(|_| format!("{}: not a 32-byte key", path.display()))?;
+    Ok(signing_key(seed))
+}
+
+/// Every `<agent>.ledger.pub` in `dir`; root grants are trusted from `issuers` only.
+pub fn load_keyring(dir: &Path, issuers: &[String]) -> Result<Keyring, Error> {
+    let mut keys = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        let Some(name) = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".ledger.pub"))
+        else {
+            continue;
+        };
+        let bytes: [u8; 32] = hex_decode(&std::fs::read_to_string(&path)?)?
+            .try_into()
+            .map_err(|_| format!("{}: not a 32-byte key", path.display()))?;
+        let key = LedgerVerifyingKey::from_bytes(&bytes)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        keys.push((AgentId::new(name)?, key));
+    }
+    let issuers = issuers
+        .iter()
+        .map(|i| AgentId::new(i.clone()))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Keyring::new(keys).with_issuers(issuers))
+}
+
+/// Parses `cents=40,calls=1`.
+pub fn parse_vector(s: &str) -> Result<Vector, Error> {
+    let mut pairs = Vec::new();
+    for part in s.split(',').filter(|p| !p.is_empty()) {
+        let (d, n) = part
+            .split_once('=')
+            .ok_or_else(|| format!("{part:?}: expected dimension=amount"))?;
+        pairs.push((d.trim().to_owned(), n.trim().parse::<u64>()?));
+    }
+    let refs: Vec<(&str, u64)> = pairs.iter().map(|(d, n)| (d.as_str(), *n)).collect();
+    Ok(Vector::of(&refs)?)
+}
+
+/// Formats a vector as `cents=40,calls=1`.
+pub fn show_vector(v: &Vector) -> String {
+    let parts: Vec<String> = v.iter().map(|(d, n)| format!("{d}={n}")).collect();
+    if parts.is_empty() {
+        "0".into()
+    } else {
+        parts.join(",")
+    }
+}
+
+fn id128(s: &str) -> Result<u128, Error> {
+    Ok(u128::from_str_radix(s.trim(), 16)?)
+}
+
+/// A ledger admin request (ids in hex, amounts as `dim=n,…`).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "ledger", rename_all = "snake_case")]
+pub enum LedgerRequest {
+    /// A root grant, already signed by its issuer (hex CBOR).
+    Grant {
+        /// `Signed<RootGrant>` as hex CBOR.
+        grant: String,
+        /// The root credit id.
+        credit: String,
+    },
+    /// Seal a transfer to a child branch.
+    Delegate {
+        /// Paying credit.
+        credit: String,
+        /// Transfer id.
+        transfer: String,
+        /// Amount.
+        amount: String,
+        /// Destination agent.
+        to: String,
+        /// Purposes of the child's label.
+        label: Vec<String>,
+    },
+    /// Reserve and dispatch an effect through a gateway.
+    Spend {
+        /// Paying credit.
+        credit: String,
+        /// Gateway agent.
+        gateway: String,
+        /// Purpose (within the credit's label).
+        purpose: String,
+        /// The normalized operation.
+        operation: String,
+        /// Maximum charge.
+        max: String,
+        /// Operation key.
+        key: String,
+    },
+    /// Fence a credit's epoch to reclaim stuck dispatches.
+    Reclaim {
+        /// The credit.
+        credit: String,
+    },
+    /// The ledger as this node holds it.
+    Status,
+}
+
+impl LedgerRequest {
+    /// The node command.
+    pub fn command(&self) -> Result<LedgerCommand, Error> {
+        Ok(match self {
+            LedgerRequest::Grant { grant, credit } => LedgerCommand::Grant {
+                grant: decode::<Signed<RootGrant>>(&hex_decode(grant)?)?,
+                credit: CreditId::from_u128(id128(credit)?),
+            },
+            LedgerRequest::Delegate {
+                credit,
+                transfer,
+                amount,
+                to,
+                label,
+            } => LedgerCommand::Delegate {
+                credit: CreditId::from_u128(id128(credit)?),
+                transfer: TransferId::from_u128(id128(transfer)?),
+                amount: parse_vector(amount)?,
+                to: AgentId::new(to.clone())?,
+                label: Label::of(&label.iter().map(String::as_str).collect::<Vec<_>>())?,
+            },
+            LedgerRequest::Spend {
+                credit,
+                gateway,
+                purpose,
+                operation,
+                max,
+                key,
+            } => LedgerCommand::Spend {
+                credit: CreditId::from_u128(id128(credit)?),
+                effect: Effect {
+                    purpose: Dim::new(purpose.clone())?,
+                    operation: operation.clone(),
+                    max_charge: parse_vector(max)?,
+                },
+                gateway: AgentId::new(gateway.clone())?,
+                key: OpKey::from_u128(id128(key)?),
+            },
+            LedgerRequest::Reclaim { credit } => LedgerCommand::Reclaim {
+                credit: CreditId::from_u128(id128(credit)?),
+            },
+            LedgerRequest::Status => LedgerCommand::Status,
+        })
+    }
+}
+
+/// Signs a root grant with the issuer's key file, as hex CBOR for [`LedgerRequest::Grant`].
+pub fn signed_grant(
+    certs: &Path,
+    issuer: &str,
+    holder: &str,
+    root: u128,
+    budget: &str,
+    label: &[String],
+) -> Result<String, Error> {
+    let key = load_key(certs, issuer)?;
+    let issued_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64;
+    let grant = RootGrant {
+        root: RootId::from_u128(root),
+        issuer: AgentId::new(issuer)?,
+        holder: AgentId::new(holder)?,
+        budget: parse_vector(budget)?,
+        label: Label::of(&label.iter().map(String::as_str).collect::<Vec<_>>())?,
+        issued_at: abhyasa_wire::UnixMillis(issued_at),
+    };
+    Ok(hex::encode(encode(&Signed::sign(
+        &grant,
+        &grant.issuer,
+        &key,
+    ))))
+}
+
+/// A node's ledger reply as JSON.
+pub fn reply_json(r: &LedgerReply) -> serde_json::Value {
+    match r {
+        LedgerReply::Done => serde_json::json!({"ok": true}),
+        LedgerReply::Status(s) => serde_json::json!({"ok": true, "ledger": status_json(s)}),
+    }
+}
+
+fn status_json(s: &LedgerStatus) -> serde_json::Value {
+    let names = [
+        "available",
+        "in_transit",
+        "reserved",
+        "quarantined",
+        "committed",
+        "forfeited",
+    ];
+    serde_json::json!({
+        "roots": s.roots.iter().map(|(r, b)| {
+            let mut m = serde_json::Map::new();
+            m.insert("root".into(), format!("{r}").into());
+            for (n, v) in names.iter().zip(b.iter()) {
+                m.insert((*n).into(), show_vector(v).into());
+            }
+            serde_json::Value::Object(m)
+        }).collect::<Vec<_>>(),
+        "credits": s.credits.iter().map(|c| serde_json::json!({
+            "id": format!("{}", c.id), "root": format!("{}", c.root),
+            "available": show_vector(&c.available), "epoch": c.epoch, "closed": c.closed,
+        })).collect::<Vec<_>>(),
+        "operations": s.operations.iter().map(|o| serde_json::json!({
+            "key": format!("{}", o.key), "credit": format!("{}", o.credit),
+            "gateway": o.gateway.to_string(), "max": show_vector(&o.max_charge),
+            "state": o.state, "charged": o.charged.as_ref().map(show_vector),
+        })).collect::<Vec<_>>(),
+        "transfers": s.transfers.iter().map(|(t, to, v, st)| serde_json::json!({
+            "transfer": format!("{t}"), "to": to.to_string(), "amount": show_vector(v), "state": st,
+        })).collect::<Vec<_>>(),
+        "accepted": s.accepted.iter().map(|(k, done)| serde_json::json!({
+            "key": format!("{k}"), "receipted": done,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// Prints a status reply for people.
+pub fn print_status(v: &serde_json::Value) {
+    let l = &v["ledger"];
+    for r in l["roots"].as_array().into_iter().flatten() {
+        println!(
+            "root {}: available {} | in transit {} | reserved {} | quarantined {} | committed {} | forfeited {}",
+            r["root"].as_str().unwrap_or("?"),
+            r["available"].as_str().unwrap_or("?"),
+            r["in_transit"].as_str().unwrap_or("?"),
+            r["reserved"].as_str().unwrap_or("?"),
+            r["quarantined"].as_str().unwrap_or("?"),
+            r["committed"].as_str().unwrap_or("?"),
+            r["forfeited"].as_str().unwrap_or("?"),
+        );
+    }
+    for c in l["credits"].as_array().into_iter().flatten() {
+        println!(
+            "  credit {} (root {}, epoch {}){}: available {}",
+            c["id"].as_str().unwrap_or("?"),
+            c["root"].as_str().unwrap_or("?"),
+            c["epoch"],
+            if c["closed"] == true { " closed" } else { "" },
+            c["available"].as_str().unwrap_or("?"),
+        );
+    }
+    for o in l["operations"].as_array().into_iter().flatten() {
+        println!(
+            "  operation {} at {}: {} (max {}{})",
+            o["key"].as_str().unwrap_or("?"),
+            o["gateway"].as_str().unwrap_or("?"),
+            o["state"].as_str().unwrap_or("?"),
+            o["max"].as_str().unwrap_or("?"),
+            o["charged"]
+                .as_str()
+                .map(|c| format!(", charged {c}"))
+                .unwrap_or_default(),
+        );
+    }
+    for t in l["transfers"].as_array().into_iter().flatten() {
+        println!(
+            "  transfer {} to {}: {} ({})",
+            t["transfer"].as_str().unwrap_or("?"),
+            t["to"].as_str().unwrap_or("?"),
+            t["amount"].as_str().unwrap_or("?"),
+            t["state"].as_str().unwrap_or("?"),
+        );
+    }
+}
+
+/// The reference gateway executor: records each effect that runs in an append-only, fsynced
+/// file (`<state>/effects.log`: `key dim=n,…` per line) before reporting it, and charges the
+/// effect's declared maximum. Resumed effects are looked up there first. Embedders running
+/// real effects provide their own [`Executor`].
+pub struct FileExecutor {
+    file: Mutex<std::fs::File>,
+    ran: Mutex<BTreeMap<OpKey, Vector>>,
+}
+
+impl FileExecutor {
+    /// Opens (or creates) `path`.
+    pub fn open(path: &Path) -> Result<Self, Error> {
+        let ran = read_effects(path)?
+            .into_iter()
+            .map(|e| (e.key, e.charge))
+            .collect();
+        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        Ok(Self {
+            file: Mutex::new(file),
+            ran: Mutex::new(ran),
+        })
+    }
+}
+
+impl Executor for FileExecutor {
+    fn execute(&self, key: OpKey, effect: &Effect, max: &Vector, resume: bool) -> Vector {
+        let mut ran = self.ran.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = ran.get(&key).filter(|_| resume) {
+            return c.clone();
+        }
+        let charge = if effect.max_charge.le(max) {
+            effect.max_charge.clone()
+        } else {
+            max.clone()
+        };
+        let mut f = self.file.lock().unwrap_or_else(|e| e.into_inner());
+        // The record is durable before the receipt can exist. A failed write is reported as
+        // the maximum charge: conservative, never an unrecorded free effect.
+        let _ = writeln!(f, "{:x} {}", key.to_u128(), show_vector(&charge))
+            .and_then(|()| f.sync_data());
+        ran.insert(key, charge.clone());
+        charge
+    }
+}
+
+/// Reads an executor record: complete lines only.
+pub fn read_effects(path: &Path) -> Result<Vec<EffectInstance>, Error> {
+    read_effects_at(path, None)
+}
+
+fn read_effects_at(path: &Path, gateway: Option<&AgentId>) -> Result<Vec<EffectInstance>, Error> {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e.into()),
+    };
+    let gw = gateway
+        .cloned()
+        .unwrap_or_else(|| AgentId::new("gateway").expect("valid"));
+    let mut out = Vec::new();
+    for line in bytes.split_inclusive(|&c| c == b'\n') {
+        if line.last() != Some(&b'\n') {
+            break; // Torn by a crash: that effect's record never completed.
+        }
+        let text = String::from_utf8_lossy(line);
+        let Some((k, c)) = text.trim().split_once(' ') else {
+            continue;
+        };
+        out.push(EffectInstance {
+            gateway: gw.clone(),
+            key: OpKey::from_u128(id128(k)?),
+            charge: if c == "0" {
+                Vector::zero()
+            } else {
+                parse_vector(c)?
+            },
+        });
+    }
+    Ok(out)
+}
+
+/// What `abhyasa ledger check` found.
+pub struct CheckReport {
+    /// Branches read.
+    pub branches: usize,
+    /// Gateways read.
+    pub gateways: usize,
+    /// Operations across branches.
+    pub operations: usize,
+    /// Effects across gateways.
+    pub effects: usize,
+    /// What is broken.
+    pub violations: Vec<Violation>,
+}
+
+/// Runs the checker over stopped nodes' state directories (`agent=dir`), with the keys in
+/// `certs` and root grants trusted from `issuers`.
+pub fn check_dirs(
+    certs: &Path,
+    issuers: &[String],
+    branches: &[(String, PathBuf)],
+    gateways: &[(String, PathBuf)],
+) -> Result<CheckReport, Error> {
+    let keys = load_keyring(certs, issuers)?;
+    let mut bs = Vec::new();
+    for (agent, dir) in branches.iter().chain(gateways.iter()) {
+        let store = Store::open(dir.join("node.redb"), StoreConfig::default())?;
+        let (b, rejected) = Branch::recover(
+            AgentId::new(agent.clone())?,
+            load_key(certs, agent)?,
+            keys.clone(),
+            BranchConfig::default(),
+            store.ledger_journal()?,
+        );
+        if !rejected.is_empty() {
+            return Err(format!("{agent}: journal steps do not apply: {rejected:?}").into());
+        }
+        bs.push(b);
+    }
+    let mut gs = Vec::new();
+    let mut effects = Vec::new();
+    for (agent, dir) in gateways {
+        let store = Store::open(dir.join("node.redb"), StoreConfig::default())?;
+        let me = AgentId::new(agent.clone())?;
+        gs.push(Gateway::recover(
+            me.clone(),
+            load_key(certs, agent)?,
+            keys.clone(),
+            None,
+            store.gateway_log()?,
+        ));
+        effects.extend(read_effects_at(&dir.join("effects.log"), Some(&me))?);
+    }
+    let brefs: Vec<&Branch> = bs.iter().collect();
+    let grefs: Vec<&Gateway> = gs.iter().collect();
+    let violations = check(&World {
+        branches: &brefs,
+        gateways: &grefs,
+        effects: &effects,
+        keys: &keys,
+    });
+    Ok(CheckReport {
+        branches: bs.len(),
+        gateways: gs.len(),
+        operations: bs.iter().map(|b| b.operations().count()).sum(),
+        effects: effects.len(),
+        violations,
+    })
+}

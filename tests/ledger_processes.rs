@@ -1,0 +1,276 @@
+//! The ledger across three `abhyasa node` processes over loopback QUIC, driven only through
+//! the CLI: `certs init/issue` (which write the ledger keys), TOML configs with a `[ledger]`
+//! section, `ledger grant` at the root, `ledger delegate` to the child, `ledger spend` at the
+//! child through the gateway (SIGKILLed and restarted while operations are in flight), `ledger
+//! status --json`; then, with every node stopped, `ledger check` over the three state
+//! directories.
+
+use std::net::UdpSocket;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn abhyasa(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_abhyasa"))
+        .args(args)
+        .output()
+        .expect("run abhyasa")
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = abhyasa(args);
+    assert!(
+        out.status.success(),
+        "{args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn free_udp() -> u16 {
+    UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn free_tcp() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Proc(Child);
+
+impl Proc {
+    fn start(config: &Path) -> Self {
+        Self(
+            Command::new(env!("CARGO_BIN_EXE_abhyasa"))
+                .args(["node", "--config"])
+                .arg(config)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn node"),
+        )
+    }
+
+    /// SIGTERM: the node lands its commits and closes its store.
+    fn stop(mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn status(admin: &str) -> Option<serde_json::Value> {
+    let out = abhyasa(&["ledger", "status", "--admin", admin, "--json"]);
+    out.status
+        .success()
+        .then(|| serde_json::from_slice(&out.stdout).ok())
+        .flatten()
+}
+
+fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let until = Instant::now() + limit;
+    while Instant::now() < until {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[test]
+fn grant_delegate_spend_and_check_across_three_node_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    let c = certs.to_str().unwrap();
+    ok(&["certs", "init", "--dir", c]);
+    for a in ["root", "child", "gw"] {
+        ok(&["certs", "issue", a, "--dir", c]);
+    }
+    assert!(certs.join("issuer.ledger.key").exists() && certs.join("gw.ledger.pub").exists());
+
+    let ports: Vec<u16> = (0..3).map(|_| free_udp()).collect();
+    let admins: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_tcp()))
+        .collect();
+    let names = ["root", "child", "gw"];
+    let state = |i: usize| dir.path().join(format!("state-{}", names[i]));
+    let peers = [
+        "[[peers]]\nid = \"child\"\naddr = \"127.0.0.1:{child}\"\n",
+        "[[peers]]\nid = \"gw\"\naddr = \"127.0.0.1:{gw}\"\n",
+        "",
+    ];
+    let configs: Vec<_> = (0..3)
+        .map(|i| {
+            let path = dir.path().join(format!("{}.toml", names[i]));
+            let ledger = if names[i] == "gw" {
+                "[ledger]\ngateway = true\nresend_ms = 200\n"
+            } else {
+                "[ledger]\nresend_ms = 200\n"
+            };
+            let peer = peers[i]
+                .replace("{child}", &ports[1].to_string())
+                .replace("{gw}", &ports[2].to_string());
+            std::fs::write(
+                &path,
+                format!(
+                    "agent = \"{}\"\nlisten = \"127.0.0.1:{}\"\ncerts = \"{c}\"\nstate = \"{}\"\nadmin = \"{}\"\n\n{ledger}\n{peer}",
+                    names[i],
+                    ports[i],
+                    state(i).display(),
+                    admins[i]
+                ),
+            )
+            .unwrap();
+            path
+        })
+        .collect();
+    let mut procs: Vec<Option<Proc>> = configs.iter().map(|p| Some(Proc::start(p))).collect();
+    for a in &admins {
+        wait_for("a node's admin interface", Duration::from_secs(15), || {
+            status(a).is_some()
+        });
+    }
+
+    ok(&[
+        "ledger",
+        "grant",
+        "--admin",
+        &admins[0],
+        "--certs",
+        c,
+        "--holder",
+        "root",
+        "--root",
+        "1",
+        "--budget",
+        "cents=1000",
+    ]);
+    // A grant the issuer did not sign (signed with the root's own key) is refused.
+    let forged = abhyasa(&[
+        "ledger",
+        "grant",
+        "--admin",
+        &admins[0],
+        "--certs",
+        c,
+        "--issuer",
+        "root",
+        "--holder",
+        "root",
+        "--root",
+        "2",
+        "--budget",
+        "cents=1000000",
+    ]);
+    assert!(!forged.status.success());
+    ok(&[
+        "ledger",
+        "delegate",
+        "--admin",
+        &admins[0],
+        "--credit",
+        "1",
+        "--to",
+        "child",
+        "--amount",
+        "cents=400",
+        "--transfer",
+        "7",
+    ]);
+    let mut child_credit = String::new();
+    wait_for("the child's credit", Duration::from_secs(20), || {
+        status(&admins[1]).is_some_and(|s| {
+            s["credits"].as_array().is_some_and(|cs| {
+                cs.first().is_some_and(|c| {
+                    child_credit = c["id"].as_str().unwrap().to_owned();
+                    true
+                })
+            })
+        })
+    });
+    for k in 0..6 {
+        ok(&[
+            "ledger",
+            "spend",
+            "--admin",
+            &admins[1],
+            "--credit",
+            &child_credit,
+            "--gateway",
+            "gw",
+            "--max",
+            "cents=25",
+            "--operation",
+            &format!("search {k}"),
+            "--key",
+            &format!("{:x}", 100 + k),
+        ]);
+        if k == 2 {
+            // The gateway dies with operations in flight and comes back.
+            drop(procs[2].take());
+            procs[2] = Some(Proc::start(&configs[2]));
+        }
+    }
+    // The child re-dials the restarted gateway once its old connection idles out (5 s).
+    let until = Instant::now() + Duration::from_secs(60);
+    let all_settled = |s: &serde_json::Value| {
+        let ops = s["operations"].as_array().unwrap();
+        ops.len() == 6 && ops.iter().all(|o| o["state"] == "settled")
+    };
+    while !status(&admins[1]).is_some_and(|s| all_settled(&s)) {
+        assert!(
+            Instant::now() < until,
+            "not every spend settled: child {} gateway {}",
+            serde_json::to_string(&status(&admins[1])).unwrap(),
+            serde_json::to_string(&status(&admins[2])).unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let s = status(&admins[1]).unwrap();
+    // The reference executor charges the declared maximum: 6 × 25 cents committed.
+    assert_eq!(s["roots"][0]["committed"], "cents=150");
+    assert_eq!(s["roots"][0]["available"], "cents=250");
+    let r = status(&admins[0]).unwrap();
+    assert_eq!(r["transfers"][0]["state"], "accepted");
+    assert_eq!(r["roots"][0]["available"], "cents=600");
+    let human = ok(&["ledger", "status", "--admin", &admins[1]]);
+    assert!(human.contains("committed cents=150"), "{human}");
+
+    for p in procs.iter_mut() {
+        p.take().unwrap().stop();
+    }
+    let out = ok(&[
+        "ledger",
+        "check",
+        "--certs",
+        c,
+        "--branch",
+        &format!("root={}", state(0).display()),
+        "--branch",
+        &format!("child={}", state(1).display()),
+        "--gateway",
+        &format!("gw={}", state(2).display()),
+    ]);
+    assert!(
+        out.trim_end()
+            .ends_with("operations=6 effects=6 violations=0"),
+        "{out}"
+    );
+}
