@@ -11,17 +11,18 @@
 //! every escalation and revocation with its safe action in force.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, UdpSocket};
+use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{self, Receiver};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::process::Command;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use abhyasa::crashpeer::{admissible, agent, delta, principal, workload};
 use abhyasa::custody::kinds;
 use abhyasa::store::{Store, StoreConfig};
 use abhyasa::wire::{Outcome, Payload};
+
+mod common;
+use common::{free_udp as free_port, Watched};
 
 const KILLS: u32 = 210;
 const COUNT: u32 = 60;
@@ -32,7 +33,7 @@ struct Peer {
     listen: SocketAddr,
     peer: SocketAddr,
     epoch: u64,
-    child: Option<(Child, Receiver<String>)>,
+    proc: Watched,
 }
 
 impl Peer {
@@ -44,55 +45,20 @@ impl Peer {
             .args(["--listen", &self.listen.to_string()])
             .args(["--peer", &self.peer.to_string()])
             .args(["--epoch", &self.epoch.to_string()])
-            .args(["--count", &COUNT.to_string()])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+            .args(["--count", &COUNT.to_string()]);
         if let Some((point, nth)) = kill_at {
             cmd.args(["--kill-at", point, "--kill-nth", &nth.to_string()]);
         }
-        let mut child = cmd.spawn().expect("spawn the crash peer");
-        let stdout = child.stdout.take().expect("piped");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        self.child = Some((child, rx));
+        self.proc.spawn(cmd);
     }
 
-    /// Waits up to `limit` for a line starting with `prefix`.
     fn wait_for(&self, prefix: &str, limit: Duration) -> bool {
-        let Some((_, rx)) = &self.child else {
-            return false;
-        };
-        let until = Instant::now() + limit;
-        while let Some(left) = until.checked_duration_since(Instant::now()) {
-            match rx.recv_timeout(left) {
-                Ok(line) if line.starts_with(prefix) => return true,
-                Ok(_) => {}
-                Err(_) => return false,
-            }
-        }
-        false
+        self.proc.wait_for(prefix, limit)
     }
 
     fn sigkill(&mut self) {
-        if let Some((mut child, _)) = self.child.take() {
-            // `Child::kill` is SIGKILL on Unix: no destructor, no flush, no goodbye.
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.proc.sigkill();
     }
-}
-
-fn free_port() -> SocketAddr {
-    UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
 }
 
 fn now_ms() -> u64 {
@@ -113,7 +79,7 @@ fn sigkill_at_named_points_loses_nothing_and_applies_nothing_twice() {
         listen: caddr,
         peer: raddr,
         epoch,
-        child: None,
+        proc: Watched::none(),
     };
     let mut receiver = Peer {
         role: "receiver",
@@ -121,7 +87,7 @@ fn sigkill_at_named_points_loses_nothing_and_applies_nothing_twice() {
         listen: raddr,
         peer: caddr,
         epoch,
-        child: None,
+        proc: Watched::none(),
     };
     custodian.start(None);
     receiver.start(None);

@@ -5,17 +5,10 @@
 //! status --json`; then, with every node stopped, `ledger check` over the three state
 //! directories.
 
-use std::net::UdpSocket;
-use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-fn abhyasa(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_abhyasa"))
-        .args(args)
-        .output()
-        .expect("run abhyasa")
-}
+mod common;
+use common::{abhyasa, free_tcp, free_udp, wait_for, NodeProc as Proc};
 
 fn ok(args: &[&str]) -> String {
     let out = abhyasa(args);
@@ -28,70 +21,12 @@ fn ok(args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-fn free_udp() -> u16 {
-    UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn free_tcp() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-struct Proc(Child);
-
-impl Proc {
-    fn start(config: &Path) -> Self {
-        Self(
-            Command::new(env!("CARGO_BIN_EXE_abhyasa"))
-                .args(["node", "--config"])
-                .arg(config)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("spawn node"),
-        )
-    }
-
-    /// SIGTERM: the node lands its commits and closes its store.
-    fn stop(mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.0.id().to_string()])
-            .status();
-        let _ = self.0.wait();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn status(admin: &str) -> Option<serde_json::Value> {
     let out = abhyasa(&["ledger", "status", "--admin", admin, "--json"]);
     out.status
         .success()
         .then(|| serde_json::from_slice(&out.stdout).ok())
         .flatten()
-}
-
-fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
-    let until = Instant::now() + limit;
-    while Instant::now() < until {
-        if f() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("timed out waiting for {what}");
 }
 
 #[test]
@@ -105,7 +40,7 @@ fn grant_delegate_spend_and_check_across_three_node_processes() {
     }
     assert!(certs.join("issuer.ledger.key").exists() && certs.join("gw.ledger.pub").exists());
 
-    let ports: Vec<u16> = (0..3).map(|_| free_udp()).collect();
+    let ports: Vec<u16> = (0..3).map(|_| free_udp().port()).collect();
     let admins: Vec<String> = (0..3)
         .map(|_| format!("127.0.0.1:{}", free_tcp()))
         .collect();

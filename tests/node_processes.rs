@@ -3,53 +3,18 @@
 //! `abhyasa status --json`. The receiver is SIGKILLed mid-run, which tears its connection down
 //! with obligations in flight, and restarted; the principal re-dials and custody completes.
 
-use std::net::UdpSocket;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-fn abhyasa(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_abhyasa"))
-        .args(args)
-        .output()
-        .expect("run abhyasa")
-}
+mod common;
+use common::{abhyasa, free_tcp, free_udp, wait_for, NodeProc};
 
 fn free_port() -> u16 {
-    UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    free_udp().port()
 }
 
-fn free_tcp() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start_node(config: &Path) -> Proc {
-    Proc(
-        Command::new(env!("CARGO_BIN_EXE_abhyasa"))
-            .args(["node", "--config"])
-            .arg(config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn node"),
-    )
+fn start_node(config: &Path) -> NodeProc {
+    NodeProc::start(config)
 }
 
 fn status(admin: &str) -> Option<serde_json::Value> {
@@ -58,17 +23,6 @@ fn status(admin: &str) -> Option<serde_json::Value> {
         .success()
         .then(|| serde_json::from_slice(&out.stdout).ok())
         .flatten()
-}
-
-fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
-    let until = Instant::now() + limit;
-    while Instant::now() < until {
-        if f() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("timed out waiting for {what}");
 }
 
 fn issue(admin: &str, args: &[&str]) -> serde_json::Value {

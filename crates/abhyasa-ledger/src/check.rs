@@ -392,22 +392,12 @@ pub fn check(w: &World<'_>) -> Vec<Violation> {
         let Ok(inner) = normalize(ivs.clone()) else {
             continue; // Reported as L1.
         };
-        let outer = ingress
-            .get(&(agent.clone(), *root, d.clone()))
-            .cloned()
-            .map(|v| {
-                let mut v = v;
-                v.sort_unstable();
-                let mut m: Vec<Iv> = Vec::new();
-                for (s, e) in v {
-                    match m.last_mut() {
-                        Some(l) if s <= l.1 => l.1 = l.1.max(e),
-                        _ => m.push((s, e)),
-                    }
-                }
-                m
-            })
-            .unwrap_or_default();
+        let outer = normalize_loose(
+            ingress
+                .get(&(agent.clone(), *root, d.clone()))
+                .cloned()
+                .unwrap_or_default(),
+        );
         if !subset(&inner, &outer) {
             bad(
                 "L5",
@@ -458,6 +448,7 @@ pub fn check(w: &World<'_>) -> Vec<Violation> {
     v
 }
 
+/// Sorted and merged, overlaps allowed (ingress may repeat an atom that left and came back).
 fn normalize_loose(mut v: Vec<Iv>) -> Vec<Iv> {
     v.sort_unstable();
     let mut m: Vec<Iv> = Vec::new();

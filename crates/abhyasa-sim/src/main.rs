@@ -1,14 +1,11 @@
-//! `abhyasa-sim`: run the deterministic simulation from the command line.
+//! `abhyasa-sim`: run the deterministic simulations from the command line.
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use abhyasa_sim::{
-    ledger_mutant, mutant, run_custody, run_ledger, LedgerReport, RunReport, LEDGER_MUTANTS,
-    MUTANTS,
-};
+use abhyasa_sim::{run_custody, run_ledger, LedgerReport, RunReport, LEDGER_MUTANTS, MUTANTS};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -21,223 +18,178 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Custody: custodian, receivers, a rogue agent, a faulty network, crashes.
-    Custody {
-        /// How many seeds to run, starting at --seed.
-        #[arg(long, default_value_t = 1)]
-        seeds: u64,
-        /// The first seed.
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-        /// Break one rule on purpose (see --list-mutants); the run must then fail.
-        #[arg(long)]
-        mutant: Option<String>,
-        /// Print the mutant names and exit.
-        #[arg(long)]
-        list_mutants: bool,
-        /// Worker threads (default: available parallelism).
-        #[arg(long)]
-        threads: Option<usize>,
-    },
+    Custody(RunArgs),
     /// Budget ledger: a delegation DAG, gateways, a faulty network, crashes, reclaim.
-    Ledger {
-        /// How many seeds to run, starting at --seed.
-        #[arg(long, default_value_t = 1)]
-        seeds: u64,
-        /// The first seed.
-        #[arg(long, default_value_t = 0)]
-        seed: u64,
-        /// Break one rule on purpose (see --list-mutants); the run must then fail.
-        #[arg(long)]
-        mutant: Option<String>,
-        /// Print the mutant names and exit.
-        #[arg(long)]
-        list_mutants: bool,
-        /// Worker threads (default: available parallelism).
-        #[arg(long)]
-        threads: Option<usize>,
-    },
+    Ledger(RunArgs),
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// How many seeds to run, starting at --seed.
+    #[arg(long, default_value_t = 1)]
+    seeds: u64,
+    /// The first seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Break one rule on purpose (see --list-mutants); the run must then fail.
+    #[arg(long)]
+    mutant: Option<String>,
+    /// Print the mutant names and exit.
+    #[arg(long)]
+    list_mutants: bool,
+    /// Worker threads (default: available parallelism).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+/// What every simulation's seeds add up to.
+trait Totals: Default + Send {
+    /// One seed's report folded in; returns its first violation.
+    fn add(&mut self, seed_report: Self) -> (usize, Option<String>);
+}
+
+impl Totals for RunReport {
+    fn add(&mut self, r: Self) -> (usize, Option<String>) {
+        self.obligations += r.obligations;
+        self.applied += r.applied;
+        self.declined += r.declined;
+        self.escalated += r.escalated;
+        self.best_effort += r.best_effort;
+        self.crashes += r.crashes;
+        self.reconciled += r.reconciled;
+        (r.violations.len(), r.violations.into_iter().next())
+    }
+}
+
+impl Totals for LedgerReport {
+    fn add(&mut self, r: Self) -> (usize, Option<String>) {
+        self.operations += r.operations;
+        self.settled += r.settled;
+        self.forfeited += r.forfeited;
+        self.no_effect += r.no_effect;
+        self.transfers += r.transfers;
+        self.joins += r.joins;
+        self.crashes += r.crashes;
+        self.effects += r.effects;
+        (r.violations.len(), r.violations.into_iter().next())
+    }
+}
+
+/// Runs the seeds on worker threads; prints failing seeds and the replay command. Returns
+/// the totals, the violation count and the number of failing seeds.
+fn run_seeds<M: Copy + Sync, T: Totals>(
+    name: &str,
+    args: &RunArgs,
+    mutants: &[(&str, M)],
+    run: impl Fn(u64, Option<M>) -> T + Sync,
+) -> Result<(T, u64, usize), ExitCode> {
+    if args.list_mutants {
+        for (n, _) in mutants {
+            println!("{n}");
+        }
+        return Err(ExitCode::SUCCESS);
+    }
+    let mutation = match args.mutant.as_deref() {
+        None => None,
+        Some(n) => match mutants.iter().find(|(m, _)| *m == n) {
+            Some(&(_, m)) => Some(m),
+            None => {
+                eprintln!("unknown mutant {n:?}; --list-mutants prints the names");
+                return Err(ExitCode::from(2));
+            }
+        },
+    };
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .max(1);
+    let started = Instant::now();
+    let next = AtomicU64::new(args.seed);
+    let end = args.seed.saturating_add(args.seeds);
+    let total = Mutex::new((T::default(), 0u64, Vec::<(u64, String)>::new()));
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| loop {
+                let s = next.fetch_add(1, Ordering::Relaxed);
+                if s >= end {
+                    break;
+                }
+                let r = run(s, mutation);
+                let mut t = total
+                    .lock()
+                    .expect("no worker panics while holding the lock");
+                let (n, first) = t.0.add(r);
+                t.1 += n as u64;
+                if let Some(first) = first {
+                    t.2.push((s, first));
+                }
+            });
+        }
+    });
+    let (totals, violations, mut failing) = total.into_inner().expect("workers joined");
+    failing.sort();
+    for (s, v) in failing.iter().take(10) {
+        println!("seed {s}: {v}");
+    }
+    if let Some((s, _)) = failing.first() {
+        println!(
+            "replay: cargo run --release -p abhyasa-sim -- {name} --seed {s} --seeds 1{}",
+            args.mutant
+                .as_deref()
+                .map(|m| format!(" --mutant {m}"))
+                .unwrap_or_default()
+        );
+    }
+    eprint!(
+        "ran {} seeds from {} in {:.2}s on {threads} threads: ",
+        args.seeds,
+        args.seed,
+        started.elapsed().as_secs_f64()
+    );
+    Ok((totals, violations, failing.len()))
+}
+
+fn exit(violations: u64) -> ExitCode {
+    if violations == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }
 
 fn main() -> ExitCode {
-    let command = Cli::parse().command;
-    let (seeds, seed, mutant_name, list_mutants, threads) = match command {
-        Command::Ledger {
-            seeds,
-            seed,
-            mutant,
-            list_mutants,
-            threads,
-        } => return ledger(seeds, seed, mutant, list_mutants, threads),
-        Command::Custody {
-            seeds,
-            seed,
-            mutant,
-            list_mutants,
-            threads,
-        } => (seeds, seed, mutant, list_mutants, threads),
-    };
-    if list_mutants {
-        for (name, _) in MUTANTS {
-            println!("{name}");
+    match Cli::parse().command {
+        Command::Custody(args) => {
+            let (r, violations, failing) = match run_seeds("custody", &args, &MUTANTS, run_custody)
+            {
+                Ok(x) => x,
+                Err(code) => return code,
+            };
+            eprintln!(
+                "crashes={} reconciled={} failing_seeds={failing}",
+                r.crashes, r.reconciled
+            );
+            println!(
+                "custody: seeds={} obligations={} applied={} declined={} escalated={} best_effort={} violations={violations}",
+                args.seeds, r.obligations, r.applied, r.declined, r.escalated, r.best_effort
+            );
+            exit(violations)
         }
-        return ExitCode::SUCCESS;
-    }
-    let mutation = match mutant_name.as_deref().map(|n| (n, mutant(n))) {
-        None => None,
-        Some((_, Some(m))) => Some(m),
-        Some((n, None)) => {
-            eprintln!("unknown mutant {n:?}; --list-mutants prints the names");
-            return ExitCode::from(2);
+        Command::Ledger(args) => {
+            let (r, violations, failing) =
+                match run_seeds("ledger", &args, &LEDGER_MUTANTS, run_ledger) {
+                    Ok(x) => x,
+                    Err(code) => return code,
+                };
+            eprintln!(
+                "transfers={} joins={} effects={} crashes={} failing_seeds={failing}",
+                r.transfers, r.joins, r.effects, r.crashes
+            );
+            println!(
+                "ledger: seeds={} operations={} settled={} forfeited={} no_effect={} violations={violations}",
+                args.seeds, r.operations, r.settled, r.forfeited, r.no_effect
+            );
+            exit(violations)
         }
-    };
-    let threads = threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-        .max(1);
-    let started = Instant::now();
-    let next = AtomicU64::new(seed);
-    let end = seed.saturating_add(seeds);
-    let total = Mutex::new((RunReport::default(), 0u64, Vec::<(u64, String)>::new()));
-    std::thread::scope(|scope| {
-        for _ in 0..threads {
-            scope.spawn(|| loop {
-                let s = next.fetch_add(1, Ordering::Relaxed);
-                if s >= end {
-                    break;
-                }
-                let r = run_custody(s, mutation);
-                let mut t = total
-                    .lock()
-                    .expect("no worker panics while holding the lock");
-                t.0.obligations += r.obligations;
-                t.0.applied += r.applied;
-                t.0.declined += r.declined;
-                t.0.escalated += r.escalated;
-                t.0.best_effort += r.best_effort;
-                t.0.crashes += r.crashes;
-                t.0.reconciled += r.reconciled;
-                t.1 += r.violations.len() as u64;
-                if let Some(first) = r.violations.first() {
-                    t.2.push((s, first.clone()));
-                }
-            });
-        }
-    });
-    let (report, violations, mut failing) = total.into_inner().expect("workers joined");
-    failing.sort();
-    for (s, v) in failing.iter().take(10) {
-        println!("seed {s}: {v}");
-    }
-    if let Some((s, _)) = failing.first() {
-        println!(
-            "replay: cargo run --release -p abhyasa-sim -- custody --seed {s} --seeds 1{}",
-            mutant_name
-                .as_deref()
-                .map(|m| format!(" --mutant {m}"))
-                .unwrap_or_default()
-        );
-    }
-    eprintln!(
-        "ran {seeds} seeds from {seed} in {:.2}s on {threads} threads: crashes={} reconciled={} failing_seeds={}",
-        started.elapsed().as_secs_f64(),
-        report.crashes,
-        report.reconciled,
-        failing.len()
-    );
-    println!(
-        "custody: seeds={seeds} obligations={} applied={} declined={} escalated={} best_effort={} violations={violations}",
-        report.obligations, report.applied, report.declined, report.escalated, report.best_effort
-    );
-    if violations == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
-}
-
-fn ledger(
-    seeds: u64,
-    seed: u64,
-    mutant_name: Option<String>,
-    list_mutants: bool,
-    threads: Option<usize>,
-) -> ExitCode {
-    if list_mutants {
-        for (name, _) in LEDGER_MUTANTS {
-            println!("{name}");
-        }
-        return ExitCode::SUCCESS;
-    }
-    let mutation = match mutant_name.as_deref().map(|n| (n, ledger_mutant(n))) {
-        None => None,
-        Some((_, Some(m))) => Some(m),
-        Some((n, None)) => {
-            eprintln!("unknown mutant {n:?}; --list-mutants prints the names");
-            return ExitCode::from(2);
-        }
-    };
-    let threads = threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-        .max(1);
-    let started = Instant::now();
-    let next = AtomicU64::new(seed);
-    let end = seed.saturating_add(seeds);
-    let total = Mutex::new((LedgerReport::default(), 0u64, Vec::<(u64, String)>::new()));
-    std::thread::scope(|scope| {
-        for _ in 0..threads {
-            scope.spawn(|| loop {
-                let s = next.fetch_add(1, Ordering::Relaxed);
-                if s >= end {
-                    break;
-                }
-                let r = run_ledger(s, mutation);
-                let mut t = total
-                    .lock()
-                    .expect("no worker panics while holding the lock");
-                t.0.operations += r.operations;
-                t.0.settled += r.settled;
-                t.0.forfeited += r.forfeited;
-                t.0.no_effect += r.no_effect;
-                t.0.transfers += r.transfers;
-                t.0.joins += r.joins;
-                t.0.crashes += r.crashes;
-                t.0.effects += r.effects;
-                t.1 += r.violations.len() as u64;
-                if let Some(first) = r.violations.first() {
-                    t.2.push((s, first.clone()));
-                }
-            });
-        }
-    });
-    let (report, violations, mut failing) = total.into_inner().expect("workers joined");
-    failing.sort();
-    for (s, v) in failing.iter().take(10) {
-        println!("seed {s}: {v}");
-    }
-    if let Some((s, _)) = failing.first() {
-        println!(
-            "replay: cargo run --release -p abhyasa-sim -- ledger --seed {s} --seeds 1{}",
-            mutant_name
-                .as_deref()
-                .map(|m| format!(" --mutant {m}"))
-                .unwrap_or_default()
-        );
-    }
-    eprintln!(
-        "ran {seeds} seeds from {seed} in {:.2}s on {threads} threads: transfers={} joins={} effects={} crashes={} failing_seeds={}",
-        started.elapsed().as_secs_f64(),
-        report.transfers,
-        report.joins,
-        report.effects,
-        report.crashes,
-        failing.len()
-    );
-    println!(
-        "ledger: seeds={seeds} operations={} settled={} forfeited={} no_effect={} violations={violations}",
-        report.operations, report.settled, report.forfeited, report.no_effect
-    );
-    if violations == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
     }
 }
