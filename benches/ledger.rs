@@ -114,6 +114,38 @@ fn cycles(r: &mut Branch, g: &mut Gateway, bs: &mut Store, gs: &mut Store, next:
     while r.poll_event().is_some() {}
 }
 
+/// One full cycle with every record "persisted" at once (no store); returns the effect.
+fn in_memory_cycle(r: &mut Branch, g: &mut Gateway, n: u64) -> EffectInstance {
+    let key = OpKey::from_u128(u128::from(n));
+    r.reserve(CREDIT, effect(n), &id("g"), key).unwrap();
+    r.dispatch(UnixMillis(0), key).unwrap();
+    while let Some((t, _)) = r.poll_persist() {
+        r.handle_persisted(t);
+    }
+    let (_, m) = r.poll_transmit().unwrap();
+    g.handle_message(&id("r"), m);
+    while let Some((t, _)) = g.poll_persist() {
+        g.handle_persisted(t);
+    }
+    let e = g.poll_execute().unwrap();
+    let charge = Vector::of(&[("cents", 730), ("calls", 1)]).unwrap();
+    g.handle_executed(e.key, charge.clone());
+    while let Some((t, _)) = g.poll_persist() {
+        g.handle_persisted(t);
+    }
+    let (_, m) = g.poll_transmit().unwrap();
+    r.handle_message(UnixMillis(1), &id("g"), m);
+    while let Some((t, _)) = r.poll_persist() {
+        r.handle_persisted(t);
+    }
+    while r.poll_event().is_some() {}
+    EffectInstance {
+        gateway: id("g"),
+        key,
+        charge,
+    }
+}
+
 fn durable_cycles(c: &mut Criterion) {
     let dir = tempfile::tempdir_in(std::env::current_dir().unwrap()).unwrap();
     let mut grp = c.benchmark_group("ledger_durable_cycle");
@@ -146,28 +178,7 @@ fn durable_cycles(c: &mut Criterion) {
     grp.bench_function("in_memory_cycle_no_store", |b| {
         b.iter(|| {
             next += 1;
-            let key = OpKey::from_u128(u128::from(next));
-            r.reserve(CREDIT, effect(next), &id("g"), key).unwrap();
-            r.dispatch(UnixMillis(0), key).unwrap();
-            while let Some((t, _)) = r.poll_persist() {
-                r.handle_persisted(t);
-            }
-            let (_, m) = r.poll_transmit().unwrap();
-            g.handle_message(&id("r"), m);
-            while let Some((t, _)) = g.poll_persist() {
-                g.handle_persisted(t);
-            }
-            let e = g.poll_execute().unwrap();
-            g.handle_executed(e.key, Vector::of(&[("cents", 730), ("calls", 1)]).unwrap());
-            while let Some((t, _)) = g.poll_persist() {
-                g.handle_persisted(t);
-            }
-            let (_, m) = g.poll_transmit().unwrap();
-            r.handle_message(UnixMillis(1), &id("g"), m);
-            while let Some((t, _)) = r.poll_persist() {
-                r.handle_persisted(t);
-            }
-            while r.poll_event().is_some() {}
+            in_memory_cycle(&mut r, &mut g, next)
         })
     });
     grp.finish();
@@ -183,33 +194,7 @@ fn checker(c: &mut Criterion) {
         let mut effects = Vec::new();
         let started = Instant::now();
         for n in 1..=history {
-            let key = OpKey::from_u128(u128::from(n));
-            r.reserve(CREDIT, effect(n), &id("g"), key).unwrap();
-            r.dispatch(UnixMillis(0), key).unwrap();
-            while let Some((t, _)) = r.poll_persist() {
-                r.handle_persisted(t);
-            }
-            let (_, m) = r.poll_transmit().unwrap();
-            g.handle_message(&id("r"), m);
-            while let Some((t, _)) = g.poll_persist() {
-                g.handle_persisted(t);
-            }
-            let e = g.poll_execute().unwrap();
-            let charge = Vector::of(&[("cents", 730), ("calls", 1)]).unwrap();
-            effects.push(EffectInstance {
-                gateway: id("g"),
-                key: e.key,
-                charge: charge.clone(),
-            });
-            g.handle_executed(e.key, charge);
-            while let Some((t, _)) = g.poll_persist() {
-                g.handle_persisted(t);
-            }
-            let (_, m) = g.poll_transmit().unwrap();
-            r.handle_message(UnixMillis(1), &id("g"), m);
-            while let Some((t, _)) = r.poll_persist() {
-                r.handle_persisted(t);
-            }
+            effects.push(in_memory_cycle(&mut r, &mut g, n));
         }
         eprintln!(
             "built a history of {history} settled operations in {:?}",

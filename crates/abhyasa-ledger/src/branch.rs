@@ -74,6 +74,22 @@ pub enum OpState {
     Refunded,
 }
 
+impl OpState {
+    /// `reserved`, `quarantined`, `settled`, `no_effect`, `released`, `forfeited` (or
+    /// `refunded`, only under the mutant).
+    pub fn name(&self) -> &'static str {
+        match self {
+            OpState::Reserved => "reserved",
+            OpState::Quarantined => "quarantined",
+            OpState::Settled { .. } => "settled",
+            OpState::NoEffect(_) => "no_effect",
+            OpState::Released => "released",
+            OpState::Forfeited { .. } => "forfeited",
+            OpState::Refunded => "refunded",
+        }
+    }
+}
+
 /// An operation: reserved atoms bound to one effect at one gateway.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Operation {

@@ -381,7 +381,7 @@ pub fn check(w: &World<'_>) -> Vec<Violation> {
                     "effect {} (charge {:?}) is not covered: operation is {:?}",
                     e.key,
                     e.charge,
-                    state_name(&op.state)
+                    op.state.name()
                 ),
             );
         }
@@ -459,16 +459,4 @@ fn normalize_loose(mut v: Vec<Iv>) -> Vec<Iv> {
         }
     }
     m
-}
-
-fn state_name(s: &OpState) -> &'static str {
-    match s {
-        OpState::Reserved => "reserved",
-        OpState::Quarantined => "quarantined",
-        OpState::Settled { .. } => "settled",
-        OpState::NoEffect(_) => "no-effect",
-        OpState::Released => "released",
-        OpState::Forfeited { .. } => "forfeited",
-        OpState::Refunded => "refunded",
-    }
 }

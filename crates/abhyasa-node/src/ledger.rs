@@ -145,19 +145,6 @@ pub enum LedgerReply {
     Status(Box<LedgerStatus>),
 }
 
-/// The state name of an operation.
-pub fn state_name(s: &OpState) -> &'static str {
-    match s {
-        OpState::Reserved => "reserved",
-        OpState::Quarantined => "quarantined",
-        OpState::Settled { .. } => "settled",
-        OpState::NoEffect(_) => "no_effect",
-        OpState::Released => "released",
-        OpState::Forfeited { .. } => "forfeited",
-        OpState::Refunded => "refunded",
-    }
-}
-
 pub(crate) struct LedgerPart {
     me: AgentId,
     setup: LedgerSetup,
@@ -282,7 +269,7 @@ impl LedgerPart {
                     credit: o.binding.credit,
                     gateway: o.binding.receiver.clone(),
                     max_charge: o.binding.max_charge.clone(),
-                    state: state_name(&o.state),
+                    state: o.state.name(),
                     charged: match &o.state {
                         OpState::Settled { charged, .. } => Some(charged.size()),
                         _ => None,

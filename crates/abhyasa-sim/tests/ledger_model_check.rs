@@ -220,17 +220,7 @@ impl State {
 
     fn observe(&mut self) {
         let (r, c) = (branch(self, "root"), branch(self, "child"));
-        let tag = |o: Option<&Operation>| {
-            o.map(|o| match o.state {
-                OpState::Reserved => "reserved",
-                OpState::Quarantined => "quarantined",
-                OpState::Settled { .. } => "settled",
-                OpState::NoEffect(_) => "no_effect",
-                OpState::Released => "released",
-                OpState::Forfeited { .. } => "forfeited",
-                OpState::Refunded => "refunded",
-            })
-        };
+        let tag = |o: Option<&Operation>| o.map(|o| o.state.name());
         let root_op = r.operation(OP_ROOT);
         self.seen = Seen {
             violations: self.violations(),
