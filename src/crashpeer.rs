@@ -7,7 +7,6 @@
 //!
 //! Datagram: one tag byte (`0` obligation, `1` ack) and the object's CBOR.
 
-use std::io::Write;
 use std::net::{SocketAddr, UdpSocket};
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -15,7 +14,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use abhyasa_custody::{
     kinds, Custodian, CustodianConfig, CustodianRecord, Receiver, ReceiverConfig, ReceiverRecord,
 };
-use abhyasa_store::{GroupCommit, GroupConfig, GroupError, Op, Store, StoreConfig, StoreError};
+use abhyasa_store::{GroupCommit, GroupError, Op, StoreError};
+
+use crate::killpoint::{open_group, Points};
 use abhyasa_wire::{
     decode, decode_obligation, encode, AgentId, BeliefUpdatePayload, ClientId, ConsentDecision,
     ConsentPayload, CustodyAck, Obligation, ObligationId, Payload, Scope, TokenAction, TokenId,
@@ -37,8 +38,7 @@ pub enum KillPoint {
     DuringRecovery,
 }
 
-impl KillPoint {
-    /// Whether the peer waits at the point (else the kill races with the work).
+impl crate::killpoint::KillPoint for KillPoint {
     fn pauses(self) -> bool {
         !matches!(
             self,
@@ -180,51 +180,10 @@ pub enum PeerError {
     Io(#[from] std::io::Error),
 }
 
-struct Points {
-    kill_at: Option<KillPoint>,
-    nth: u32,
-    seen: u32,
-}
-
-impl Points {
-    fn reach(&mut self, point: KillPoint) {
-        if self.kill_at != Some(point) {
-            return;
-        }
-        self.seen += 1;
-        if self.seen != self.nth {
-            return;
-        }
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "AT {point:?}");
-        let _ = out.flush();
-        drop(out);
-        if point.pauses() {
-            loop {
-                std::thread::park();
-            }
-        }
-    }
-}
-
-fn open_group(db: &PathBuf) -> Result<GroupCommit, StoreError> {
-    let store = Store::open(db, StoreConfig::default())?;
-    let path = db.clone();
-    Ok(GroupCommit::spawn(
-        store,
-        GroupConfig::default(),
-        move || Store::open(&path, StoreConfig::default()),
-    ))
-}
-
 /// Runs a peer until it is done (custodian) or killed (receiver).
 pub fn run(args: &PeerArgs) -> Result<(), PeerError> {
     let socket = UdpSocket::bind(args.listen)?;
-    let mut points = Points {
-        kill_at: args.kill_at,
-        nth: args.kill_nth,
-        seen: 0,
-    };
+    let mut points = Points::new(args.kill_at, args.kill_nth);
     let group = open_group(&args.db)?;
     points.reach(KillPoint::DuringRecovery);
     match args.role {
@@ -245,7 +204,7 @@ fn run_custodian(
     args: &PeerArgs,
     socket: &UdpSocket,
     group: &GroupCommit,
-    points: &mut Points,
+    points: &mut Points<KillPoint>,
 ) -> Result<(), PeerError> {
     let mut c = recover_custodian(group)?;
     let work = workload(args.epoch, args.count);
@@ -296,7 +255,7 @@ fn flush_custodian(
     socket: &UdpSocket,
     peer: SocketAddr,
     group: &GroupCommit,
-    points: &mut Points,
+    points: &mut Points<KillPoint>,
 ) -> Result<bool, PeerError> {
     let records: Vec<_> = std::iter::from_fn(|| c.poll_persist()).collect();
     if !records.is_empty() {
@@ -338,7 +297,7 @@ fn run_receiver(
     args: &PeerArgs,
     socket: &UdpSocket,
     group: &GroupCommit,
-    points: &mut Points,
+    points: &mut Points<KillPoint>,
 ) -> Result<(), PeerError> {
     let recover = || -> Result<Receiver, PeerError> {
         Ok(group.read(|s| s.recover_receiver(agent(), receiver_config()))??)

@@ -27,7 +27,9 @@ use abhyasa_ledger::{
     LedgerMessage, LedgerSigningKey, OpKey, OpState, OutgoingState, RootGrant, RootId, Signed,
     Step, TransferId, Vector,
 };
-use abhyasa_store::{GroupCommit, GroupConfig, GroupError, Op, Store, StoreConfig, StoreError};
+use abhyasa_store::{GroupCommit, GroupError, Op, Store, StoreConfig, StoreError};
+
+use crate::killpoint::{open_group, Points};
 use abhyasa_wire::{decode, encode, AgentId, UnixMillis};
 
 /// Where a peer can be told to stop for its kill.
@@ -45,7 +47,7 @@ pub enum LedgerKillPoint {
     DuringRecovery,
 }
 
-impl LedgerKillPoint {
+impl crate::killpoint::KillPoint for LedgerKillPoint {
     fn pauses(self) -> bool {
         !matches!(
             self,
@@ -186,43 +188,6 @@ pub enum LedgerPeerError {
     Journal(String),
 }
 
-struct Points {
-    kill_at: Option<LedgerKillPoint>,
-    nth: u32,
-    seen: u32,
-}
-
-impl Points {
-    fn reach(&mut self, point: LedgerKillPoint) {
-        if self.kill_at != Some(point) {
-            return;
-        }
-        self.seen += 1;
-        if self.seen != self.nth {
-            return;
-        }
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "AT {point:?}");
-        let _ = out.flush();
-        drop(out);
-        if point.pauses() {
-            loop {
-                std::thread::park();
-            }
-        }
-    }
-}
-
-fn open_group(db: &Path) -> Result<GroupCommit, StoreError> {
-    let store = Store::open(db, StoreConfig::default())?;
-    let path = db.to_path_buf();
-    Ok(GroupCommit::spawn(
-        store,
-        GroupConfig::default(),
-        move || Store::open(&path, StoreConfig::default()),
-    ))
-}
-
 struct Net {
     socket: UdpSocket,
     me: LedgerRole,
@@ -257,11 +222,7 @@ pub fn run(args: &LedgerPeerArgs) -> Result<(), LedgerPeerError> {
         me: args.role,
         addrs,
     };
-    let mut points = Points {
-        kill_at: args.kill_at,
-        nth: args.kill_nth,
-        seen: 0,
-    };
+    let mut points = Points::new(args.kill_at, args.kill_nth);
     let group = open_group(&args.db)?;
     points.reach(LedgerKillPoint::DuringRecovery);
     match args.role {
@@ -299,7 +260,7 @@ fn run_branch(
     role: LedgerRole,
     net: &Net,
     group: &GroupCommit,
-    points: &mut Points,
+    points: &mut Points<LedgerKillPoint>,
 ) -> Result<(), LedgerPeerError> {
     let mut b = recover_branch(role, group)?;
     let gw = agent(LedgerRole::Gw);
@@ -424,7 +385,7 @@ fn flush_branch(
     b: &mut Branch,
     net: &Net,
     group: &GroupCommit,
-    points: &mut Points,
+    points: &mut Points<LedgerKillPoint>,
 ) -> Result<bool, LedgerPeerError> {
     let steps: Vec<_> = std::iter::from_fn(|| b.poll_persist()).collect();
     if !steps.is_empty() {
@@ -495,7 +456,7 @@ fn run_gateway(
     args: &LedgerPeerArgs,
     net: &Net,
     group: &GroupCommit,
-    points: &mut Points,
+    points: &mut Points<LedgerKillPoint>,
 ) -> Result<(), LedgerPeerError> {
     let recover = |group: &GroupCommit| -> Result<Gateway, LedgerPeerError> {
         let log = group.read(|s| s.gateway_log())??;

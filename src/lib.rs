@@ -16,6 +16,7 @@
 pub mod admin;
 pub mod crashpeer;
 pub mod demo;
+mod killpoint;
 pub mod ledger_cli;
 pub mod ledgerpeer;
 pub mod sweep;
