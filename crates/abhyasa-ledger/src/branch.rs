@@ -27,8 +27,16 @@ impl Default for BranchConfig {
     }
 }
 
-/// A credit: exclusive ownership of the atoms in `available`, under one root.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A credit: exclusive ownership of the atoms in `available`, under one root. Move-only: it
+/// is not `Clone`, so no code path can duplicate the rights it holds; atoms leave it only
+/// through the transitions (take, union, subtract of its footprint).
+///
+/// ```compile_fail
+/// fn duplicate(c: &abhyasa_ledger::Credit) -> abhyasa_ledger::Credit {
+///     c.clone() // Credits cannot be copied.
+/// }
+/// ```
+#[derive(Debug, PartialEq, Eq)]
 pub struct Credit {
     /// The credit.
     pub id: CreditId,
@@ -284,8 +292,9 @@ pub enum LedgerEvent {
     Rejected(LedgerError),
 }
 
-/// One agent's ledger branch. See the crate docs for the buckets and transitions.
-#[derive(Clone, Debug)]
+/// One agent's ledger branch. See the crate docs for the buckets and transitions. Not
+/// `Clone` (it owns credits); rebuild a copy from its journal with [`Branch::recover`].
+#[derive(Debug)]
 pub struct Branch {
     me: AgentId,
     key: LedgerSigningKey,
