@@ -160,6 +160,11 @@ pub enum LedgerRequest {
         /// The credit.
         credit: String,
     },
+    /// Retire a quarantined operation (its atoms stay charged).
+    Forfeit {
+        /// The operation key.
+        key: String,
+    },
     /// The ledger as this node holds it.
     Status,
 }
@@ -204,6 +209,9 @@ impl LedgerRequest {
             },
             LedgerRequest::Reclaim { credit } => LedgerCommand::Reclaim {
                 credit: CreditId::from_u128(id128(credit)?),
+            },
+            LedgerRequest::Forfeit { key } => LedgerCommand::Forfeit {
+                key: OpKey::from_u128(id128(key)?),
             },
             LedgerRequest::Status => LedgerCommand::Status,
         })

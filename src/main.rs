@@ -188,6 +188,15 @@ enum LedgerCli {
         #[arg(long)]
         credit: String,
     },
+    /// Retire a quarantined operation for good: its atoms stay charged (Forfeited).
+    Forfeit {
+        /// The node's admin address.
+        #[arg(long, default_value = "127.0.0.1:7701")]
+        admin: SocketAddr,
+        /// The operation key (hex).
+        #[arg(long)]
+        key: String,
+    },
     /// All six buckets per root, credits, operations, transfers.
     Status {
         /// The node's admin address.
@@ -709,6 +718,7 @@ async fn ledger(command: LedgerCli) -> Result<ExitCode> {
             )
         }
         LedgerCli::Reclaim { admin, credit } => (admin, R::Reclaim { credit }, false),
+        LedgerCli::Forfeit { admin, key } => (admin, R::Forfeit { key }, false),
         LedgerCli::Status { admin, json } => (admin, R::Status, json),
     };
     let reply = admin::request(admin, &Request::Ledger(req)).await?;

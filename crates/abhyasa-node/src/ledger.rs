@@ -85,6 +85,12 @@ pub enum LedgerCommand {
         /// The credit.
         credit: CreditId,
     },
+    /// Retire a quarantined operation for good: its atoms stay charged (Forfeited); a late
+    /// receipt only annotates it.
+    Forfeit {
+        /// The operation.
+        key: OpKey,
+    },
     /// The six buckets per root, credits, operations and transfers.
     Status,
 }
@@ -240,6 +246,7 @@ impl LedgerPart {
                 self.branch.dispatch(now, key)?;
             }
             LedgerCommand::Reclaim { credit } => self.branch.request_fence(credit)?,
+            LedgerCommand::Forfeit { key } => self.branch.forfeit(key)?,
             LedgerCommand::Status => return Ok(LedgerReply::Status(Box::new(self.status()))),
         }
         Ok(LedgerReply::Done)

@@ -177,6 +177,39 @@ async fn grant_delegate_spend_settle_across_three_nodes() {
     assert_eq!(rs.transfers[0].3, "accepted");
     assert_eq!(rs.roots[0].1[0], cents(700));
 
+    // A dispatch to a gateway that never answers stays quarantined — no timeout returns it —
+    // until it is forfeited: then its atoms stay charged for good.
+    let stuck = OpKey::from_u128(999);
+    child
+        .ledger(LedgerCommand::Spend {
+            credit: child_credit,
+            effect: Effect {
+                purpose: Dim::new("tools").unwrap(),
+                operation: "never answered".into(),
+                max_charge: cents(10),
+            },
+            gateway: id("nowhere"),
+            key: stuck,
+        })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await; // Several resend periods.
+    let LedgerReply::Status(s) = child.ledger(LedgerCommand::Status).await.unwrap() else {
+        panic!("status")
+    };
+    assert_eq!(s.roots[0].1[3], cents(10), "still quarantined");
+    child
+        .ledger(LedgerCommand::Forfeit { key: stuck })
+        .await
+        .unwrap();
+    let LedgerReply::Status(s) = child.ledger(LedgerCommand::Status).await.unwrap() else {
+        panic!("status")
+    };
+    assert_eq!(
+        (s.roots[0].1[3].clone(), s.roots[0].1[5].clone()),
+        (Vector::zero(), cents(10))
+    );
+
     root.shutdown().await;
     child.shutdown().await;
     gw.shutdown().await;
