@@ -384,6 +384,8 @@ struct TransportConfig {
     idle_timeout_ms: u64,
     initial_rtt_ms: u64,
     congestion: String,
+    /// Re-dial a dialed peer whose connection went silent for this long; 0 turns it off.
+    stall_redial_ms: u64,
 }
 
 impl Default for TransportConfig {
@@ -394,6 +396,9 @@ impl Default for TransportConfig {
             idle_timeout_ms: d.idle_timeout.as_millis() as u64,
             initial_rtt_ms: d.initial_rtt.as_millis() as u64,
             congestion: "cubic".into(),
+            stall_redial_ms: TransportSettings::default()
+                .stall_redial
+                .map_or(0, |d| d.as_millis() as u64),
         }
     }
 }
@@ -416,6 +421,8 @@ impl TransportConfig {
             idle_timeout: Duration::from_millis(self.idle_timeout_ms),
             initial_rtt: Duration::from_millis(self.initial_rtt_ms),
             congestion,
+            stall_redial: (self.stall_redial_ms > 0)
+                .then(|| Duration::from_millis(self.stall_redial_ms)),
             ..TransportSettings::default()
         })
     }

@@ -39,6 +39,11 @@ pub struct TransportSettings {
     pub congestion: Congestion,
     /// Datagram receive buffer, bytes.
     pub datagram_buffer: usize,
+    /// A node re-dials a peer it dials when the connection has sent but heard nothing for
+    /// this long (or three smoothed RTTs, if longer). After a partition a surviving QUIC
+    /// connection sends nothing new until its exponentially backed-off probe timer fires; a
+    /// fresh connection does not wait. `None` keeps a connection until it idles out.
+    pub stall_redial: Option<Duration>,
 }
 
 impl Default for TransportSettings {
@@ -49,6 +54,7 @@ impl Default for TransportSettings {
             initial_rtt: Duration::from_millis(10),
             congestion: Congestion::Cubic,
             datagram_buffer: 1 << 20,
+            stall_redial: Some(Duration::from_millis(250)),
         }
     }
 }

@@ -102,23 +102,61 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
             agent.clone(),
             blocked.clone(),
         );
+        let stall = b.transport.stall_redial;
         tokio::spawn(async move {
             let mut backoff = Duration::from_millis(50);
+            let mut failures = 0u32;
             let dial = async {
                 loop {
                     if !is_blocked(&blocked, &peer) {
-                        match Session::connect(&endpoint, addr, &peer, &me).await {
-                            Ok((s, rx)) => {
+                        // While a link is down, short attempts: a handshake's own Initial
+                        // retransmissions back off too, so a fresh attempt after a partition
+                        // gets through sooner than a long one still waiting.
+                        let attempt = match (stall, failures) {
+                            (Some(_), 0..SHORT_ATTEMPTS) => DIAL_ATTEMPT_SHORT,
+                            _ => DIAL_ATTEMPT_LONG,
+                        };
+                        match tokio::time::timeout(
+                            attempt,
+                            Session::connect(&endpoint, addr, &peer, &me),
+                        )
+                        .await
+                        {
+                            Ok(Ok((s, rx))) => {
                                 backoff = Duration::from_millis(50);
+                                failures = 0;
                                 let conn = s.connection().clone();
                                 tokio::spawn(forward(s, rx, itx.clone()));
-                                conn.closed().await;
+                                match stall {
+                                    Some(min) => {
+                                        if watch_for_stall(&conn, min).await {
+                                            info!(%peer, "connection stalled: re-dialing");
+                                            backoff = Duration::from_millis(10);
+                                        }
+                                    }
+                                    None => {
+                                        conn.closed().await;
+                                    }
+                                }
                             }
-                            Err(e) => debug!(%peer, %e, "dial failed"),
+                            Ok(Err(e)) => {
+                                failures += 1;
+                                debug!(%peer, %e, "dial failed");
+                            }
+                            Err(_) => {
+                                failures += 1;
+                                debug!(%peer, "dial attempt timed out");
+                            }
                         }
                     }
                     tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    // Right after a stall, retry often; later, settle at one dial a second.
+                    let cap = if stall.is_some() && failures < SHORT_ATTEMPTS {
+                        Duration::from_millis(200)
+                    } else {
+                        Duration::from_secs(1)
+                    };
+                    backoff = (backoff * 2).min(cap);
                 }
             };
             // Re-dial with backoff until the node stops.
@@ -154,6 +192,46 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         events,
         impairment,
     })
+}
+
+/// The first dial attempts after a success are this short (see `stall_redial`): a
+/// handshake's own Initial retransmissions back off within an attempt, so while a link is
+/// down a fresh attempt every few hundred ms gets through sooner once it is back.
+const DIAL_ATTEMPT_SHORT: Duration = Duration::from_millis(400);
+/// How many short attempts before the long ones (about 4 s of a dead link).
+const SHORT_ATTEMPTS: u32 = 10;
+/// Later attempts, and every attempt without `stall_redial`, may take this long.
+const DIAL_ATTEMPT_LONG: Duration = Duration::from_secs(5);
+
+/// Returns when `conn` closes (`false`) or has sent without hearing anything back for `min`
+/// (or three smoothed RTTs, if longer) — then it closes it and returns `true`.
+async fn watch_for_stall(conn: &quinn::Connection, min: Duration) -> bool {
+    // Only frames the peer must acknowledge count as "sent": an ACK of the peer's keep-alive
+    // expects no answer.
+    let eliciting =
+        |s: &quinn::ConnectionStats| s.frame_tx.stream + s.frame_tx.ping + s.frame_tx.datagram;
+    let first = conn.stats();
+    let (mut heard_count, mut sent_mark) = (first.udp_rx.datagrams, eliciting(&first));
+    let mut heard_at = Instant::now();
+    let tick = (min / 5).max(Duration::from_millis(10));
+    loop {
+        tokio::select! {
+            _ = conn.closed() => return false,
+            () = tokio::time::sleep(tick) => {}
+        }
+        let now_stats = conn.stats();
+        if now_stats.udp_rx.datagrams != heard_count {
+            heard_count = now_stats.udp_rx.datagrams;
+            sent_mark = eliciting(&now_stats);
+            heard_at = Instant::now();
+            continue;
+        }
+        let limit = min.max(conn.rtt() * 3);
+        if heard_at.elapsed() >= limit && eliciting(&now_stats) > sent_mark {
+            conn.close(0u32.into(), b"stalled");
+            return true;
+        }
+    }
 }
 
 /// Hands a session to the core and forwards its events, tagged with its connection id.

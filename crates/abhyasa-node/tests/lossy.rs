@@ -15,22 +15,7 @@ async fn outcomes(
     n: u128,
     deadline_ms: u64,
 ) -> Vec<(Outcome, u64, u64)> {
-    let mut handles = Vec::new();
-    for i in 1..=n {
-        let o = revoke(i, a, deadline_ms);
-        let deadline = o.deadline.0;
-        handles.push((principal.issue(o).await.unwrap(), deadline));
-    }
-    let mut out = Vec::new();
-    for (h, deadline) in handles {
-        let (record, _) =
-            tokio::time::timeout(Duration::from_millis(deadline_ms + 5_000), h.outcome())
-                .await
-                .expect("an outcome before the deadline passes by much")
-                .expect("node running");
-        out.push((record.outcome, record.at.0, deadline));
-    }
-    out
+    outcomes_from(principal, a, 1, n, deadline_ms).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -96,4 +81,75 @@ async fn a_partition_longer_than_the_deadline_escalates_every_obligation() {
         .all(|e| status.principal.holds(&e.safe_action)));
     principal.shutdown().await;
     agent.shutdown().await;
+}
+
+/// A partition of half the deadline, starting on both live sockets just as the obligations
+/// are issued: the target is reachable again with half the lifetime left, so every obligation
+/// must end applied (no spurious escalation). The distribution over partition lengths is the
+/// partition sweep in docs/BENCHMARKS.md.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_partition_of_half_the_deadline_everything_is_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate("t").unwrap();
+    let (p, a) = (id("principal"), id("agent-1"));
+    let link = || "delay 10ms".parse::<abhyasa_netem::Impairment>().unwrap();
+    let agent = Node::builder(ca.issue(&a).unwrap())
+        .state_dir(dir.path().join("a"))
+        .impair(link(), 1)
+        .build()
+        .await
+        .unwrap();
+    let principal = Node::builder(ca.issue(&p).unwrap())
+        .peer(a.clone(), agent.local_addr())
+        .state_dir(dir.path().join("p"))
+        .custodian(custodian())
+        .impair(link(), 2)
+        .build()
+        .await
+        .unwrap();
+    // The session is up once one obligation is applied.
+    let warm = outcomes(&principal, &a, 1, 10_000).await;
+    assert_eq!(warm[0].0, Outcome::Applied);
+    for node in [&principal, &agent] {
+        let h = node.impairment().unwrap();
+        let mut spec = link();
+        spec.partitions.push((
+            h.elapsed() + Duration::from_millis(5),
+            Duration::from_millis(500),
+        ));
+        h.set_rules(spec);
+    }
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let results = outcomes_from(&principal, &a, 100, 20, 1_000).await;
+    for (outcome, at, deadline) in &results {
+        assert_eq!(*outcome, Outcome::Applied, "{results:?}");
+        assert!(at < deadline);
+    }
+    principal.shutdown().await;
+    agent.shutdown().await;
+}
+
+async fn outcomes_from(
+    principal: &Node,
+    a: &AgentId,
+    first: u128,
+    n: u128,
+    deadline_ms: u64,
+) -> Vec<(Outcome, u64, u64)> {
+    let mut handles = Vec::new();
+    for i in first..first + n {
+        let o = revoke(i, a, deadline_ms);
+        let deadline = o.deadline.0;
+        handles.push((principal.issue(o).await.unwrap(), deadline));
+    }
+    let mut out = Vec::new();
+    for (h, deadline) in handles {
+        let (record, _) =
+            tokio::time::timeout(Duration::from_millis(deadline_ms + 5_000), h.outcome())
+                .await
+                .expect("an outcome")
+                .expect("node running");
+        out.push((record.outcome, record.at.0, deadline));
+    }
+    out
 }
