@@ -9,14 +9,14 @@
 
 use std::net::{SocketAddr, UdpSocket};
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use abhyasa_custody::{
     kinds, Custodian, CustodianConfig, CustodianRecord, Receiver, ReceiverConfig, ReceiverRecord,
 };
 use abhyasa_store::{GroupCommit, GroupError, Op, StoreError};
 
-use crate::killpoint::{open_group, Points};
+use crate::killpoint::{now, open_group, Points};
 use abhyasa_wire::{
     decode, decode_obligation, encode, AgentId, BeliefUpdatePayload, ClientId, ConsentDecision,
     ConsentPayload, CustodyAck, Obligation, ObligationId, Payload, Scope, TokenAction, TokenId,
@@ -157,13 +157,6 @@ pub fn receiver_config() -> ReceiverConfig {
         max_clock_skew_ms: 60_000,
         ..ReceiverConfig::default()
     }
-}
-
-fn now() -> UnixMillis {
-    let d = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    UnixMillis(d.as_millis() as u64)
 }
 
 /// Why a peer stopped.

@@ -4,8 +4,10 @@
 use std::fmt::Debug;
 use std::io::Write;
 use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use abhyasa_store::{GroupCommit, GroupConfig, Store, StoreConfig, StoreError};
+use abhyasa_wire::UnixMillis;
 
 /// A named crash point.
 pub(crate) trait KillPoint: Copy + PartialEq + Debug {
@@ -60,4 +62,12 @@ pub(crate) fn open_group(db: &Path) -> Result<GroupCommit, StoreError> {
         GroupConfig::default(),
         move || Store::open(&path, StoreConfig::default()),
     ))
+}
+
+/// Wall-clock time for the machines the peers drive.
+pub(crate) fn now() -> UnixMillis {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    UnixMillis(d.as_millis() as u64)
 }

@@ -19,7 +19,7 @@ use std::fs::OpenOptions;
 use std::io::Write;
 use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use abhyasa_ledger::check::EffectInstance;
 use abhyasa_ledger::{
@@ -29,7 +29,7 @@ use abhyasa_ledger::{
 };
 use abhyasa_store::{GroupCommit, GroupError, Op, Store, StoreConfig, StoreError};
 
-use crate::killpoint::{open_group, Points};
+use crate::killpoint::{now, open_group, Points};
 use abhyasa_wire::{decode, encode, AgentId, UnixMillis};
 
 /// Where a peer can be told to stop for its kill.
@@ -162,13 +162,6 @@ pub fn op_keys(role: LedgerRole) -> impl Iterator<Item = OpKey> {
 pub fn charge_of(key: OpKey) -> Vector {
     let c = [10, 7, 0, 3][(key.to_u128() % 4) as usize];
     Vector::of(&[("cents", c)]).expect("valid")
-}
-
-fn now() -> UnixMillis {
-    let d = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    UnixMillis(d.as_millis() as u64)
 }
 
 /// Why a peer stopped.

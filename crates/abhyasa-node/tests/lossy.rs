@@ -18,26 +18,32 @@ async fn outcomes(
     outcomes_from(principal, a, 1, n, deadline_ms).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn at_10_percent_loss_nothing_escalates_spuriously() {
-    let dir = tempfile::tempdir().unwrap();
+/// A principal dialing `agent-1`, every datagram both send impaired by `link`.
+async fn impaired_pair(dir: &std::path::Path, link: &str) -> (Node, Node) {
     let ca = Ca::generate("t").unwrap();
     let (p, a) = (id("principal"), id("agent-1"));
-    let link = || "loss 10% delay 10ms 2ms".parse().unwrap();
     let agent = Node::builder(ca.issue(&a).unwrap())
-        .state_dir(dir.path().join("a"))
-        .impair(link(), 1)
+        .state_dir(dir.join("a"))
+        .impair(link.parse().unwrap(), 1)
         .build()
         .await
         .unwrap();
     let principal = Node::builder(ca.issue(&p).unwrap())
-        .peer(a.clone(), agent.local_addr())
-        .state_dir(dir.path().join("p"))
+        .peer(a, agent.local_addr())
+        .state_dir(dir.join("p"))
         .custodian(custodian())
-        .impair(link(), 2)
+        .impair(link.parse().unwrap(), 2)
         .build()
         .await
         .unwrap();
+    (principal, agent)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_10_percent_loss_nothing_escalates_spuriously() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = id("agent-1");
+    let (principal, agent) = impaired_pair(dir.path(), "loss 10% delay 10ms 2ms").await;
     let results = outcomes(&principal, &a, 30, 5_000).await;
     for (outcome, at, deadline) in &results {
         assert_eq!(*outcome, Outcome::Applied, "{results:?}");
@@ -90,23 +96,9 @@ async fn a_partition_longer_than_the_deadline_escalates_every_obligation() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_partition_of_half_the_deadline_everything_is_applied() {
     let dir = tempfile::tempdir().unwrap();
-    let ca = Ca::generate("t").unwrap();
-    let (p, a) = (id("principal"), id("agent-1"));
+    let a = id("agent-1");
     let link = || "delay 10ms".parse::<abhyasa_netem::Impairment>().unwrap();
-    let agent = Node::builder(ca.issue(&a).unwrap())
-        .state_dir(dir.path().join("a"))
-        .impair(link(), 1)
-        .build()
-        .await
-        .unwrap();
-    let principal = Node::builder(ca.issue(&p).unwrap())
-        .peer(a.clone(), agent.local_addr())
-        .state_dir(dir.path().join("p"))
-        .custodian(custodian())
-        .impair(link(), 2)
-        .build()
-        .await
-        .unwrap();
+    let (principal, agent) = impaired_pair(dir.path(), "delay 10ms").await;
     // The session is up once one obligation is applied.
     let warm = outcomes(&principal, &a, 1, 10_000).await;
     assert_eq!(warm[0].0, Outcome::Applied);

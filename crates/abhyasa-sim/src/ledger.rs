@@ -347,11 +347,16 @@ impl Sim {
     }
 
     fn crash_branch(&mut self, name: &str) {
-        let down = self.rng.random_range(self.p.downtime.0..=self.p.downtime.1);
+        let up_at = self.crash_until();
         let node = self.branches.get_mut(name).expect("known branch");
         node.machine = None;
-        node.up_at = self.now + down;
+        node.up_at = up_at;
+    }
+
+    /// Counts a crash and draws when the crashed component comes back.
+    fn crash_until(&mut self) -> u64 {
         self.report.crashes += 1;
+        self.now + self.rng.random_range(self.p.downtime.0..=self.p.downtime.1)
     }
 
     fn drain_gateway(&mut self, name: &str) {
@@ -416,11 +421,10 @@ impl Sim {
             self.send(from.clone(), to, m);
         }
         if crashed {
-            let down = self.rng.random_range(self.p.downtime.0..=self.p.downtime.1);
+            let up_at = self.crash_until();
             let node = self.gateways.get_mut(name).expect("known gateway");
             node.machine = None;
-            node.up_at = self.now + down;
-            self.report.crashes += 1;
+            node.up_at = up_at;
         }
     }
 
@@ -490,16 +494,7 @@ impl Sim {
             .filter(|c| !c.closed && !c.available.is_empty())
             .map(|c| (c.id, c.available.size()))
             .collect();
-        let reserved: Vec<OpKey> = b
-            .operations()
-            .filter(|o| o.state == OpState::Reserved)
-            .map(|o| o.binding.key)
-            .collect();
-        let stuck: Vec<(OpKey, CreditId)> = b
-            .operations()
-            .filter(|o| o.state == OpState::Quarantined)
-            .map(|o| (o.binding.key, o.binding.credit))
-            .collect();
+        let (reserved, stuck) = open_ops(b);
         let roll: f64 = self.rng.random();
         if let Some(&key) = reserved.first() {
             // Finish what was reserved: dispatch it, or release it unsent.
@@ -685,16 +680,7 @@ impl Sim {
         let Some(b) = self.branches.get(name).and_then(|n| n.machine.as_ref()) else {
             return;
         };
-        let stuck: Vec<(OpKey, CreditId)> = b
-            .operations()
-            .filter(|o| o.state == OpState::Quarantined)
-            .map(|o| (o.binding.key, o.binding.credit))
-            .collect();
-        let reserved: Vec<OpKey> = b
-            .operations()
-            .filter(|o| o.state == OpState::Reserved)
-            .map(|o| o.binding.key)
-            .collect();
+        let (reserved, stuck) = open_ops(b);
         for key in reserved {
             self.with_branch(name, |b, _| b.release_unsent(key));
         }
@@ -714,6 +700,21 @@ impl Sim {
             })
         })
     }
+}
+
+/// A branch's reserved operations, and its quarantined ones with their credits.
+fn open_ops(b: &Branch) -> (Vec<OpKey>, Vec<(OpKey, CreditId)>) {
+    let reserved = b
+        .operations()
+        .filter(|o| o.state == OpState::Reserved)
+        .map(|o| o.binding.key)
+        .collect();
+    let stuck = b
+        .operations()
+        .filter(|o| o.state == OpState::Quarantined)
+        .map(|o| (o.binding.key, o.binding.credit))
+        .collect();
+    (reserved, stuck)
 }
 
 /// A random non-zero part of `avail` (at least one dimension, each at most what is there).
