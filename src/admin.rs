@@ -46,17 +46,23 @@ pub struct IssueSpec {
     /// Deadline, ms from now.
     #[arg(long, default_value_t = 30_000)]
     pub deadline_ms: u64,
-    /// Attempt budget after the first attempt.
-    #[arg(long, default_value_t = 30)]
-    pub max_retries: u32,
+    /// Attempt budget after the first attempt. Default: derived from the deadline and the
+    /// node's backoff so that the deadline normally binds.
+    #[arg(long)]
+    pub max_retries: Option<u32>,
     /// Issuance sequence on the governed key.
     #[arg(long)]
     pub sequence: Option<u64>,
 }
 
 impl IssueSpec {
-    /// The obligation, issued by `issuer` now.
-    pub fn build(&self, issuer: &AgentId) -> Result<Obligation, String> {
+    /// The obligation, issued by `issuer` now; `default_retries` sizes the budget from the
+    /// deadline when none is given.
+    pub fn build(
+        &self,
+        issuer: &AgentId,
+        default_retries: impl Fn(u64) -> u32,
+    ) -> Result<Obligation, String> {
         let need = |v: &Option<String>, what: &str| {
             v.clone()
                 .ok_or_else(|| format!("--{what} is required for {}", self.kind))
@@ -105,7 +111,9 @@ impl IssueSpec {
             target: AgentId::new(self.target.clone()).map_err(|e| e.to_string())?,
             created_at: UnixMillis(now),
             deadline: UnixMillis(now + self.deadline_ms),
-            max_retries: self.max_retries,
+            max_retries: self
+                .max_retries
+                .unwrap_or_else(|| default_retries(self.deadline_ms)),
             sequence: self.sequence,
             payload,
         })
@@ -254,21 +262,23 @@ pub async fn serve(node: std::sync::Arc<Node>, addr: SocketAddr) -> std::io::Res
                 return;
             }
             let reply = match serde_json::from_str::<Request>(&line) {
-                Ok(Request::Issue(spec)) => match spec.build(node.agent()) {
-                    Ok(o) => {
-                        let id = o.id;
-                        match node.issue(o).await.map(|h| h.admission()) {
-                            Ok(a) => {
-                                serde_json::json!({"ok": true, "id": id.to_string(), "admission": match a {
-                                    Admission::Custody => "custody",
-                                    Admission::BestEffort => "best_effort",
-                                }})
+                Ok(Request::Issue(spec)) => {
+                    match spec.build(node.agent(), |span| node.default_retries(span)) {
+                        Ok(o) => {
+                            let id = o.id;
+                            match node.issue(o).await.map(|h| h.admission()) {
+                                Ok(a) => {
+                                    serde_json::json!({"ok": true, "id": id.to_string(), "admission": match a {
+                                        Admission::Custody => "custody",
+                                        Admission::BestEffort => "best_effort",
+                                    }})
+                                }
+                                Err(e) => serde_json::json!({"ok": false, "error": e.to_string()}),
                             }
-                            Err(e) => serde_json::json!({"ok": false, "error": e.to_string()}),
                         }
+                        Err(e) => serde_json::json!({"ok": false, "error": e}),
                     }
-                    Err(e) => serde_json::json!({"ok": false, "error": e}),
-                },
+                }
                 Ok(Request::Ledger(req)) => match req.command() {
                     Ok(cmd) => match node.ledger(cmd).await {
                         Ok(r) => crate::ledger_cli::reply_json(&r),

@@ -443,6 +443,11 @@ struct CustodyConfig {
     backoff_cap_ms: u64,
     /// `"stream"` (default) or `"datagram"`: how the first attempt travels.
     first_attempt: String,
+    /// Kinds whose obligations must carry a retry budget that spans their deadline (the
+    /// retry rule of BINDINGS.md); a shorter one is refused with the number needed.
+    require_spanning_budget: Vec<abhyasa_wire::Kind>,
+    /// How often maintenance runs (folding principal down-weights, pruning old history).
+    maintenance_ms: u64,
 }
 
 impl Default for CustodyConfig {
@@ -453,6 +458,8 @@ impl Default for CustodyConfig {
             backoff_base_ms: d.backoff_base_ms,
             backoff_cap_ms: d.backoff_cap_ms,
             first_attempt: "stream".into(),
+            require_spanning_budget: Vec::new(),
+            maintenance_ms: 60_000,
         }
     }
 }
@@ -768,8 +775,15 @@ async fn node(path: PathBuf) -> Result<ExitCode> {
                     .into())
                 }
             },
+            require_spanning_budget: config
+                .custody
+                .require_spanning_budget
+                .iter()
+                .copied()
+                .collect(),
             ..CustodianConfig::default()
-        });
+        })
+        .maintenance(Duration::from_millis(config.custody.maintenance_ms));
     for p in &config.peers {
         builder = builder.peer(AgentId::new(p.id.clone())?, p.addr);
     }

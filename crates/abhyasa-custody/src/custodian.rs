@@ -16,9 +16,9 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use abhyasa_wire::{
-    AckStatus, AgentId, CustodyAck, Escalation, EscalationCause, LastObserved, Obligation,
+    AckStatus, AgentId, CustodyAck, Escalation, EscalationCause, Kind, LastObserved, Obligation,
     ObligationId, Outcome, ReconciliationNote, TerminalRecord, UnixMillis, WireError,
-    MAX_OBJECT_SIZE,
+    MAX_OBJECT_SIZE, MAX_RETRIES_LIMIT,
 };
 use rand::Rng;
 
@@ -56,6 +56,15 @@ pub struct CustodianConfig {
     /// a large pending set, or a burst of issues, does not flood the link with copies that
     /// time out before the receiver reaches them. Deadlines run regardless.
     pub max_inflight_per_target: usize,
+    /// Kinds whose profile requires the retry budget to span the deadline (the retry rule of
+    /// `BINDINGS.md`): an obligation of such a kind whose `max_retries` is below
+    /// [`CustodianConfig::retries_spanning`] is refused with the number needed. Other kinds
+    /// may carry a shorter budget; they then escalate `retries_exhausted` early, which is
+    /// conservative.
+    pub require_spanning_budget: BTreeSet<Kind>,
+    /// Most ended obligation ids remembered for the duplicate check at issue (each is kept
+    /// until its deadline plus twice the clock skew, as long as a receiver may still hold it).
+    pub ended_memory: usize,
     /// A deliberately broken rule, for the simulation's mutation tests. Always `None` in use.
     #[doc(hidden)]
     pub mutation: Option<Mutation>,
@@ -74,8 +83,50 @@ impl Default for CustodianConfig {
             weight_bounds: WeightBounds::default(),
             first_attempt: Channel::Stream,
             max_inflight_per_target: 1_024,
+            require_spanning_budget: BTreeSet::new(),
+            ended_memory: 100_000,
             mutation: None,
         }
+    }
+}
+
+impl CustodianConfig {
+    /// The backoff ceiling of retry `k` (1-based) for an obligation living `span_ms`: the
+    /// `min(cap, b·2^(k-1))` of AB-2, with the cap also held below a quarter of the lifetime.
+    pub fn backoff_ceiling(&self, span_ms: u64, k: u32) -> u64 {
+        let cap = self.backoff_cap_ms.min(span_ms / 4).max(1);
+        let shift = k.saturating_sub(1).min(32);
+        self.backoff_base_ms.saturating_mul(1 << shift).min(cap)
+    }
+
+    /// The retry rule of `BINDINGS.md`: the smallest `n` with
+    /// `Σ_{k=1..n} min(cap, b·2^(k-1)) ≥ span` — the least budget whose backoff ceilings span
+    /// the deadline. Saturates at [`MAX_RETRIES_LIMIT`].
+    pub fn retries_spanning(&self, span_ms: u64) -> u32 {
+        self.retries_until(span_ms, |k| self.backoff_ceiling(span_ms, k))
+    }
+
+    /// A default budget under which the deadline normally binds: enough retries that the
+    /// schedule as it runs (each attempt waits a response timeout, then a backoff drawn with
+    /// full jitter — a quarter of its ceiling is assumed, well below the mean of half) spans
+    /// the deadline, plus one for a re-offer on a new session. Saturates at [`MAX_RETRIES_LIMIT`].
+    pub fn default_retries(&self, span_ms: u64) -> u32 {
+        let rt = self.response_timeout_ms;
+        let n = self.retries_until(span_ms, |k| {
+            rt.saturating_add(self.backoff_ceiling(span_ms, k) / 4)
+        });
+        n.saturating_add(1).min(MAX_RETRIES_LIMIT)
+    }
+
+    fn retries_until(&self, span_ms: u64, gap: impl Fn(u32) -> u64) -> u32 {
+        let mut covered = 0u64;
+        for n in 1..=MAX_RETRIES_LIMIT {
+            covered = covered.saturating_add(gap(n).max(1));
+            if covered >= span_ms {
+                return n;
+            }
+        }
+        MAX_RETRIES_LIMIT
     }
 }
 
@@ -195,9 +246,23 @@ pub enum IssueError {
         /// Now.
         now: UnixMillis,
     },
-    /// An obligation with this id is already under custody.
-    #[error("obligation {0} is already under custody")]
+    /// An obligation with this id is under custody, or ended recently enough that a receiver
+    /// may still hold it (a reissue would be re-acked without being applied).
+    #[error("obligation {0} was already issued")]
     Duplicate(ObligationId),
+    /// The kind's profile requires a retry budget that spans the deadline, and this one does
+    /// not.
+    #[error(
+        "{kind} needs max_retries >= {needed} to span its deadline with this backoff (has {given})"
+    )]
+    BudgetTooSmall {
+        /// The kind.
+        kind: Kind,
+        /// The obligation's `max_retries`.
+        given: u32,
+        /// The least budget that spans the deadline.
+        needed: u32,
+    },
     /// The pending set or the principal state is at its limit.
     #[error("custody is full ({limit} {what})")]
     Full {
@@ -254,6 +319,8 @@ pub struct EscalatedRecord {
     pub id: ObligationId,
     /// Its target.
     pub target: AgentId,
+    /// A late `applied` was already noted against it (it is noted once, across restarts).
+    pub reconciled: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -275,6 +342,13 @@ struct Pending {
     last_observed: LastObserved,
     phase: Phase,
     wake: UnixMillis,
+    /// How far (ms) the attempts run ahead of the backoff schedule because a re-offer on a
+    /// new session pulled one forward; the next backoff waits it out. At most one attempt is
+    /// ever ahead: a re-offer happens only while this is zero and no debt is being repaid.
+    ahead: u64,
+    /// The current backoff includes time skipped by a re-offer; until its slot comes the
+    /// attempts are still ahead of the schedule.
+    repaying: bool,
 }
 
 impl Pending {
@@ -310,6 +384,9 @@ pub struct Custodian {
     inflight: BTreeMap<AgentId, usize>,
     /// Obligations waiting for room per target, oldest first (stale entries are skipped).
     queued: BTreeMap<AgentId, VecDeque<ObligationId>>,
+    /// Ended obligations, until a receiver may forget them: id → forget time.
+    ended: BTreeMap<ObligationId, UnixMillis>,
+    ended_order: BTreeSet<(UnixMillis, ObligationId)>,
 }
 
 impl Custodian {
@@ -333,6 +410,8 @@ impl Custodian {
             stats: CustodianStats::default(),
             inflight: BTreeMap::new(),
             queued: BTreeMap::new(),
+            ended: BTreeMap::new(),
+            ended_order: BTreeSet::new(),
         }
     }
 
@@ -350,7 +429,10 @@ impl Custodian {
         let mut this = Self::new(agent, config, seed);
         this.principal = principal;
         for e in escalated {
-            this.remember_escalation(e.id, e.target);
+            // A late `applied` is noted once: one already noted is not waited for again.
+            if !e.reconciled || this.config.mutation == Some(Mutation::RenoteAfterRestart) {
+                this.remember_escalation(e.id, e.target);
+            }
         }
         if this.config.mutation == Some(Mutation::ForgetPendingOnRecovery) {
             return this;
@@ -377,6 +459,8 @@ impl Custodian {
                     last_observed: record.last_observed,
                     phase: Phase::Backoff,
                     wake: now,
+                    ahead: 0,
+                    repaying: false,
                 },
             );
             this.timers.insert((now, id));
@@ -412,7 +496,17 @@ impl Custodian {
             });
         }
         let id = obligation.id;
-        if self.pending.contains_key(&id) || self.escalated.contains_key(&id) {
+        if self.config.mutation == Some(Mutation::RefusedIssueChangesState) {
+            // The bug this mutant restores: the principal's decision taken before the checks.
+            if let Some(update) = kinds::on_issue(&obligation) {
+                self.principal.apply(&update);
+            }
+        }
+        self.forget_ended(now);
+        if self.pending.contains_key(&id)
+            || self.escalated.contains_key(&id)
+            || self.ended.contains_key(&id)
+        {
             return Err(IssueError::Duplicate(id));
         }
         if self.principal.entries() + self.pending.len() >= self.config.max_principal_entries {
@@ -421,19 +515,35 @@ impl Custodian {
                 limit: self.config.max_principal_entries,
             });
         }
+        let admissible = kinds::admissible(&obligation);
+        if admissible {
+            if self.pending.len() >= self.config.max_pending {
+                return Err(IssueError::Full {
+                    what: "pending obligations",
+                    limit: self.config.max_pending,
+                });
+            }
+            let kind = obligation.kind();
+            if self.config.require_spanning_budget.contains(&kind) {
+                let span = obligation.deadline.saturating_since(obligation.created_at);
+                let needed = self.config.retries_spanning(span);
+                if obligation.max_retries < needed {
+                    return Err(IssueError::BudgetTooSmall {
+                        kind,
+                        given: obligation.max_retries,
+                        needed,
+                    });
+                }
+            }
+        }
+        // Every check has passed: from here on the issue changes state.
         let principal = kinds::on_issue(&obligation);
         if let Some(update) = &principal {
             self.principal.apply(update);
         }
-        if !kinds::admissible(&obligation) {
+        if !admissible {
             self.issue_best_effort(now, obligation, principal);
             return Ok(Admission::BestEffort);
-        }
-        if self.pending.len() >= self.config.max_pending {
-            return Err(IssueError::Full {
-                what: "pending obligations",
-                limit: self.config.max_pending,
-            });
         }
         let token = self.persist(CustodianRecord::Pending {
             obligation: obligation.clone(),
@@ -449,6 +559,8 @@ impl Custodian {
                 last_observed: LastObserved::NoAck,
                 phase: Phase::AwaitingPersist,
                 wake: deadline,
+                ahead: 0,
+                repaying: false,
             },
         );
         self.timers.insert((deadline, id));
@@ -467,6 +579,7 @@ impl Custodian {
         obligation: Obligation,
         principal: Option<PrincipalUpdate>,
     ) {
+        self.remember_ended(obligation.id, obligation.deadline);
         let record = TerminalRecord {
             obligation_id: obligation.id,
             kind: obligation.kind(),
@@ -510,7 +623,9 @@ impl Custodian {
         let Some(pending) = self.pending.get_mut(&id) else {
             return self.handle_late_ack(now, from, ack);
         };
-        if check_sender && &pending.obligation.target != from {
+        let check_target =
+            check_sender && self.config.mutation != Some(Mutation::AcceptAckLabelledAsSender);
+        if check_target && &pending.obligation.target != from {
             self.stats.acks_not_target += 1;
             return AckDisposition::IgnoredNotTarget;
         }
@@ -575,21 +690,53 @@ impl Custodian {
     }
 
     /// The transport to `target` is (again) ready to carry obligations — a fresh
-    /// subscription: re-offer everything pending for it now instead of at the next backoff
-    /// slot. Each re-offer is a new attempt (counted, persisted before it is sent); deadlines
-    /// and budgets are unchanged.
+    /// subscription: what is pending for it is re-offered now — what waits out a backoff, and
+    /// what is in flight (most likely on the session that died) — instead of at its next slot.
+    /// Each re-offer is a counted attempt, persisted before it is sent, and it spends the
+    /// budget no faster than the backoff schedule: the time the schedule would still have
+    /// waited is carried over and waited out after the re-offered attempt, and an obligation
+    /// that already runs ahead of its schedule is not re-offered, so none is ever more than
+    /// one attempt ahead however often the link flaps (AB-2: a flapping link is not a dead
+    /// one). Deadlines are unchanged.
     pub fn handle_peer_ready(&mut self, now: UnixMillis, target: &AgentId) {
         let due: Vec<ObligationId> = self
             .pending
             .values()
             .filter(|p| {
+                let waiting = match p.phase {
+                    Phase::Backoff => p.wake > now,
+                    Phase::InFlight { since } => since < now,
+                    Phase::AwaitingPersist | Phase::Queued { .. } => false,
+                };
                 &p.obligation.target == target
-                    && matches!(p.phase, Phase::InFlight { .. } | Phase::Backoff)
+                    && waiting
+                    && p.ahead == 0
+                    && !p.repaying
+                    && p.attempts < p.budget()
             })
             .map(|p| p.obligation.id)
             .collect();
+        let uncounted = self.config.mutation == Some(Mutation::UncountedReoffer);
+        let rt = self.config.response_timeout_ms;
         for id in due {
+            if uncounted {
+                // The mutant: a re-offer that is a transmission outside the attempt count.
+                let attempts = self.pending[&id].attempts;
+                self.transmit(now, id, attempts);
+                continue;
+            }
+            // What the schedule would still wait before the next attempt: the rest of the
+            // backoff, or the rest of the response timeout plus a backoff drawn now.
+            let skipped = match self.pending[&id].phase {
+                Phase::InFlight { since } => since
+                    .saturating_add(rt)
+                    .saturating_since(now)
+                    .saturating_add(self.backoff(id)),
+                _ => self.pending[&id].wake.saturating_since(now),
+            };
             self.set_phase(now, id, Phase::Backoff);
+            let p = self.pending.get_mut(&id).expect("listed above");
+            p.ahead = skipped.max(1);
             self.rearm(id, now);
         }
         self.handle_timeout(now);
@@ -625,8 +772,16 @@ impl Custodian {
             }
             Phase::InFlight { .. } => {
                 let deadline = p.obligation.deadline;
+                // Time a re-offer skipped is waited out now, on top of this backoff.
+                let ahead = p.ahead;
                 let delay = self.backoff(id);
-                let wake = now.saturating_add(delay).min(deadline);
+                let p = self.pending.get_mut(&id).expect("pending checked above");
+                p.ahead = 0;
+                p.repaying = ahead > 0;
+                let wake = now
+                    .saturating_add(delay)
+                    .saturating_add(ahead)
+                    .min(deadline);
                 self.set_phase(now, id, Phase::Backoff);
                 self.rearm(id, wake);
             }
@@ -641,6 +796,7 @@ impl Custodian {
                 self.set_phase(now, id, Phase::AwaitingPersist);
                 let p = self.pending.get_mut(&id).expect("pending checked above");
                 p.attempts += 1;
+                p.repaying = false;
                 let (attempts, last_observed, deadline) =
                     (p.attempts, p.last_observed, p.obligation.deadline);
                 let token = self.persist(CustodianRecord::Attempt {
@@ -663,17 +819,11 @@ impl Custodian {
     /// Full jitter over `min(cap, base·2^(k-1))`, with the cap below the obligation's lifetime.
     fn backoff(&mut self, id: ObligationId) -> u64 {
         let p = &self.pending[&id];
-        let lifetime = p
+        let span = p
             .obligation
             .deadline
             .saturating_since(p.obligation.created_at);
-        let cap = self.config.backoff_cap_ms.min(lifetime / 4).max(1);
-        let shift = p.attempts.saturating_sub(1).min(32);
-        let ceiling = self
-            .config
-            .backoff_base_ms
-            .saturating_mul(1 << shift)
-            .min(cap);
+        let ceiling = self.config.backoff_ceiling(span, p.attempts);
         self.rng.0.random_range(0..=ceiling)
     }
 
@@ -772,6 +922,7 @@ impl Custodian {
             return;
         };
         self.timers.remove(&(p.wake, id));
+        self.remember_ended(id, p.obligation.deadline);
         if let Some(update) = &principal {
             self.principal.apply(update);
         }
@@ -801,6 +952,31 @@ impl Custodian {
             if let Some(old) = self.escalated_order.pop_front() {
                 self.escalated.remove(&old);
             }
+        }
+    }
+
+    /// Keeps an ended id for the duplicate check until its deadline plus the retention, the
+    /// longest a receiver keeps it (bounded by `ended_memory`: the soonest forgotten go first).
+    fn remember_ended(&mut self, id: ObligationId, deadline: UnixMillis) {
+        let forget = deadline.saturating_add(self.retention());
+        if let Some(old) = self.ended.insert(id, forget) {
+            self.ended_order.remove(&(old, id));
+        }
+        self.ended_order.insert((forget, id));
+        while self.ended_order.len() > self.config.ended_memory {
+            if let Some((_, old)) = self.ended_order.pop_first() {
+                self.ended.remove(&old);
+            }
+        }
+    }
+
+    fn forget_ended(&mut self, now: UnixMillis) {
+        while let Some(&(forget, id)) = self.ended_order.first() {
+            if forget > now {
+                break;
+            }
+            self.ended_order.pop_first();
+            self.ended.remove(&id);
         }
     }
 
@@ -872,6 +1048,15 @@ impl Custodian {
 
     fn retention(&self) -> u64 {
         self.config.max_clock_skew_ms.saturating_mul(2)
+    }
+
+    /// Periodic upkeep of memory (the node runs it with the store's own maintenance, at the
+    /// same `now`): folds principal-side down-weights whose `fold_after` has passed into their
+    /// base weights — effective weights do not change — and forgets ended ids that no
+    /// receiver may still hold. Returns the number of adjustments folded.
+    pub fn maintain(&mut self, now: UnixMillis) -> usize {
+        self.forget_ended(now);
+        self.principal.fold(now).len()
     }
 
     /// The next record to make durable.

@@ -110,6 +110,19 @@ pub enum Mutation {
     AcceptAckFromNonTarget,
     /// Custodian: escalation records the escalation without applying the safe action.
     EscalateWithoutSafeAction,
+    /// Custodian: a refused issue has already applied the principal's decision in memory.
+    RefusedIssueChangesState,
+    /// Custodian: recovery waits again for late acks of escalations already reconciled.
+    RenoteAfterRestart,
+    /// Custodian: a re-offer on a new session is sent outside the attempt count.
+    UncountedReoffer,
+    /// Custodian: an ack is accepted from whoever it names as its sender, target or not.
+    AcceptAckLabelledAsSender,
+    /// Receiver: the supersession check runs before the idempotency check, so a redelivery
+    /// of an applied sequenced obligation is declined `superseded`.
+    SupersededBeforeDuplicate,
+    /// Receiver: no supersession check (an older decision overrides a newer one).
+    NoSupersessionCheck,
 }
 
 /// The custodian's seeded RNG. Comparable and hashable by its exact stream position, so a

@@ -323,6 +323,14 @@ impl Receiver {
         if o.target != self.agent {
             return self.decline(now, &o.envelope(), DeclineReason::Refused);
         }
+        let key = kinds::governed_key(&o);
+        if self.config.mutation == Some(Mutation::SupersededBeforeDuplicate) {
+            if let (Some(seq), Some(last)) = (o.sequence, self.last_sequence.get(&key)) {
+                if seq <= *last {
+                    return self.decline(now, &o.envelope(), DeclineReason::Superseded);
+                }
+            }
+        }
         if self.config.mutation != Some(Mutation::NoIdempotencyCheck) {
             if let Some(applied) = self.applied.get(&o.id) {
                 self.stats.duplicates += 1;
@@ -335,8 +343,10 @@ impl Receiver {
         if now > o.deadline && self.config.mutation != Some(Mutation::ApplyAfterDeadline) {
             return self.decline(now, &o.envelope(), DeclineReason::Expired);
         }
-        let key = kinds::governed_key(&o);
-        if let (Some(seq), Some(last)) = (o.sequence, self.last_sequence.get(&key)) {
+        let check_sequence = self.config.mutation != Some(Mutation::NoSupersessionCheck);
+        if let (true, Some(seq), Some(last)) =
+            (check_sequence, o.sequence, self.last_sequence.get(&key))
+        {
             if seq <= *last {
                 return self.decline(now, &o.envelope(), DeclineReason::Superseded);
             }

@@ -2,7 +2,7 @@
 
 use abhyasa_wire::{
     AckStatus, AgentId, BeliefUpdatePayload, ClientId, ConsentDecision, ConsentPayload, CustodyAck,
-    DeclineReason, EscalationCause, LastObserved, Obligation, ObligationId, Outcome, Payload,
+    DeclineReason, EscalationCause, Kind, LastObserved, Obligation, ObligationId, Outcome, Payload,
     Scope, TokenAction, TokenId, TokenPayload, UnixMillis, WeightDelta, WeightKey,
 };
 
@@ -537,7 +537,9 @@ fn a_ready_peer_gets_pending_obligations_re_offered_at_once() {
     c.issue(UnixMillis(0), revoke_token(1, 5, 100_000)).unwrap();
     c.issue(UnixMillis(0), revoke_token(2, 5, 100_000)).unwrap();
     assert_eq!(persist_all(&mut c, 0).len(), 2);
-    // Long before any backoff slot: the subscription comes back.
+    // Long before any backoff slot, the subscription comes back: both attempts (sent on the
+    // session that died, most likely) are re-offered at once, each a counted attempt that
+    // waits for its record.
     c.handle_peer_ready(UnixMillis(10), &a());
     assert!(
         c.poll_transmit().is_none(),
@@ -546,9 +548,276 @@ fn a_ready_peer_gets_pending_obligations_re_offered_at_once() {
     let sent = persist_all(&mut c, 10);
     assert_eq!(sent.len(), 2);
     assert!(sent.iter().all(|t| t.attempt == 2));
+    // Re-subscribing again at once re-offers nothing: both already run one attempt ahead.
+    c.handle_peer_ready(UnixMillis(11), &a());
+    assert!(persist_all(&mut c, 11).is_empty());
     // Another agent's readiness re-offers nothing.
     c.handle_peer_ready(UnixMillis(20), &AgentId::new("b").unwrap());
     assert!(persist_all(&mut c, 20).is_empty());
+}
+
+#[test]
+fn a_re_offer_pulls_a_waiting_attempt_forward_once() {
+    // Drawn backoffs are at least 1 ms here, so each attempt waits out a real slot.
+    let cfg = CustodianConfig {
+        backoff_base_ms: 5_000,
+        backoff_cap_ms: 20_000,
+        ..config()
+    };
+    let mut c = Custodian::new(p(), cfg, 11);
+    c.issue(UnixMillis(0), revoke_token(1, 10, 100_000))
+        .unwrap();
+    assert_eq!(persist_all(&mut c, 0).len(), 1);
+    c.handle_timeout(UnixMillis(100)); // attempt 1 timed out: a backoff is drawn
+    assert!(persist_all(&mut c, 100).is_empty());
+    let slot = c.poll_timeout().unwrap();
+    assert!(slot > UnixMillis(101), "a backoff slot ahead ({slot})");
+    // The peer re-subscribes during the backoff: attempt 2 goes at once, counted.
+    c.handle_peer_ready(UnixMillis(101), &a());
+    let sent = persist_all(&mut c, 101);
+    assert_eq!(sent.iter().map(|t| t.attempt).collect::<Vec<_>>(), [2]);
+    // Attempt 3 waits out the skipped slot as well as its own backoff: not before the time
+    // the schedule would have sent attempt 2, plus a response timeout.
+    c.handle_timeout(UnixMillis(201));
+    assert!(persist_all(&mut c, 201).is_empty());
+    // A second re-subscription while one attempt is already ahead pulls nothing forward.
+    c.handle_peer_ready(UnixMillis(202), &a());
+    assert!(persist_all(&mut c, 202).is_empty());
+    let next = c.poll_timeout().unwrap();
+    assert!(
+        next.0 >= slot.0 + 100,
+        "attempt 3 at {next}, before the schedule's attempt 2 ({slot}) plus a timeout"
+    );
+}
+
+/// Drives one obligation to its end against a target that never answers, with the peer
+/// re-subscribing every `flap_ms` (0: never). Returns the terminal outcome and the attempts
+/// transmitted.
+fn dead_link(
+    cfg: &CustodianConfig,
+    seed: u64,
+    span: u64,
+    retries: u32,
+    flap_ms: u64,
+) -> (Outcome, u32) {
+    let mut c = Custodian::new(p(), cfg.clone(), seed);
+    c.issue(UnixMillis(0), revoke_token(1, retries, span))
+        .unwrap();
+    let mut sent = persist_all(&mut c, 0).len() as u32;
+    let mut now = 0;
+    let mut next_flap = flap_ms;
+    loop {
+        let timer = c.poll_timeout();
+        let at = match (timer, flap_ms) {
+            (None, _) => break,
+            (Some(t), 0) => t.0,
+            (Some(t), _) => t.0.min(next_flap),
+        };
+        now = now.max(at);
+        if flap_ms > 0 && now >= next_flap {
+            c.handle_peer_ready(UnixMillis(now), &a());
+            next_flap += flap_ms;
+        }
+        c.handle_timeout(UnixMillis(now));
+        sent += persist_all(&mut c, now).len() as u32;
+        if c.pending_len() == 0 {
+            break;
+        }
+    }
+    let outcome = terminal(&mut c).pop().expect("a terminal outcome").0;
+    (outcome, sent)
+}
+
+#[test]
+fn a_flapping_link_does_not_spend_the_budget_before_the_deadline() {
+    // The node's defaults and a 60 s deadline; the subscription comes back four times in
+    // every 200 ms, and the target never acks.
+    let cfg = CustodianConfig::default();
+    let span = 60_000;
+    let retries = cfg.default_retries(span);
+    for seed in 0..20 {
+        let (outcome, sent) = dead_link(&cfg, seed, span, retries, 50);
+        assert_eq!(
+            outcome,
+            Outcome::Escalated(EscalationCause::Deadline),
+            "seed {seed}: a flapping link exhausted {retries} retries ({sent} sent) before the deadline"
+        );
+        assert!(sent <= retries + 1, "seed {seed}: {sent} transmissions");
+    }
+}
+
+#[test]
+fn the_default_budget_lets_the_deadline_bind() {
+    for (cfg, span) in [
+        (CustodianConfig::default(), 60_000),
+        (CustodianConfig::default(), 5_000),
+        (config(), 3_000),
+        (
+            CustodianConfig {
+                response_timeout_ms: 20,
+                backoff_base_ms: 10,
+                backoff_cap_ms: 200,
+                ..CustodianConfig::default()
+            },
+            10_000,
+        ),
+    ] {
+        let retries = cfg.default_retries(span);
+        let early = (0..200)
+            .filter(|&seed| {
+                dead_link(&cfg, seed, span, retries, 0).0
+                    != Outcome::Escalated(EscalationCause::Deadline)
+            })
+            .count();
+        assert!(
+            early <= 2,
+            "{early}/200 runs exhausted {retries} retries before a {span} ms deadline"
+        );
+        // The check can fail: a third of that budget runs out before the deadline.
+        let short = (0..200)
+            .filter(|&seed| {
+                dead_link(&cfg, seed, span, retries / 3, 0).0
+                    == Outcome::Escalated(EscalationCause::RetriesExhausted)
+            })
+            .count();
+        assert!(short > 150, "only {short}/200 short budgets ran out early");
+    }
+}
+
+#[test]
+fn the_retry_rule_matches_the_bindings_examples() {
+    // BINDINGS.md: 24 h with cap 3600 s needs 35; 1 h with cap 600 s needs 15 (base 1 s).
+    let cfg = |cap_s: u64| CustodianConfig {
+        backoff_base_ms: 1_000,
+        backoff_cap_ms: cap_s * 1_000,
+        ..CustodianConfig::default()
+    };
+    assert_eq!(cfg(3_600).retries_spanning(86_400_000), 35);
+    assert_eq!(cfg(600).retries_spanning(3_600_000), 15);
+    // Checked by hand: 1+2+4+…+512 = 1023 s, then 10 × 600 s ... 14 terms give 3423 s < 3600 s.
+    assert!((1..=14u32).map(|k| (1u64 << (k - 1)).min(600)).sum::<u64>() < 3_600);
+}
+
+#[test]
+fn a_budget_that_cannot_span_the_deadline_is_refused_when_the_profile_says_so() {
+    let cfg = CustodianConfig {
+        require_spanning_budget: [Kind::OauthToken].into_iter().collect(),
+        ..config()
+    };
+    let needed = cfg.retries_spanning(10_000);
+    let mut c = Custodian::new(p(), cfg, 3);
+    let before = c.clone();
+    assert_eq!(
+        c.issue(UnixMillis(0), revoke_token(1, needed - 1, 10_000)),
+        Err(IssueError::BudgetTooSmall {
+            kind: Kind::OauthToken,
+            given: needed - 1,
+            needed,
+        })
+    );
+    assert_eq!(c, before, "a refused issue changed the custodian");
+    assert_eq!(
+        c.issue(UnixMillis(0), revoke_token(1, needed, 10_000)),
+        Ok(Admission::Custody)
+    );
+    // Kinds without the requirement keep their short budgets.
+    let mut consent = revoke_token(2, 0, 10_000);
+    consent.payload = Payload::AnumatiConsent(ConsentPayload {
+        decision: Some(ConsentDecision::Revoke),
+        scope: Scope::new("cal").unwrap(),
+    });
+    assert_eq!(c.issue(UnixMillis(0), consent), Ok(Admission::Custody));
+}
+
+#[test]
+fn a_refused_issue_changes_no_principal_state() {
+    let mut c = Custodian::new(
+        p(),
+        CustodianConfig {
+            max_pending: 1,
+            ..config()
+        },
+        3,
+    );
+    c.issue(UnixMillis(0), revoke_token(1, 3, 10_000)).unwrap();
+    persist_all(&mut c, 0);
+    let before = c.principal().clone();
+    let mut consent = revoke_token(2, 3, 10_000);
+    consent.payload = Payload::AnumatiConsent(ConsentPayload {
+        decision: Some(ConsentDecision::Revoke),
+        scope: Scope::new("cal").unwrap(),
+    });
+    assert!(matches!(
+        c.issue(UnixMillis(0), consent),
+        Err(IssueError::Full { .. })
+    ));
+    assert!(!c.principal().is_withheld(&a(), &Scope::new("cal").unwrap()));
+    assert_eq!(c.principal(), &before);
+    assert!(c.poll_persist().is_none(), "a refused issue wrote a record");
+}
+
+#[test]
+fn ids_that_already_ended_are_duplicates() {
+    let mut c = Custodian::new(p(), config(), 3);
+    c.issue(UnixMillis(0), revoke_token(1, 3, 10_000)).unwrap();
+    persist_all(&mut c, 0);
+    assert_eq!(
+        c.handle_ack(UnixMillis(5), &a(), ack(1, AckStatus::Applied)),
+        AckDisposition::Discharged
+    );
+    persist_all(&mut c, 5);
+    assert_eq!(
+        c.issue(UnixMillis(6), revoke_token(1, 3, 10_000)),
+        Err(IssueError::Duplicate(ObligationId::from_u128(1)))
+    );
+    // A best-effort one too.
+    let mut grant = revoke_token(2, 3, 10_000);
+    grant.payload = Payload::OauthToken(TokenPayload {
+        action: TokenAction::Issue,
+        token_id: TokenId::new("t").unwrap(),
+        client_id: ClientId::new("c").unwrap(),
+    });
+    assert_eq!(
+        c.issue(UnixMillis(7), grant.clone()),
+        Ok(Admission::BestEffort)
+    );
+    assert_eq!(
+        c.issue(UnixMillis(8), grant),
+        Err(IssueError::Duplicate(ObligationId::from_u128(2)))
+    );
+    // Once no receiver may hold it any more (deadline + twice the skew), the id is free.
+    let later = 10_000 + 2 * config().max_clock_skew_ms + 1;
+    let mut again = revoke_token(1, 3, later + 10_000);
+    again.created_at = UnixMillis(later);
+    assert_eq!(c.issue(UnixMillis(later), again), Ok(Admission::Custody));
+}
+
+#[test]
+fn a_reconciled_escalation_is_not_noted_again_after_recovery() {
+    let escalated = |reconciled| EscalatedRecord {
+        id: ObligationId::from_u128(1),
+        target: a(),
+        reconciled,
+    };
+    for (reconciled, expect) in [
+        (false, AckDisposition::Reconciled),
+        (true, AckDisposition::IgnoredUnknown),
+    ] {
+        let mut c = Custodian::recover(
+            p(),
+            config(),
+            4,
+            PrincipalState::default(),
+            [],
+            [escalated(reconciled)],
+            UnixMillis(2_000),
+        );
+        assert_eq!(
+            c.handle_ack(UnixMillis(2_000), &a(), ack(1, AckStatus::Applied)),
+            expect
+        );
+        assert_eq!(c.poll_persist().is_some(), !reconciled);
+    }
 }
 
 #[test]

@@ -172,7 +172,7 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         custodian,
         receiver,
         group,
-        custodian_config: b.custodian,
+        custodian_config: b.custodian.clone(),
         receiver_config: b.receiver,
         sessions: HashMap::new(),
         events: events.clone(),
@@ -183,6 +183,8 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         ledger_setup: b.ledger.clone(),
         ledger_replies: Vec::new(),
         itx: itx.clone(),
+        maintenance: b.maintenance,
+        next_maintenance: tokio::time::Instant::now() + b.maintenance,
     };
     tokio::spawn(core.run(rx, irx));
     Ok(Node {
@@ -191,6 +193,7 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         tx,
         events,
         impairment,
+        custodian: b.custodian,
     })
 }
 
@@ -278,6 +281,9 @@ struct Core {
     /// Ledger commands answered after the next commit.
     ledger_replies: Vec<(LedgerReplyTx, Result<LedgerReply, NodeError>)>,
     itx: mpsc::Sender<Internal>,
+    /// How often maintenance runs, and when next.
+    maintenance: Duration,
+    next_maintenance: tokio::time::Instant,
 }
 
 type LedgerReplyTx = tokio::sync::oneshot::Sender<Result<LedgerReply, NodeError>>;
@@ -314,6 +320,10 @@ impl Core {
                 let period = Duration::from_millis(l.resend_ms.max(10));
                 sleep = Some(sleep.map_or(period, |s| s.min(period)));
             }
+            let upkeep = self
+                .next_maintenance
+                .saturating_duration_since(tokio::time::Instant::now());
+            sleep = Some(sleep.map_or(upkeep, |s| s.min(upkeep)));
             tokio::select! {
                 cmd = rx.recv() => match cmd {
                     Some(Command::Shutdown(done)) => {
@@ -372,6 +382,35 @@ impl Core {
                 self.stop().await;
                 return None;
             }
+            if tokio::time::Instant::now() >= self.next_maintenance && !self.maintain().await {
+                self.stop().await;
+                return None;
+            }
+        }
+    }
+
+    /// Maintenance, right after a flush (so every record handed out is on its way to the
+    /// writer, ahead of the maintenance request): the custodian folds its principal state in
+    /// memory and the store folds and prunes on disk at the same `now`. `false`: the store is
+    /// gone.
+    async fn maintain(&mut self) -> bool {
+        self.next_maintenance = tokio::time::Instant::now() + self.maintenance;
+        let t = now();
+        let folded = self.custodian.maintain(t);
+        let ticket = self.group.maintain(t);
+        let outcome = tokio::task::spawn_blocking(move || ticket.wait())
+            .await
+            .unwrap_or(Err(GroupError::Stopped));
+        match outcome {
+            Ok(report) => {
+                debug!(folded, ?report, "maintenance");
+                true
+            }
+            Err(GroupError::Unknown(e)) => {
+                warn!(%e, "maintenance outcome unknown: recovering from the store");
+                self.recover()
+            }
+            Err(_) => false,
         }
     }
 

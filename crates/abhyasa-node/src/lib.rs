@@ -174,9 +174,20 @@ pub struct NodeBuilder {
     group: GroupConfig,
     impairment: Option<(abhyasa_netem::Impairment, u64)>,
     ledger: Option<ledger::LedgerSetup>,
+    maintenance: Duration,
 }
 
 impl NodeBuilder {
+    /// How often the node runs maintenance (default every minute): principal down-weights
+    /// past their `fold_after` fold into base weights, in memory and on disk, and terminal
+    /// records, escalations and notes older than the store's retention are pruned, at most
+    /// `max_prune_per_call` rows a run. Without it principal-side entries only grow, until
+    /// every issue is refused as full.
+    pub fn maintenance(mut self, every: Duration) -> Self {
+        self.maintenance = every.max(Duration::from_millis(10));
+        self
+    }
+
     /// Impairs every datagram this node sends with netem rules (in process; testing and
     /// benchmarks). Impair both nodes to impair both directions.
     pub fn impair(mut self, spec: abhyasa_netem::Impairment, seed: u64) -> Self {
@@ -255,9 +266,16 @@ pub struct Node {
     tx: mpsc::Sender<Command>,
     events: broadcast::Sender<NodeEvent>,
     impairment: Option<abhyasa_moq::ImpairmentHandle>,
+    custodian: CustodianConfig,
 }
 
 impl Node {
+    /// The retry budget under which an obligation living `span_ms` normally ends by its
+    /// deadline with this node's backoff ([`CustodianConfig::default_retries`]).
+    pub fn default_retries(&self, span_ms: u64) -> u32 {
+        self.custodian.default_retries(span_ms)
+    }
+
     /// A builder for `identity`.
     pub fn builder(identity: Identity) -> NodeBuilder {
         NodeBuilder {
@@ -272,6 +290,7 @@ impl Node {
             group: GroupConfig::default(),
             impairment: None,
             ledger: None,
+            maintenance: Duration::from_secs(60),
         }
     }
 

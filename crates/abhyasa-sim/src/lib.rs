@@ -15,6 +15,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod ledger;
+mod oracle;
 mod scenario;
 mod world;
 
@@ -26,7 +27,7 @@ pub use scenario::{NetParams, Scenario, TargetParams};
 pub use world::RunReport;
 
 /// Every mutant, by its command-line name.
-pub const MUTANTS: [(&str, Mutation); 8] = [
+pub const MUTANTS: [(&str, Mutation); 14] = [
     ("no_idempotency_check", Mutation::NoIdempotencyCheck),
     ("ack_before_persist", Mutation::AckBeforePersist),
     ("apply_after_deadline", Mutation::ApplyAfterDeadline),
@@ -47,6 +48,21 @@ pub const MUTANTS: [(&str, Mutation); 8] = [
         "escalate_without_safe_action",
         Mutation::EscalateWithoutSafeAction,
     ),
+    (
+        "refused_issue_changes_state",
+        Mutation::RefusedIssueChangesState,
+    ),
+    ("renote_after_restart", Mutation::RenoteAfterRestart),
+    ("uncounted_reoffer", Mutation::UncountedReoffer),
+    (
+        "accept_ack_labelled_as_sender",
+        Mutation::AcceptAckLabelledAsSender,
+    ),
+    (
+        "superseded_before_duplicate",
+        Mutation::SupersededBeforeDuplicate,
+    ),
+    ("no_supersession_check", Mutation::NoSupersessionCheck),
 ];
 
 /// The mutant with this command-line name.
@@ -89,9 +105,25 @@ mod tests {
             total.escalated += r.escalated;
             total.best_effort += r.best_effort;
             total.crashes += r.crashes;
+            total.reconciled += r.reconciled;
+            total.resubscriptions += r.resubscriptions;
+            total.full_refusals += r.full_refusals;
+            total.declines_malformed += r.declines_malformed;
+            total.declines_refused += r.declines_refused;
+            total.declines_superseded += r.declines_superseded;
         }
         assert!(total.applied > 0 && total.declined > 0 && total.escalated > 0);
-        assert!(total.best_effort > 0 && total.crashes > 0);
+        assert!(total.best_effort > 0 && total.crashes > 0 && total.reconciled > 0);
+        // The paths the checker must see: re-subscription, refusals, every decline reason.
+        assert!(
+            total.resubscriptions > 0 && total.full_refusals > 0,
+            "{total:?}"
+        );
+        assert!(
+            total.declines_malformed > 0 && total.declines_refused > 0,
+            "{total:?}"
+        );
+        assert!(total.declines_superseded > 0, "{total:?}");
     }
 
     #[test]

@@ -57,6 +57,11 @@ impl Totals for RunReport {
         self.best_effort += r.best_effort;
         self.crashes += r.crashes;
         self.reconciled += r.reconciled;
+        self.resubscriptions += r.resubscriptions;
+        self.full_refusals += r.full_refusals;
+        self.declines_malformed += r.declines_malformed;
+        self.declines_refused += r.declines_refused;
+        self.declines_superseded += r.declines_superseded;
         (r.violations.len(), r.violations.into_iter().next())
     }
 }
@@ -166,8 +171,9 @@ fn main() -> ExitCode {
                 Err(code) => return code,
             };
             eprintln!(
-                "crashes={} reconciled={} failing_seeds={failing}",
-                r.crashes, r.reconciled
+                "crashes={} reconciled={} resubscriptions={} full_refusals={} declines: malformed={} refused={} superseded={} failing_seeds={failing}",
+                r.crashes, r.reconciled, r.resubscriptions, r.full_refusals,
+                r.declines_malformed, r.declines_refused, r.declines_superseded
             );
             println!(
                 "custody: seeds={} obligations={} applied={} declined={} escalated={} best_effort={} violations={violations}",

@@ -32,6 +32,10 @@ pub struct NetParams {
     pub burst_exit: f64,
     /// Loss probability in the bad state.
     pub burst_loss: f64,
+    /// Probability that a message is delivered once more, much later (a stale copy).
+    pub replay: f64,
+    /// Probability that an obligation is also delivered to a target it does not name.
+    pub misroute: f64,
 }
 
 /// One target agent.
@@ -56,8 +60,15 @@ pub struct Scenario {
     pub crashes: Vec<(usize, u64, u64)>,
     /// `(node, start, end)`: the node is cut off from everyone.
     pub partitions: Vec<(usize, u64, u64)>,
-    /// Times at which the rogue agent forges an ack.
+    /// Times at which the rogue agent sends an ack for someone else's obligation (forged, or
+    /// honestly labelled with its own identity; `applied` or `declined`).
     pub rogue_acks: Vec<u64>,
+    /// `(target node, start, count, interval)`: the target's session flaps — it drops and the
+    /// target re-subscribes `count` times, every `interval` ms, losing what was in flight.
+    pub flaps: Vec<(usize, u64, u32, u64)>,
+    /// Indices of obligations whose payload their target cannot read (declined `malformed`
+    /// on every copy).
+    pub malformed: BTreeSet<usize>,
     /// Network impairment.
     pub net: NetParams,
     /// Largest commit latency, ms.
@@ -75,6 +86,8 @@ pub struct Scenario {
 }
 
 const MAX_DOWNTIME: u64 = 1_500;
+/// Longest a stale copy of a message arrives after the original.
+pub(crate) const MAX_REPLAY: u64 = 3_000;
 
 impl Scenario {
     /// Draws a scenario.
@@ -122,6 +135,46 @@ impl Scenario {
                 payload: payload(rng, admissible),
             });
         }
+        // Best-effort decisions racing custody ones on the same governed key: a grant and a
+        // revocation of one scope, a raise and a cut of one weight, issued close together
+        // with adjacent sequences in either order.
+        for _ in 0..if rng.random_bool(0.4) {
+            rng.random_range(1..=2)
+        } else {
+            0
+        } {
+            let i = obligations.len() as u32;
+            let issue_at = rng.random_range(0..=1_200);
+            let target = AgentId::new(format!("agent-{}", rng.random_range(0..targets.len())))
+                .expect("valid");
+            let kind = rng.random_range(0..2u32);
+            let key = rng.random_range(0..3u32).to_string();
+            let first_is_grant = rng.random_bool(0.5);
+            let (s1, s2) = (sequence + 1, sequence + 2);
+            sequence += 2;
+            for (n, admissible) in [(0u32, !first_is_grant), (1, first_is_grant)] {
+                let decision = if admissible {
+                    Some(ConsentDecision::Revoke)
+                } else {
+                    Some(ConsentDecision::Grant)
+                };
+                let delta = if admissible { -200_000 } else { 150_000 };
+                let at = issue_at + rng.random_range(0..=40);
+                let span = rng.random_range(600..=3_000);
+                obligations.push(Obligation {
+                    id: ObligationId::from_u128(
+                        (u128::from(rng.random::<u64>()) << 32) | u128::from(i + n),
+                    ),
+                    issuer: principal.clone(),
+                    target: target.clone(),
+                    created_at: UnixMillis(epoch + at),
+                    deadline: UnixMillis(epoch + at + span),
+                    max_retries: rng.random_range(3..=12),
+                    sequence: Some(if n == 0 { s1 } else { s2 }),
+                    payload: make_payload(kind, admissible, decision, delta, &key),
+                });
+            }
+        }
         let last_deadline = obligations
             .iter()
             .map(|o| o.deadline.0 - epoch)
@@ -150,6 +203,27 @@ impl Scenario {
                 )
             })
             .collect();
+        let flaps = (0..if rng.random_bool(0.3) {
+            rng.random_range(1..=3)
+        } else {
+            0
+        })
+            .map(|_| {
+                (
+                    rng.random_range(1..nodes),
+                    rng.random_range(0..=last_deadline),
+                    rng.random_range(2..=12),
+                    rng.random_range(20..=120),
+                )
+            })
+            .collect();
+        let malformed = if rng.random_bool(0.15) {
+            (0..obligations.len())
+                .filter(|_| rng.random_bool(0.2))
+                .collect()
+        } else {
+            BTreeSet::new()
+        };
         let rogue_acks = (0..rng.random_range(0..=3))
             .map(|_| rng.random_range(0..=last_deadline))
             .collect();
@@ -167,6 +241,16 @@ impl Scenario {
             burst_enter: rng.random_range(0.05..0.3),
             burst_exit: rng.random_range(0.1..0.5),
             burst_loss: rng.random_range(0.5..=1.0),
+            replay: if rng.random_bool(0.3) {
+                rng.random_range(0.0..0.1)
+            } else {
+                0.0
+            },
+            misroute: if rng.random_bool(0.2) {
+                rng.random_range(0.0..0.2)
+            } else {
+                0.0
+            },
         };
         let custodian = CustodianConfig {
             response_timeout_ms: rng.random_range(10..=150),
@@ -183,6 +267,12 @@ impl Scenario {
             } else {
                 Channel::Stream
             },
+            // Sometimes so small that issues are refused (`Full`) and issued again later.
+            max_pending: if rng.random_bool(0.1) {
+                rng.random_range(1..=4)
+            } else {
+                100_000
+            },
             ..CustodianConfig::default()
         };
         let receiver = ReceiverConfig {
@@ -197,13 +287,15 @@ impl Scenario {
             crashes,
             partitions,
             rogue_acks,
+            flaps,
+            malformed,
             net,
             commit_latency: rng.random_range(0..=8),
             crash_after_commit: if rng.random_bool(0.3) { 0.02 } else { 0.0 },
             commit_crash_downtime: rng.random_range(1..=500),
             custodian,
             receiver,
-            end: last_deadline + 2 * MAX_DOWNTIME + 500,
+            end: last_deadline + 2 * MAX_DOWNTIME + MAX_REPLAY + 500,
         }
     }
 }

@@ -4,18 +4,19 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use abhyasa_custody::{
-    kinds, AckTransmit, AppliedRecord, Custodian, CustodianConfig, CustodianEvent, CustodianRecord,
+    AckTransmit, AppliedRecord, Custodian, CustodianConfig, CustodianEvent, CustodianRecord,
     EscalatedRecord, GovernedKey, Mutation, PendingRecord, Persist, PersistToken, PrincipalState,
     Receiver, ReceiverConfig, ReceiverRecord, ReceiverState, Transmit,
 };
 use abhyasa_wire::{
-    decode, decode_obligation, encode, AckStatus, AgentId, CustodyAck, Escalation, Kind,
-    LastObserved, Obligation, ObligationId, Outcome, TerminalRecord, UnixMillis,
+    decode, decode_obligation, encode, AckStatus, AgentId, CustodyAck, DeclineReason, Escalation,
+    Kind, LastObserved, Obligation, ObligationId, Outcome, Payload, TerminalRecord, UnixMillis,
 };
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::scenario::Scenario;
+use crate::oracle::{self, PrincipalOracle, ReceiverOracle};
+use crate::scenario::{Scenario, MAX_REPLAY};
 
 /// What crosses the simulated network: encoded bytes, as on a real link.
 #[derive(Clone, Debug)]
@@ -40,6 +41,10 @@ enum Event {
     Crash(usize),
     Restart(usize),
     RogueAck,
+    /// The target node's session is (again) subscribed: the custodian re-offers.
+    PeerReady(usize),
+    /// The target node's session drops and comes back at once.
+    Flap(usize),
 }
 
 /// The custodian's disk.
@@ -49,7 +54,7 @@ struct CustodianDisk {
     terminal: BTreeMap<ObligationId, TerminalRecord>,
     escalations: BTreeMap<ObligationId, Escalation>,
     principal: Option<PrincipalState>,
-    notes: usize,
+    notes: BTreeMap<ObligationId, u32>,
 }
 
 /// A receiver's disk.
@@ -60,6 +65,8 @@ struct ReceiverDisk {
     state: ReceiverState,
     /// Checker-only: every apply ever committed, never pruned.
     apply_count: BTreeMap<ObligationId, u32>,
+    /// Checker-only: the committed applies, in commit order.
+    apply_log: Vec<ObligationId>,
 }
 
 enum Machine {
@@ -112,6 +119,16 @@ pub struct RunReport {
     pub reconciled: u64,
     /// Crashes injected.
     pub crashes: u64,
+    /// Re-subscriptions the custodian was told of (`handle_peer_ready`).
+    pub resubscriptions: u64,
+    /// Issues refused as `Full` (and issued again later).
+    pub full_refusals: u64,
+    /// `declined` acks sent, by reason: malformed, refused (misrouted), superseded.
+    pub declines_malformed: u64,
+    /// See `declines_malformed`.
+    pub declines_refused: u64,
+    /// See `declines_malformed`.
+    pub declines_superseded: u64,
     /// Admissible obligations accepted under custody that ended in no terminal state.
     pub lost: u64,
     /// Obligations applied more than once by a receiver.
@@ -145,6 +162,16 @@ pub(crate) struct World {
     custodian_restarts: BTreeSet<UnixMillis>,
     /// Gilbert–Elliott state per directed link: true = bad.
     burst: BTreeMap<(usize, usize), bool>,
+    /// Every obligation of the scenario, by id (the checker's own copy).
+    all: BTreeMap<ObligationId, Obligation>,
+    /// Transmissions of each obligation under custody by the custodian.
+    transmissions: BTreeMap<ObligationId, u32>,
+    /// Obligations their own target declined (a `declined` ack it sent).
+    declined_by_target: BTreeMap<ObligationId, BTreeSet<DeclineReason>>,
+    /// The principal's expected state, fed in disk commit order.
+    principal_oracle: PrincipalOracle,
+    /// Links (target node) cut until this true time by a flap.
+    flapping: BTreeMap<usize, u64>,
     report: RunReport,
 }
 
@@ -177,8 +204,19 @@ impl World {
             index: BTreeMap::new(),
             custodian_restarts: BTreeSet::new(),
             burst: BTreeMap::new(),
+            all: BTreeMap::new(),
+            transmissions: BTreeMap::new(),
+            declined_by_target: BTreeMap::new(),
+            principal_oracle: PrincipalOracle::default(),
+            flapping: BTreeMap::new(),
             report: RunReport::default(),
         };
+        world.all = world
+            .scenario
+            .obligations
+            .iter()
+            .map(|o| (o.id, o.clone()))
+            .collect();
         world.boot(PRINCIPAL);
         for i in 1..world.nodes.len() {
             world.boot(i);
@@ -203,6 +241,30 @@ impl World {
         }
         for &at in &self.scenario.rogue_acks.clone() {
             self.push(at, Event::RogueAck);
+        }
+        for &(node, _, end) in &self.scenario.partitions.clone() {
+            if end != u64::MAX {
+                self.ready_after(node, end);
+            }
+        }
+        for &(node, start, count, interval) in &self.scenario.flaps.clone() {
+            for k in 0..u64::from(count) {
+                self.push(start + k * interval, Event::Flap(node));
+            }
+        }
+    }
+
+    /// Sessions come back after `node` (a target, or the principal: every target) was cut
+    /// off or down: each target re-subscribes a few ms after `at`.
+    fn ready_after(&mut self, node: usize, at: u64) {
+        let targets: Vec<usize> = if node == PRINCIPAL {
+            (1..self.nodes.len()).collect()
+        } else {
+            vec![node]
+        };
+        for t in targets {
+            let delay = self.rng.random_range(1..=20);
+            self.push(at + delay, Event::PeerReady(t));
         }
     }
 
@@ -308,7 +370,38 @@ impl World {
                 }
             }
             Event::RogueAck => self.rogue_ack(),
+            Event::PeerReady(target) => self.peer_ready(target),
+            Event::Flap(target) => {
+                // The session drops (what is in flight on it is lost) and the target
+                // re-subscribes a moment later.
+                let back = self.now + self.rng.random_range(1..=10);
+                self.flapping.insert(target, back);
+                self.push(back, Event::PeerReady(target));
+            }
         }
+    }
+
+    fn peer_ready(&mut self, target: usize) {
+        if self.nodes[target].machine.is_none() || self.cut_off(PRINCIPAL, target) {
+            return; // No session can come up.
+        }
+        let now = self.time(PRINCIPAL);
+        let agent = self.nodes[target].agent.clone();
+        if let Some(Machine::Custodian(c)) = &mut self.nodes[PRINCIPAL].machine {
+            c.handle_peer_ready(now, &agent);
+            self.report.resubscriptions += 1;
+            self.flush(PRINCIPAL);
+        }
+    }
+
+    fn cut_off(&self, from: usize, to: usize) -> bool {
+        let partitioned = self.scenario.partitions.iter().any(|&(node, start, end)| {
+            (node == from || node == to) && (start..end).contains(&self.now)
+        });
+        let flapping = [from, to]
+            .iter()
+            .any(|n| self.flapping.get(n).is_some_and(|&until| self.now < until));
+        partitioned || flapping
     }
 
     fn issue(&mut self, i: usize) {
@@ -338,6 +431,12 @@ impl World {
             Ok(_) => {
                 self.index.insert(o.id, i);
                 self.issued.insert(o.id, o);
+            }
+            Err(abhyasa_custody::IssueError::Full { .. }) => {
+                self.report.full_refusals += 1;
+                // Custody is full: the application tries again a little later.
+                let at = self.now + 20;
+                self.push(at, Event::Issue(i));
             }
             Err(e) => self.violation(format!("issue of {} refused: {e}", o.id)),
         }
@@ -369,10 +468,15 @@ impl World {
                     Ok(o) => {
                         r.handle_obligation(now, &from_agent, o);
                     }
-                    Err(e) => self
-                        .report
-                        .violations
-                        .push(format!("obligation failed to decode: {e}")),
+                    Err(e) => match (e.envelope(), e.decline_reason()) {
+                        (Some(env), Some(reason)) => {
+                            r.handle_unreadable(now, &from_agent, env, reason);
+                        }
+                        _ => self
+                            .report
+                            .violations
+                            .push(format!("obligation failed to decode: {e}")),
+                    },
                 }
             }
             (Some(Machine::Custodian(c)), Message::Ack(bytes)) => {
@@ -403,10 +507,22 @@ impl World {
             return;
         }
         let (id, target) = ids[self.rng.random_range(0..ids.len())].clone();
+        // Forged (claims to be the target) or honest (labelled with its own identity, as a
+        // confused agent would); `applied` or `declined`.
+        let target = if self.rng.random_bool(0.5) {
+            target
+        } else {
+            self.rogue.clone()
+        };
+        let status = if self.rng.random_bool(0.5) {
+            AckStatus::Applied
+        } else {
+            AckStatus::Declined(DeclineReason::Refused)
+        };
         let ack = CustodyAck {
             obligation_id: id,
             target,
-            status: AckStatus::Applied,
+            status,
             acked_at: UnixMillis(self.scenario.epoch + self.now),
         };
         let at = self.now + 1;
@@ -448,8 +564,17 @@ impl World {
                             self.violation(format!("transmit of {id} at or after its deadline"));
                         }
                     }
+                    if t.attempt > 0 {
+                        *self.transmissions.entry(id).or_insert(0) += 1;
+                    }
+                    let bytes = match self.index_of(id) {
+                        Some(i) if self.scenario.malformed.contains(&i) => {
+                            unreadable_payload(&t.obligation)
+                        }
+                        _ => encode(&t.obligation),
+                    };
                     if let Some(to) = self.nodes.iter().position(|n| n.agent == t.to) {
-                        sends.push((to, Message::Obligation(encode(&t.obligation))));
+                        sends.push((to, Message::Obligation(bytes)));
                     }
                 }
             }
@@ -467,6 +592,24 @@ impl World {
                 }
                 for a in acks {
                     let id = a.ack.obligation_id;
+                    if let AckStatus::Declined(reason) = a.ack.status {
+                        match reason {
+                            DeclineReason::Malformed => self.report.declines_malformed += 1,
+                            DeclineReason::Refused => self.report.declines_refused += 1,
+                            DeclineReason::Superseded => self.report.declines_superseded += 1,
+                            _ => {}
+                        }
+                        let own = self
+                            .all
+                            .get(&id)
+                            .is_some_and(|o| o.target == self.nodes[node].agent);
+                        if own {
+                            self.declined_by_target
+                                .entry(id)
+                                .or_default()
+                                .insert(reason);
+                        }
+                    }
                     if a.ack.status == AckStatus::Applied
                         && !self.rdisks[node - 1].apply_count.contains_key(&id)
                     {
@@ -528,11 +671,38 @@ impl World {
 
     fn send(&mut self, from: usize, to: usize, message: Message) {
         let net = self.scenario.net.clone();
-        let partitioned = self.scenario.partitions.iter().any(|&(node, start, end)| {
-            (node == from || node == to) && (start..end).contains(&self.now)
-        });
-        if partitioned {
+        if self.cut_off(from, to) {
             return;
+        }
+        if matches!(message, Message::Obligation(_))
+            && self.nodes.len() > 2
+            && self.rng.random_bool(net.misroute)
+        {
+            // Misrouted: a copy also reaches a target it does not name (declined `refused`).
+            let other = self.rng.random_range(1..self.nodes.len());
+            if other != to {
+                let at = self.now + net.delay;
+                self.push(
+                    at,
+                    Event::Deliver {
+                        from,
+                        to: other,
+                        message: message.clone(),
+                    },
+                );
+            }
+        }
+        if self.rng.random_bool(net.replay) {
+            // A stale copy, long after the original.
+            let at = self.now + self.rng.random_range(200..=MAX_REPLAY);
+            self.push(
+                at,
+                Event::Deliver {
+                    from,
+                    to,
+                    message: message.clone(),
+                },
+            );
         }
         let bad = self.burst.entry((from, to)).or_insert(false);
         if net.bursty {
@@ -595,6 +765,32 @@ impl World {
             None => return,
         }
         self.flush(node);
+        if node == PRINCIPAL && self.nodes[node].queue.is_empty() {
+            self.check_principal_memory();
+        }
+    }
+
+    /// With nothing left to write, the custodian's principal state in memory is what its disk
+    /// holds: a decision is never in memory alone (a refused issue changes nothing).
+    fn check_principal_memory(&mut self) {
+        let Some(Machine::Custodian(c)) = &self.nodes[PRINCIPAL].machine else {
+            return;
+        };
+        let disk = self
+            .cdisk
+            .principal
+            .clone()
+            .unwrap_or_else(|| PrincipalState::new(self.scenario.custodian.weight_bounds));
+        if c.principal() != &disk {
+            self.violation(format!(
+                "principal state in memory differs from disk at {} with nothing left to write",
+                self.now
+            ));
+        }
+    }
+
+    fn index_of(&self, id: ObligationId) -> Option<usize> {
+        self.scenario.obligations.iter().position(|o| o.id == id)
     }
 
     fn apply_custodian(&mut self, record: CustodianRecord) {
@@ -611,6 +807,7 @@ impl World {
                 if let Some(u) = &update {
                     principal.apply(u);
                 }
+                self.principal_oracle.issued(&obligation);
                 self.ever_pending.insert(obligation.id);
                 self.cdisk.pending.insert(
                     obligation.id,
@@ -640,6 +837,15 @@ impl World {
                     principal.apply(u);
                 }
                 let id = record.obligation_id;
+                if let Some(o) = self.all.get(&id) {
+                    match record.outcome {
+                        Outcome::BestEffort => self.principal_oracle.issued(o),
+                        Outcome::Declined(_) | Outcome::Escalated(_) => {
+                            self.principal_oracle.unconfirmed(o)
+                        }
+                        Outcome::Applied => {}
+                    }
+                }
                 self.cdisk.pending.remove(&id);
                 if let Some(e) = escalation {
                     self.cdisk.escalations.insert(id, e);
@@ -648,7 +854,15 @@ impl World {
                     self.violation(format!("{id} terminated twice (first {:?})", prev.outcome));
                 }
             }
-            CustodianRecord::Reconciliation(_) => self.cdisk.notes += 1,
+            CustodianRecord::Reconciliation(note) => {
+                let n = self.cdisk.notes.entry(note.obligation_id).or_insert(0);
+                *n += 1;
+                let n = *n;
+                if n > 1 {
+                    let id = note.obligation_id;
+                    self.violation(format!("late applied of {id} noted {n} times"));
+                }
+            }
         }
     }
 
@@ -669,6 +883,7 @@ impl World {
                     disk.last_sequence.insert(key, seq);
                 }
                 disk.state.apply(&effect, min, max);
+                disk.apply_log.push(id);
                 let count = disk.apply_count.entry(id).or_insert(0);
                 *count += 1;
                 if *count > 1 {
@@ -697,7 +912,7 @@ impl World {
             let unaccepted: Vec<ObligationId> = self
                 .issued
                 .values()
-                .filter(|o| kinds::admissible(o) && !self.accepted.contains(&o.id))
+                .filter(|o| oracle::restrictive(o) && !self.accepted.contains(&o.id))
                 .map(|o| o.id)
                 .collect();
             for id in unaccepted {
@@ -722,6 +937,7 @@ impl World {
             let escalated = self.cdisk.escalations.values().map(|e| EscalatedRecord {
                 id: e.obligation_id,
                 target: e.target.clone(),
+                reconciled: self.cdisk.notes.contains_key(&e.obligation_id),
             });
             Machine::Custodian(Box::new(Custodian::recover(
                 self.nodes[node].agent.clone(),
@@ -755,6 +971,9 @@ impl World {
         self.boot(node);
         // Recovery work (escalating what is overdue, resuming attempts) happens at once.
         self.fire_timer(node);
+        // The sessions of the node that came back are set up again.
+        let at = self.now;
+        self.ready_after(node, at);
     }
 
     fn violation(&mut self, what: String) {
@@ -762,34 +981,17 @@ impl World {
     }
 
     fn check_end(&mut self) {
+        let bounds = self.scenario.custodian.weight_bounds;
         let principal = self
             .cdisk
             .principal
             .clone()
-            .unwrap_or_else(|| PrincipalState::new(self.scenario.custodian.weight_bounds));
+            .unwrap_or_else(|| PrincipalState::new(bounds));
+        // The retention of keyed down-weights, from the custodian's configured skew (SPEC:
+        // distinguishable until deadline + twice the skew).
         let retention = self.scenario.custodian.max_clock_skew_ms * 2;
-        // A grant is the principal's own later decision and may lift a withhold; scopes that
-        // saw one are judged by the grant, not the withhold.
-        let granted: BTreeSet<(AgentId, abhyasa_wire::Scope)> = self
-            .issued
-            .values()
-            .filter_map(|o| match (&o.payload, kinds::admissible(o)) {
-                (abhyasa_wire::Payload::AnumatiConsent(p), false) => {
-                    Some((o.target.clone(), p.scope.clone()))
-                }
-                _ => None,
-            })
-            .collect();
-        let in_force = |action: &abhyasa_wire::SafeAction| match action {
-            abhyasa_wire::SafeAction::WithholdScope { target, scope, .. }
-                if granted.contains(&(target.clone(), scope.clone())) =>
-            {
-                true
-            }
-            _ => principal.holds(action),
-        };
         for (id, o) in &self.issued.clone() {
-            let admissible = kinds::admissible(o);
+            let admissible = oracle::restrictive(o);
             let terminal = self.cdisk.terminal.get(id).cloned();
             if !admissible {
                 if self.ever_pending.contains(id) {
@@ -809,33 +1011,43 @@ impl World {
                 ));
                 continue;
             };
-            let safe = kinds::safe(o, retention);
-            match terminal.outcome {
+            let target = self.nodes.iter().position(|n| n.agent == o.target);
+            let applied_there = target
+                .filter(|&t| t > 0)
+                .is_some_and(|t| self.rdisks[t - 1].apply_count.contains_key(id));
+            match &terminal.outcome {
                 Outcome::Applied => {
                     self.report.applied += 1;
-                    let target = self
-                        .nodes
-                        .iter()
-                        .position(|n| n.agent == o.target)
-                        .unwrap_or(0);
-                    if target == 0 || !self.rdisks[target - 1].apply_count.contains_key(id) {
+                    if !applied_there {
                         self.violation(format!(
                             "{id} discharged as applied but never applied by its target"
                         ));
                     }
                 }
-                Outcome::Declined(_) => {
+                Outcome::Declined(reason) => {
                     self.report.declined += 1;
-                    if safe.as_ref().is_some_and(|s| !in_force(s)) {
-                        self.violation(format!("declined {id} without its safe action in force"));
+                    if applied_there {
+                        self.violation(format!("{id} ended declined but its target applied it"));
+                    }
+                    let sent = self
+                        .declined_by_target
+                        .get(id)
+                        .is_some_and(|r| r.contains(reason));
+                    if !sent {
+                        self.violation(format!(
+                            "{id} ended declined ({reason:?}) but its target never declined it so"
+                        ));
                     }
                 }
                 Outcome::Escalated(_) => {
                     self.report.escalated += 1;
+                    let expected = oracle::expected_safe(o, retention);
                     match self.cdisk.escalations.get(id) {
-                        Some(e) if in_force(&e.safe_action) => {}
-                        Some(_) => self
-                            .violation(format!("escalated {id} without its safe action in force")),
+                        Some(e) if Some(&e.safe_action) == expected.as_ref() => {}
+                        Some(e) => self.violation(format!(
+                            "escalated {id} with safe action {:?}, expected {expected:?}",
+                            e.safe_action
+                        )),
                         None => {
                             self.violation(format!("escalated {id} without an escalation record"))
                         }
@@ -851,18 +1063,108 @@ impl World {
                 }
                 Outcome::BestEffort => self.violation(format!("admissible {id} ended best-effort")),
             }
-            // A revocation is withheld on the principal side from issue on, whatever the outcome.
-            let revocation = matches!(o.kind(), Kind::AnumatiConsent | Kind::OauthToken);
-            if revocation && safe.as_ref().is_some_and(|s| !in_force(s)) {
+            // AB-2: at most the first attempt and `max_retries` retries ever left.
+            let sent = self.transmissions.get(id).copied().unwrap_or(0);
+            if sent > o.max_retries + 1 {
                 self.violation(format!(
-                    "revocation {id} not withheld on the principal side"
+                    "{id} transmitted {sent} times with max_retries {}",
+                    o.max_retries
                 ));
             }
         }
+        // The principal's state is exactly what the decisions it saw make it.
+        for d in self.principal_oracle.differences(&principal, bounds) {
+            self.violation(d);
+        }
+        if let Some(Machine::Custodian(c)) = &self.nodes[PRINCIPAL].machine {
+            if c.principal() != &principal {
+                self.violation("principal state in memory differs from disk at the end".into());
+            }
+        }
+        self.check_receivers();
         if !self.cdisk.pending.is_empty() {
             let n = self.cdisk.pending.len();
             self.violation(format!("{n} obligations still pending at the end"));
         }
+    }
+
+    /// Each receiver's state is what its applies (in commit order) make it; sequences on a
+    /// governed key only rise (AB-3); a sequenced revocation stays withheld unless a newer
+    /// grant was applied after it.
+    fn check_receivers(&mut self) {
+        let (min, max) = (
+            self.scenario.receiver.weight_min,
+            self.scenario.receiver.weight_max,
+        );
+        let mut found = Vec::new();
+        for (i, disk) in self.rdisks.iter().enumerate() {
+            let agent = &self.nodes[i + 1].agent;
+            let mut expected = ReceiverOracle::default();
+            let mut last: BTreeMap<oracle::Governed, u64> = BTreeMap::new();
+            let log: Vec<&Obligation> = disk
+                .apply_log
+                .iter()
+                .filter_map(|id| self.all.get(id))
+                .collect();
+            for (k, o) in log.iter().enumerate() {
+                expected.apply(o, min, max);
+                if let Some(seq) = o.sequence {
+                    let key = oracle::governed(o);
+                    if let Some(&prev) = last.get(&key) {
+                        if seq <= prev {
+                            found.push(format!(
+                                "{agent} applied {} with sequence {seq} after sequence {prev} on {key:?}",
+                                o.id
+                            ));
+                        }
+                    }
+                    last.insert(key, seq);
+                }
+                let Payload::AnumatiConsent(p) = &o.payload else {
+                    continue;
+                };
+                let (Some(seq), true) = (o.sequence, oracle::restrictive(o)) else {
+                    continue;
+                };
+                let lifted = log[k + 1..].iter().any(|later| {
+                    matches!(&later.payload, Payload::AnumatiConsent(q) if q.scope == p.scope)
+                        && later.issuer == o.issuer
+                        && !oracle::restrictive(later)
+                        && later.sequence.is_none_or(|s| s > seq)
+                });
+                if !lifted && !disk.state.is_withheld(&o.issuer, &p.scope) {
+                    found.push(format!(
+                        "{agent} applied revocation {} (sequence {seq}) of {} but does not withhold it",
+                        o.id, p.scope
+                    ));
+                }
+            }
+            found.extend(expected.differences(agent, &disk.state));
+        }
+        for f in found {
+            self.violation(f);
+        }
+    }
+}
+
+/// The obligation as its target's build cannot read it: the envelope intact, the payload not.
+fn unreadable_payload(o: &Obligation) -> Vec<u8> {
+    use ciborium::Value;
+    let bytes = encode(o);
+    let Ok(mut value) = ciborium::from_reader::<Value, _>(&bytes[..]) else {
+        return bytes;
+    };
+    if let Value::Map(entries) = &mut value {
+        for (k, v) in entries.iter_mut() {
+            if k.as_text() == Some("payload") {
+                *v = Value::Text("garbled".into());
+            }
+        }
+    }
+    let mut out = Vec::new();
+    match ciborium::into_writer(&value, &mut out) {
+        Ok(()) => out,
+        Err(_) => bytes,
     }
 }
 

@@ -3,11 +3,19 @@
 //! recovery; a receiver crash and recovery; group commits that may lag; virtual time that
 //! advances to the next timer.
 //!
-//! Two models, one obligation each: one with a retry budget of one retry (its escalation is
-//! reachable through `retries_exhausted`) and one with a large budget (its escalation is
-//! reachable only through the deadline). Safety properties hold in every reachable state; the
-//! `sometimes` properties prove that both escalation causes, an application and a recovery
-//! are actually reached, so the safety properties are not vacuous.
+//! Three models. Two with one obligation each: one with a retry budget of one retry (its
+//! escalation is reachable through `retries_exhausted`) and one with a large budget (its
+//! escalation is reachable only through the deadline). The third carries several obligations
+//! at once: two admissible revocations of one governed key (sequences 1 and 2) and a
+//! best-effort grant of the same key (sequence 3), racing. Every model has crashes of both
+//! ends, loss, duplication, reordering and re-subscriptions (`handle_peer_ready`).
+//!
+//! Safety properties hold in every reachable state, among them the paper's bounded retries
+//! (no obligation is transmitted more than `1 + max_retries` times, re-offers included) and
+//! the benign side staying best-effort (an inadmissible obligation is never under custody,
+//! is sent once, and ends `best_effort`). The `sometimes` properties prove that both escalation
+//! causes, an application, a recovery, a re-offer and a supersession are actually reached, so
+//! the safety properties are not vacuous.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -16,9 +24,9 @@ use abhyasa_custody::{
     PrincipalState, Receiver, ReceiverConfig, ReceiverRecord, ReceiverState, WeightBounds,
 };
 use abhyasa_wire::{
-    decode, decode_obligation, encode, AgentId, ClientId, CustodyAck, Escalation, EscalationCause,
-    LastObserved, Obligation, ObligationId, Outcome, Payload, TokenAction, TokenId, TokenPayload,
-    UnixMillis,
+    decode, decode_obligation, encode, AgentId, ClientId, ConsentDecision, ConsentPayload,
+    CustodyAck, DeclineReason, Escalation, EscalationCause, LastObserved, Obligation, ObligationId,
+    Outcome, Payload, SafeAction, Scope, TokenAction, TokenId, TokenPayload, UnixMillis,
 };
 use stateright::{Checker, Model, Property};
 
@@ -36,6 +44,7 @@ struct Disk {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct RDisk {
     applied: BTreeMap<ObligationId, UnixMillis>,
+    last_sequence: BTreeMap<abhyasa_custody::GovernedKey, u64>,
     state: ReceiverState,
     apply_count: BTreeMap<ObligationId, u8>,
 }
@@ -54,7 +63,13 @@ struct State {
     accepted: BTreeSet<ObligationId>,
     crashes_left: u8,
     dups_left: u8,
+    reoffers_left: u8,
     recovered: bool,
+    reoffered: bool,
+    /// Transmissions per obligation by the custodian.
+    sent: BTreeMap<ObligationId, u8>,
+    /// Ids ever written to the custodian's pending set.
+    ever_pending: BTreeSet<ObligationId>,
     violation: Option<&'static str>,
 }
 
@@ -70,10 +85,82 @@ enum Action {
     RestartCustodian,
     CrashReceiver,
     RestartReceiver,
+    /// The agent re-subscribes: the custodian re-offers.
+    PeerReady,
 }
 
 struct CustodyModel {
-    max_retries: u32,
+    obligations: Vec<Obligation>,
+    /// Re-subscriptions the environment may make.
+    reoffers: u8,
+    /// Duplications the network may make.
+    dups: u8,
+    /// The obligations' deadline.
+    deadline: u64,
+    /// A deliberately broken custodian rule (to show a property can fail).
+    mutation: Option<abhyasa_custody::Mutation>,
+}
+
+impl CustodyModel {
+    /// One token revocation with this budget.
+    fn single(max_retries: u32) -> Self {
+        Self {
+            obligations: vec![obligation(1, max_retries)],
+            // The large-budget model's state space is dominated by its many attempts; the
+            // re-offer's budget accounting is explored where the budget binds.
+            reoffers: u8::from(max_retries <= 1),
+            dups: 1,
+            deadline: DEADLINE,
+            mutation: None,
+        }
+    }
+
+    /// Two revocations of scope `cal` (sequences 1, 2; one attempt each) and a best-effort
+    /// grant of it (sequence 3).
+    fn several() -> Self {
+        // A shorter life and no duplication keep three obligations' interleavings within
+        // memory; loss, reordering, crashes and a re-subscription remain.
+        let deadline = 25;
+        let consent = |id, decision, seq| Obligation {
+            sequence: Some(seq),
+            deadline: UnixMillis(deadline),
+            payload: Payload::AnumatiConsent(ConsentPayload {
+                decision: Some(decision),
+                scope: Scope::new("cal").expect("valid"),
+            }),
+            ..obligation(id, 0)
+        };
+        Self {
+            obligations: vec![
+                consent(1, ConsentDecision::Revoke, 1),
+                consent(2, ConsentDecision::Revoke, 2),
+                consent(3, ConsentDecision::Grant, 3),
+            ],
+            reoffers: 1,
+            dups: 0,
+            deadline,
+            mutation: None,
+        }
+    }
+
+    fn budget(&self, id: ObligationId) -> u32 {
+        self.obligations
+            .iter()
+            .find(|o| o.id == id)
+            .map_or(0, |o| o.max_retries + 1)
+    }
+
+    /// AC-1 from the kind table, written out: a consent that is not a grant, a token revoke.
+    fn admissible(&self, id: ObligationId) -> bool {
+        self.obligations.iter().any(|o| {
+            o.id == id
+                && match &o.payload {
+                    Payload::AnumatiConsent(p) => p.decision != Some(ConsentDecision::Grant),
+                    Payload::OauthToken(p) => p.action == TokenAction::Revoke,
+                    Payload::PhalaBeliefUpdate(p) => p.weight_delta.0 < 0,
+                }
+        })
+    }
 }
 
 fn principal() -> AgentId {
@@ -130,12 +217,13 @@ impl State {
             while c.poll_event().is_some() {}
             for t in transmits {
                 let durable = self.cdisk.pending.get(&t.obligation.id).map(|p| p.attempts);
-                if durable.is_none_or(|a| a < t.attempt) {
+                if t.attempt > 0 && durable.is_none_or(|a| a < t.attempt) {
                     self.violation = Some("transmit before its pending record was durable");
                 }
                 if now >= t.obligation.deadline {
                     self.violation = Some("transmit at or after the deadline");
                 }
+                *self.sent.entry(t.obligation.id).or_insert(0) += 1;
                 out.push((false, encode(&t.obligation)));
             }
         }
@@ -197,9 +285,14 @@ impl Model for CustodyModel {
     type Action = Action;
 
     fn init_states(&self) -> Vec<State> {
-        let mut c = Custodian::new(principal(), custodian_config(), 1);
-        c.issue(UnixMillis(0), obligation(1, self.max_retries))
-            .expect("admissible");
+        let config = CustodianConfig {
+            mutation: self.mutation,
+            ..custodian_config()
+        };
+        let mut c = Custodian::new(principal(), config, 1);
+        for o in &self.obligations {
+            c.issue(UnixMillis(0), o.clone()).expect("issued");
+        }
         let mut s = State {
             now: 0,
             custodian: Some(c),
@@ -214,14 +307,19 @@ impl Model for CustodyModel {
             },
             rdisk: RDisk {
                 applied: BTreeMap::new(),
+                last_sequence: BTreeMap::new(),
                 state: ReceiverState::default(),
                 apply_count: BTreeMap::new(),
             },
             net: BTreeMap::new(),
             accepted: BTreeSet::new(),
             crashes_left: 1,
-            dups_left: 1,
+            dups_left: self.dups,
+            reoffers_left: self.reoffers,
             recovered: false,
+            reoffered: false,
+            sent: BTreeMap::new(),
+            ever_pending: BTreeSet::new(),
             violation: None,
         };
         s.flush();
@@ -232,7 +330,7 @@ impl Model for CustodyModel {
         if s.violation.is_some() {
             return;
         }
-        if s.next_timer().is_some_and(|t| t <= DEADLINE + 20) {
+        if s.next_timer().is_some_and(|t| t <= self.deadline + 20) {
             actions.push(Action::Tick);
         }
         if s.custodian.is_some() && !s.cqueue.is_empty() {
@@ -257,6 +355,9 @@ impl Model for CustodyModel {
             (Some(_), 1..) => actions.push(Action::CrashReceiver),
             (None, _) => actions.push(Action::RestartReceiver),
             _ => {}
+        }
+        if s.custodian.is_some() && s.receiver.is_some() && s.reoffers_left > 0 {
+            actions.push(Action::PeerReady);
         }
     }
 
@@ -318,7 +419,10 @@ impl Model for CustodyModel {
                 let now = UnixMillis(s.now);
                 let mut c = Custodian::recover(
                     principal(),
-                    custodian_config(),
+                    CustodianConfig {
+                        mutation: self.mutation,
+                        ..custodian_config()
+                    },
                     2,
                     s.cdisk.principal.clone(),
                     s.cdisk.pending.values().cloned().collect::<Vec<_>>(),
@@ -344,10 +448,16 @@ impl Model for CustodyModel {
                     agent(),
                     receiver_config(),
                     applied.collect::<Vec<_>>(),
-                    Vec::new(),
+                    s.rdisk.last_sequence.clone(),
                     s.rdisk.state.clone(),
                 ));
                 s.recovered = true;
+            }
+            Action::PeerReady => {
+                s.reoffers_left -= 1;
+                s.reoffered = true;
+                let now = UnixMillis(s.now);
+                s.custodian.as_mut()?.handle_peer_ready(now, &agent());
             }
         }
         s.flush();
@@ -373,29 +483,81 @@ impl Model for CustodyModel {
             Property::always(
                 "every escalation has its safe action in force",
                 |_, s: &State| {
-                    s.cdisk
-                        .escalations
-                        .values()
-                        .all(|e| s.cdisk.principal.holds(&e.safe_action))
+                    // Read from the raw state, not through `holds()`: the scope withheld, or
+                    // a strictly newer decision standing on it; the token not honoured.
+                    s.cdisk.escalations.values().all(|e| {
+                        match &e.safe_action {
+                        SafeAction::WithholdScope {
+                            target,
+                            scope,
+                            sequence,
+                        } => s.cdisk.principal.authorization(target, scope).is_some_and(|a| {
+                            a.withheld
+                                || matches!((a.sequence, sequence), (Some(c), Some(q)) if c > *q)
+                        }),
+                        SafeAction::StopHonouringToken { token_id } => {
+                            s.cdisk.principal.is_revoked(token_id)
+                        }
+                        SafeAction::DownWeight { .. } => false, // no such kind in these models
+                    }
+                    })
+                },
+            ),
+            Property::always(
+                "bounded retries: at most 1 + max_retries transmissions",
+                |m: &CustodyModel, s: &State| {
+                    s.sent
+                        .iter()
+                        .all(|(id, &n)| !m.admissible(*id) || u32::from(n) <= m.budget(*id))
+                },
+            ),
+            Property::always(
+                "the benign side stays best-effort",
+                |m: &CustodyModel, s: &State| {
+                    m.obligations
+                        .iter()
+                        .filter(|o| !m.admissible(o.id))
+                        .all(|o| {
+                            !s.ever_pending.contains(&o.id)
+                                && s.sent.get(&o.id).copied().unwrap_or(0) <= 1
+                                && s.cdisk
+                                    .terminal
+                                    .get(&o.id)
+                                    .is_none_or(|t| *t == Outcome::BestEffort)
+                        })
                 },
             ),
             Property::always(
                 "deliver-or-report once the custodian has run past the deadline",
-                |_, s: &State| {
+                |m: &CustodyModel, s: &State| {
                     let settled = s.custodian.as_ref().is_some_and(|c| {
                         s.cqueue.is_empty() && c.poll_timeout().is_none_or(|t| t.0 > s.now)
                     });
-                    !(settled && s.now >= DEADLINE) || s.all_terminal()
+                    !(settled && s.now >= m.deadline) || s.all_terminal()
                 },
             ),
             Property::sometimes("escalated", |m: &CustodyModel, s: &State| {
                 // A budget of one retry runs out before the deadline; a large one never does.
-                let cause = if m.max_retries <= 1 {
+                let cause = if m.obligations.iter().all(|o| o.max_retries <= 1) {
                     EscalationCause::RetriesExhausted
                 } else {
                     EscalationCause::Deadline
                 };
                 escalated(s, cause)
+            }),
+            Property::sometimes(
+                "a racing revocation declined superseded (several obligations)",
+                |m: &CustodyModel, s: &State| {
+                    m.obligations.len() == 1
+                        || s.cdisk
+                            .terminal
+                            .values()
+                            .any(|o| *o == Outcome::Declined(DeclineReason::Superseded))
+                },
+            ),
+            Property::sometimes("applied after a re-offer", |m: &CustodyModel, s: &State| {
+                m.reoffers == 0
+                    || (s.reoffered && s.cdisk.terminal.values().any(|o| *o == Outcome::Applied))
             }),
             Property::sometimes("applied", |_, s: &State| {
                 s.cdisk.terminal.values().any(|o| *o == Outcome::Applied)
@@ -425,6 +587,7 @@ fn apply_custodian(s: &mut State, record: CustodianRecord) {
                 s.cdisk.principal.apply(u);
             }
             s.accepted.insert(obligation.id);
+            s.ever_pending.insert(obligation.id);
             s.cdisk.pending.insert(
                 obligation.id,
                 PendingRecord {
@@ -465,9 +628,13 @@ fn apply_receiver(s: &mut State, record: ReceiverRecord) {
             id,
             expires,
             effect,
+            sequence,
             ..
         } => {
             s.rdisk.applied.insert(id, expires);
+            if let Some((key, seq)) = sequence {
+                s.rdisk.last_sequence.insert(key, seq);
+            }
             s.rdisk.state.apply(&effect, -1_000_000, 1_000_000);
             *s.rdisk.apply_count.entry(id).or_insert(0) += 1;
         }
@@ -475,14 +642,10 @@ fn apply_receiver(s: &mut State, record: ReceiverRecord) {
     }
 }
 
-fn check(max_retries: u32) -> usize {
-    let checker = CustodyModel { max_retries }
-        .checker()
-        .threads(2)
-        .spawn_bfs()
-        .join();
+fn check(name: &str, model: CustodyModel) -> usize {
+    let checker = model.checker().threads(2).spawn_bfs().join();
     let states = checker.unique_state_count();
-    println!("model check (max_retries={max_retries}): unique_states={states}");
+    println!("model check ({name}): unique_states={states}");
     checker.assert_properties();
     assert!(states > 1_000, "the model explored only {states} states");
     states
@@ -490,10 +653,36 @@ fn check(max_retries: u32) -> usize {
 
 #[test]
 fn model_check_retry_exhaustion() {
-    check(1);
+    check("max_retries=1", CustodyModel::single(1));
 }
 
 #[test]
 fn model_check_deadline() {
-    check(50);
+    check("max_retries=50", CustodyModel::single(50));
+}
+
+#[test]
+fn model_check_several_obligations_on_one_key() {
+    check(
+        "two revocations and a best-effort grant of one scope",
+        CustodyModel::several(),
+    );
+}
+
+#[test]
+fn model_check_finds_a_re_offer_outside_the_budget() {
+    let model = CustodyModel {
+        mutation: Some(abhyasa_custody::Mutation::UncountedReoffer),
+        ..CustodyModel::single(1)
+    };
+    let checker = model.checker().threads(2).spawn_bfs().join();
+    let found = checker.discovery("bounded retries: at most 1 + max_retries transmissions");
+    assert!(
+        found.is_some(),
+        "the mutant's extra transmission was not found"
+    );
+    println!(
+        "model check (uncounted re-offer mutant): counterexample of {} steps",
+        found.map_or(0, |p| p.into_actions().len())
+    );
 }

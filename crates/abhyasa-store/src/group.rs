@@ -67,6 +67,10 @@ enum Request {
         done: SyncSender<Result<(), GroupError>>,
     },
     Read(ReadFn),
+    Maintain {
+        now: abhyasa_wire::UnixMillis,
+        done: SyncSender<Result<crate::Maintenance, GroupError>>,
+    },
 }
 
 /// Waits for the commit that carries a submitted batch.
@@ -76,6 +80,17 @@ pub struct Ticket(Receiver<Result<(), GroupError>>);
 impl Ticket {
     /// Blocks until the batch's commit returned.
     pub fn wait(self) -> Result<(), GroupError> {
+        self.0.recv().unwrap_or(Err(GroupError::Stopped))
+    }
+}
+
+/// Waits for a queued maintenance run.
+#[derive(Debug)]
+pub struct MaintenanceTicket(Receiver<Result<crate::Maintenance, GroupError>>);
+
+impl MaintenanceTicket {
+    /// Blocks until the maintenance ran; its report.
+    pub fn wait(self) -> Result<crate::Maintenance, GroupError> {
         self.0.recv().unwrap_or(Err(GroupError::Stopped))
     }
 }
@@ -134,6 +149,17 @@ impl GroupCommit {
         wait.recv().map_err(|_| GroupError::Stopped)
     }
 
+    /// Queues [`Store::maintain`] on the writer thread, after the writes queued before it.
+    /// A failure is an unknown outcome, handled as a failed commit: the store is reopened and
+    /// the caller must recover from it.
+    pub fn maintain(&self, now: abhyasa_wire::UnixMillis) -> MaintenanceTicket {
+        let (done, wait) = mpsc::sync_channel(1);
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(Request::Maintain { now, done });
+        }
+        MaintenanceTicket(wait)
+    }
+
     /// The writer's counters.
     pub fn stats(&self) -> &GroupStats {
         &self.stats
@@ -164,6 +190,7 @@ fn run(
 ) -> Option<Store> {
     let mut store = store;
     let mut reads = Vec::new();
+    let mut maintenance = Vec::new();
     while let Ok(first) = rx.recv() {
         let mut ops = Vec::new();
         let mut waiters = Vec::new();
@@ -173,6 +200,7 @@ fn run(
                 waiters.push(done);
             }
             Request::Read(f) => reads.push(f),
+            Request::Maintain { now, done } => maintenance.push((now, done)),
         };
         take(first, &mut ops);
         let until = Instant::now() + config.max_delay;
@@ -217,6 +245,23 @@ fn run(
         }
         for f in reads.drain(..) {
             f(&store);
+        }
+        for (now, done) in maintenance.drain(..) {
+            match store.maintain(now) {
+                Ok(report) => {
+                    let _ = done.send(Ok(report));
+                }
+                Err(e) => {
+                    drop(store);
+                    let Ok(fresh) = reopen() else {
+                        let _ = done.send(Err(GroupError::Stopped));
+                        return None;
+                    };
+                    store = fresh;
+                    stats.generation.fetch_add(1, Ordering::Relaxed);
+                    let _ = done.send(Err(GroupError::Unknown(e.to_string())));
+                }
+            }
         }
     }
     Some(store)

@@ -78,7 +78,7 @@ use redb::{
     WriteTransaction,
 };
 
-pub use group::{GroupCommit, GroupConfig, GroupError, GroupStats, Ticket};
+pub use group::{GroupCommit, GroupConfig, GroupError, GroupStats, MaintenanceTicket, Ticket};
 use rows::PendingRow;
 use tables::*;
 
@@ -599,6 +599,7 @@ impl Store {
             }
         }
         let escalations = txn.open_table(ESCALATIONS)?;
+        let notes = txn.open_table(NOTES)?;
         let mut escalated = Vec::new();
         for entry in txn
             .open_table(ESCALATIONS_BY_TIME)?
@@ -612,6 +613,7 @@ impl Store {
                 escalated.push(EscalatedRecord {
                     id: e.obligation_id,
                     target: e.target,
+                    reconciled: notes.get(id)?.is_some(),
                 });
             }
         }

@@ -253,7 +253,7 @@ fn a_reconciliation_note_is_kept() {
         acked_at: UnixMillis(1_050),
     };
     assert_eq!(
-        c.handle_ack(UnixMillis(1_100), &a(), ack),
+        c.handle_ack(UnixMillis(1_100), &a(), ack.clone()),
         abhyasa_custody::AckDisposition::Reconciled
     );
     persist_custodian(&mut c, &mut store, 1_100);
@@ -264,6 +264,19 @@ fn a_reconciliation_note_is_kept() {
         Some(CustodianEvent::Reconciled(_))
     ));
     assert!(store.principal().is_revoked(&TokenId::new("t1").unwrap()));
+    // After another restart the same late ack is not noted a second time.
+    drop(store);
+    let mut store = reopen(&mut backend);
+    let mut c = store
+        .recover_custodian(p(), CustodianConfig::default(), 3, UnixMillis(1_200))
+        .unwrap();
+    assert_eq!(
+        c.handle_ack(UnixMillis(1_200), &a(), ack),
+        abhyasa_custody::AckDisposition::IgnoredUnknown
+    );
+    persist_custodian(&mut c, &mut store, 1_200);
+    assert_eq!(store.notes().unwrap().len(), 1);
+    assert!(c.poll_event().is_none());
 }
 
 #[test]

@@ -1,0 +1,129 @@
+//! A long-running principal stays bounded: maintenance folds principal down-weights and prunes
+//! the terminal history on a schedule, so issuing never stops at the entry limit.
+
+mod common;
+
+use std::net::{SocketAddr, UdpSocket};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use abhyasa_custody::CustodianConfig;
+use abhyasa_moq::Ca;
+use abhyasa_node::{Node, NodeEvent};
+use abhyasa_store::{Store, StoreConfig};
+use abhyasa_wire::{
+    BeliefUpdatePayload, Obligation, ObligationId, Outcome, Payload, UnixMillis, WeightDelta,
+    WeightKey,
+};
+use common::id;
+
+fn free_addr() -> SocketAddr {
+    UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+fn down_weight(n: u128, deadline_ms: u64) -> Obligation {
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    Obligation {
+        id: ObligationId::from_u128(n),
+        issuer: id("principal"),
+        target: id("agent-z"),
+        created_at: UnixMillis(t),
+        deadline: UnixMillis(t + deadline_ms),
+        max_retries: 3,
+        sequence: None,
+        payload: Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
+            weight_key: WeightKey::new(format!("supplier/{}", n % 7)).unwrap(),
+            weight_delta: WeightDelta(-1_000),
+            ttl_ms: 60_000,
+        }),
+    }
+}
+
+const WAVES: u128 = 12;
+const WAVE: u128 = 50;
+const ENTRY_LIMIT: usize = 200;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintenance_keeps_principal_entries_and_history_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate("t").unwrap();
+    let store = StoreConfig {
+        retention_ms: 300,
+        ..StoreConfig::default()
+    };
+    let principal = Node::builder(ca.issue(&id("principal")).unwrap())
+        .peer(id("agent-z"), free_addr()) // never answers: every down-weight escalates
+        .state_dir(dir.path())
+        .custodian(CustodianConfig {
+            response_timeout_ms: 40,
+            backoff_base_ms: 10,
+            backoff_cap_ms: 40,
+            max_clock_skew_ms: 50, // down-weights fold 100 ms after their deadline
+            max_principal_entries: ENTRY_LIMIT,
+            ..CustodianConfig::default()
+        })
+        .store(store.clone())
+        .maintenance(Duration::from_millis(100))
+        .build()
+        .await
+        .unwrap();
+    let mut events = principal.events();
+    let mut most_entries = 0;
+    for wave in 0..WAVES {
+        for i in 0..WAVE {
+            let n = wave * WAVE + i;
+            principal
+                .issue(down_weight(n, 150))
+                .await
+                .unwrap_or_else(|e| panic!("issue {n} refused: {e}"));
+        }
+        let mut escalated = 0;
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while escalated < WAVE {
+                if let Ok(NodeEvent::Terminal { record, .. }) = events.recv().await {
+                    assert!(matches!(record.outcome, Outcome::Escalated(_)));
+                    escalated += 1;
+                }
+            }
+        })
+        .await
+        .expect("every down-weight escalates");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let status = principal.status().await.unwrap();
+        most_entries = most_entries.max(status.principal.entries());
+    }
+    // Without folding, WAVES × WAVE = 600 adjustments would have been refused from the
+    // 201st on; with it the held entries stay within a few waves.
+    assert!(
+        most_entries <= 3 * WAVE as usize,
+        "principal entries reached {most_entries}"
+    );
+    // The effective weights are what every escalation took off, folded or not.
+    let status = principal.status().await.unwrap();
+    for k in 0..7u128 {
+        let key = WeightKey::new(format!("supplier/{k}")).unwrap();
+        let count = (0..WAVES * WAVE).filter(|n| n % 7 == k).count() as i64;
+        assert_eq!(
+            status.principal.routing_weight(&id("agent-z"), &key),
+            1_000_000 - 1_000 * count,
+            "route supplier/{k}"
+        );
+    }
+    principal.shutdown().await;
+    // On disk too: the history older than the retention is gone, the folds are durable.
+    let store = Store::open(dir.path().join("node.redb"), store).unwrap();
+    let kept = store.terminal_len().unwrap();
+    assert!(kept < 3 * WAVE as u64, "{kept} terminal records kept");
+    assert!(store.principal().entries() <= 3 * WAVE as usize);
+    let key = WeightKey::new("supplier/0").unwrap();
+    let count = (0..WAVES * WAVE).filter(|n| n % 7 == 0).count() as i64;
+    assert_eq!(
+        store.principal().routing_weight(&id("agent-z"), &key),
+        1_000_000 - 1_000 * count
+    );
+}
