@@ -515,7 +515,7 @@ impl Branch {
         let fence = Fence {
             root: c.root,
             credit,
-            epoch: c.epoch + 1,
+            epoch: c.epoch.checked_add(1).ok_or(LedgerError::Overflow)?,
             holder: self.me.clone(),
         };
         let gateways: BTreeSet<AgentId> = self
@@ -548,30 +548,29 @@ impl Branch {
         from: &AgentId,
         msg: LedgerMessage,
     ) -> Result<(), LedgerError> {
+        // The session proves who sent a message; evidence must also be signed by the party it
+        // is about (SPEC: evidence binds its signer). The signature itself is verified where
+        // the step is applied, which is also where a journal replays it at recovery.
         match msg {
             LedgerMessage::Transfer(cert) => self.on_transfer(from, cert),
             LedgerMessage::Decision(decision) => {
-                let d = self.keys.open(&decision, from)?;
+                let d = decision.peek()?;
                 let Some(out) = self.outgoing.get(&d.transfer) else {
                     return Err(LedgerError::UnknownTransfer(d.transfer));
                 };
+                self.party("a transfer decision", from, &out.body.destination)?;
                 if out.state != OutgoingState::Sealed {
                     return Ok(()); // Already decided: a repeat.
-                }
-                if d.destination != out.body.destination || d.root != out.body.root {
-                    return Err(LedgerError::Mismatch("decision from another destination"));
                 }
                 self.commit(Step::Decided { decision }, Vec::new())
             }
             LedgerMessage::Receipt(receipt) => {
-                let r = self.keys.open(&receipt, from)?;
+                let r = receipt.peek()?;
                 let op = self
                     .ops
                     .get(&r.key)
                     .ok_or(LedgerError::UnknownOperation(r.key))?;
-                if op.binding.receiver != r.gateway || &r.gateway != from {
-                    return Err(LedgerError::Mismatch("receipt from another gateway"));
-                }
+                self.party("a receipt", from, &op.binding.receiver)?;
                 match op.state {
                     OpState::Quarantined => self.commit(
                         Step::Settle {
@@ -591,11 +590,12 @@ impl Branch {
                 }
             }
             LedgerMessage::NoEffect(proof) => {
-                let p = self.keys.open(&proof, from)?;
+                let p = proof.peek()?;
                 let op = self
                     .ops
                     .get(&p.key)
                     .ok_or(LedgerError::UnknownOperation(p.key))?;
+                self.party("a no-effect proof", from, &op.binding.receiver)?;
                 if op.state != OpState::Quarantined {
                     return Ok(());
                 }
@@ -607,7 +607,8 @@ impl Branch {
             }
             LedgerMessage::Pending { .. } => Ok(()),
             LedgerMessage::Fenced(fenced) => {
-                let f = self.keys.open(&fenced, from)?;
+                let f = fenced.peek()?;
+                self.party("a fenced reply", from, &f.gateway)?;
                 let c = self
                     .credits
                     .get(&f.credit)
@@ -644,12 +645,54 @@ impl Branch {
         }
     }
 
+    /// `from` must be `expected`: the party a piece of evidence is about.
+    fn party(
+        &self,
+        what: &'static str,
+        from: &AgentId,
+        expected: &AgentId,
+    ) -> Result<(), LedgerError> {
+        if from == expected || self.config.mutation == Some(LedgerMutation::EvidenceFromAnyMember) {
+            return Ok(());
+        }
+        Err(LedgerError::WrongParty {
+            what,
+            expected: expected.clone(),
+            signer: from.clone(),
+        })
+    }
+
+    /// Opens evidence that must be signed by `expected`: the signature verified with the
+    /// keyring, the signer checked (at every apply, so also when a journal is replayed).
+    fn evidence<T: SignedObject>(
+        &self,
+        what: &'static str,
+        signed: &Signed<T>,
+        expected: &AgentId,
+    ) -> Result<T, LedgerError> {
+        let signer = if self.config.mutation == Some(LedgerMutation::EvidenceFromAnyMember) {
+            &signed.signer
+        } else {
+            expected
+        };
+        if &signed.signer != signer {
+            return Err(LedgerError::WrongParty {
+                what,
+                expected: expected.clone(),
+                signer: signed.signer.clone(),
+            });
+        }
+        Ok(self.keys.open(signed, signer)?)
+    }
+
     fn on_transfer(
         &mut self,
         from: &AgentId,
         cert: Signed<TransferCert>,
     ) -> Result<(), LedgerError> {
-        let body = self.keys.open(&cert, from)?;
+        let body = cert.peek()?;
+        self.party("a transfer certificate", from, &body.source)?;
+        let body = self.evidence("a transfer certificate", &cert, &body.source)?;
         if body.destination != self.me {
             return Err(LedgerError::Mismatch(
                 "transfer addressed to another branch",
@@ -675,6 +718,8 @@ impl Branch {
         let d = TransferDecision {
             root: body.root,
             transfer: body.transfer,
+            cert: body.digest(),
+            source: body.source.clone(),
             destination: self.me.clone(),
             credit: (!refuse).then_some(credit),
         };
@@ -974,7 +1019,13 @@ impl Branch {
                 credit,
                 decision: _,
             } => {
-                let body = cert.peek()?;
+                let source = cert.peek()?.source;
+                let body = self.evidence("a transfer certificate", cert, &source)?;
+                if body.destination != self.me {
+                    return Err(LedgerError::Mismatch(
+                        "transfer addressed to another branch",
+                    ));
+                }
                 let replay = self.config.mutation == Some(LedgerMutation::AcceptReplayedTransfer);
                 if self.incoming.contains_key(&(body.root, body.transfer)) && !replay {
                     return Ok(false);
@@ -1006,11 +1057,22 @@ impl Branch {
                     .insert((body.root, body.transfer), step.clone());
             }
             Step::Decided { decision } => {
-                let d = decision.peek()?;
+                let transfer = decision.peek()?.transfer;
                 let out = self
                     .outgoing
-                    .get_mut(&d.transfer)
-                    .ok_or(LedgerError::UnknownTransfer(d.transfer))?;
+                    .get(&transfer)
+                    .ok_or(LedgerError::UnknownTransfer(transfer))?;
+                let d = self.evidence("a transfer decision", decision, &out.body.destination)?;
+                // Bound to this very certificate: its digest, source, root and destination.
+                let bound = d.cert == out.body.digest()
+                    && d.source == out.body.source
+                    && d.root == out.body.root
+                    && d.destination == out.body.destination;
+                let any = self.config.mutation == Some(LedgerMutation::EvidenceFromAnyMember);
+                if !bound && !any {
+                    return Err(LedgerError::Mismatch("decision on another certificate"));
+                }
+                let out = self.outgoing.get_mut(&transfer).expect("checked");
                 if out.state != OutgoingState::Sealed {
                     return Ok(false);
                 }
@@ -1084,7 +1146,8 @@ impl Branch {
                 }
             }
             Step::Settle { key, receipt } => {
-                let r = receipt.peek()?;
+                let gateway = self.op_mut(*key)?.binding.receiver.clone();
+                let r = self.evidence("a receipt", receipt, &gateway)?;
                 let op = self.op_mut(*key)?;
                 match op.state {
                     OpState::Quarantined => {}
@@ -1118,7 +1181,8 @@ impl Branch {
                 });
             }
             Step::NoEffect { key, proof } => {
-                let p = proof.peek()?;
+                let gateway = self.op_mut(*key)?.binding.receiver.clone();
+                let p = self.evidence("a no-effect proof", proof, &gateway)?;
                 let op = self.op_mut(*key)?;
                 match op.state {
                     OpState::Quarantined => {}
@@ -1156,6 +1220,8 @@ impl Branch {
                 }
             }
             Step::Annotate { key, receipt } => {
+                let gateway = self.op_mut(*key)?.binding.receiver.clone();
+                self.evidence("a receipt", receipt, &gateway)?;
                 let op = self.op_mut(*key)?;
                 match &op.state {
                     OpState::Forfeited { annotation: None } => {
@@ -1210,7 +1276,19 @@ impl Branch {
                 );
             }
             Step::Fenced { fenced } => {
-                let f = fenced.peek()?;
+                let gateway = fenced.peek()?.gateway;
+                let f = self.evidence("a fenced reply", fenced, &gateway)?;
+                // Only a gateway this credit dispatched to can fence it.
+                let dispatched_there = self
+                    .ops
+                    .values()
+                    .any(|o| o.binding.credit == f.credit && o.binding.receiver == gateway);
+                let any = self.config.mutation == Some(LedgerMutation::EvidenceFromAnyMember);
+                if !dispatched_there && !any {
+                    return Err(LedgerError::Mismatch(
+                        "fenced by a gateway the credit never used",
+                    ));
+                }
                 let c = self
                     .credits
                     .get_mut(&f.credit)
@@ -1219,7 +1297,7 @@ impl Branch {
                     return Ok(false);
                 }
                 c.epoch = f.epoch;
-                c.generation += 1;
+                c.generation = c.generation.checked_add(1).ok_or(LedgerError::Overflow)?;
             }
             Step::Refund { key } => {
                 let op = self.op_mut(*key)?;

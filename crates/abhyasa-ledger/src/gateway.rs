@@ -49,6 +49,8 @@ pub struct Acceptance {
     /// How many times it was accepted (1; more only under the `GatewayAcceptsKeyTwice`
     /// mutant).
     pub accepted: u32,
+    /// Whether the receipt's record is durable (evidence is released only then).
+    pub receipt_durable: bool,
 }
 
 /// How far an accepted key got.
@@ -56,7 +58,7 @@ pub struct Acceptance {
 pub enum AcceptanceState {
     /// Accepted; the effect may be running.
     Accepted,
-    /// Ran; receipt signed.
+    /// Ran; receipt signed. `durable`: its record is written, so it may be shown.
     Done(Signed<Receipt>),
 }
 
@@ -82,11 +84,16 @@ pub struct Gateway {
     key: LedgerSigningKey,
     keys: Keyring,
     mutation: Option<LedgerMutation>,
+    /// Fences as applied in memory (what new permits are checked against).
     fences: BTreeMap<CreditId, u64>,
+    /// Fences whose record is durable: the only ones evidence may rest on.
+    durable_fences: BTreeMap<CreditId, u64>,
+    /// The record of the latest fence of each credit still being written.
+    fence_in_flight: BTreeMap<CreditId, PersistToken>,
     log: BTreeMap<OpKey, Acceptance>,
     next_token: u64,
     persists: VecDeque<(PersistToken, GatewayRecord)>,
-    gated: BTreeMap<PersistToken, Gated>,
+    gated: BTreeMap<PersistToken, Vec<Gated>>,
     transmits: VecDeque<(AgentId, LedgerMessage)>,
     executes: VecDeque<Execute>,
 }
@@ -95,6 +102,10 @@ pub struct Gateway {
 enum Gated {
     Execute(Execute),
     Send(AgentId, LedgerMessage),
+    /// The receipt of this key is durable.
+    ReceiptDurable(OpKey),
+    /// This fence is durable.
+    FenceDurable(CreditId, u64),
 }
 
 impl Gateway {
@@ -111,6 +122,8 @@ impl Gateway {
             keys,
             mutation,
             fences: BTreeMap::new(),
+            durable_fences: BTreeMap::new(),
+            fence_in_flight: BTreeMap::new(),
             log: BTreeMap::new(),
             next_token: 0,
             persists: VecDeque::new(),
@@ -132,6 +145,11 @@ impl Gateway {
         let mut g = Self::new(me, key, keys, mutation);
         for r in records {
             g.apply(&r);
+        }
+        // Everything read back is durable.
+        g.durable_fences = g.fences.clone();
+        for a in g.log.values_mut() {
+            a.receipt_durable = matches!(a.state, AcceptanceState::Done(_));
         }
         for (k, a) in &g.log {
             if a.state == AcceptanceState::Accepted {
@@ -193,10 +211,13 @@ impl Gateway {
                 return self.refuse(from, key, Refusal::KeyConflict);
             }
             if self.mutation != Some(LedgerMutation::GatewayAcceptsKeyTwice) {
-                // A repeat: the prior decision.
+                // A repeat: the prior decision, once it is durable (the receipt follows its
+                // record by itself otherwise).
                 let reply = match &prior.state {
-                    AcceptanceState::Done(r) => LedgerMessage::Receipt(r.clone()),
-                    AcceptanceState::Accepted => LedgerMessage::Pending { key },
+                    AcceptanceState::Done(r) if prior.receipt_durable => {
+                        LedgerMessage::Receipt(r.clone())
+                    }
+                    _ => LedgerMessage::Pending { key },
                 };
                 self.transmits.push_back((from.clone(), reply));
                 return;
@@ -213,7 +234,7 @@ impl Gateway {
         };
         self.apply(&record);
         let token = self.persist(record);
-        self.gated.insert(
+        self.gate(
             token,
             Gated::Execute(Execute {
                 key,
@@ -224,6 +245,10 @@ impl Gateway {
         );
     }
 
+    fn gate(&mut self, token: PersistToken, g: Gated) {
+        self.gated.entry(token).or_default().push(g);
+    }
+
     fn on_query(&mut self, from: &AgentId, key: OpKey, binding: &Binding) {
         let reply = match self.log.get(&key) {
             Some(a) if a.binding != *binding => LedgerMessage::Refused {
@@ -231,11 +256,17 @@ impl Gateway {
                 reason: Refusal::KeyConflict,
             },
             Some(a) => match &a.state {
-                AcceptanceState::Done(r) => LedgerMessage::Receipt(r.clone()),
-                AcceptanceState::Accepted => LedgerMessage::Pending { key },
+                AcceptanceState::Done(r) if a.receipt_durable => LedgerMessage::Receipt(r.clone()),
+                _ => LedgerMessage::Pending { key },
             },
             None => {
-                let fence = self.fences.get(&binding.credit).copied().unwrap_or(0);
+                // Only a durable fence proves that the binding can never be accepted: one
+                // still being written may be lost to a crash, and the permit accepted after.
+                let fence = self
+                    .durable_fences
+                    .get(&binding.credit)
+                    .copied()
+                    .unwrap_or(0);
                 if binding.receiver == self.me && binding.epoch < fence {
                     // Never accepted, and the fence makes sure it never will be.
                     let proof = NoEffect {
@@ -254,19 +285,27 @@ impl Gateway {
     }
 
     fn on_fence(&mut self, from: &AgentId, fence: Signed<Fence>) {
+        let Ok(body) = fence.peek() else {
+            return;
+        };
+        // Only the credit's holder may fence it: the fence is signed by the holder it names,
+        // and every permit seen for the credit came from that same payer.
+        let any = self.mutation == Some(LedgerMutation::EvidenceFromAnyMember);
+        if &body.holder != from && !any {
+            return;
+        }
         let Ok(f) = self.keys.open(&fence, from) else {
             return;
         };
-        // Only the holder that pays from the credit may fence it: every permit seen for the
-        // credit must have come from the same payer.
         let other_payer = self
             .log
             .values()
             .any(|a| a.binding.credit == f.credit && a.binding.payer != f.holder);
-        if other_payer {
+        if other_payer && !any {
             return;
         }
         let current = self.fences.get(&f.credit).copied().unwrap_or(0);
+        let durable = self.durable_fences.get(&f.credit).copied().unwrap_or(0);
         let reply = |g: &Self, epoch| {
             let fenced = Fenced {
                 credit: f.credit,
@@ -275,9 +314,17 @@ impl Gateway {
             };
             LedgerMessage::Fenced(Signed::sign(&fenced, &g.me, &g.key))
         };
-        if f.epoch <= current {
-            let msg = reply(self, current);
+        if f.epoch <= durable {
+            let msg = reply(self, durable);
             self.transmits.push_back((from.clone(), msg));
+            return;
+        }
+        if f.epoch <= current {
+            // Covered by a fence still being written: answer once it is durable.
+            if let Some(&token) = self.fence_in_flight.get(&f.credit) {
+                let msg = reply(self, current);
+                self.gate(token, Gated::Send(from.clone(), msg));
+            }
             return;
         }
         let record = GatewayRecord::Fence {
@@ -286,8 +333,10 @@ impl Gateway {
         };
         self.apply(&record);
         let token = self.persist(record);
+        self.fence_in_flight.insert(f.credit, token);
+        self.gate(token, Gated::FenceDurable(f.credit, f.epoch));
         let msg = reply(self, f.epoch);
-        self.gated.insert(token, Gated::Send(from.clone(), msg));
+        self.gate(token, Gated::Send(from.clone(), msg));
     }
 
     /// The effect of `key` ran (or, for a resumed one, was found to have run) and charged
@@ -318,8 +367,8 @@ impl Gateway {
         };
         self.apply(&record);
         let token = self.persist(record);
-        self.gated
-            .insert(token, Gated::Send(payer, LedgerMessage::Receipt(signed)));
+        self.gate(token, Gated::ReceiptDurable(key));
+        self.gate(token, Gated::Send(payer, LedgerMessage::Receipt(signed)));
     }
 
     fn apply(&mut self, r: &GatewayRecord) {
@@ -335,6 +384,7 @@ impl Gateway {
                     effect: effect.clone(),
                     state: AcceptanceState::Accepted,
                     accepted: 0,
+                    receipt_durable: false,
                 });
                 e.accepted += 1;
                 if self.mutation == Some(LedgerMutation::GatewayAcceptsKeyTwice) {
@@ -369,10 +419,23 @@ impl Gateway {
 
     /// `token` is durable: release what waited for it.
     pub fn handle_persisted(&mut self, token: PersistToken) {
-        match self.gated.remove(&token) {
-            Some(Gated::Execute(e)) => self.executes.push_back(e),
-            Some(Gated::Send(to, m)) => self.transmits.push_back((to, m)),
-            None => {}
+        for g in self.gated.remove(&token).unwrap_or_default() {
+            match g {
+                Gated::Execute(e) => self.executes.push_back(e),
+                Gated::Send(to, m) => self.transmits.push_back((to, m)),
+                Gated::ReceiptDurable(key) => {
+                    if let Some(a) = self.log.get_mut(&key) {
+                        a.receipt_durable = true;
+                    }
+                }
+                Gated::FenceDurable(credit, epoch) => {
+                    let f = self.durable_fences.entry(credit).or_insert(0);
+                    *f = (*f).max(epoch);
+                    if self.fence_in_flight.get(&credit) == Some(&token) {
+                        self.fence_in_flight.remove(&credit);
+                    }
+                }
+            }
         }
     }
 

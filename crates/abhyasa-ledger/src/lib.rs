@@ -132,6 +132,16 @@ pub enum LedgerError {
     /// Arithmetic overflow.
     #[error("arithmetic overflow")]
     Overflow,
+    /// Evidence signed by a keyring member that is not the party it is about.
+    #[error("{what} must be signed by {expected}, not {signer}")]
+    WrongParty {
+        /// What the evidence is.
+        what: &'static str,
+        /// Who must sign it.
+        expected: AgentId,
+        /// Who did.
+        signer: AgentId,
+    },
 }
 
 /// A token that confirms a persisted record.
@@ -152,11 +162,14 @@ pub enum LedgerMutation {
     GatewayWithoutFence,
     /// The gateway accepts (and runs) a key it has already accepted.
     GatewayAcceptsKeyTwice,
+    /// Branch and gateway take evidence signed by any keyring member, not only by the party
+    /// it is about.
+    EvidenceFromAnyMember,
 }
 
 impl LedgerMutation {
     /// Every mutant, with its command-line name.
-    pub const ALL: [(&'static str, LedgerMutation); 5] = [
+    pub const ALL: [(&'static str, LedgerMutation); 6] = [
         ("refund_on_timeout", LedgerMutation::RefundOnTimeout),
         (
             "accept_replayed_transfer",
@@ -170,6 +183,10 @@ impl LedgerMutation {
         (
             "gateway_accepts_key_twice",
             LedgerMutation::GatewayAcceptsKeyTwice,
+        ),
+        (
+            "evidence_from_any_member",
+            LedgerMutation::EvidenceFromAnyMember,
         ),
     ];
 }

@@ -36,6 +36,8 @@ impl Net {
             (id("r"), sk(2).verifying_key()),
             (id("c"), sk(3).verifying_key()),
             (id("g"), sk(4).verifying_key()),
+            // A member in no role here: it signs only what it should not.
+            (id("m"), sk(5).verifying_key()),
         ])
         .with_issuers([id("issuer")]);
         let config = BranchConfig {
@@ -596,4 +598,257 @@ fn only_a_trusted_issuer_can_mint_a_root() {
         .is_err());
     assert_eq!(r.credits().count(), 0);
     assert!(r.poll_persist().is_none());
+}
+
+// ---------------------------------------------------------------------------------------
+// Evidence binds its signer: a keyring member `m` signs what only another party may sign.
+
+/// `r` reserves and dispatches `units` to `g`; returns the permit message, held back.
+fn dispatched(n: &mut Net, units: u64) -> LedgerMessage {
+    let e = n.effect("call", &[("units", units)]);
+    n.r.reserve(ROOT_CREDIT, e, &id("g"), key(1)).unwrap();
+    n.r.dispatch(UnixMillis(0), key(1)).unwrap();
+    n.persist_all();
+    n.r.poll_transmit().unwrap().1
+}
+
+#[test]
+fn a_no_effect_proof_counts_only_from_the_gateway_of_the_binding() {
+    for mutation in [None, Some(LedgerMutation::EvidenceFromAnyMember)] {
+        let mut n = Net::new(&[("units", 5)], mutation);
+        let root = RootId::from_u128(7);
+        let permit = dispatched(&mut n, 5);
+        let b = n.r.operation(key(1)).unwrap().binding.clone();
+        // m signs a proof that names g, and sends it itself.
+        let proof = NoEffect {
+            key: key(1),
+            binding: b.digest(),
+            gateway: id("g"),
+            fence: b.epoch + 1,
+        };
+        let forged = LedgerMessage::NoEffect(Signed::sign(&proof, &id("m"), &sk(5)));
+        n.r.handle_message(UnixMillis(1), &id("m"), forged);
+        n.persist_all();
+        // Meanwhile g runs the effect.
+        n.g.handle_message(&id("r"), permit);
+        n.run(&v(&[("units", 5)]), &mut |_, _| false);
+        match mutation {
+            None => {
+                assert_eq!(n.r.buckets(root)[4], v(&[("units", 5)]), "committed");
+                assert!(n.r.buckets(root)[0].is_zero(), "not available again");
+                assert_eq!(n.violations(), vec![]);
+            }
+            Some(_) => assert!(
+                n.violations().iter().any(|x| x.law == "L3"),
+                "{:?}",
+                n.violations()
+            ),
+        }
+    }
+}
+
+#[test]
+fn a_transfer_is_cancelled_only_by_its_destination() {
+    let mut n = Net::new(&[("cents", 100)], None);
+    let root = RootId::from_u128(7);
+    let label = Label::of(&["tools"]).unwrap();
+    n.r.transfer(
+        ROOT_CREDIT,
+        TransferId::from_u128(1),
+        &v(&[("cents", 40)]),
+        &id("c"),
+        label,
+    )
+    .unwrap();
+    n.persist_all();
+    let (_, cert) = n.r.poll_transmit().unwrap();
+    let LedgerMessage::Transfer(signed) = &cert else {
+        panic!("{cert:?}")
+    };
+    let body = signed.peek().unwrap();
+    // The destination accepts; its decision is slow.
+    n.c.handle_message(UnixMillis(0), &id("r"), cert.clone());
+    n.persist_all();
+    let (_, accepted) = n.c.poll_transmit().unwrap();
+    // m signs a refusal in c's name.
+    let refusal = TransferDecision {
+        root,
+        transfer: body.transfer,
+        cert: body.digest(),
+        source: id("r"),
+        destination: id("c"),
+        credit: None,
+    };
+    let forged = LedgerMessage::Decision(Signed::sign(&refusal, &id("m"), &sk(5)));
+    n.r.handle_message(UnixMillis(1), &id("m"), forged);
+    n.persist_all();
+    assert_eq!(
+        n.r.buckets(root)[1],
+        v(&[("cents", 40)]),
+        "still in transit"
+    );
+    // c's own refusal of another certificate does not decide this one either.
+    let elsewhere = TransferDecision {
+        cert: abhyasa_wire::ledger::Digest::of(&[b"another certificate"]),
+        ..refusal
+    };
+    let misbound = LedgerMessage::Decision(Signed::sign(&elsewhere, &id("c"), &sk(3)));
+    n.r.handle_message(UnixMillis(2), &id("c"), misbound);
+    n.persist_all();
+    assert_eq!(
+        n.r.buckets(root)[1],
+        v(&[("cents", 40)]),
+        "still in transit"
+    );
+    n.r.handle_message(UnixMillis(3), &id("c"), accepted);
+    n.run(&Vector::zero(), &mut |_, _| false);
+    assert_eq!(n.r.buckets(root)[0], v(&[("cents", 60)]));
+    assert_eq!(n.c.buckets(root)[0], v(&[("cents", 40)]));
+    assert_eq!(n.violations(), vec![]);
+}
+
+#[test]
+fn a_certificate_counts_only_from_its_source() {
+    let mut n = Net::new(&[("cents", 100)], None);
+    let root = RootId::from_u128(7);
+    // m mints a certificate in r's name for atoms r still holds.
+    let cert = TransferCert {
+        root,
+        transfer: TransferId::from_u128(9),
+        source: id("r"),
+        destination: id("c"),
+        source_credit: ROOT_CREDIT,
+        footprint: Footprint::full(&v(&[("cents", 100)])),
+        label: Label::of(&["tools"]).unwrap(),
+    };
+    let forged = LedgerMessage::Transfer(Signed::sign(&cert, &id("m"), &sk(5)));
+    n.c.handle_message(UnixMillis(0), &id("m"), forged.clone());
+    n.persist_all();
+    assert_eq!(
+        n.c.credits().count(),
+        0,
+        "no credit from a forged certificate"
+    );
+    // Not even when it is relayed by the source's session: the signature must be r's.
+    n.c.handle_message(UnixMillis(0), &id("r"), forged);
+    n.persist_all();
+    assert_eq!(n.c.credits().count(), 0);
+    assert_eq!(n.violations(), vec![]);
+}
+
+#[test]
+fn a_fence_counts_only_from_the_holder_and_a_fenced_reply_only_from_its_gateway() {
+    let mut n = Net::new(&[("units", 5)], None);
+    let permit = dispatched(&mut n, 5);
+    n.g.handle_message(&id("r"), permit);
+    n.persist_all();
+    // m fences r's credit in r's name at g.
+    let fence = Fence {
+        root: RootId::from_u128(7),
+        credit: ROOT_CREDIT,
+        epoch: 1,
+        holder: id("r"),
+    };
+    n.g.handle_message(
+        &id("m"),
+        LedgerMessage::Fence(Signed::sign(&fence, &id("m"), &sk(5))),
+    );
+    n.persist_all();
+    assert_eq!(n.g.fences().count(), 0, "a fence from a non-holder");
+    assert!(n.g.poll_transmit().is_none());
+    // m claims g fenced the credit.
+    let fenced = Fenced {
+        credit: ROOT_CREDIT,
+        epoch: 9,
+        gateway: id("g"),
+    };
+    n.r.handle_message(
+        UnixMillis(1),
+        &id("m"),
+        LedgerMessage::Fenced(Signed::sign(&fenced, &id("m"), &sk(5))),
+    );
+    n.persist_all();
+    assert_eq!(n.r.credit(ROOT_CREDIT).unwrap().epoch, 0);
+}
+
+#[test]
+fn the_last_epoch_is_refused_cleanly_not_wrapped() {
+    let mut n = Net::new(&[("units", 5)], None);
+    dispatched(&mut n, 5);
+    // g (the credit's gateway) reports a fence at the last epoch there is.
+    let fenced = Fenced {
+        credit: ROOT_CREDIT,
+        epoch: u64::MAX,
+        gateway: id("g"),
+    };
+    n.r.handle_message(
+        UnixMillis(1),
+        &id("g"),
+        LedgerMessage::Fenced(Signed::sign(&fenced, &id("g"), &sk(4))),
+    );
+    n.persist_all();
+    assert_eq!(n.r.credit(ROOT_CREDIT).unwrap().epoch, u64::MAX);
+    assert_eq!(n.r.request_fence(ROOT_CREDIT), Err(LedgerError::Overflow));
+}
+
+#[test]
+fn gateway_evidence_waits_for_its_record() {
+    let mut n = Net::new(&[("units", 5)], None);
+    let permit = dispatched(&mut n, 5);
+    n.g.handle_message(&id("r"), permit.clone());
+    n.persist_all();
+    let run = n.g.poll_execute().unwrap();
+    n.g.handle_executed(run.key, v(&[("units", 2)]));
+    // The receipt's record is not durable yet: a repeated dispatch hears "pending", and the
+    // receipt itself is not out.
+    let (_, receipt_record) = n.g.poll_persist().unwrap();
+    n.g.handle_message(&id("r"), permit.clone());
+    let replies: Vec<_> = std::iter::from_fn(|| n.g.poll_transmit()).collect();
+    assert!(
+        replies
+            .iter()
+            .all(|(_, m)| matches!(m, LedgerMessage::Pending { .. })),
+        "{replies:?}"
+    );
+    assert!(matches!(receipt_record, GatewayRecord::Receipt { .. }));
+    // A fence still being written proves nothing either.
+    let mut m = Net::new(&[("units", 5)], None);
+    let lost = dispatched(&mut m, 5);
+    drop(lost);
+    m.r.request_fence(ROOT_CREDIT).unwrap();
+    let (_, fence) = m.r.poll_transmit().unwrap();
+    m.g.handle_message(&id("r"), fence);
+    let (token, _) = m.g.poll_persist().unwrap();
+    let b = m.r.operation(key(1)).unwrap().binding.clone();
+    m.g.handle_message(
+        &id("r"),
+        LedgerMessage::Query {
+            key: key(1),
+            binding: Box::new(b.clone()),
+        },
+    );
+    let replies: Vec<_> = std::iter::from_fn(|| m.g.poll_transmit()).collect();
+    assert!(
+        replies
+            .iter()
+            .all(|(_, m)| matches!(m, LedgerMessage::Pending { .. })),
+        "{replies:?}"
+    );
+    // Once it is durable: the fenced reply, and the no-effect proof.
+    m.g.handle_persisted(token);
+    assert!(matches!(
+        m.g.poll_transmit(),
+        Some((_, LedgerMessage::Fenced(_)))
+    ));
+    m.g.handle_message(
+        &id("r"),
+        LedgerMessage::Query {
+            key: key(1),
+            binding: Box::new(b),
+        },
+    );
+    assert!(matches!(
+        m.g.poll_transmit(),
+        Some((_, LedgerMessage::NoEffect(_)))
+    ));
 }

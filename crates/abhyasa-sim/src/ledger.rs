@@ -13,6 +13,13 @@
 //! forfeits. Gateways run effects through an executor that is not idempotent on its own (the
 //! gateway's acceptance log is what prevents a second run), and a gateway can crash between
 //! running an effect and recording its receipt.
+//!
+//! A **rogue member** sits in the keyring (its signatures verify) but in no role: it snoops
+//! the network and signs and sends every piece of evidence it should not — no-effect proofs
+//! and receipts for others' operations (also real receipts replayed with a changed charge),
+//! refusals of others' transfers, transfer certificates in another branch's name, fences of
+//! others' credits, fenced replies in a gateway's name (up to epoch `u64::MAX`). Conservation
+//! must hold regardless.
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -23,13 +30,14 @@ use abhyasa_ledger::{
     Label, LedgerMessage, LedgerMutation, LedgerSigningKey, OpKey, OpState, RootGrant, RootId,
     Signed, Step, TransferId, Vector,
 };
+use abhyasa_wire::ledger::{Fence, Fenced, NoEffect, Receipt, TransferDecision};
 use abhyasa_wire::{AgentId, UnixMillis};
 use rand::Rng;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 /// Every ledger mutant, by its command-line name.
-pub const LEDGER_MUTANTS: [(&str, LedgerMutation); 5] = LedgerMutation::ALL;
+pub const LEDGER_MUTANTS: [(&str, LedgerMutation); LedgerMutation::ALL.len()] = LedgerMutation::ALL;
 
 /// The ledger mutant with this name.
 pub fn ledger_mutant(name: &str) -> Option<LedgerMutation> {
@@ -58,6 +66,8 @@ pub struct LedgerReport {
     pub crashes: u64,
     /// Effects that ran.
     pub effects: u64,
+    /// Pieces of evidence the rogue member forged and sent.
+    pub forgeries: u64,
     /// Broken invariants (the first few).
     pub violations: Vec<String>,
 }
@@ -66,6 +76,8 @@ const BRANCHES: [&str; 4] = ["root", "a", "b", "c"];
 const GATEWAYS: [&str; 2] = ["g1", "g2"];
 const ROOT: RootId = RootId::from_u128(1);
 const ROOT_CREDIT: CreditId = CreditId::from_u128(1);
+/// A keyring member in no role of the DAG: it only forges.
+const ROGUE: &str = "rogue";
 
 fn agent(s: &str) -> AgentId {
     AgentId::new(s).expect("a valid agent id")
@@ -79,7 +91,7 @@ fn key_of(name: &str) -> LedgerSigningKey {
         BRANCHES
             .iter()
             .chain(GATEWAYS.iter())
-            .chain(["issuer"].iter())
+            .chain(["issuer", ROGUE].iter())
             .map(|&n| {
                 let mut seed = [0u8; 32];
                 seed[..n.len()].copy_from_slice(n.as_bytes());
@@ -126,6 +138,8 @@ struct Params {
     resend_ms: u64,
     spend_rate: f64,
     duration: u64,
+    /// Chance per millisecond that the rogue member forges something.
+    rogue_rate: f64,
 }
 
 struct Sim {
@@ -179,11 +193,16 @@ impl Sim {
             resend_ms: rng.random_range(20..300),
             spend_rate: rng.random_range(0.1..0.6),
             duration,
+            rogue_rate: if rng.random_bool(0.7) {
+                rng.random_range(0.002..0.03)
+            } else {
+                0.0
+            },
         };
         let mut all: Vec<(AgentId, _)> = BRANCHES
             .iter()
             .chain(GATEWAYS.iter())
-            .chain(["issuer"].iter())
+            .chain(["issuer", ROGUE].iter())
             .map(|n| (agent(n), key_of(n).verifying_key()))
             .collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
@@ -644,6 +663,9 @@ impl Sim {
                     self.act_settle(who);
                 }
             }
+            if self.rng.random_bool(self.p.rogue_rate) {
+                self.rogue();
+            }
             if self.now % 10 == 0 {
                 for who in BRANCHES {
                     let now = UnixMillis(self.now);
@@ -673,6 +695,142 @@ impl Sim {
             }
         }
         self.report
+    }
+
+    /// The rogue member snoops one message in flight and forges from it.
+    fn rogue(&mut self) {
+        if self.net.is_empty() {
+            return;
+        }
+        let i = self.rng.random_range(0..self.net.len());
+        let Some(m) = self.net.values().nth(i) else {
+            return;
+        };
+        let (from, to, msg) = (m.from.clone(), m.to.clone(), m.msg.clone());
+        let me = agent(ROGUE);
+        let sign =
+            |body: &dyn Fn(&AgentId, &LedgerSigningKey) -> LedgerMessage| body(&me, &key_of(ROGUE));
+        let mut forged: Vec<(AgentId, LedgerMessage)> = Vec::new();
+        match msg {
+            LedgerMessage::Dispatch { permit, .. } => {
+                let Ok(p) = permit.peek() else { return };
+                let b = p.binding;
+                let payer = b.payer.clone();
+                // A no-effect proof and a zero receipt "from" the gateway, to the payer.
+                forged.push((
+                    payer.clone(),
+                    sign(&|a, k| {
+                        LedgerMessage::NoEffect(Signed::sign(
+                            &NoEffect {
+                                key: b.key,
+                                binding: b.digest(),
+                                gateway: b.receiver.clone(),
+                                fence: b.epoch.saturating_add(1),
+                            },
+                            a,
+                            k,
+                        ))
+                    }),
+                ));
+                forged.push((
+                    payer.clone(),
+                    sign(&|a, k| {
+                        LedgerMessage::Receipt(Signed::sign(
+                            &Receipt {
+                                key: b.key,
+                                binding: b.digest(),
+                                gateway: b.receiver.clone(),
+                                actual: Vector::zero(),
+                            },
+                            a,
+                            k,
+                        ))
+                    }),
+                ));
+                // A fence of the payer's credit, in the payer's name, to the gateway.
+                forged.push((
+                    b.receiver.clone(),
+                    sign(&|a, k| {
+                        LedgerMessage::Fence(Signed::sign(
+                            &Fence {
+                                root: b.root,
+                                credit: b.credit,
+                                epoch: b.epoch.saturating_add(1),
+                                holder: payer.clone(),
+                            },
+                            a,
+                            k,
+                        ))
+                    }),
+                ));
+                // A fenced reply in the gateway's name, at the last epoch there is.
+                let epoch = if self.rng.random_bool(0.5) {
+                    u64::MAX
+                } else {
+                    b.epoch.saturating_add(1)
+                };
+                forged.push((
+                    payer,
+                    sign(&|a, k| {
+                        LedgerMessage::Fenced(Signed::sign(
+                            &Fenced {
+                                credit: b.credit,
+                                epoch,
+                                gateway: b.receiver.clone(),
+                            },
+                            a,
+                            k,
+                        ))
+                    }),
+                ));
+            }
+            LedgerMessage::Receipt(r) => {
+                // A real receipt replayed with its charge changed.
+                let Ok(mut body) = r.peek() else { return };
+                body.actual = Vector::zero();
+                forged.push((
+                    to,
+                    sign(&|a, k| LedgerMessage::Receipt(Signed::sign(&body, a, k))),
+                ));
+            }
+            LedgerMessage::Transfer(cert) => {
+                let Ok(c) = cert.peek() else { return };
+                // A refusal in the destination's name, to the source.
+                let refusal = TransferDecision {
+                    root: c.root,
+                    transfer: c.transfer,
+                    cert: c.digest(),
+                    source: c.source.clone(),
+                    destination: c.destination.clone(),
+                    credit: None,
+                };
+                forged.push((
+                    from,
+                    sign(&|a, k| LedgerMessage::Decision(Signed::sign(&refusal, a, k))),
+                ));
+                // The same atoms again, in the source's name, under a new transfer id.
+                let mut again = c;
+                again.transfer = TransferId::from_u128(self.fresh());
+                forged.push((
+                    to,
+                    sign(&|a, k| LedgerMessage::Transfer(Signed::sign(&again, a, k))),
+                ));
+            }
+            LedgerMessage::Decision(d) => {
+                // The decision turned into a refusal.
+                let Ok(mut body) = d.peek() else { return };
+                body.credit = None;
+                forged.push((
+                    to,
+                    sign(&|a, k| LedgerMessage::Decision(Signed::sign(&body, a, k))),
+                ));
+            }
+            _ => return,
+        }
+        self.report.forgeries += forged.len() as u64;
+        for (victim, m) in forged {
+            self.send(me.clone(), victim, m);
+        }
     }
 
     fn act_settle(&mut self, name: &'static str) {

@@ -76,6 +76,7 @@ impl Totals for LedgerReport {
         self.joins += r.joins;
         self.crashes += r.crashes;
         self.effects += r.effects;
+        self.forgeries += r.forgeries;
         (r.violations.len(), r.violations.into_iter().next())
     }
 }
@@ -188,8 +189,8 @@ fn main() -> ExitCode {
                     Err(code) => return code,
                 };
             eprintln!(
-                "transfers={} joins={} effects={} crashes={} failing_seeds={failing}",
-                r.transfers, r.joins, r.effects, r.crashes
+                "transfers={} joins={} effects={} crashes={} forgeries={} failing_seeds={failing}",
+                r.transfers, r.joins, r.effects, r.crashes, r.forgeries
             );
             println!(
                 "ledger: seeds={} operations={} settled={} forfeited={} no_effect={} violations={violations}",

@@ -607,8 +607,16 @@ pub struct TransferCert {
     pub label: Label,
 }
 
+impl TransferCert {
+    /// The digest a decision binds.
+    pub fn digest(&self) -> Digest {
+        Digest::of(&[b"abhyasa/v1/transfer", &encode(self)])
+    }
+}
+
 /// The destination's decision on a transfer: accepted (once, creating `credit`) or refused
-/// (durably: it will never accept it). Only a refusal lets the source cancel.
+/// (durably: it will never accept it). Only a refusal lets the source cancel. It binds the
+/// certificate it decides (its digest and source), so it cannot be replayed against another.
 #[derive(Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TransferDecision {
@@ -616,6 +624,10 @@ pub struct TransferDecision {
     pub root: RootId,
     /// The transfer.
     pub transfer: TransferId,
+    /// The digest of the certificate decided ([`TransferCert::digest`]).
+    pub cert: Digest,
+    /// The certificate's source.
+    pub source: AgentId,
     /// The deciding branch (the signer).
     pub destination: AgentId,
     /// The child credit created, or `None` for a refusal.
