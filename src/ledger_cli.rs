@@ -14,8 +14,8 @@ use std::sync::Mutex;
 
 use abhyasa_ledger::check::{check, EffectInstance, Violation, World};
 use abhyasa_ledger::{
-    signing_key, Branch, BranchConfig, CreditId, Dim, Effect, Gateway, Keyring, Label,
-    LedgerSigningKey, LedgerVerifyingKey, OpKey, RootGrant, RootId, Signed, TransferId, Vector,
+    signing_key, Branch, CreditId, Dim, Effect, Gateway, Keyring, Label, LedgerSigningKey,
+    LedgerVerifyingKey, OpKey, RootGrant, RootId, Signed, TransferId, Vector,
 };
 use abhyasa_node::{Executor, LedgerCommand, LedgerReply, LedgerStatus};
 use abhyasa_store::{Store, StoreConfig};
@@ -447,11 +447,10 @@ pub fn check_dirs(
     let mut bs = Vec::new();
     for (agent, dir) in branches.iter().chain(gateways.iter()) {
         let store = Store::open(dir.join("node.redb"), StoreConfig::default())?;
-        let (b, rejected) = Branch::recover(
+        // Public keys only: the audit never needs an agent's secret key.
+        let (b, rejected) = Branch::replay(
             AgentId::new(agent.clone())?,
-            load_key(certs, agent)?,
             keys.clone(),
-            BranchConfig::default(),
             store.ledger_journal()?,
         );
         if !rejected.is_empty() {
@@ -464,11 +463,9 @@ pub fn check_dirs(
     for (agent, dir) in gateways {
         let store = Store::open(dir.join("node.redb"), StoreConfig::default())?;
         let me = AgentId::new(agent.clone())?;
-        gs.push(Gateway::recover(
+        gs.push(Gateway::replay(
             me.clone(),
-            load_key(certs, agent)?,
             keys.clone(),
-            None,
             store.gateway_log()?,
         ));
         effects.extend(read_effects_at(&dir.join("effects.log"), Some(&me))?);

@@ -191,6 +191,17 @@ fn grant_delegate_spend_and_check_across_three_node_processes() {
     for p in procs.iter_mut() {
         p.take().unwrap().stop();
     }
+    // The auditor holds public keys only: no agent's (or the issuer's) secret key.
+    let public = dir.path().join("public-keys");
+    std::fs::create_dir_all(&public).unwrap();
+    for entry in std::fs::read_dir(&certs).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_owned();
+        if name.ends_with(".ledger.pub") {
+            std::fs::copy(&path, public.join(&name)).unwrap();
+        }
+    }
+    let c = public.to_str().unwrap();
     let out = ok(&[
         "ledger",
         "check",

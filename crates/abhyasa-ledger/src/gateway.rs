@@ -164,6 +164,16 @@ impl Gateway {
         g
     }
 
+    /// Rebuilds a gateway from its records for an audit, with public keys only (it holds an
+    /// inert key and must not be used to sign).
+    pub fn replay(
+        me: AgentId,
+        keys: Keyring,
+        records: impl IntoIterator<Item = GatewayRecord>,
+    ) -> Self {
+        Self::recover(me, crate::branch::inert_key(), keys, None, records)
+    }
+
     /// This gateway.
     pub fn agent(&self) -> &AgentId {
         &self.me

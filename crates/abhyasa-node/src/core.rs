@@ -678,7 +678,7 @@ impl Core {
                 Some(setup) => Some(LedgerPart::recover(&a3, setup, s)?),
                 None => None,
             };
-            Ok::<_, abhyasa_store::StoreError>((c, r, l))
+            Ok::<_, NodeError>((c, r, l))
         });
         match recovered {
             Ok(Ok((c, r, l))) => {

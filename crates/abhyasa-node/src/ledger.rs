@@ -11,7 +11,7 @@ use abhyasa_ledger::{
     RootGrant, RootId, Signed, TransferId, Vector,
 };
 use abhyasa_moq::{Session, Track};
-use abhyasa_store::{Op, Store, StoreError};
+use abhyasa_store::{Op, Store};
 use abhyasa_wire::{decode, encode, AgentId, UnixMillis};
 use tracing::{debug, warn};
 
@@ -165,7 +165,7 @@ impl LedgerPart {
         me: &AgentId,
         setup: LedgerSetup,
         store: &Store,
-    ) -> Result<Self, StoreError> {
+    ) -> Result<Self, crate::NodeError> {
         let config = BranchConfig {
             resend_ms: setup.resend_ms,
             mutation: None,
@@ -177,8 +177,12 @@ impl LedgerPart {
             config,
             store.ledger_journal()?,
         );
-        for (step, e) in rejected {
-            warn!(%e, ?step, "ledger journal step refused at recovery");
+        // Fail closed: a journal that does not replay is not trusted with a budget.
+        if let Some((step, error)) = rejected.into_iter().next() {
+            return Err(crate::NodeError::LedgerJournal {
+                step: format!("{step:?}"),
+                error,
+            });
         }
         let gateway = match setup.executor {
             Some(_) => Some(Gateway::recover(

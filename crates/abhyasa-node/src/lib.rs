@@ -91,6 +91,15 @@ pub enum NodeError {
     /// The node was built without a ledger.
     #[error("this node takes no part in the ledger")]
     NoLedger,
+    /// A step of the ledger journal does not re-apply (damaged, forged or foreign): the node
+    /// refuses to start rather than trust a budget it cannot rebuild.
+    #[error("ledger journal step does not re-apply ({error}): {step}")]
+    LedgerJournal {
+        /// The step, as read.
+        step: String,
+        /// Why it was refused.
+        error: abhyasa_ledger::LedgerError,
+    },
     /// The node has stopped.
     #[error("the node has stopped")]
     Stopped,

@@ -253,3 +253,47 @@ async fn grant_delegate_spend_settle_across_three_nodes() {
         vec![]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_that_does_not_replay_stops_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate("ledger-test").unwrap();
+    // A root grant in the journal signed by "root" itself, not by a trusted issuer: a budget
+    // minted by a member.
+    let grant = RootGrant {
+        root: RootId::from_u128(3),
+        issuer: id("root"),
+        holder: id("root"),
+        budget: cents(1_000_000),
+        label: Label::of(&["tools"]).unwrap(),
+        issued_at: UnixMillis(0),
+    };
+    let step = Step::Grant {
+        grant: Signed::sign(&grant, &id("root"), &sk("root")),
+        credit: CreditId::from_u128(3),
+    };
+    {
+        std::fs::create_dir_all(dir.path()).unwrap();
+        let mut store = Store::open(dir.path().join("node.redb"), StoreConfig::default()).unwrap();
+        store
+            .commit(&[abhyasa_store::Op::Ledger(step.clone())])
+            .unwrap();
+    }
+    let built = Node::builder(ca.issue(&id("root")).unwrap())
+        .state_dir(dir.path())
+        .ledger(setup("root", None))
+        .build()
+        .await;
+    match built {
+        Err(abhyasa_node::NodeError::LedgerJournal { error, .. }) => {
+            assert!(matches!(error, LedgerError::Signature(_)), "{error}");
+        }
+        Err(e) => panic!("refused for another reason: {e}"),
+        Ok(_) => panic!("a node started on a journal that does not replay"),
+    }
+    // The audit replays with public keys only and names the same step.
+    let store = Store::open(dir.path().join("node.redb"), StoreConfig::default()).unwrap();
+    let (_, rejected) = Branch::replay(id("root"), keys(), store.ledger_journal().unwrap());
+    assert_eq!(rejected.len(), 1);
+    assert_eq!(rejected[0].0, step);
+}
