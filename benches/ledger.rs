@@ -103,7 +103,7 @@ fn cycles(r: &mut Branch, g: &mut Gateway, bs: &mut Store, gs: &mut Store, next:
     commit_gateway(g, gs);
     let charge = Vector::of(&[("cents", 730), ("calls", 1)]).unwrap();
     while let Some(e) = g.poll_execute() {
-        g.handle_executed(e.key, charge.clone());
+        g.handle_executed(&e.payer, e.key, charge.clone());
     }
     commit_gateway(g, gs);
     while let Some((_, m)) = g.poll_transmit() {
@@ -129,7 +129,7 @@ fn in_memory_cycle(r: &mut Branch, g: &mut Gateway, n: u64) -> EffectInstance {
     }
     let e = g.poll_execute().unwrap();
     let charge = Vector::of(&[("cents", 730), ("calls", 1)]).unwrap();
-    g.handle_executed(e.key, charge.clone());
+    g.handle_executed(&e.payer, e.key, charge.clone());
     while let Some((t, _)) = g.poll_persist() {
         g.handle_persisted(t);
     }
@@ -141,6 +141,7 @@ fn in_memory_cycle(r: &mut Branch, g: &mut Gateway, n: u64) -> EffectInstance {
     while r.poll_event().is_some() {}
     EffectInstance {
         gateway: id("g"),
+        payer: e.payer,
         key,
         charge,
     }

@@ -341,12 +341,13 @@ pub fn print_status(v: &serde_json::Value) {
 }
 
 /// The reference gateway executor: records each effect that runs in an append-only, fsynced
-/// file (`<state>/effects.log`: `key dim=n,…` per line) before reporting it, and charges the
+/// file (`<state>/effects.log`: `key dim=n,… payer` per line) before reporting it, and charges the
 /// effect's declared maximum. Resumed effects are looked up there first. Embedders running
 /// real effects provide their own [`Executor`].
 pub struct FileExecutor {
     file: Mutex<std::fs::File>,
-    ran: Mutex<BTreeMap<OpKey, Vector>>,
+    /// Effects that ran, by (payer, key): keys are scoped per payer.
+    ran: Mutex<BTreeMap<(AgentId, OpKey), Vector>>,
 }
 
 impl FileExecutor {
@@ -354,7 +355,7 @@ impl FileExecutor {
     pub fn open(path: &Path) -> Result<Self, Error> {
         let ran = read_effects(path)?
             .into_iter()
-            .map(|e| (e.key, e.charge))
+            .map(|e| ((e.payer, e.key), e.charge))
             .collect();
         let file = OpenOptions::new().create(true).append(true).open(path)?;
         Ok(Self {
@@ -365,9 +366,17 @@ impl FileExecutor {
 }
 
 impl Executor for FileExecutor {
-    fn execute(&self, key: OpKey, effect: &Effect, max: &Vector, resume: bool) -> Vector {
+    fn execute(
+        &self,
+        payer: &AgentId,
+        key: OpKey,
+        effect: &Effect,
+        max: &Vector,
+        resume: bool,
+    ) -> Vector {
         let mut ran = self.ran.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(c) = ran.get(&key).filter(|_| resume) {
+        let id = (payer.clone(), key);
+        if let Some(c) = ran.get(&id).filter(|_| resume) {
             return c.clone();
         }
         let charge = if effect.max_charge.le(max) {
@@ -378,9 +387,9 @@ impl Executor for FileExecutor {
         let mut f = self.file.lock().unwrap_or_else(|e| e.into_inner());
         // The record is durable before the receipt can exist. A failed write is reported as
         // the maximum charge: conservative, never an unrecorded free effect.
-        let _ = writeln!(f, "{:x} {}", key.to_u128(), show_vector(&charge))
+        let _ = writeln!(f, "{:x} {} {payer}", key.to_u128(), show_vector(&charge))
             .and_then(|()| f.sync_data());
-        ran.insert(key, charge.clone());
+        ran.insert(id, charge.clone());
         charge
     }
 }
@@ -405,11 +414,13 @@ fn read_effects_at(path: &Path, gateway: Option<&AgentId>) -> Result<Vec<EffectI
             break; // Torn by a crash: that effect's record never completed.
         }
         let text = String::from_utf8_lossy(line);
-        let Some((k, c)) = text.trim().split_once(' ') else {
-            continue;
+        let mut parts = text.split_whitespace();
+        let (Some(k), Some(c), Some(payer)) = (parts.next(), parts.next(), parts.next()) else {
+            return Err(format!("effects log: unreadable line {:?}", text.trim()).into());
         };
         out.push(EffectInstance {
             gateway: gw.clone(),
+            payer: AgentId::new(payer)?,
             key: OpKey::from_u128(id128(k)?),
             charge: if c == "0" {
                 Vector::zero()

@@ -430,14 +430,19 @@ pub fn read_effects(db: &Path) -> Result<Vec<EffectInstance>, std::io::Error> {
         }
         let text = String::from_utf8_lossy(line);
         let mut parts = text.split_whitespace();
-        let (Some(k), Some(c)) = (parts.next(), parts.next()) else {
+        let (Some(k), Some(c), Some(p)) = (parts.next(), parts.next(), parts.next()) else {
             continue;
         };
-        let (Ok(k), Ok(c)) = (u128::from_str_radix(k, 16), c.parse::<u64>()) else {
+        let (Ok(k), Ok(c), Ok(payer)) = (
+            u128::from_str_radix(k, 16),
+            c.parse::<u64>(),
+            AgentId::new(p.to_owned()),
+        ) else {
             continue;
         };
         out.push(EffectInstance {
             gateway: agent(LedgerRole::Gw),
+            payer,
             key: OpKey::from_u128(k),
             charge: cents(c),
         });
@@ -462,9 +467,9 @@ fn run_gateway(
         ))
     };
     let mut g = recover(group)?;
-    let mut ran: BTreeMap<OpKey, Vector> = read_effects(&args.db)?
+    let mut ran: BTreeMap<(AgentId, OpKey), Vector> = read_effects(&args.db)?
         .into_iter()
-        .map(|e| (e.key, e.charge))
+        .map(|e| ((e.payer, e.key), e.charge))
         .collect();
     let mut effects = OpenOptions::new()
         .create(true)
@@ -497,20 +502,21 @@ fn run_gateway(
             }
             while let Some(e) = g.poll_execute() {
                 progressed = true;
-                let charge = match (e.resume, ran.get(&e.key)) {
+                let id = (e.payer.clone(), e.key);
+                let charge = match (e.resume, ran.get(&id)) {
                     (true, Some(c)) => c.clone(),
                     _ => {
                         // Run the effect: its record is durable before anyone hears of it.
                         let c = charge_of(e.key);
                         let n = c.get(&Dim::new("cents").expect("valid"));
-                        writeln!(effects, "{:x} {n}", e.key.to_u128())?;
+                        writeln!(effects, "{:x} {n} {}", e.key.to_u128(), e.payer)?;
                         effects.sync_data()?;
-                        ran.insert(e.key, c.clone());
+                        ran.insert(id, c.clone());
                         c
                     }
                 };
                 points.reach(LedgerKillPoint::AfterAcceptanceBeforeReceipt);
-                g.handle_executed(e.key, charge);
+                g.handle_executed(&e.payer, e.key, charge);
             }
             if !progressed {
                 break;

@@ -705,7 +705,9 @@ impl Custodian {
             .filter(|p| {
                 let waiting = match p.phase {
                     Phase::Backoff => p.wake > now,
-                    Phase::InFlight { since } => since < now,
+                    // Sent before the subscription came back — or in the same millisecond, which
+                    // cannot be told apart from before: it may have left on the dead session.
+                    Phase::InFlight { since } => since <= now,
                     Phase::AwaitingPersist | Phase::Queued { .. } => false,
                 };
                 &p.obligation.target == target

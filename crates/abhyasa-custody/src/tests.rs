@@ -557,6 +557,18 @@ fn a_ready_peer_gets_pending_obligations_re_offered_at_once() {
 }
 
 #[test]
+fn an_attempt_sent_in_the_same_millisecond_as_the_re_subscription_is_re_offered() {
+    // It may have left on the session that just died: it cannot be told apart from one
+    // sent before.
+    let mut c = Custodian::new(p(), config(), 3);
+    c.issue(UnixMillis(5), revoke_token(1, 5, 100_000)).unwrap();
+    assert_eq!(persist_all(&mut c, 5).len(), 1);
+    c.handle_peer_ready(UnixMillis(5), &a());
+    let sent = persist_all(&mut c, 5);
+    assert_eq!(sent.iter().map(|t| t.attempt).collect::<Vec<_>>(), [2]);
+}
+
+#[test]
 fn a_re_offer_pulls_a_waiting_attempt_forward_once() {
     // Drawn backoffs are at least 1 ms here, so each attempt waits out a real slot.
     let cfg = CustodianConfig {

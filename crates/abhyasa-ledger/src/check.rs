@@ -19,6 +19,8 @@ use crate::{Branch, Gateway, Keyring, OpState, OutgoingState, Step};
 pub struct EffectInstance {
     /// Where it ran.
     pub gateway: AgentId,
+    /// Whose operation it ran for (keys are scoped per payer).
+    pub payer: AgentId,
     /// The operation key it ran under.
     pub key: OpKey,
     /// What it charged.
@@ -151,7 +153,7 @@ pub fn check(w: &World<'_>) -> Vec<Violation> {
     }
     let mut held: BTreeMap<(RootId, Dim), Held> = BTreeMap::new();
     let mut held_by: BTreeMap<(AgentId, RootId, Dim), Vec<Iv>> = BTreeMap::new();
-    let mut settled_keys: BTreeMap<OpKey, u32> = BTreeMap::new();
+    let mut settled_keys: BTreeMap<(AgentId, OpKey), u32> = BTreeMap::new();
     for b in w.branches {
         let me = b.agent().clone();
         let mut put = |root: RootId, f: &Footprint, kind: u8, max: Option<&Vector>| {
@@ -205,7 +207,9 @@ pub fn check(w: &World<'_>) -> Vec<Violation> {
                 }
                 OpState::Settled { charged, receipt } => {
                     put(root, charged, 1, None);
-                    *settled_keys.entry(o.binding.key).or_default() += 1;
+                    *settled_keys
+                        .entry((o.binding.payer.clone(), o.binding.key))
+                        .or_default() += 1;
                     match w.keys.open(receipt, &o.binding.receiver) {
                         Ok(r)
                             if r.key == o.binding.key
@@ -287,23 +291,24 @@ pub fn check(w: &World<'_>) -> Vec<Violation> {
     }
 
     // L2: one settlement per key, agreeing with the gateway's receipt.
-    for (key, n) in &settled_keys {
+    for ((_, key), n) in &settled_keys {
         if *n > 1 {
             bad("L2", format!("operation {key} settled {n} times"));
         }
     }
-    let mut receipts: BTreeMap<OpKey, Signed<Receipt>> = BTreeMap::new();
+    let mut receipts: BTreeMap<(AgentId, OpKey), Signed<Receipt>> = BTreeMap::new();
     for g in w.gateways {
         for (k, a) in g.log() {
             if let crate::AcceptanceState::Done(r) = &a.state {
-                receipts.insert(*k, r.clone());
+                receipts.insert(k.clone(), r.clone());
             }
         }
     }
     for b in w.branches {
         for o in b.operations() {
             if let OpState::Settled { receipt, .. } = &o.state {
-                if receipts.get(&o.binding.key).is_some_and(|r| r != receipt) {
+                let k = (o.binding.payer.clone(), o.binding.key);
+                if receipts.get(&k).is_some_and(|r| r != receipt) {
                     bad(
                         "L2",
                         format!(
@@ -318,19 +323,27 @@ pub fn check(w: &World<'_>) -> Vec<Violation> {
 
     // L3: every effect that ran is covered by exactly one operation whose atoms are still
     // reserved, quarantined or forfeited, or committed by its receipt; one instance per key.
-    let mut instances: BTreeMap<(AgentId, OpKey), u32> = BTreeMap::new();
-    let ops: BTreeMap<OpKey, (&AgentId, &crate::Operation)> = w
+    let mut instances: BTreeMap<(AgentId, AgentId, OpKey), u32> = BTreeMap::new();
+    // Operations by (payer, key): keys are scoped per payer.
+    let ops: BTreeMap<(AgentId, OpKey), (&AgentId, &crate::Operation)> = w
         .branches
         .iter()
-        .flat_map(|b| b.operations().map(move |o| (o.binding.key, (b.agent(), o))))
+        .flat_map(|b| {
+            b.operations()
+                .map(move |o| ((b.agent().clone(), o.binding.key), (b.agent(), o)))
+        })
         .collect();
-    let acceptances: BTreeMap<(AgentId, OpKey), &crate::Acceptance> = w
+    let acceptances: BTreeMap<(AgentId, AgentId, OpKey), &crate::Acceptance> = w
         .gateways
         .iter()
-        .flat_map(|g| g.log().map(move |(k, a)| ((g.agent().clone(), *k), a)))
+        .flat_map(|g| {
+            g.log()
+                .map(move |((p, k), a)| ((g.agent().clone(), p.clone(), *k), a))
+        })
         .collect();
     for e in w.effects {
-        let n = instances.entry((e.gateway.clone(), e.key)).or_default();
+        let at = (e.gateway.clone(), e.payer.clone(), e.key);
+        let n = instances.entry(at.clone()).or_default();
         *n += 1;
         if *n == 2 {
             bad(
@@ -341,14 +354,14 @@ pub fn check(w: &World<'_>) -> Vec<Violation> {
                 ),
             );
         }
-        let Some(a) = acceptances.get(&(e.gateway.clone(), e.key)) else {
+        let Some(a) = acceptances.get(&at) else {
             bad(
                 "L3",
                 format!("effect {} at {} ran with no acceptance", e.key, e.gateway),
             );
             continue;
         };
-        let Some((payer, op)) = ops.get(&e.key) else {
+        let Some((payer, op)) = ops.get(&(e.payer.clone(), e.key)) else {
             bad(
                 "L3",
                 format!(
@@ -408,8 +421,9 @@ pub fn check(w: &World<'_>) -> Vec<Violation> {
 
     // L7: every acceptance is paid from the payer's own escrow.
     for g in w.gateways {
-        for (k, a) in g.log() {
-            match ops.get(k) {
+        for (pk, a) in g.log() {
+            let k = pk.1;
+            match ops.get(pk) {
                 Some((payer, op)) if *payer == &a.binding.payer && op.binding == a.binding => {
                     for (d, r) in op.footprint.iter() {
                         let entered = ingress

@@ -25,6 +25,10 @@ pub enum GatewayRecord {
     Receipt {
         /// The receipt.
         receipt: Signed<Receipt>,
+        /// The payer whose key it settles (older records without it are matched by the
+        /// receipt's binding digest).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        payer: Option<AgentId>,
     },
     /// A fence raised.
     Fence {
@@ -67,6 +71,8 @@ pub enum AcceptanceState {
 /// already ran (by key) and report that instead of running it again.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Execute {
+    /// The payer (keys are scoped per payer).
+    pub payer: AgentId,
     /// The operation.
     pub key: OpKey,
     /// What to run.
@@ -90,7 +96,8 @@ pub struct Gateway {
     durable_fences: BTreeMap<CreditId, u64>,
     /// The record of the latest fence of each credit still being written.
     fence_in_flight: BTreeMap<CreditId, PersistToken>,
-    log: BTreeMap<OpKey, Acceptance>,
+    /// Acceptances by (payer, key): one payer cannot squat another's key.
+    log: BTreeMap<(AgentId, OpKey), Acceptance>,
     next_token: u64,
     persists: VecDeque<(PersistToken, GatewayRecord)>,
     gated: BTreeMap<PersistToken, Vec<Gated>>,
@@ -102,8 +109,8 @@ pub struct Gateway {
 enum Gated {
     Execute(Execute),
     Send(AgentId, LedgerMessage),
-    /// The receipt of this key is durable.
-    ReceiptDurable(OpKey),
+    /// The receipt of this payer's key is durable.
+    ReceiptDurable(AgentId, OpKey),
     /// This fence is durable.
     FenceDurable(CreditId, u64),
 }
@@ -151,9 +158,10 @@ impl Gateway {
         for a in g.log.values_mut() {
             a.receipt_durable = matches!(a.state, AcceptanceState::Done(_));
         }
-        for (k, a) in &g.log {
+        for ((payer, k), a) in &g.log {
             if a.state == AcceptanceState::Accepted {
                 g.executes.push_back(Execute {
+                    payer: payer.clone(),
                     key: *k,
                     effect: a.effect.clone(),
                     max_charge: a.binding.max_charge.clone(),
@@ -216,7 +224,8 @@ impl Gateway {
         {
             return self.refuse(from, key, Refusal::BindingMismatch);
         }
-        if let Some(prior) = self.log.get(&key) {
+        if let Some(prior) = self.log.get(&(b.payer.clone(), key)) {
+            // A reused key with different content is refused, never a silent no-op.
             if prior.binding != *b {
                 return self.refuse(from, key, Refusal::KeyConflict);
             }
@@ -247,6 +256,7 @@ impl Gateway {
         self.gate(
             token,
             Gated::Execute(Execute {
+                payer: b.payer.clone(),
                 key,
                 effect,
                 max_charge: b.max_charge.clone(),
@@ -260,7 +270,7 @@ impl Gateway {
     }
 
     fn on_query(&mut self, from: &AgentId, key: OpKey, binding: &Binding) {
-        let reply = match self.log.get(&key) {
+        let reply = match self.log.get(&(binding.payer.clone(), key)) {
             Some(a) if a.binding != *binding => LedgerMessage::Refused {
                 key,
                 reason: Refusal::KeyConflict,
@@ -349,11 +359,11 @@ impl Gateway {
         self.gate(token, Gated::Send(from.clone(), msg));
     }
 
-    /// The effect of `key` ran (or, for a resumed one, was found to have run) and charged
-    /// `actual`. The receipt never exceeds the maximum: the executor is bound by it, and a
-    /// higher report is clamped and recorded as the maximum.
-    pub fn handle_executed(&mut self, key: OpKey, actual: Vector) {
-        let Some(a) = self.log.get(&key) else {
+    /// The effect of `payer`'s `key` ran (or, for a resumed one, was found to have run) and
+    /// charged `actual`. The receipt never exceeds the maximum: the executor is bound by it,
+    /// and a higher report is clamped and recorded as the maximum.
+    pub fn handle_executed(&mut self, payer: &AgentId, key: OpKey, actual: Vector) {
+        let Some(a) = self.log.get(&(payer.clone(), key)) else {
             return;
         };
         if a.state != AcceptanceState::Accepted {
@@ -370,15 +380,18 @@ impl Gateway {
             gateway: self.me.clone(),
             actual,
         };
-        let payer = a.binding.payer.clone();
         let signed = Signed::sign(&receipt, &self.me, &self.key);
         let record = GatewayRecord::Receipt {
             receipt: signed.clone(),
+            payer: Some(payer.clone()),
         };
         self.apply(&record);
         let token = self.persist(record);
-        self.gate(token, Gated::ReceiptDurable(key));
-        self.gate(token, Gated::Send(payer, LedgerMessage::Receipt(signed)));
+        self.gate(token, Gated::ReceiptDurable(payer.clone(), key));
+        self.gate(
+            token,
+            Gated::Send(payer.clone(), LedgerMessage::Receipt(signed)),
+        );
     }
 
     fn apply(&mut self, r: &GatewayRecord) {
@@ -388,24 +401,36 @@ impl Gateway {
                 permit,
                 effect,
             } => {
-                let e = self.log.entry(binding.key).or_insert_with(|| Acceptance {
-                    binding: (**binding).clone(),
-                    permit: permit.clone(),
-                    effect: effect.clone(),
-                    state: AcceptanceState::Accepted,
-                    accepted: 0,
-                    receipt_durable: false,
-                });
+                let e = self
+                    .log
+                    .entry((binding.payer.clone(), binding.key))
+                    .or_insert_with(|| Acceptance {
+                        binding: (**binding).clone(),
+                        permit: permit.clone(),
+                        effect: effect.clone(),
+                        state: AcceptanceState::Accepted,
+                        accepted: 0,
+                        receipt_durable: false,
+                    });
                 e.accepted += 1;
                 if self.mutation == Some(LedgerMutation::GatewayAcceptsKeyTwice) {
                     e.state = AcceptanceState::Accepted;
                 }
             }
-            GatewayRecord::Receipt { receipt } => {
-                if let Ok(body) = receipt.peek() {
-                    if let Some(a) = self.log.get_mut(&body.key) {
-                        a.state = AcceptanceState::Done(receipt.clone());
-                    }
+            GatewayRecord::Receipt { receipt, payer } => {
+                let Ok(body) = receipt.peek() else {
+                    return;
+                };
+                let entry = match payer {
+                    Some(p) => self.log.get_mut(&(p.clone(), body.key)),
+                    None => self
+                        .log
+                        .iter_mut()
+                        .find(|((_, k), a)| *k == body.key && a.binding.digest() == body.binding)
+                        .map(|(_, a)| a),
+                };
+                if let Some(a) = entry {
+                    a.state = AcceptanceState::Done(receipt.clone());
                 }
             }
             GatewayRecord::Fence { credit, epoch } => {
@@ -433,8 +458,8 @@ impl Gateway {
             match g {
                 Gated::Execute(e) => self.executes.push_back(e),
                 Gated::Send(to, m) => self.transmits.push_back((to, m)),
-                Gated::ReceiptDurable(key) => {
-                    if let Some(a) = self.log.get_mut(&key) {
+                Gated::ReceiptDurable(payer, key) => {
+                    if let Some(a) = self.log.get_mut(&(payer, key)) {
                         a.receipt_durable = true;
                     }
                 }
@@ -459,8 +484,8 @@ impl Gateway {
         self.transmits.pop_front()
     }
 
-    /// The acceptance log.
-    pub fn log(&self) -> impl Iterator<Item = (&OpKey, &Acceptance)> {
+    /// The acceptance log, keyed by (payer, key).
+    pub fn log(&self) -> impl Iterator<Item = (&(AgentId, OpKey), &Acceptance)> {
         self.log.iter()
     }
 

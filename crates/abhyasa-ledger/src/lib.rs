@@ -43,11 +43,20 @@ pub use gateway::{Acceptance, AcceptanceState, Execute, Gateway, GatewayRecord};
 
 /// Verifying keys of the agents a ledger component trusts, by agent id, and which of them
 /// may issue root grants.
+///
+/// A keyring remembers the signed objects it has verified (by [`Signed::fingerprint`]: tag,
+/// signer, body and signature), so replaying a journal — which re-verifies every piece of
+/// evidence it relies on — costs one ed25519 verification per object, not one per replay.
+/// The keys never change after construction, so a remembered verification stays true.
 #[derive(Clone, Debug, Default)]
 pub struct Keyring {
     keys: Arc<BTreeMap<AgentId, LedgerVerifyingKey>>,
     issuers: Arc<std::collections::BTreeSet<AgentId>>,
+    verified: Arc<std::sync::Mutex<std::collections::HashSet<Digest>>>,
 }
+
+/// Most verifications a keyring remembers; past it the memory starts afresh.
+const VERIFIED_MEMORY: usize = 1 << 20;
 
 impl Keyring {
     /// A keyring of `(agent, key)` pairs, trusting no root issuer yet.
@@ -55,6 +64,7 @@ impl Keyring {
         Self {
             keys: Arc::new(keys.into_iter().collect()),
             issuers: Arc::default(),
+            verified: Arc::default(),
         }
     }
 
@@ -81,7 +91,26 @@ impl Keyring {
         signed: &Signed<T>,
         expected: &AgentId,
     ) -> Result<T, SignatureError> {
-        signed.open_from(expected, &|a: &AgentId| self.get(a))
+        if &signed.signer != expected {
+            return Err(SignatureError::UnexpectedSigner(signed.signer.clone()));
+        }
+        let fingerprint = signed.fingerprint();
+        let known = self
+            .verified
+            .lock()
+            .map(|v| v.contains(&fingerprint))
+            .unwrap_or(false);
+        if known {
+            return signed.decode_checked();
+        }
+        let value = signed.open_from(expected, &|a: &AgentId| self.get(a))?;
+        if let Ok(mut v) = self.verified.lock() {
+            if v.len() >= VERIFIED_MEMORY {
+                v.clear();
+            }
+            v.insert(fingerprint);
+        }
+        Ok(value)
     }
 }
 

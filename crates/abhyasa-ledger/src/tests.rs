@@ -95,15 +95,19 @@ impl Net {
             }
             while let Some(e) = self.g.poll_execute() {
                 moved = true;
-                let ran = self.effects.iter().any(|x| x.key == e.key);
+                let ran = self
+                    .effects
+                    .iter()
+                    .any(|x| x.key == e.key && x.payer == e.payer);
                 if !(e.resume && ran) {
                     self.effects.push(EffectInstance {
                         gateway: id("g"),
+                        payer: e.payer.clone(),
                         key: e.key,
                         charge: charge.clone(),
                     });
                 }
-                self.g.handle_executed(e.key, charge.clone());
+                self.g.handle_executed(&e.payer, e.key, charge.clone());
             }
             for (from, to, m) in msgs {
                 moved = true;
@@ -798,7 +802,7 @@ fn gateway_evidence_waits_for_its_record() {
     n.g.handle_message(&id("r"), permit.clone());
     n.persist_all();
     let run = n.g.poll_execute().unwrap();
-    n.g.handle_executed(run.key, v(&[("units", 2)]));
+    n.g.handle_executed(&run.payer, run.key, v(&[("units", 2)]));
     // The receipt's record is not durable yet: a repeated dispatch hears "pending", and the
     // receipt itself is not out.
     let (_, receipt_record) = n.g.poll_persist().unwrap();
@@ -851,4 +855,96 @@ fn gateway_evidence_waits_for_its_record() {
         m.g.poll_transmit(),
         Some((_, LedgerMessage::NoEffect(_)))
     ));
+}
+
+#[test]
+fn another_payer_cannot_squat_a_key() {
+    let mut n = Net::new(&[("units", 5)], None);
+    let root = RootId::from_u128(7);
+    // m learns the key r will use and gets a permit of its own in first, under that key.
+    let e = n.effect("call", &[("units", 5)]);
+    let squat = Permit {
+        binding: Binding {
+            root,
+            credit: CreditId::from_u128(99),
+            generation: 0,
+            epoch: 0,
+            effect: e.digest(),
+            receiver: id("g"),
+            max_charge: v(&[("units", 5)]),
+            key: key(1),
+            payer: id("m"),
+        },
+        footprint: Footprint::full(&v(&[("units", 5)])),
+    };
+    n.g.handle_message(
+        &id("m"),
+        LedgerMessage::Dispatch {
+            permit: Signed::sign(&squat, &id("m"), &sk(5)),
+            effect: e.clone(),
+        },
+    );
+    n.persist_all();
+    while n.g.poll_execute().is_some() {}
+    // r's own operation under the same key is still accepted, runs and settles.
+    let permit = dispatched(&mut n, 5);
+    n.g.handle_message(&id("r"), permit);
+    n.run(&v(&[("units", 3)]), &mut |_, _| false);
+    assert!(
+        matches!(
+            n.r.operation(key(1)).unwrap().state,
+            OpState::Settled { .. }
+        ),
+        "{:?}",
+        n.r.operation(key(1)).unwrap().state
+    );
+    assert_eq!(n.r.buckets(root)[4], v(&[("units", 3)]));
+    assert_eq!(n.r.buckets(root)[0], v(&[("units", 2)]));
+    // A reused key with different content from the same payer is refused.
+    let other = n.effect("other-call", &[("units", 1)]);
+    let mut again = squat.clone();
+    again.binding.effect = other.digest();
+    again.binding.max_charge = v(&[("units", 1)]);
+    again.footprint = Footprint::full(&v(&[("units", 1)]));
+    n.g.handle_message(
+        &id("m"),
+        LedgerMessage::Dispatch {
+            permit: Signed::sign(&again, &id("m"), &sk(5)),
+            effect: other,
+        },
+    );
+    assert!(matches!(
+        n.g.poll_transmit(),
+        Some((
+            _,
+            LedgerMessage::Refused {
+                reason: Refusal::KeyConflict,
+                ..
+            }
+        ))
+    ));
+}
+
+#[test]
+fn a_remembered_verification_covers_only_the_same_bytes() {
+    let keys = Keyring::new([
+        (id("g"), sk(4).verifying_key()),
+        (id("m"), sk(5).verifying_key()),
+    ]);
+    let fenced = Fenced {
+        credit: ROOT_CREDIT,
+        epoch: 3,
+        gateway: id("g"),
+    };
+    let signed = Signed::sign(&fenced, &id("g"), &sk(4));
+    assert_eq!(keys.open(&signed, &id("g")), Ok(fenced.clone()));
+    // Remembered now; still only for exactly these bytes, this signer, this expectation.
+    assert_eq!(keys.open(&signed, &id("g")), Ok(fenced.clone()));
+    assert!(keys.open(&signed, &id("m")).is_err());
+    assert_eq!(
+        keys.open(&signed.tampered(3), &id("g")),
+        Err(SignatureError::BadSignature)
+    );
+    let by_m = Signed::sign(&fenced, &id("m"), &sk(5));
+    assert!(keys.open(&by_m, &id("g")).is_err());
 }

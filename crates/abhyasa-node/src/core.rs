@@ -21,7 +21,7 @@ pub(crate) enum Internal {
     Up(Session),
     Event(AgentId, usize, SessionEvent),
     /// The executor ran an accepted effect.
-    Executed(abhyasa_ledger::OpKey, abhyasa_ledger::Vector),
+    Executed(AgentId, abhyasa_ledger::OpKey, abhyasa_ledger::Vector),
 }
 
 fn now() -> UnixMillis {
@@ -544,9 +544,9 @@ impl Core {
                 self.sessions.insert(peer.clone(), s);
                 let _ = self.events.send(NodeEvent::PeerUp(peer));
             }
-            Internal::Executed(key, charge) => {
+            Internal::Executed(payer, key, charge) => {
                 if let Some(l) = &mut self.ledger {
-                    l.executed(key, charge);
+                    l.executed(&payer, key, charge);
                 }
             }
             Internal::Event(peer, conn, e) => match e {
@@ -720,13 +720,13 @@ impl Core {
             |e, executor| {
                 let itx = itx.clone();
                 tokio::spawn(async move {
-                    let key = e.key;
+                    let (payer, key) = (e.payer.clone(), e.key);
                     let charge = tokio::task::spawn_blocking(move || {
-                        executor.execute(e.key, &e.effect, &e.max_charge, e.resume)
+                        executor.execute(&e.payer, e.key, &e.effect, &e.max_charge, e.resume)
                     })
                     .await;
                     if let Ok(charge) = charge {
-                        let _ = itx.send(Internal::Executed(key, charge)).await;
+                        let _ = itx.send(Internal::Executed(payer, key, charge)).await;
                     }
                 });
             },

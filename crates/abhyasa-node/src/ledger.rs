@@ -18,10 +18,17 @@ use tracing::{debug, warn};
 /// Runs the effects a gateway accepted. Called off the core task, after the acceptance is
 /// durable; must be bounded by `max` (the gateway clamps anything above it). With `resume`,
 /// the effect may already have run before a crash: report its charge instead of running it
-/// again (look it up by `key`).
+/// again (look it up by `payer` and `key`: keys are scoped per payer).
 pub trait Executor: Send + Sync + 'static {
-    /// Runs (or, resumed, looks up) the effect of `key`; returns its actual charge.
-    fn execute(&self, key: OpKey, effect: &Effect, max: &Vector, resume: bool) -> Vector;
+    /// Runs (or, resumed, looks up) the effect of `payer`'s `key`; returns its actual charge.
+    fn execute(
+        &self,
+        payer: &AgentId,
+        key: OpKey,
+        effect: &Effect,
+        max: &Vector,
+        resume: bool,
+    ) -> Vector;
 }
 
 /// What a node needs to take part in the ledger.
@@ -306,7 +313,7 @@ impl LedgerPart {
                 .gateway
                 .iter()
                 .flat_map(|g| {
-                    g.log().map(|(k, a)| {
+                    g.log().map(|((_, k), a)| {
                         (
                             *k,
                             matches!(a.state, abhyasa_ledger::AcceptanceState::Done(_)),
@@ -393,9 +400,9 @@ impl LedgerPart {
         more
     }
 
-    pub(crate) fn executed(&mut self, key: OpKey, charge: Vector) {
+    pub(crate) fn executed(&mut self, payer: &AgentId, key: OpKey, charge: Vector) {
         if let Some(g) = &mut self.gateway {
-            g.handle_executed(key, charge);
+            g.handle_executed(payer, key, charge);
         }
     }
 }

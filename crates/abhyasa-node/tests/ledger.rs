@@ -32,14 +32,23 @@ fn keys() -> Keyring {
 struct Recorder(Mutex<Vec<EffectInstance>>);
 
 impl Executor for Recorder {
-    fn execute(&self, key: OpKey, _effect: &Effect, _max: &Vector, resume: bool) -> Vector {
+    fn execute(
+        &self,
+        payer: &abhyasa_wire::AgentId,
+        key: OpKey,
+        _effect: &Effect,
+        _max: &Vector,
+        resume: bool,
+    ) -> Vector {
         let mut ran = self.0.lock().unwrap();
-        if let Some(e) = ran.iter().find(|e| e.key == key).filter(|_| resume) {
+        let found = ran.iter().find(|e| e.key == key && &e.payer == payer);
+        if let Some(e) = found.filter(|_| resume) {
             return e.charge.clone();
         }
         let charge = Vector::of(&[("cents", 7)]).unwrap();
         ran.push(EffectInstance {
             gateway: id("gw"),
+            payer: payer.clone(),
             key,
             charge: charge.clone(),
         });

@@ -405,7 +405,7 @@ impl Sim {
                 let prior = self
                     .effects
                     .iter()
-                    .find(|x| x.gateway.as_str() == name && x.key == e.key)
+                    .find(|x| x.gateway.as_str() == name && x.key == e.key && x.payer == e.payer)
                     .map(|x| x.charge.clone());
                 let charge = match (e.resume, prior) {
                     (true, Some(c)) => c,
@@ -413,6 +413,7 @@ impl Sim {
                         let c = random_charge(&mut self.rng, &e.max_charge);
                         self.effects.push(EffectInstance {
                             gateway: agent(name),
+                            payer: e.payer.clone(),
                             key: e.key,
                             charge: c.clone(),
                         });
@@ -424,7 +425,7 @@ impl Sim {
                     crashed = true; // Ran, but the receipt was never recorded.
                     break;
                 }
-                g.handle_executed(e.key, charge);
+                g.handle_executed(&e.payer, e.key, charge);
             }
             if crashed || !progressed {
                 break;

@@ -103,7 +103,7 @@ struct State {
     up: BTreeSet<&'static str>,
     /// (from, to, encoded message) → copies in flight.
     net: BTreeMap<(&'static str, &'static str, Vec<u8>), u8>,
-    effects: Vec<(OpKey, u64)>,
+    effects: Vec<(AgentId, OpKey, u64)>,
     done: BTreeSet<Act>,
     crashes_left: u8,
     dups_left: u8,
@@ -176,15 +176,18 @@ impl State {
             }
             while let Some(e) = g.poll_execute() {
                 progressed = true;
-                let ran = self.effects.iter().any(|(k, _)| *k == e.key);
+                let ran = self
+                    .effects
+                    .iter()
+                    .any(|(p, k, _)| *k == e.key && *p == e.payer);
                 if !(e.resume && ran) {
-                    self.effects.push((e.key, 1));
+                    self.effects.push((e.payer.clone(), e.key, 1));
                 }
                 if crash_after_effect {
                     self.up.remove("gw");
                     return;
                 }
-                g.handle_executed(e.key, units(1));
+                g.handle_executed(&e.payer, e.key, units(1));
             }
             if !progressed {
                 break;
@@ -200,8 +203,9 @@ impl State {
         let effects: Vec<EffectInstance> = self
             .effects
             .iter()
-            .map(|(k, n)| EffectInstance {
+            .map(|(p, k, n)| EffectInstance {
                 gateway: id("gw"),
+                payer: p.clone(),
                 key: *k,
                 charge: units(*n),
             })

@@ -77,7 +77,7 @@ fn a_settled_cycle_replays_from_disk() {
     persist_gateway(&mut g, &mut store);
     let exec = g.poll_execute().unwrap();
     let charge = Vector::of(&[("cents", 730), ("calls", 1)]).unwrap();
-    g.handle_executed(exec.key, charge.clone());
+    g.handle_executed(&exec.payer, exec.key, charge.clone());
     persist_gateway(&mut g, &mut store);
     let (_, receipt) = g.poll_transmit().unwrap();
     r.handle_message(UnixMillis(1), &id("g"), receipt);
@@ -110,6 +110,7 @@ fn a_settled_cycle_replays_from_disk() {
     );
     let effects = [EffectInstance {
         gateway: id("g"),
+        payer: exec.payer.clone(),
         key,
         charge,
     }];

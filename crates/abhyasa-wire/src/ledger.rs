@@ -993,12 +993,30 @@ impl<T: SignedObject> Signed<T> {
             .map_err(|_| SignatureError::BadSignature)?;
         key.verify_strict(&message(T::TAG, &self.body.0), &Signature::from_bytes(&sig))
             .map_err(|_| SignatureError::BadSignature)?;
+        self.decode_checked()
+    }
+
+    /// Everything [`open`](Self::open) checks except the signature: the body decodes, is
+    /// canonical and valid. Only for a caller that has verified these exact bytes (same
+    /// [`fingerprint`](Self::fingerprint)) under the same key before.
+    pub fn decode_checked(&self) -> Result<T, SignatureError> {
         let value: T = decode(&self.body.0)?;
         if encode(&value) != self.body.0 {
             return Err(SignatureError::NotCanonical);
         }
         value.validate().map_err(SignatureError::Invalid)?;
         Ok(value)
+    }
+
+    /// A digest of the whole signed object — tag, signer, body and signature — under which
+    /// a successful verification can be remembered.
+    pub fn fingerprint(&self) -> Digest {
+        Digest::of(&[
+            T::TAG.as_bytes(),
+            self.signer.as_str().as_bytes(),
+            &self.body.0,
+            &self.signature.0,
+        ])
     }
 
     /// [`open`](Self::open) with the key `keys` holds for the signer, checking the signer
