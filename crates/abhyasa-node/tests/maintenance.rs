@@ -3,8 +3,7 @@
 
 mod common;
 
-use std::net::{SocketAddr, UdpSocket};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use abhyasa_custody::CustodianConfig;
 use abhyasa_moq::Ca;
@@ -14,20 +13,10 @@ use abhyasa_wire::{
     BeliefUpdatePayload, Obligation, ObligationId, Outcome, Payload, UnixMillis, WeightDelta,
     WeightKey,
 };
-use common::id;
-
-fn free_addr() -> SocketAddr {
-    UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
+use common::{free_addr, id, now_ms};
 
 fn down_weight(n: u128, deadline_ms: u64) -> Obligation {
-    let t = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64;
+    let t = now_ms();
     Obligation {
         id: ObligationId::from_u128(n),
         issuer: id("principal"),

@@ -2,22 +2,14 @@
 
 mod common;
 
-use std::net::{SocketAddr, UdpSocket};
 use std::time::Duration;
 
 use abhyasa_custody::ReceiverConfig;
 use abhyasa_moq::Ca;
 use abhyasa_node::{Admission, Node, NodeEvent};
 use abhyasa_wire::{BeliefUpdatePayload, Outcome, Payload, TokenId, WeightDelta, WeightKey};
-use common::{custodian, id, revoke};
+use common::{custodian, free_addr, id, revoke};
 use tokio::sync::broadcast;
-
-fn free_addr() -> SocketAddr {
-    UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
 
 async fn terminal(
     rx: &mut broadcast::Receiver<NodeEvent>,

@@ -681,28 +681,13 @@ impl World {
             // Misrouted: a copy also reaches a target it does not name (declined `refused`).
             let other = self.rng.random_range(1..self.nodes.len());
             if other != to {
-                let at = self.now + net.delay;
-                self.push(
-                    at,
-                    Event::Deliver {
-                        from,
-                        to: other,
-                        message: message.clone(),
-                    },
-                );
+                self.deliver_at(self.now + net.delay, from, other, &message);
             }
         }
         if self.rng.random_bool(net.replay) {
             // A stale copy, long after the original.
             let at = self.now + self.rng.random_range(200..=MAX_REPLAY);
-            self.push(
-                at,
-                Event::Deliver {
-                    from,
-                    to,
-                    message: message.clone(),
-                },
-            );
+            self.deliver_at(at, from, to, &message);
         }
         let bad = self.burst.entry((from, to)).or_insert(false);
         if net.bursty {
@@ -726,16 +711,13 @@ impl World {
                 continue;
             }
             let delay = net.delay + self.rng.random_range(0..=net.jitter);
-            let at = self.now + delay;
-            self.push(
-                at,
-                Event::Deliver {
-                    from,
-                    to,
-                    message: message.clone(),
-                },
-            );
+            self.deliver_at(self.now + delay, from, to, &message);
         }
+    }
+
+    fn deliver_at(&mut self, at: u64, from: usize, to: usize, message: &Message) {
+        let message = message.clone();
+        self.push(at, Event::Deliver { from, to, message });
     }
 
     fn commit(&mut self, node: usize, crash_after: bool) {

@@ -14,12 +14,25 @@ pub fn id(s: &str) -> AgentId {
     AgentId::new(s).unwrap()
 }
 
-/// A token revocation `tok-<n>` from `principal` to `target`, due `deadline_ms` from now.
-pub fn revoke(n: u128, target: &AgentId, deadline_ms: u64) -> Obligation {
-    let t = SystemTime::now()
+/// Now, in unix ms.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
-        .as_millis() as u64;
+        .as_millis() as u64
+}
+
+/// A loopback address nothing listens on.
+pub fn free_addr() -> std::net::SocketAddr {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// A token revocation `tok-<n>` from `principal` to `target`, due `deadline_ms` from now.
+pub fn revoke(n: u128, target: &AgentId, deadline_ms: u64) -> Obligation {
+    let t = now_ms();
     Obligation {
         id: ObligationId::from_u128(n),
         issuer: id("principal"),
