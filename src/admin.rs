@@ -151,6 +151,20 @@ pub struct StatusJson {
     pub revoked_tokens: Vec<String>,
     /// Routing weights in millionths.
     pub routes: Vec<(String, String, i64)>,
+    /// As an agent: what this node honours, per principal.
+    #[serde(default)]
+    pub honours: HonoursJson,
+}
+
+/// What a node honours as an agent, per principal (its receiver's durable state).
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct HonoursJson {
+    /// (principal, scope) pairs it no longer exercises.
+    pub withheld: Vec<(String, String)>,
+    /// (principal, key, weight in millionths) preference weights set by principals.
+    pub weights: Vec<(String, String, i64)>,
+    /// Tokens it dropped.
+    pub dropped_tokens: Vec<String>,
 }
 
 /// A pending obligation as JSON.
@@ -245,6 +259,23 @@ impl From<Status> for StatusJson {
                 .routes()
                 .map(|((t, k), w)| (t.to_string(), k.to_string(), w))
                 .collect(),
+            honours: HonoursJson {
+                withheld: s
+                    .honours
+                    .withheld()
+                    .map(|(p, sc)| (p.to_string(), sc.to_string()))
+                    .collect(),
+                weights: s
+                    .honours
+                    .weights()
+                    .map(|((p, k), w)| (p.to_string(), k.to_string(), w))
+                    .collect(),
+                dropped_tokens: s
+                    .honours
+                    .dropped_tokens()
+                    .map(ToString::to_string)
+                    .collect(),
+            },
         }
     }
 }

@@ -866,4 +866,18 @@ fn print_status(s: &StatusJson) {
     for (t, k, w) in &s.routes {
         println!("  routing   {t} {k} weight {:.3}", *w as f64 / 1e6);
     }
+    let h = &s.honours;
+    println!("\nas agent, honours:");
+    for (p, sc) in &h.withheld {
+        println!("  withholds {sc} (from {p})");
+    }
+    for (p, k, w) in &h.weights {
+        println!("  weight    {k} {:+.3} (set by {p})", *w as f64 / 1e6);
+    }
+    for t in &h.dropped_tokens {
+        println!("  dropped   token {t}");
+    }
+    if h.withheld.is_empty() && h.weights.is_empty() && h.dropped_tokens.is_empty() {
+        println!("  nothing yet");
+    }
 }

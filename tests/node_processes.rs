@@ -178,5 +178,23 @@ fn two_node_processes_with_a_receiver_killed_and_restarted() {
     // The table view works too.
     let table = abhyasa(&["status", "--admin", &p_admin]);
     assert!(String::from_utf8_lossy(&table.stdout).contains("revoked   token t4"));
+    // The agent, asked the same way, says what it honours, per principal: from its own
+    // durable state, after the SIGKILL and restart.
+    let h = status(&a_admin).unwrap();
+    let dropped: Vec<&str> = h["honours"]["dropped_tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(dropped, ["t1", "t2", "t3", "t4"]);
+    assert_eq!(h["honours"]["withheld"][0][0], "principal");
+    assert_eq!(h["honours"]["withheld"][0][1], "calendar.read");
+    let table = abhyasa(&["status", "--admin", &a_admin]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.contains("withholds calendar.read (from principal)"),
+        "{table}"
+    );
     drop(agent);
 }

@@ -12,8 +12,8 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use abhyasa_wire::{
-    AckStatus, AgentId, CustodyAck, DeclineReason, Envelope, Obligation, ObligationId, Scope,
-    TokenId, UnixMillis, WeightKey,
+    AckStatus, AgentId, CustodyAck, DeclineReason, Envelope, Obligation, ObligationId, Payload,
+    Scope, TokenId, UnixMillis, WeightKey,
 };
 
 use crate::kinds::{self, GovernedKey, ReceiverEffect};
@@ -87,12 +87,15 @@ pub struct AckTransmit {
 /// What the receiver surfaces.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum ReceiverEvent {
-    /// An obligation was applied and its record is durable.
+    /// An obligation was applied and its record is durable: from here on the application
+    /// must honour it.
     Applied {
         /// The obligation.
         id: ObligationId,
         /// Its issuer.
         issuer: AgentId,
+        /// What it says.
+        payload: Payload,
     },
     /// An obligation was declined.
     Declined {
@@ -245,6 +248,15 @@ struct Applied {
     durable: bool,
 }
 
+/// An apply whose record is being written: what its commit releases.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Applying {
+    id: ObligationId,
+    issuer: AgentId,
+    payload: Payload,
+    ack: Option<AckTransmit>,
+}
+
 /// The receiver state machine. See the module docs for the poll order.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Receiver {
@@ -257,7 +269,7 @@ pub struct Receiver {
     inflight: usize,
     next_token: u64,
     persists: VecDeque<Persist<ReceiverRecord>>,
-    gated: BTreeMap<PersistToken, (ObligationId, AgentId, Option<AckTransmit>)>,
+    gated: BTreeMap<PersistToken, Applying>,
     transmits: VecDeque<AckTransmit>,
     events: VecDeque<ReceiverEvent>,
     stats: ReceiverStats,
@@ -424,12 +436,21 @@ impl Receiver {
                 acked_at: now,
             },
         });
-        if self.config.mutation == Some(Mutation::AckBeforePersist) {
+        let ack = if self.config.mutation == Some(Mutation::AckBeforePersist) {
             self.transmits.extend(ack);
-            self.gated.insert(token, (o.id, o.issuer, None));
+            None
         } else {
-            self.gated.insert(token, (o.id, o.issuer, ack));
-        }
+            ack
+        };
+        self.gated.insert(
+            token,
+            Applying {
+                id: o.id,
+                issuer: o.issuer,
+                payload: o.payload,
+                ack,
+            },
+        );
     }
 
     fn decline(
@@ -466,7 +487,13 @@ impl Receiver {
 
     /// The record named by `token` is durable: release its ack.
     pub fn handle_persisted(&mut self, token: PersistToken) {
-        let Some((id, issuer, ack)) = self.gated.remove(&token) else {
+        let Some(Applying {
+            id,
+            issuer,
+            payload,
+            ack,
+        }) = self.gated.remove(&token)
+        else {
             return;
         };
         self.inflight = self.inflight.saturating_sub(1);
@@ -474,7 +501,11 @@ impl Receiver {
             applied.durable = true;
         }
         self.transmits.extend(ack);
-        self.events.push_back(ReceiverEvent::Applied { id, issuer });
+        self.events.push_back(ReceiverEvent::Applied {
+            id,
+            issuer,
+            payload,
+        });
     }
 
     /// Prunes applied ids whose retention ended. A spurious call is a no-op.

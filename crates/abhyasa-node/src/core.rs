@@ -484,9 +484,10 @@ impl Core {
                     (
                         s.terminal_records().unwrap_or_default(),
                         s.escalations().unwrap_or_default(),
+                        s.receiver_state().clone(),
                     )
                 });
-                let (mut recent, escalations) = stored.unwrap_or_default();
+                let (mut recent, escalations, honours) = stored.unwrap_or_default();
                 recent.sort_by_key(|r| r.at);
                 let keep = recent.len().saturating_sub(200);
                 recent.drain(..keep);
@@ -500,8 +501,13 @@ impl Core {
                     recent,
                     escalations,
                     principal: self.custodian.principal().clone(),
+                    honours,
                     peers: self.sessions.keys().cloned().collect(),
                 });
+            }
+            Command::Honours(reply) => {
+                let state = self.group.read(|s| s.receiver_state().clone());
+                let _ = reply.send(state.map_err(NodeError::from));
             }
             Command::Block(peer, duration) => {
                 self.blocked
@@ -786,8 +792,19 @@ impl Core {
             let _ = self.events.send(event);
         }
         while let Some(e) = self.receiver.poll_event() {
-            if let ReceiverEvent::Applied { id, issuer } = e {
-                let _ = self.events.send(NodeEvent::Applied { id, issuer });
+            if let ReceiverEvent::Applied {
+                id,
+                issuer,
+                payload,
+            } = e
+            {
+                let kind = payload.kind();
+                let _ = self.events.send(NodeEvent::Applied {
+                    id,
+                    issuer,
+                    kind,
+                    payload,
+                });
             }
         }
     }

@@ -50,12 +50,17 @@ pub enum NodeEvent {
     },
     /// A late `applied` was noted against an escalation.
     Reconciled(ReconciliationNote),
-    /// This node, as receiver, applied an obligation (durably).
+    /// This node, as receiver, applied an obligation (durably): from now on the application
+    /// must honour it — gate its own actions on it the moment this arrives.
     Applied {
         /// The obligation.
         id: ObligationId,
         /// Its issuer.
         issuer: AgentId,
+        /// Its kind.
+        kind: abhyasa_wire::Kind,
+        /// What it says.
+        payload: abhyasa_wire::Payload,
     },
     /// A session with a peer is up.
     PeerUp(AgentId),
@@ -118,6 +123,8 @@ pub struct Status {
     pub escalations: Vec<Escalation>,
     /// Principal-side state.
     pub principal: PrincipalState,
+    /// What this node, as an agent, honours (its receiver's durable state).
+    pub honours: abhyasa_custody::ReceiverState,
     /// Peers with a live session.
     pub peers: Vec<AgentId>,
 }
@@ -125,6 +132,7 @@ pub struct Status {
 pub(crate) enum Command {
     Issue(Obligation, oneshot::Sender<Result<Admission, NodeError>>),
     Status(oneshot::Sender<Status>),
+    Honours(oneshot::Sender<Result<abhyasa_custody::ReceiverState, NodeError>>),
     Block(AgentId, Duration),
     Ledger(
         ledger::LedgerCommand,
@@ -365,6 +373,20 @@ impl Node {
             .await
             .map_err(|_| NodeError::Stopped)?;
         rx.await.map_err(|_| NodeError::Stopped)
+    }
+
+    /// What this node, as an agent, must honour — answered from the receiver's durable state
+    /// (what its last commit left, not what is still being written): the scopes it withholds
+    /// per principal ([`ReceiverState::is_withheld`](abhyasa_custody::ReceiverState::is_withheld)),
+    /// its preference weights ([`weight`](abhyasa_custody::ReceiverState::weight)), the tokens it
+    /// dropped ([`is_dropped`](abhyasa_custody::ReceiverState::is_dropped)).
+    pub async fn honours(&self) -> Result<abhyasa_custody::ReceiverState, NodeError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Command::Honours(tx))
+            .await
+            .map_err(|_| NodeError::Stopped)?;
+        rx.await.map_err(|_| NodeError::Stopped)?
     }
 
     /// Cuts every session with `peer` and refuses it for `duration` (an outage on demand).

@@ -135,3 +135,77 @@ async fn an_unreachable_agent_escalates_with_the_safe_action() {
     assert_eq!(status.escalations.len(), 1);
     principal.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_sees_what_it_must_honour() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate("t").unwrap();
+    let (p, a) = (id("principal"), id("agent-1"));
+    let agent = Node::builder(ca.issue(&a).unwrap())
+        .state_dir(dir.path().join("a"))
+        .build()
+        .await
+        .unwrap();
+    let mut applied = agent.events();
+    let principal = Node::builder(ca.issue(&p).unwrap())
+        .peer(a.clone(), agent.local_addr())
+        .state_dir(dir.path().join("p"))
+        .custodian(custodian())
+        .build()
+        .await
+        .unwrap();
+    let scope = abhyasa_wire::Scope::new("calendar.read").unwrap();
+    let key = WeightKey::new("supplier/acme").unwrap();
+    let mut consent = revoke(1, &a, 20_000);
+    consent.payload = Payload::AnumatiConsent(abhyasa_wire::ConsentPayload {
+        decision: Some(abhyasa_wire::ConsentDecision::Revoke),
+        scope: scope.clone(),
+    });
+    let mut belief = revoke(2, &a, 20_000);
+    belief.payload = Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
+        weight_key: key.clone(),
+        weight_delta: WeightDelta(-250_000),
+        ttl_ms: 60_000,
+    });
+    let token = revoke(3, &a, 20_000);
+    let sent = [consent, belief, token];
+    for o in &sent {
+        let h = principal.issue(o.clone()).await.unwrap();
+        let (record, _) = tokio::time::timeout(Duration::from_secs(10), h.outcome())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(record.outcome, Outcome::Applied);
+    }
+    // Each Applied event says what the obligation is, as sent.
+    let mut seen = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while seen.len() < 3 {
+            if let Ok(NodeEvent::Applied {
+                id,
+                issuer,
+                kind,
+                payload,
+            }) = applied.recv().await
+            {
+                assert_eq!(issuer, p);
+                assert_eq!(kind, payload.kind());
+                seen.push((id, payload));
+            }
+        }
+    })
+    .await
+    .unwrap();
+    for o in &sent {
+        assert!(seen.contains(&(o.id, o.payload.clone())), "{seen:?}");
+    }
+    // And the agent's durable state answers what it honours, per principal.
+    let honours = agent.honours().await.unwrap();
+    assert!(honours.is_withheld(&p, &scope));
+    assert!(!honours.is_withheld(&id("someone-else"), &scope));
+    assert_eq!(honours.weight(&p, &key), -250_000);
+    assert!(honours.is_dropped(&TokenId::new("tok-3").unwrap()));
+    assert!(!honours.is_dropped(&TokenId::new("tok-4").unwrap()));
+    principal.shutdown().await;
+    agent.shutdown().await;
+}
