@@ -12,7 +12,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use abhyasa_ledger::check::{check, EffectInstance, Violation, World};
+use abhyasa_ledger::check::{audit, check, EffectInstance, Violation, World};
 use abhyasa_ledger::{
     signing_key, Branch, CreditId, Dim, Effect, Gateway, Keyring, Label, LedgerSigningKey,
     LedgerVerifyingKey, OpKey, RootGrant, RootId, Signed, TransferId, Vector,
@@ -456,14 +456,15 @@ pub fn check_dirs(
 ) -> Result<CheckReport, Error> {
     let keys = load_keyring(certs, issuers)?;
     let mut bs = Vec::new();
+    let mut history = Vec::new();
     for (agent, dir) in branches.iter().chain(gateways.iter()) {
         let store = Store::open(dir.join("node.redb"), StoreConfig::default())?;
+        let me = AgentId::new(agent.clone())?;
+        let journal = store.ledger_journal()?;
+        // Each transition of the journal, not only where it ended.
+        history.extend(audit(&me, &journal, &keys));
         // Public keys only: the audit never needs an agent's secret key.
-        let (b, rejected) = Branch::replay(
-            AgentId::new(agent.clone())?,
-            keys.clone(),
-            store.ledger_journal()?,
-        );
+        let (b, rejected) = Branch::replay(me, keys.clone(), journal);
         if !rejected.is_empty() {
             return Err(format!("{agent}: journal steps do not apply: {rejected:?}").into());
         }
@@ -483,12 +484,13 @@ pub fn check_dirs(
     }
     let brefs: Vec<&Branch> = bs.iter().collect();
     let grefs: Vec<&Gateway> = gs.iter().collect();
-    let violations = check(&World {
+    let mut violations = check(&World {
         branches: &brefs,
         gateways: &grefs,
         effects: &effects,
         keys: &keys,
     });
+    violations.extend(history);
     Ok(CheckReport {
         branches: bs.len(),
         gateways: gs.len(),

@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 use abhyasa_ledger::check::EffectInstance;
 use abhyasa_ledger::{
     signing_key, Branch, BranchConfig, CreditId, Dim, Effect, Gateway, Keyring, Label,
-    LedgerMessage, LedgerSigningKey, OpKey, OpState, OutgoingState, RootGrant, RootId, Signed,
-    Step, TransferId, Vector,
+    LedgerMessage, LedgerMutation, LedgerSigningKey, OpKey, OpState, OutgoingState, RootGrant,
+    RootId, Signed, Step, TransferId, Vector,
 };
 use abhyasa_store::{GroupCommit, GroupError, Op, Store, StoreConfig, StoreError};
 
@@ -112,6 +112,18 @@ pub struct LedgerPeerArgs {
     /// ... the n-th time it is reached.
     #[arg(long, default_value_t = 1)]
     pub kill_nth: u32,
+    /// Run the branch as one of the ledger's mutants (`abhyasa-sim ledger --list-mutants`),
+    /// to show the checker catching it across processes.
+    #[arg(long, value_parser = parse_mutant)]
+    pub mutant: Option<LedgerMutation>,
+}
+
+fn parse_mutant(s: &str) -> Result<LedgerMutation, String> {
+    LedgerMutation::ALL
+        .iter()
+        .find(|(name, _)| *name == s)
+        .map(|(_, m)| *m)
+        .ok_or_else(|| format!("no ledger mutant named {s}"))
 }
 
 /// Operations each branch performs.
@@ -220,15 +232,19 @@ pub fn run(args: &LedgerPeerArgs) -> Result<(), LedgerPeerError> {
     points.reach(LedgerKillPoint::DuringRecovery);
     match args.role {
         LedgerRole::Gw => run_gateway(args, &net, &group, &mut points),
-        role => run_branch(role, &net, &group, &mut points),
+        role => run_branch(role, &net, &group, &mut points, args.mutant),
     }
 }
 
-fn recover_branch(role: LedgerRole, group: &GroupCommit) -> Result<Branch, LedgerPeerError> {
+fn recover_branch(
+    role: LedgerRole,
+    group: &GroupCommit,
+    mutation: Option<LedgerMutation>,
+) -> Result<Branch, LedgerPeerError> {
     let journal = group.read(|s| s.ledger_journal())??;
     let config = BranchConfig {
         resend_ms: 200,
-        mutation: None,
+        mutation,
     };
     let (b, rejected) = Branch::recover(agent(role), key(role.name()), keyring(), config, journal);
     if !rejected.is_empty() {
@@ -254,8 +270,9 @@ fn run_branch(
     net: &Net,
     group: &GroupCommit,
     points: &mut Points<LedgerKillPoint>,
+    mutation: Option<LedgerMutation>,
 ) -> Result<(), LedgerPeerError> {
-    let mut b = recover_branch(role, group)?;
+    let mut b = recover_branch(role, group, mutation)?;
     let gw = agent(LedgerRole::Gw);
     let started = Instant::now();
     let mut quarantined_at: BTreeMap<OpKey, Instant> = BTreeMap::new();
@@ -342,7 +359,7 @@ fn run_branch(
         }
         b.handle_timeout(now());
         if !flush_branch(&mut b, net, group, points)? {
-            b = recover_branch(role, group)?;
+            b = recover_branch(role, group, mutation)?;
             continue;
         }
         if !done && workload_done(role, &b) {
@@ -353,7 +370,7 @@ fn run_branch(
             b.handle_message(now(), &from, m);
             while b.poll_event().is_some() {}
             if !flush_branch(&mut b, net, group, points)? {
-                b = recover_branch(role, group)?;
+                b = recover_branch(role, group, mutation)?;
             }
         }
     }

@@ -31,6 +31,7 @@ struct Peer {
     db: PathBuf,
     addrs: [SocketAddr; 3],
     proc: Watched,
+    mutant: Option<&'static str>,
 }
 
 impl Peer {
@@ -44,6 +45,9 @@ impl Peer {
             .args(["--gw", &self.addrs[2].to_string()]);
         if let Some((point, nth)) = kill_at {
             cmd.args(["--kill-at", point, "--kill-nth", &nth.to_string()]);
+        }
+        if let Some(m) = self.mutant {
+            cmd.args(["--mutant", m]);
         }
         self.proc.spawn(cmd);
     }
@@ -66,6 +70,7 @@ fn sigkill_at_the_named_crash_cuts_breaks_no_ledger_invariant() {
         db: dir.path().join(format!("{role}.redb")),
         addrs,
         proc: Watched::none(),
+        mutant: None,
     });
     for p in &mut peers {
         p.start(None);
@@ -179,4 +184,64 @@ fn sigkill_at_the_named_crash_cuts_breaks_no_ledger_invariant() {
         );
     }
     assert!(outcomes.get("settled").copied().unwrap_or(0) > 0);
+}
+
+/// The same processes, with the root branch built as the `refund_on_timeout` mutant: the
+/// gateway is killed after it accepted (the effect ran) and before its receipt, and stays
+/// down past the branch's resend timeout. The mutant refunds the quarantined atoms; the
+/// checker, reading the three files, must say so.
+#[test]
+fn the_checker_catches_a_refunding_branch_across_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let addrs = [free_udp(), free_udp(), free_udp()];
+    let mut peers = ["root", "child", "gw"].map(|role| Peer {
+        role,
+        db: dir.path().join(format!("{role}.redb")),
+        addrs,
+        proc: Watched::none(),
+        mutant: (role == "root").then_some("refund_on_timeout"),
+    });
+    for p in &mut peers {
+        p.start(None);
+    }
+    let mut caught = 0;
+    for round in 0..4u32 {
+        let gw = &mut peers[2];
+        gw.sigkill();
+        gw.start(Some(("after-acceptance-before-receipt", 1 + round % 2)));
+        let hit = gw.wait_for("AT", Duration::from_millis(3_000));
+        gw.sigkill();
+        // Down for several resend periods (200 ms each).
+        std::thread::sleep(Duration::from_millis(900));
+        gw.start(None);
+        caught += u32::from(hit);
+    }
+    assert!(caught > 0, "the gateway never reached the cut");
+    // Let the branches finish (refunds end operations too), then read the files.
+    // (The mutant may never finish: the checker reads whatever is durable.)
+    let _ = peers[0].wait_for("DONE", Duration::from_secs(15));
+    let _ = peers[1].wait_for("DONE", Duration::from_secs(5));
+    for p in &mut peers {
+        p.sigkill();
+    }
+    let root = load_branch(LedgerRole::Root, &peers[0].db).unwrap();
+    let child = load_branch(LedgerRole::Child, &peers[1].db).unwrap();
+    let gw = load_gateway(&peers[2].db).unwrap();
+    let effects = read_effects(&peers[2].db).unwrap();
+    let keys = keyring();
+    let violations = check(&World {
+        branches: &[&root, &child],
+        gateways: &[&gw],
+        effects: &effects,
+        keys: &keys,
+    });
+    println!(
+        "ledger-sigkill mutant refund_on_timeout: {} violations, first {:?}",
+        violations.len(),
+        violations.iter().take(2).collect::<Vec<_>>()
+    );
+    assert!(
+        violations.iter().any(|v| v.law == "L6" || v.law == "L3"),
+        "the checker missed the refunding branch: {violations:?}"
+    );
 }

@@ -306,6 +306,11 @@ pub struct Branch {
     ops: BTreeMap<OpKey, Operation>,
     outgoing: BTreeMap<TransferId, Outgoing>,
     incoming: BTreeMap<(RootId, TransferId), Step>,
+    /// The step that made each credit (grant, split, accept, join): a reused id with
+    /// different content is refused, the same step again is a replay.
+    origins: BTreeMap<CreditId, Step>,
+    /// Resends of each sealed transfer (memory only; read by a mutant).
+    resends: BTreeMap<TransferId, u32>,
     journal_len: u64,
     next_token: u64,
     persists: VecDeque<(PersistToken, Step)>,
@@ -329,6 +334,8 @@ impl Branch {
             ops: BTreeMap::new(),
             outgoing: BTreeMap::new(),
             incoming: BTreeMap::new(),
+            origins: BTreeMap::new(),
+            resends: BTreeMap::new(),
             journal_len: 0,
             next_token: 0,
             persists: VecDeque::new(),
@@ -436,6 +443,17 @@ impl Branch {
         destination: &AgentId,
         label: Label,
     ) -> Result<(), LedgerError> {
+        if let Some(out) = self.outgoing.get(&transfer) {
+            let same = out.body.source_credit == credit
+                && &out.body.destination == destination
+                && out.body.label == label
+                && &out.body.footprint.size() == amount;
+            return if same {
+                Ok(())
+            } else {
+                Err(LedgerError::IdInUse("transfer"))
+            };
+        }
         let c = self.live_credit(credit)?;
         if !label.within(&c.label) {
             return Err(LedgerError::LabelNotAttenuated);
@@ -467,6 +485,18 @@ impl Branch {
         receiver: &AgentId,
         key: OpKey,
     ) -> Result<(), LedgerError> {
+        if let Some(op) = self.ops.get(&key) {
+            // The same request again is answered as done; another under the same key is
+            // refused (the permit it would sign differs, so it could never be a replay).
+            let same = op.effect == effect
+                && op.binding.credit == credit
+                && &op.binding.receiver == receiver;
+            return if same {
+                Ok(())
+            } else {
+                Err(LedgerError::IdInUse("operation key"))
+            };
+        }
         let c = self.live_credit(credit)?;
         if !c.label.allows(&effect.purpose) {
             return Err(LedgerError::PurposeNotAllowed);
@@ -597,6 +627,18 @@ impl Branch {
                         },
                         Vec::new(),
                     ),
+                    OpState::Forfeited { annotation: None }
+                        if self.config.mutation
+                            == Some(LedgerMutation::UnforfeitOnLateEvidence) =>
+                    {
+                        self.commit(
+                            Step::Settle {
+                                key: r.key,
+                                receipt,
+                            },
+                            Vec::new(),
+                        )
+                    }
                     OpState::Forfeited { annotation: None } => self.commit(
                         Step::Annotate {
                             key: r.key,
@@ -688,11 +730,12 @@ impl Branch {
         signed: &Signed<T>,
         expected: &AgentId,
     ) -> Result<T, LedgerError> {
-        let signer = if self.config.mutation == Some(LedgerMutation::EvidenceFromAnyMember) {
-            &signed.signer
-        } else {
-            expected
+        let lax = match self.config.mutation {
+            Some(LedgerMutation::EvidenceFromAnyMember) => true,
+            Some(LedgerMutation::CancelTransferOnTimeout) => what == "a transfer decision",
+            _ => false,
         };
+        let signer = if lax { &signed.signer } else { expected };
         if &signed.signer != signer {
             return Err(LedgerError::WrongParty {
                 what,
@@ -767,13 +810,30 @@ impl Branch {
             return;
         }
         self.last_resend = now;
+        let mut give_up = Vec::new();
         for out in self.outgoing.values() {
             if out.state == OutgoingState::Sealed {
                 self.transmits.push_back((
                     out.body.destination.clone(),
                     LedgerMessage::Transfer(out.cert.clone()),
                 ));
+                let n = self.resends.entry(out.body.transfer).or_insert(0);
+                *n += 1;
+                if self.config.mutation == Some(LedgerMutation::CancelTransferOnTimeout) && *n > 2 {
+                    give_up.push(TransferDecision {
+                        root: out.body.root,
+                        transfer: out.body.transfer,
+                        cert: out.body.digest(),
+                        source: out.body.source.clone(),
+                        destination: out.body.destination.clone(),
+                        credit: None,
+                    });
+                }
             }
+        }
+        for d in give_up {
+            let decision = Signed::sign(&d, &self.me, &self.key);
+            let _ = self.commit(Step::Decided { decision }, Vec::new());
         }
         let mut refunds = Vec::new();
         for (key, op) in &mut self.ops {
@@ -929,6 +989,21 @@ impl Branch {
     // -----------------------------------------------------------------------------------
     // Applying steps
 
+    /// A credit-making step whose credit exists: a replay if the same step made it, else a
+    /// reused id (paper §5.7: a reused id with different content is refused).
+    fn replayed(
+        &self,
+        credit: &CreditId,
+        step: &Step,
+        what: &'static str,
+    ) -> Result<bool, LedgerError> {
+        if self.origins.get(credit) == Some(step) {
+            Ok(false)
+        } else {
+            Err(LedgerError::IdInUse(what))
+        }
+    }
+
     fn live_credit(&self, id: CreditId) -> Result<&Credit, LedgerError> {
         self.credits
             .get(&id)
@@ -949,7 +1024,9 @@ impl Branch {
         let token = PersistToken(self.next_token);
         self.next_token += 1;
         self.persists.push_back((token, step));
-        if !msgs.is_empty() {
+        if self.config.mutation == Some(LedgerMutation::SendBeforePersist) {
+            self.transmits.extend(msgs);
+        } else if !msgs.is_empty() {
             self.gated.insert(token, msgs);
         }
         Ok(())
@@ -961,11 +1038,12 @@ impl Branch {
             Step::Grant { grant, credit } => {
                 let g = self.verified_grant(grant)?;
                 if self.roots.contains_key(&g.root) {
-                    return Ok(false);
+                    return self.replayed(credit, step, "root grant");
                 }
                 if self.credits.contains_key(credit) {
                     return Err(LedgerError::IdInUse("credit"));
                 }
+                self.origins.insert(*credit, step.clone());
                 self.credits.insert(
                     *credit,
                     Credit {
@@ -987,7 +1065,7 @@ impl Branch {
                 label,
             } => {
                 if self.credits.contains_key(child) {
-                    return Ok(false);
+                    return self.replayed(child, step, "credit");
                 }
                 let p = self.live_credit(*parent)?;
                 if !label.within(&p.label) {
@@ -1005,11 +1083,16 @@ impl Branch {
                 };
                 self.credits.get_mut(parent).expect("checked").available = rest;
                 self.credits.insert(*child, c);
+                self.origins.insert(*child, step.clone());
             }
             Step::Seal { cert } => {
                 let body = cert.peek()?;
-                if self.outgoing.contains_key(&body.transfer) {
-                    return Ok(false);
+                if let Some(out) = self.outgoing.get(&body.transfer) {
+                    return if out.cert == *cert {
+                        Ok(false)
+                    } else {
+                        Err(LedgerError::IdInUse("transfer"))
+                    };
                 }
                 let c = self.live_credit(body.source_credit)?;
                 let rest =
@@ -1049,8 +1132,9 @@ impl Branch {
                     return Ok(false);
                 }
                 if self.credits.contains_key(credit) {
-                    return Ok(false);
+                    return self.replayed(credit, step, "credit");
                 }
+                self.origins.insert(*credit, step.clone());
                 self.credits.insert(
                     *credit,
                     Credit {
@@ -1110,8 +1194,12 @@ impl Branch {
             }
             Step::Reserve { permit, effect } => {
                 let p = permit.peek()?;
-                if self.ops.contains_key(&p.binding.key) {
-                    return Ok(false);
+                if let Some(op) = self.ops.get(&p.binding.key) {
+                    return if op.permit == *permit && op.effect == *effect {
+                        Ok(false)
+                    } else {
+                        Err(LedgerError::IdInUse("operation key"))
+                    };
                 }
                 let c = self.live_credit(p.binding.credit)?;
                 let rest = c
@@ -1152,9 +1240,15 @@ impl Branch {
                 }
             }
             Step::ReleaseUnsent { key } => {
+                let late = self.config.mutation == Some(LedgerMutation::ReleaseAfterDispatch);
                 let op = self.op_mut(*key)?;
                 match op.state {
                     OpState::Reserved if !op.dispatched => {
+                        op.state = OpState::Released;
+                        let (credit, fp) = (op.binding.credit, op.footprint.clone());
+                        self.give_back(credit, &fp)?;
+                    }
+                    OpState::Quarantined if late => {
                         op.state = OpState::Released;
                         let (credit, fp) = (op.binding.credit, op.footprint.clone());
                         self.give_back(credit, &fp)?;
@@ -1166,9 +1260,12 @@ impl Branch {
             Step::Settle { key, receipt } => {
                 let gateway = self.op_mut(*key)?.binding.receiver.clone();
                 let r = self.evidence("a receipt", receipt, &gateway)?;
+                let unforfeit =
+                    self.config.mutation == Some(LedgerMutation::UnforfeitOnLateEvidence);
                 let op = self.op_mut(*key)?;
                 match op.state {
                     OpState::Quarantined => {}
+                    OpState::Forfeited { .. } if unforfeit => {}
                     OpState::Settled { .. } => return Ok(false),
                     _ => {
                         return Err(LedgerError::WrongState(
@@ -1256,12 +1353,8 @@ impl Branch {
                 }
             }
             Step::Join { inputs, output } => {
-                if self.credits.get(output).is_some_and(|c| !c.closed)
-                    && inputs
-                        .iter()
-                        .all(|i| self.credits.get(i).is_some_and(|c| c.closed))
-                {
-                    return Ok(false);
+                if self.credits.contains_key(output) {
+                    return self.replayed(output, step, "join output");
                 }
                 let checked = self.config.mutation != Some(LedgerMutation::JoinWithoutDisjointness);
                 let footprint = self.join_footprint(inputs, *output, checked)?;
@@ -1280,6 +1373,7 @@ impl Branch {
                     c.closed = true;
                     c.available = Footprint::default();
                 }
+                self.origins.insert(*output, step.clone());
                 self.credits.insert(
                     *output,
                     Credit {

@@ -474,3 +474,206 @@ fn normalize_loose(mut v: Vec<Iv>) -> Vec<Iv> {
     }
     m
 }
+
+/// Audits one branch's journal, step by step, with its own bookkeeping (never the branch's
+/// `apply`): what the final state cannot show — the order in which things happened.
+///
+/// - `H1` labels attenuate: a split's label lies within its parent's, a sealed transfer's
+///   within its source credit's, a reservation's purpose within its credit's label (a join's
+///   output takes the inputs' common lower bound, computed here);
+/// - `H2` forfeiture is absorbing: after `Forfeit`, only an `Annotate` of the same key;
+/// - `H3` a dispatched reservation is never released, and an operation ends once
+///   (settled, no-effect, released or refunded: at most one of them, only after a reserve);
+/// - `H4` epochs only rise per credit;
+/// - `H5` a transfer is decided once, and cancelled only on its destination's signed
+///   refusal bound to the certificate;
+/// - `H6` committed atoms lie inside the operation's footprint: a settlement charges at
+///   most the binding's maximum.
+pub fn audit(agent: &AgentId, steps: &[Step], keys: &Keyring) -> Vec<Violation> {
+    use std::collections::{BTreeMap as Map, BTreeSet};
+
+    #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+    enum Op {
+        Reserved,
+        Dispatched,
+        Forfeited,
+        Ended,
+    }
+    let mut v = Vec::new();
+    let mut bad = |law: &'static str, detail: String| {
+        v.push(Violation {
+            law,
+            detail: format!("{agent}: {detail}"),
+        })
+    };
+    let mut labels: Map<CreditId, BTreeSet<Dim>> = Map::new();
+    let mut ops: Map<OpKey, (Op, Vector)> = Map::new();
+    let mut epochs: Map<CreditId, u64> = Map::new();
+    let mut sealed: Map<TransferId, TransferCert> = Map::new();
+    let mut decided: BTreeSet<TransferId> = BTreeSet::new();
+    for (i, s) in steps.iter().enumerate() {
+        match s {
+            Step::Grant { grant, credit } => {
+                if let Ok(g) = grant.peek() {
+                    labels.insert(*credit, g.label.0.clone());
+                }
+            }
+            Step::Split {
+                parent,
+                child,
+                label,
+                ..
+            } => {
+                match labels.get(parent) {
+                    Some(p) if label.0.is_subset(p) => {}
+                    Some(p) => bad(
+                        "H1",
+                        format!("step {i}: split {child} widens {p:?} to {:?}", label.0),
+                    ),
+                    None => bad("H1", format!("step {i}: split of unknown credit {parent}")),
+                }
+                labels.insert(*child, label.0.clone());
+            }
+            Step::Accept { cert, credit, .. } => {
+                if let Ok(c) = cert.peek() {
+                    labels.insert(*credit, c.label.0.clone());
+                }
+            }
+            Step::Join { inputs, output } => {
+                let mut common: Option<BTreeSet<Dim>> = None;
+                for c in inputs {
+                    let l = labels.get(c).cloned().unwrap_or_default();
+                    common = Some(match common {
+                        None => l,
+                        Some(x) => x.intersection(&l).cloned().collect(),
+                    });
+                }
+                labels.insert(*output, common.unwrap_or_default());
+            }
+            Step::Seal { cert } => {
+                let Ok(c) = cert.peek() else { continue };
+                match labels.get(&c.source_credit) {
+                    Some(p) if c.label.0.is_subset(p) => {}
+                    _ => bad(
+                        "H1",
+                        format!(
+                            "step {i}: transfer {} not within its source's label",
+                            c.transfer
+                        ),
+                    ),
+                }
+                sealed.insert(c.transfer, c);
+            }
+            Step::Decided { decision } => {
+                let Ok(d) = decision.peek() else { continue };
+                if !decided.insert(d.transfer) {
+                    bad(
+                        "H5",
+                        format!("step {i}: transfer {} decided twice", d.transfer),
+                    );
+                }
+                let Some(c) = sealed.get(&d.transfer) else {
+                    bad(
+                        "H5",
+                        format!("step {i}: decision on unsealed transfer {}", d.transfer),
+                    );
+                    continue;
+                };
+                let signed_by_destination = keys.open(decision, &c.destination).is_ok();
+                let bound = d.cert == c.digest() && d.source == c.source;
+                if !(signed_by_destination && bound) {
+                    bad(
+                        "H5",
+                        format!(
+                            "step {i}: transfer {} decided without the destination's bound signature",
+                            d.transfer
+                        ),
+                    );
+                }
+            }
+            Step::Reserve { permit, effect } => {
+                let Ok(p) = permit.peek() else { continue };
+                let allowed = labels
+                    .get(&p.binding.credit)
+                    .is_some_and(|l| l.contains(&effect.purpose));
+                if !allowed {
+                    bad(
+                        "H1",
+                        format!("step {i}: operation {} reserved for a purpose its credit does not allow", p.binding.key),
+                    );
+                }
+                ops.insert(p.binding.key, (Op::Reserved, p.binding.max_charge.clone()));
+            }
+            Step::Dispatch { key } => match ops.get_mut(key) {
+                Some((st @ Op::Reserved, _)) => *st = Op::Dispatched,
+                other => bad(
+                    "H3",
+                    format!("step {i}: dispatch of {key} in {:?}", other.map(|o| o.0)),
+                ),
+            },
+            Step::ReleaseUnsent { key } => match ops.get_mut(key) {
+                Some((st @ Op::Reserved, _)) => *st = Op::Ended,
+                other => bad(
+                    "H3",
+                    format!("step {i}: release of {key} in {:?}", other.map(|o| o.0)),
+                ),
+            },
+            Step::Settle { key, receipt } => {
+                let actual = receipt.peek().map(|r| r.actual).ok();
+                match ops.get_mut(key) {
+                    Some((st @ Op::Dispatched, max)) => {
+                        if actual.as_ref().is_none_or(|a| !a.le(max)) {
+                            bad("H6", format!("step {i}: {key} settled above its maximum"));
+                        }
+                        *st = Op::Ended;
+                    }
+                    Some((Op::Forfeited, _)) => {
+                        bad("H2", format!("step {i}: forfeited {key} settled"))
+                    }
+                    other => bad(
+                        "H3",
+                        format!("step {i}: settle of {key} in {:?}", other.map(|o| o.0)),
+                    ),
+                }
+            }
+            Step::NoEffect { key, .. } | Step::Refund { key } => match ops.get_mut(key) {
+                Some((st @ Op::Dispatched, _)) => *st = Op::Ended,
+                Some((Op::Forfeited, _)) => {
+                    bad("H2", format!("step {i}: forfeited {key} returned"))
+                }
+                other => bad(
+                    "H3",
+                    format!("step {i}: return of {key} in {:?}", other.map(|o| o.0)),
+                ),
+            },
+            Step::Forfeit { key } => match ops.get_mut(key) {
+                Some((st @ Op::Dispatched, _)) => *st = Op::Forfeited,
+                other => bad(
+                    "H3",
+                    format!("step {i}: forfeit of {key} in {:?}", other.map(|o| o.0)),
+                ),
+            },
+            Step::Annotate { key, .. } => {
+                if ops.get(key).map(|o| o.0) != Some(Op::Forfeited) {
+                    bad("H2", format!("step {i}: annotation of unforfeited {key}"));
+                }
+            }
+            Step::Fenced { fenced } => {
+                let Ok(f) = fenced.peek() else { continue };
+                let e = epochs.entry(f.credit).or_insert(0);
+                if f.epoch <= *e {
+                    bad(
+                        "H4",
+                        format!(
+                            "step {i}: epoch of {} falls or repeats: {} after {e}",
+                            f.credit, f.epoch
+                        ),
+                    );
+                }
+                *e = (*e).max(f.epoch);
+            }
+            Step::Refuse { .. } => {}
+        }
+    }
+    v
+}

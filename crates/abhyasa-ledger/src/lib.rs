@@ -194,11 +194,21 @@ pub enum LedgerMutation {
     /// Branch and gateway take evidence signed by any keyring member, not only by the party
     /// it is about.
     EvidenceFromAnyMember,
+    /// The source cancels a sealed transfer by itself when the destination's decision is slow
+    /// to come, instead of waiting for a signed refusal.
+    CancelTransferOnTimeout,
+    /// The branch releases a reservation it has already dispatched (Quarantined → Available).
+    ReleaseAfterDispatch,
+    /// The branch sends a step's messages before the step is durable.
+    SendBeforePersist,
+    /// A receipt that arrives after a forfeit settles the operation and returns its remainder,
+    /// undoing the forfeit.
+    UnforfeitOnLateEvidence,
 }
 
 impl LedgerMutation {
     /// Every mutant, with its command-line name.
-    pub const ALL: [(&'static str, LedgerMutation); 6] = [
+    pub const ALL: [(&'static str, LedgerMutation); 10] = [
         ("refund_on_timeout", LedgerMutation::RefundOnTimeout),
         (
             "accept_replayed_transfer",
@@ -216,6 +226,19 @@ impl LedgerMutation {
         (
             "evidence_from_any_member",
             LedgerMutation::EvidenceFromAnyMember,
+        ),
+        (
+            "cancel_transfer_on_timeout",
+            LedgerMutation::CancelTransferOnTimeout,
+        ),
+        (
+            "release_after_dispatch",
+            LedgerMutation::ReleaseAfterDispatch,
+        ),
+        ("send_before_persist", LedgerMutation::SendBeforePersist),
+        (
+            "unforfeit_on_late_evidence",
+            LedgerMutation::UnforfeitOnLateEvidence,
         ),
     ];
 }

@@ -24,7 +24,7 @@
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
-use abhyasa_ledger::check::{check, EffectInstance, World};
+use abhyasa_ledger::check::{audit, check, EffectInstance, World};
 use abhyasa_ledger::{
     signing_key, Branch, BranchConfig, CreditId, Dim, Effect, Gateway, GatewayRecord, Keyring,
     Label, LedgerMessage, LedgerMutation, LedgerSigningKey, OpKey, OpState, RootGrant, RootId,
@@ -140,6 +140,12 @@ struct Params {
     duration: u64,
     /// Chance per millisecond that the rogue member forges something.
     rogue_rate: f64,
+    /// Chance per branch step that the branch crashes while the step is being written (the
+    /// step is lost; whatever the branch had already queued to send is on the wire).
+    crash_before_durable: f64,
+    /// Chance per act that the application asks to release a dispatched operation (which
+    /// the ledger must refuse).
+    misuse: f64,
 }
 
 struct Sim {
@@ -198,7 +204,17 @@ impl Sim {
             } else {
                 0.0
             },
+            crash_before_durable: 0.0,
+            misuse: 0.0,
         };
+        // Drawn last, so the schedules above stay those of earlier versions.
+        let mut p = p;
+        p.crash_before_durable = if rng.random_bool(0.5) {
+            rng.random_range(0.0..0.03)
+        } else {
+            0.0
+        };
+        p.misuse = rng.random_range(0.0..0.1);
         let mut all: Vec<(AgentId, _)> = BRANCHES
             .iter()
             .chain(GATEWAYS.iter())
@@ -334,6 +350,15 @@ impl Sim {
                 return;
             };
             while let Some((token, step)) = b.poll_persist() {
+                if self.rng.random_bool(self.p.crash_before_durable) {
+                    // The write never lands. A driver sends what the branch releases as soon
+                    // as it is released, so what is queued now went out before the crash.
+                    while let Some(t) = b.poll_transmit() {
+                        sends.push(t);
+                    }
+                    crashed = true;
+                    break;
+                }
                 if matches!(step, Step::Reserve { .. }) {
                     self.report.operations += 1;
                 }
@@ -527,6 +552,11 @@ impl Sim {
             return;
         }
         for (key, credit) in stuck {
+            if self.rng.random_bool(self.p.misuse) {
+                // An application mistake: the ledger must refuse it.
+                self.with_branch(name, |b, _| b.release_unsent(key));
+                return;
+            }
             let since = *self.quarantined_since.entry(key).or_insert(now);
             if now >= since + self.p.forfeit_after && self.rng.random_bool(0.3) {
                 self.with_branch(name, |b, _| b.forfeit(key));
@@ -621,12 +651,20 @@ impl Sim {
             .collect();
         let b: Vec<&Branch> = branches.iter().collect();
         let g: Vec<&Gateway> = gateways.iter().collect();
-        for v in check(&World {
+        let history = self
+            .branches
+            .iter()
+            .flat_map(|(name, n)| audit(&agent(name), &n.durable, &self.keys));
+        let laws: Vec<_> = check(&World {
             branches: &b,
             gateways: &g,
             effects: &self.effects,
             keys: &self.keys,
-        }) {
+        })
+        .into_iter()
+        .chain(history)
+        .collect();
+        for v in laws {
             if self.report.violations.len() < 5 {
                 self.report.violations.push(format!("t={}ms {v}", self.now));
             }
@@ -644,6 +682,7 @@ impl Sim {
                 self.p.partitions.clear();
                 self.p.loss = 0.0;
                 self.p.crash_after_step = 0.0;
+                self.p.crash_before_durable = 0.0;
                 self.p.crash_after_effect = 0.0;
             }
             self.restart_due();
