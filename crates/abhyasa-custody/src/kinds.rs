@@ -117,6 +117,22 @@ pub enum ReceiverEffect {
     CacheToken(TokenId),
 }
 
+impl ReceiverEffect {
+    /// The governed key this effect changes, for an obligation from `issuer` (tokens are
+    /// scoped to their issuer as their sequences are).
+    pub fn governed_key(&self, issuer: &AgentId) -> GovernedKey {
+        match self {
+            Self::WithholdScope(i, s) | Self::GrantScope(i, s) => {
+                GovernedKey::Scope(i.clone(), s.clone())
+            }
+            Self::AdjustWeight(i, k, _) => GovernedKey::Weight(i.clone(), k.clone()),
+            Self::DropToken(t) | Self::CacheToken(t) => {
+                GovernedKey::Token(issuer.clone(), t.clone())
+            }
+        }
+    }
+}
+
 /// `anumati.consent`.
 pub struct AnumatiConsent;
 /// `phala.belief_update`.

@@ -182,6 +182,7 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         ledger,
         ledger_setup: b.ledger.clone(),
         ledger_replies: Vec::new(),
+        deliveries: Vec::new(),
         itx: itx.clone(),
         maintenance: b.maintenance,
         next_maintenance: tokio::time::Instant::now() + b.maintenance,
@@ -281,9 +282,19 @@ struct Core {
     /// Ledger commands answered after the next commit.
     ledger_replies: Vec<(LedgerReplyTx, Result<LedgerReply, NodeError>)>,
     itx: mpsc::Sender<Internal>,
+    /// Obligations handed in by a binding other than MOQT, answered after the next commit.
+    deliveries: Vec<Delivery>,
     /// How often maintenance runs, and when next.
     maintenance: Duration,
     next_maintenance: tokio::time::Instant,
+}
+
+/// Obligations delivered through [`Node::deliver`], waiting for their acks.
+struct Delivery {
+    from: AgentId,
+    ids: Vec<Option<abhyasa_wire::ObligationId>>,
+    acks: HashMap<abhyasa_wire::ObligationId, CustodyAck>,
+    reply: tokio::sync::oneshot::Sender<Result<Vec<Option<CustodyAck>>, NodeError>>,
 }
 
 type LedgerReplyTx = tokio::sync::oneshot::Sender<Result<LedgerReply, NodeError>>;
@@ -509,6 +520,14 @@ impl Core {
                 let state = self.group.read(|s| s.receiver_state().clone());
                 let _ = reply.send(state.map_err(NodeError::from));
             }
+            Command::GovernedBy(key, reply) => {
+                let found = self.group.read(move |s| s.governed_by(&key));
+                let _ = reply.send(match found {
+                    Ok(Ok(id)) => Ok(id),
+                    Ok(Err(e)) => Err(e.into()),
+                    Err(e) => Err(e.into()),
+                });
+            }
             Command::Block(peer, duration) => {
                 self.blocked
                     .lock()
@@ -533,7 +552,50 @@ impl Core {
                     r => self.ledger_replies.push((reply, r)),
                 }
             }
+            Command::Deliver(from, objects, reply) => {
+                let t = now();
+                let ids = objects
+                    .iter()
+                    .map(|o| self.obligation_in(t, &from, o))
+                    .collect();
+                // Answered after the commit that makes the applies durable, with the acks the
+                // receiver releases then (see `release`).
+                self.deliveries.push(Delivery {
+                    from,
+                    ids,
+                    acks: HashMap::new(),
+                    reply,
+                });
+            }
             Command::Shutdown(_) => unreachable!("handled in run"),
+        }
+    }
+
+    /// An obligation object from `peer` (authenticated by its session or its binding), as
+    /// on every binding. Returns its id when its envelope read.
+    fn obligation_in(
+        &mut self,
+        t: UnixMillis,
+        peer: &AgentId,
+        payload: &[u8],
+    ) -> Option<abhyasa_wire::ObligationId> {
+        match decode_obligation(payload) {
+            Ok(o) => {
+                let id = o.id;
+                self.receiver.handle_obligation(t, peer, o);
+                Some(id)
+            }
+            Err(err) => match (err.envelope(), err.decline_reason()) {
+                (Some(env), Some(reason)) => {
+                    let id = env.id;
+                    self.receiver.handle_unreadable(t, peer, env, reason);
+                    Some(id)
+                }
+                _ => {
+                    warn!(%peer, %err, "dropped an unreadable obligation");
+                    None
+                }
+            },
         }
     }
 
@@ -559,17 +621,9 @@ impl Core {
                 SessionEvent::Object {
                     track: Track::Obligations,
                     payload,
-                } => match decode_obligation(&payload) {
-                    Ok(o) => {
-                        self.receiver.handle_obligation(t, &peer, o);
-                    }
-                    Err(err) => match (err.envelope(), err.decline_reason()) {
-                        (Some(env), Some(reason)) => {
-                            self.receiver.handle_unreadable(t, &peer, env, reason);
-                        }
-                        _ => warn!(%peer, %err, "dropped an unreadable obligation"),
-                    },
-                },
+                } => {
+                    self.obligation_in(t, &peer, &payload);
+                }
                 SessionEvent::Object {
                     track: Track::Acks,
                     payload,
@@ -651,6 +705,15 @@ impl Core {
                 }
             }
             self.release();
+            // Every delivery of this round is durable or answered now.
+            for mut d in self.deliveries.drain(..) {
+                let acks = d
+                    .ids
+                    .iter()
+                    .map(|id| id.and_then(|id| d.acks.remove(&id)))
+                    .collect();
+                let _ = d.reply.send(Ok(acks));
+            }
             let local = self.release_ledger();
             for (reply, result) in self.ledger_replies.drain(..) {
                 let _ = reply.send(result);
@@ -695,6 +758,11 @@ impl Core {
                 // idempotent on its id).
                 for (reply, _) in self.ledger_replies.drain(..) {
                     let _ = reply.send(Err(NodeError::IssueAgain));
+                }
+                // Deliveries whose applies may not be durable: deliver again (idempotent on
+                // the obligation id; an applied one is acked as a duplicate).
+                for d in self.deliveries.drain(..) {
+                    let _ = d.reply.send(Err(NodeError::IssueAgain));
                 }
                 // Issues waiting on a commit of unknown outcome: the store decides.
                 for (id, reply) in std::mem::take(&mut self.awaiting) {
@@ -758,6 +826,11 @@ impl Core {
             });
         }
         while let Some(a) = self.receiver.poll_transmit() {
+            for d in &mut self.deliveries {
+                if d.from == a.to && d.ids.contains(&Some(a.ack.obligation_id)) {
+                    d.acks.insert(a.ack.obligation_id, a.ack.clone());
+                }
+            }
             let Some(s) = self.sessions.get(&a.to).cloned() else {
                 continue; // The custodian will redeliver; the ack is re-sent then.
             };

@@ -30,7 +30,7 @@ use abhyasa_custody::{CustodianConfig, PrincipalState, ReceiverConfig};
 use abhyasa_moq::{Identity, TransportSettings};
 use abhyasa_store::{GroupConfig, StoreConfig};
 use abhyasa_wire::{
-    AgentId, Escalation, Obligation, ObligationId, ReconciliationNote, TerminalRecord,
+    AgentId, CustodyAck, Escalation, Obligation, ObligationId, ReconciliationNote, TerminalRecord,
 };
 use tokio::sync::{broadcast, mpsc, oneshot};
 
@@ -133,6 +133,15 @@ pub(crate) enum Command {
     Issue(Obligation, oneshot::Sender<Result<Admission, NodeError>>),
     Status(oneshot::Sender<Status>),
     Honours(oneshot::Sender<Result<abhyasa_custody::ReceiverState, NodeError>>),
+    Deliver(
+        AgentId,
+        Vec<Vec<u8>>,
+        oneshot::Sender<Result<Vec<Option<CustodyAck>>, NodeError>>,
+    ),
+    GovernedBy(
+        abhyasa_custody::GovernedKey,
+        oneshot::Sender<Result<Option<ObligationId>, NodeError>>,
+    ),
     Block(AgentId, Duration),
     Ledger(
         ledger::LedgerCommand,
@@ -384,6 +393,41 @@ impl Node {
         let (tx, rx) = oneshot::channel();
         self.tx
             .send(Command::Honours(tx))
+            .await
+            .map_err(|_| NodeError::Stopped)?;
+        rx.await.map_err(|_| NodeError::Stopped)?
+    }
+
+    /// Hands the receiver obligation objects (CBOR, as on the `to/<agent>` track) that
+    /// arrived from `from` over another binding (MCP, A2A), which authenticated `from`.
+    /// They are processed exactly as on MOQT; the answer comes once their applies are
+    /// durable: for each object, in order, the CustodyAck the receiver released for it now,
+    /// or `None` (an object whose envelope did not read, a forged issuer, a best-effort kind,
+    /// or a duplicate of an apply not yet durable: the custodian redelivers and is acked then).
+    /// `NodeError::IssueAgain`: a commit had an unknown outcome; deliver them again (the
+    /// receiver is idempotent on the obligation id).
+    pub async fn deliver(
+        &self,
+        from: AgentId,
+        objects: Vec<Vec<u8>>,
+    ) -> Result<Vec<Option<CustodyAck>>, NodeError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Command::Deliver(from, objects, tx))
+            .await
+            .map_err(|_| NodeError::Stopped)?;
+        rx.await.map_err(|_| NodeError::Stopped)?
+    }
+
+    /// The obligation last applied on a governed key (a scope, a weight, a token), from the
+    /// receiver's durable state: what to name when a tool is refused because of it.
+    pub async fn governed_by(
+        &self,
+        key: abhyasa_custody::GovernedKey,
+    ) -> Result<Option<ObligationId>, NodeError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Command::GovernedBy(key, tx))
             .await
             .map_err(|_| NodeError::Stopped)?;
         rx.await.map_err(|_| NodeError::Stopped)?

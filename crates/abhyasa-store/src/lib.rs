@@ -66,8 +66,8 @@ use std::path::Path;
 
 use abhyasa_custody::{
     Adjustment, AppliedRecord, Authorization, Custodian, CustodianConfig, CustodianRecord,
-    EscalatedRecord, PendingRecord, PrincipalState, PrincipalUpdate, Receiver, ReceiverConfig,
-    ReceiverEffect, ReceiverRecord, ReceiverState, WeightBounds,
+    EscalatedRecord, GovernedKey, PendingRecord, PrincipalState, PrincipalUpdate, Receiver,
+    ReceiverConfig, ReceiverEffect, ReceiverRecord, ReceiverState, WeightBounds,
 };
 use abhyasa_wire::{
     encode, AgentId, Escalation, ObligationId, ReconciliationNote, SafeAction, Scope,
@@ -299,6 +299,7 @@ impl Store {
             txn.open_table(RECV_WITHHELD)?;
             txn.open_table(RECV_WEIGHTS)?;
             txn.open_table(RECV_TOKENS)?;
+            txn.open_table(GOVERNED_BY)?;
             txn.open_table(LEDGER_JOURNAL)?;
             txn.open_table(GATEWAY_LOG)?;
         }
@@ -458,13 +459,16 @@ impl Store {
         match record {
             ReceiverRecord::Apply {
                 id,
+                issuer,
                 expires,
                 sequence,
                 effect,
-                ..
             } => {
                 // The applied id, its sequence and its effect: this one transaction.
                 let key = id.to_u128();
+                let governed = effect.governed_key(issuer);
+                txn.open_table(GOVERNED_BY)?
+                    .insert(rows::governed_key(&governed), key)?;
                 txn.open_table(APPLIED)?.insert(key, expires.0)?;
                 txn.open_table(APPLIED_BY_EXPIRY)?
                     .insert((expires.0, key), ())?;
@@ -797,6 +801,19 @@ impl Store {
     /// The receiver's effect state as committed.
     pub fn receiver_state(&self) -> &ReceiverState {
         &self.receiver
+    }
+
+    /// The obligation last applied on `key`, if recorded.
+    pub fn governed_by(&self, key: &GovernedKey) -> Result<Option<ObligationId>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let table = match txn.open_table(GOVERNED_BY) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        Ok(table
+            .get(rows::governed_key(key))?
+            .map(|v| ObligationId::from_u128(v.value())))
     }
 
     /// Whether the custodian side knows `id` (pending or terminal): issuing is idempotent.

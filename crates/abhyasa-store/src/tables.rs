@@ -60,6 +60,11 @@ pub(crate) const RECV_WITHHELD: TableDefinition<'_, (&str, &str), ()> =
 /// Preference weights: (issuer, weight key) → millionths.
 pub(crate) const RECV_WEIGHTS: TableDefinition<'_, (&str, &str), i64> =
     TableDefinition::new("receiver.weights");
+/// The obligation last applied on each governed key: (key kind, issuer, name) → id. What a
+/// governed tool names when it refuses a call. (Added after layout 1 was first written: a
+/// file without it reads as "none recorded".)
+pub(crate) const GOVERNED_BY: TableDefinition<'_, (u8, &str, &str), u128> =
+    TableDefinition::new("receiver.governed_by");
 /// Tokens: token id → dropped (`true`) or cached (`false`).
 pub(crate) const RECV_TOKENS: TableDefinition<'_, &str, bool> =
     TableDefinition::new("receiver.tokens");
