@@ -520,6 +520,18 @@ impl Core {
                 let state = self.group.read(|s| s.receiver_state().clone());
                 let _ = reply.send(state.map_err(NodeError::from));
             }
+            Command::Applied(ids, reply) => {
+                let found = self.group.read(move |s| {
+                    ids.into_iter()
+                        .map(|id| s.is_applied(id))
+                        .collect::<Result<Vec<_>, _>>()
+                });
+                let _ = reply.send(match found {
+                    Ok(Ok(v)) => Ok(v),
+                    Ok(Err(e)) => Err(e.into()),
+                    Err(e) => Err(e.into()),
+                });
+            }
             Command::GovernedBy(key, reply) => {
                 let found = self.group.read(move |s| s.governed_by(&key));
                 let _ = reply.send(match found {

@@ -138,6 +138,10 @@ pub(crate) enum Command {
         Vec<Vec<u8>>,
         oneshot::Sender<Result<Vec<Option<CustodyAck>>, NodeError>>,
     ),
+    Applied(
+        Vec<ObligationId>,
+        oneshot::Sender<Result<Vec<bool>, NodeError>>,
+    ),
     GovernedBy(
         abhyasa_custody::GovernedKey,
         oneshot::Sender<Result<Option<ObligationId>, NodeError>>,
@@ -285,7 +289,9 @@ impl NodeBuilder {
     }
 }
 
-/// A running node. Dropping it stops the node.
+/// A running node. Clones share it (a binding and the host can hold one each); it stops on
+/// [`Node::shutdown`] or when the last clone is dropped.
+#[derive(Clone)]
 pub struct Node {
     agent: AgentId,
     local_addr: SocketAddr,
@@ -414,6 +420,17 @@ impl Node {
         let (tx, rx) = oneshot::channel();
         self.tx
             .send(Command::Deliver(from, objects, tx))
+            .await
+            .map_err(|_| NodeError::Stopped)?;
+        rx.await.map_err(|_| NodeError::Stopped)?
+    }
+
+    /// For each id, whether this node (as receiver) has applied it, from its durable
+    /// applied-id ledger: how a binding answers a custodian asking after deferred acks.
+    pub async fn applied(&self, ids: Vec<ObligationId>) -> Result<Vec<bool>, NodeError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Command::Applied(ids, tx))
             .await
             .map_err(|_| NodeError::Stopped)?;
         rx.await.map_err(|_| NodeError::Stopped)?

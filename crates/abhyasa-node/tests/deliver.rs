@@ -64,13 +64,13 @@ async fn delivered_obligations_are_applied_once_and_acked_to_the_caller() {
         Some(consent.id)
     );
     let token_key = GovernedKey::Token(p.clone(), TokenId::new("tok-2").unwrap());
-    assert_eq!(
-        agent.governed_by(token_key).await.unwrap(),
-        Some(token.id)
-    );
+    assert_eq!(agent.governed_by(token_key).await.unwrap(), Some(token.id));
     assert_eq!(
         agent
-            .governed_by(GovernedKey::Scope(p.clone(), Scope::new("mail.read").unwrap()))
+            .governed_by(GovernedKey::Scope(
+                p.clone(),
+                Scope::new("mail.read").unwrap()
+            ))
             .await
             .unwrap(),
         None
@@ -81,7 +81,10 @@ async fn delivered_obligations_are_applied_once_and_acked_to_the_caller() {
         .build()
         .await
         .unwrap();
-    assert_eq!(agent.governed_by(scope_key).await.unwrap(), Some(consent.id));
+    assert_eq!(
+        agent.governed_by(scope_key).await.unwrap(),
+        Some(consent.id)
+    );
     agent.shutdown().await;
 }
 

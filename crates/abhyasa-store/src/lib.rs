@@ -803,6 +803,13 @@ impl Store {
         &self.receiver
     }
 
+    /// Whether the receiver has applied `id` (and still remembers it: applied ids are kept
+    /// until their deadline plus the clock-skew allowance).
+    pub fn is_applied(&self, id: ObligationId) -> Result<bool, StoreError> {
+        let txn = self.db.begin_read()?;
+        Ok(txn.open_table(APPLIED)?.get(id.to_u128())?.is_some())
+    }
+
     /// The obligation last applied on `key`, if recorded.
     pub fn governed_by(&self, key: &GovernedKey) -> Result<Option<ObligationId>, StoreError> {
         let txn = self.db.begin_read()?;

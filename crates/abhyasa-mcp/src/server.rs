@@ -1,0 +1,332 @@
+//! The agent's side as an MCP server: every `tools/call` first hands the obligations it
+//! carries to the node's receiver (so a revocation riding a call governs that very call),
+//! then runs the tool only if what the node honours allows it, and returns the acks on the
+//! result.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use abhyasa_custody::GovernedKey;
+use abhyasa_node::{Node, NodeError};
+use abhyasa_wire::{AckStatus, AgentId, CustodyAck, ObligationId, Scope, TokenId, UnixMillis};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    JsonObject, ListToolsResult, MetaObject, PaginatedRequestParams, ServerCapabilities,
+    ServerConfig, Tool,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use serde_json::{json, Map, Value};
+use tracing::{info, warn};
+
+use crate::envelope::{acks_to_meta, obligations_from_meta, META_ACKS, META_OBLIGATIONS};
+
+/// Tool that only carries obligations (when no other call is due).
+pub const TOOL_DELIVER: &str = "abhyasa_deliver";
+/// Tool that answers, by obligation id, what this agent has applied.
+pub const TOOL_CUSTODY_STATUS: &str = "abhyasa_custody_status";
+
+/// What a host tool uses, checked against what the node honours for the calling principal.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Governance {
+    /// Consent scopes the tool exercises: a call is refused while any of them is withheld.
+    pub scopes: Vec<Scope>,
+    /// The token the tool presents: a call is refused once the token is revoked.
+    pub token: Option<TokenId>,
+}
+
+/// The future a host tool returns.
+pub type ToolFuture = Pin<Box<dyn Future<Output = CallToolResult> + Send>>;
+
+/// How a host tool runs: its arguments in, its result out.
+pub type ToolFn = Arc<dyn Fn(JsonObject) -> ToolFuture + Send + Sync>;
+
+/// A tool the embedding host serves, governed by what its node honours.
+#[derive(Clone)]
+pub struct HostTool {
+    /// The MCP description (name, schema …).
+    pub tool: Tool,
+    /// What it uses.
+    pub governance: Governance,
+    /// What it does.
+    pub run: ToolFn,
+}
+
+impl std::fmt::Debug for HostTool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostTool")
+            .field("name", &self.tool.name)
+            .field("governance", &self.governance)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An MCP server backed by a node. `principal` is the agent the MCP session authenticated
+/// (for stdio: the host that spawned the server, as configured); obligations in another
+/// issuer's name are dropped as forged, as on every binding.
+#[derive(Clone)]
+pub struct AgentServer {
+    node: Node,
+    principal: AgentId,
+    tools: Arc<BTreeMap<String, HostTool>>,
+}
+
+impl AgentServer {
+    /// A server for `node`, whose MCP client acts as `principal`.
+    pub fn new(node: Node, principal: AgentId) -> Self {
+        Self {
+            node,
+            principal,
+            tools: Arc::new(BTreeMap::new()),
+        }
+    }
+
+    /// Adds a host tool (replacing one of the same name).
+    pub fn tool(mut self, t: HostTool) -> Self {
+        Arc::make_mut(&mut self.tools).insert(t.tool.name.to_string(), t);
+        self
+    }
+
+    /// The principal this server's client acts as.
+    pub fn principal(&self) -> &AgentId {
+        &self.principal
+    }
+
+    /// Why a governed tool may not run now, naming the obligation that decided it.
+    async fn refusal(&self, g: &Governance) -> Result<Option<String>, NodeError> {
+        if g.scopes.is_empty() && g.token.is_none() {
+            return Ok(None);
+        }
+        let honours = self.node.honours().await?;
+        for scope in &g.scopes {
+            if honours.is_withheld(&self.principal, scope) {
+                let key = GovernedKey::Scope(self.principal.clone(), scope.clone());
+                let by = self.node.governed_by(key).await?;
+                return Ok(Some(format!(
+                    "refused: consent to {scope} is withheld for {}{}",
+                    self.principal,
+                    by.map(|id| format!(" (obligation {id})"))
+                        .unwrap_or_default()
+                )));
+            }
+        }
+        if let Some(token) = &g.token {
+            if honours.is_dropped(token) {
+                let key = GovernedKey::Token(self.principal.clone(), token.clone());
+                let by = self.node.governed_by(key).await?;
+                return Ok(Some(format!(
+                    "refused: token {token} is revoked{}",
+                    by.map(|id| format!(" (obligation {id})"))
+                        .unwrap_or_default()
+                )));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Hands the envelope to the receiver; one more try after a commit of unknown outcome
+    /// (delivery is idempotent on the obligation id).
+    async fn deliver(&self, objects: Vec<Vec<u8>>) -> Result<Vec<Option<CustodyAck>>, McpError> {
+        let mut last = None;
+        for _ in 0..2 {
+            match self
+                .node
+                .deliver(self.principal.clone(), objects.clone())
+                .await
+            {
+                Ok(acks) => return Ok(acks),
+                Err(NodeError::IssueAgain) => last = Some(NodeError::IssueAgain),
+                Err(e) => return Err(McpError::internal_error(e.to_string(), None)),
+            }
+        }
+        let e = last.map(|e| e.to_string()).unwrap_or_default();
+        Err(McpError::internal_error(e, None))
+    }
+
+    async fn custody_status(
+        &self,
+        args: &JsonObject,
+    ) -> Result<(CallToolResult, Vec<CustodyAck>), McpError> {
+        let ids = match args.get("ids") {
+            Some(Value::Array(ids)) => ids
+                .iter()
+                .map(|v| {
+                    v.as_str()
+                        .filter(|s| s.len() == 32)
+                        .and_then(|s| u128::from_str_radix(s, 16).ok())
+                        .map(ObligationId::from_u128)
+                        .ok_or_else(|| {
+                            McpError::invalid_params(
+                                format!("ids: {v} is not an obligation id (32 hex digits)"),
+                                None,
+                            )
+                        })
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+            _ => {
+                return Err(McpError::invalid_params(
+                    "ids: an array of obligation ids is required",
+                    None,
+                ))
+            }
+        };
+        let applied = self
+            .node
+            .applied(ids.clone())
+            .await
+            .map_err(|e| McpError::internal_error(e.to_string(), None))?;
+        let now = UnixMillis(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0),
+        );
+        let mut acks = Vec::new();
+        let mut status = Map::new();
+        for (id, applied) in ids.iter().zip(applied) {
+            status.insert(
+                id.to_string(),
+                Value::String(if applied { "applied" } else { "unknown" }.into()),
+            );
+            if applied {
+                acks.push(CustodyAck {
+                    obligation_id: *id,
+                    target: self.node.agent().clone(),
+                    status: AckStatus::Applied,
+                    acked_at: now,
+                });
+            }
+        }
+        let text = format!("{} of {} applied", acks.len(), ids.len());
+        let mut result = CallToolResult::success(vec![ContentBlock::text(text)]);
+        result.structured_content = Some(Value::Object(status));
+        Ok((result, acks))
+    }
+
+    fn builtin_tools() -> Vec<Tool> {
+        let empty: JsonObject = serde_json::from_value(json!({
+            "type": "object",
+            "properties": {}
+        }))
+        .unwrap_or_default();
+        let ids: JsonObject = serde_json::from_value(json!({
+            "type": "object",
+            "properties": {
+                "ids": {
+                    "type": "array",
+                    "items": {"type": "string", "description": "obligation id, 32 hex digits"}
+                }
+            },
+            "required": ["ids"]
+        }))
+        .unwrap_or_default();
+        vec![
+            Tool::new(
+                TOOL_DELIVER,
+                format!(
+                    "Delivers the obligations in params._meta[\"{META_OBLIGATIONS}\"] under custody; the acks come back in the result's _meta[\"{META_ACKS}\"]."
+                ),
+                Arc::new(empty),
+            ),
+            Tool::new(
+                TOOL_CUSTODY_STATUS,
+                "Which of these obligations this agent has applied; an ack for each applied one comes back in the result's _meta.",
+                Arc::new(ids),
+            ),
+        ]
+    }
+}
+
+fn merged_meta(
+    request: &CallToolRequestParams,
+    context: &RequestContext<RoleServer>,
+) -> Map<String, Value> {
+    let mut m = context.meta.0 .0.clone();
+    if let Some(r) = &request.meta {
+        for (k, v) in r.0 .0.iter() {
+            m.insert(k.clone(), v.clone());
+        }
+    }
+    m
+}
+
+impl ServerHandler for AgentServer {
+    fn get_info(&self) -> ServerConfig {
+        let mut info = ServerConfig::new(ServerCapabilities::builder().enable_tools().build());
+        info.server_info = Implementation::new("abhyasa", env!("CARGO_PKG_VERSION"));
+        info.instructions = Some(format!(
+            "Abhyasa agent {}: obligations in params._meta[\"{META_OBLIGATIONS}\"] of any tools/call are applied before the tool runs; acks return in the result's _meta[\"{META_ACKS}\"].",
+            self.node.agent()
+        ));
+        info
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        let mut tools = Self::builtin_tools();
+        tools.extend(self.tools.values().map(|t| t.tool.clone()));
+        Ok(ListToolsResult::with_all_items(tools))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        // The envelope first, before anything runs: a malformed one refuses the whole
+        // request and delivers nothing.
+        let meta = merged_meta(&request, &context);
+        let objects = obligations_from_meta(&meta).map_err(|e| {
+            McpError::invalid_params(e.to_string(), Some(json!({ "key": e.key() })))
+        })?;
+        let mut acks: Vec<CustodyAck> = if objects.is_empty() {
+            Vec::new()
+        } else {
+            let n = objects.len();
+            let acks: Vec<CustodyAck> =
+                self.deliver(objects).await?.into_iter().flatten().collect();
+            info!(principal = %self.principal, delivered = n, acked = acks.len(), "obligations rode a tool call");
+            acks
+        };
+        let args = request.arguments.clone().unwrap_or_default();
+        let mut result = match request.name.as_ref() {
+            TOOL_DELIVER => {
+                CallToolResult::success(vec![ContentBlock::text(format!("{} acks", acks.len()))])
+            }
+            TOOL_CUSTODY_STATUS => {
+                let (result, more) = self.custody_status(&args).await?;
+                acks.extend(more);
+                result
+            }
+            name => {
+                let Some(t) = self.tools.get(name) else {
+                    return Err(McpError::invalid_params(
+                        format!("unknown tool {name}"),
+                        None,
+                    ));
+                };
+                let refusal = self
+                    .refusal(&t.governance)
+                    .await
+                    .map_err(|e| McpError::internal_error(e.to_string(), None))?;
+                match refusal {
+                    Some(why) => {
+                        warn!(tool = name, principal = %self.principal, %why, "governed tool refused");
+                        CallToolResult::error(vec![ContentBlock::text(why)])
+                    }
+                    None => (t.run)(args).await,
+                }
+            }
+        };
+        if !acks.is_empty() {
+            let meta = result.meta.get_or_insert_with(MetaObject::default);
+            meta.0.insert(META_ACKS.into(), acks_to_meta(&acks));
+        }
+        Ok(result.into())
+    }
+}

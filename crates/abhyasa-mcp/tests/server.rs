@@ -1,0 +1,356 @@
+//! An rmcp client drives the agent's MCP server over an in-process pipe: obligations ride
+//! tool calls, acks come back on results, governed tools obey what the node applied.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use abhyasa_mcp::{
+    acks_from_meta, obligations_to_meta, AgentServer, Governance, HostTool, META_OBLIGATIONS,
+    TOOL_CUSTODY_STATUS, TOOL_DELIVER,
+};
+use abhyasa_moq::Ca;
+use abhyasa_node::Node;
+use abhyasa_wire::{
+    AckStatus, AgentId, ClientId, ConsentDecision, ConsentPayload, Obligation, ObligationId,
+    Payload, Scope, TokenAction, TokenId, TokenPayload, UnixMillis,
+};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, ContentBlock, JsonObject, RequestMetaObject, Tool,
+};
+use rmcp::service::{RunningService, ServiceError};
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::{json, Value};
+
+fn id(s: &str) -> AgentId {
+    AgentId::new(s).unwrap()
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+fn obligation(n: u128, issuer: &str, payload: Payload) -> Obligation {
+    let t = now_ms();
+    Obligation {
+        id: ObligationId::from_u128(n),
+        issuer: id(issuer),
+        target: id("agent-1"),
+        created_at: UnixMillis(t),
+        deadline: UnixMillis(t + 60_000),
+        max_retries: 10,
+        sequence: None,
+        payload,
+    }
+}
+
+fn consent(n: u128, decision: ConsentDecision, scope: &str) -> Obligation {
+    obligation(
+        n,
+        "principal",
+        Payload::AnumatiConsent(ConsentPayload {
+            decision: Some(decision),
+            scope: Scope::new(scope).unwrap(),
+        }),
+    )
+}
+
+fn token_revoke(n: u128, token: &str) -> Obligation {
+    obligation(
+        n,
+        "principal",
+        Payload::OauthToken(TokenPayload {
+            action: TokenAction::Revoke,
+            token_id: TokenId::new(token).unwrap(),
+            client_id: ClientId::new("c").unwrap(),
+        }),
+    )
+}
+
+/// A host tool that answers with its name (and counts its runs in `ran`).
+fn host_tool(
+    name: &'static str,
+    g: Governance,
+    ran: Arc<std::sync::atomic::AtomicU32>,
+) -> HostTool {
+    let schema: JsonObject = serde_json::from_value(json!({"type": "object"})).unwrap();
+    HostTool {
+        tool: Tool::new(name, "a governed test tool", Arc::new(schema)),
+        governance: g,
+        run: Arc::new(move |_args| {
+            let ran = ran.clone();
+            Box::pin(async move {
+                ran.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                CallToolResult::success(vec![ContentBlock::text(format!("{name} ran"))])
+            })
+        }),
+    }
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    node: Node,
+    client: RunningService<RoleClient, ()>,
+    calendar_runs: Arc<std::sync::atomic::AtomicU32>,
+}
+
+async fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate("t").unwrap();
+    let node = Node::builder(ca.issue(&id("agent-1")).unwrap())
+        .state_dir(dir.path().join("agent"))
+        .build()
+        .await
+        .unwrap();
+    let calendar_runs = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let server = AgentServer::new(node.clone(), id("principal"))
+        .tool(host_tool(
+            "calendar_read",
+            Governance {
+                scopes: vec![Scope::new("calendar.read").unwrap()],
+                token: None,
+            },
+            calendar_runs.clone(),
+        ))
+        .tool(host_tool(
+            "mail_send",
+            Governance {
+                scopes: vec![],
+                token: Some(TokenId::new("tok-mail").unwrap()),
+            },
+            Arc::new(Default::default()),
+        ));
+    let (a, b) = tokio::io::duplex(1 << 16);
+    let (ar, aw) = tokio::io::split(a);
+    let (br, bw) = tokio::io::split(b);
+    tokio::spawn(async move {
+        if let Ok(running) = server.serve((ar, aw)).await {
+            let _ = running.waiting().await;
+        }
+    });
+    let client = ().serve((br, bw)).await.unwrap();
+    Fixture {
+        _dir: dir,
+        node,
+        client,
+        calendar_runs,
+    }
+}
+
+fn call(name: &'static str, obligations: &[Obligation], args: Value) -> CallToolRequestParams {
+    let mut p = CallToolRequestParams::new(name);
+    if !obligations.is_empty() {
+        let mut meta = RequestMetaObject::new();
+        meta.0
+            .insert(META_OBLIGATIONS.into(), obligations_to_meta(obligations));
+        p.meta = Some(meta);
+    }
+    if let Value::Object(m) = args {
+        p.arguments = Some(m);
+    }
+    p
+}
+
+fn acks(r: &CallToolResult) -> Vec<abhyasa_wire::CustodyAck> {
+    r.meta
+        .as_ref()
+        .map(|m| acks_from_meta(&m.0).unwrap())
+        .unwrap_or_default()
+}
+
+fn text(r: &CallToolResult) -> String {
+    r.content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn obligations_ride_calls_and_a_revocation_governs_that_very_call() {
+    let f = fixture().await;
+    let names: Vec<String> = f
+        .client
+        .list_all_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    for n in [
+        TOOL_DELIVER,
+        TOOL_CUSTODY_STATUS,
+        "calendar_read",
+        "mail_send",
+    ] {
+        assert!(names.iter().any(|x| x == n), "{n} missing from {names:?}");
+    }
+
+    // The tool runs while consent stands.
+    let r = f
+        .client
+        .call_tool(call("calendar_read", &[], json!({})))
+        .await
+        .unwrap();
+    assert_eq!(r.is_error, Some(false), "{}", text(&r));
+    assert_eq!(f.calendar_runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+    // Two obligations on abhyasa_deliver: two acks, applied.
+    let (mail, other) = (
+        token_revoke(1, "tok-mail"),
+        consent(2, ConsentDecision::Revoke, "files.write"),
+    );
+    let r = f
+        .client
+        .call_tool(call(
+            TOOL_DELIVER,
+            &[mail.clone(), other.clone()],
+            json!({}),
+        ))
+        .await
+        .unwrap();
+    let got = acks(&r);
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(got[0].obligation_id, mail.id);
+    assert_eq!(got[1].obligation_id, other.id);
+    assert!(got.iter().all(|a| a.status == AckStatus::Applied));
+
+    // A revocation riding the calendar call itself: that very call is refused, naming it,
+    // and the ack comes back on the refusal.
+    let revoke = consent(3, ConsentDecision::Revoke, "calendar.read");
+    let r = f
+        .client
+        .call_tool(call(
+            "calendar_read",
+            std::slice::from_ref(&revoke),
+            json!({}),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(r.is_error, Some(true));
+    let why = text(&r);
+    assert!(
+        why.contains("calendar.read") && why.contains(&revoke.id.to_string()),
+        "{why}"
+    );
+    assert_eq!(
+        acks(&r).iter().map(|a| a.obligation_id).collect::<Vec<_>>(),
+        vec![revoke.id]
+    );
+    assert_eq!(
+        f.calendar_runs.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the tool did not run"
+    );
+
+    // The revoked token governs the mail tool.
+    let r = f
+        .client
+        .call_tool(call("mail_send", &[], json!({})))
+        .await
+        .unwrap();
+    assert_eq!(r.is_error, Some(true));
+    assert!(
+        text(&r).contains("tok-mail") && text(&r).contains(&mail.id.to_string()),
+        "{}",
+        text(&r)
+    );
+
+    // A grant restores the scope (a later obligation on the same key).
+    let grant = consent(4, ConsentDecision::Grant, "calendar.read");
+    let r = f
+        .client
+        .call_tool(call(
+            "calendar_read",
+            std::slice::from_ref(&grant),
+            json!({}),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(r.is_error, Some(false), "{}", text(&r));
+    assert_eq!(f.calendar_runs.load(std::sync::atomic::Ordering::SeqCst), 2);
+
+    // Re-sent under a new JSON-RPC id: acked again, not applied twice (the grant stays).
+    let r = f
+        .client
+        .call_tool(call(TOOL_DELIVER, std::slice::from_ref(&revoke), json!({})))
+        .await
+        .unwrap();
+    assert_eq!(acks(&r)[0].status, AckStatus::Applied);
+    let honours = f.node.honours().await.unwrap();
+    assert!(
+        !honours.is_withheld(&id("principal"), &Scope::new("calendar.read").unwrap()),
+        "a duplicate revoke must not be applied again over the later grant"
+    );
+
+    // Status by id: applied ones get an ack.
+    let unknown = ObligationId::from_u128(99);
+    let r = f
+        .client
+        .call_tool(call(
+            TOOL_CUSTODY_STATUS,
+            &[],
+            json!({"ids": [revoke.id.to_string(), unknown.to_string()]}),
+        ))
+        .await
+        .unwrap();
+    let s = r.structured_content.clone().unwrap();
+    assert_eq!(s[revoke.id.to_string()], "applied");
+    assert_eq!(s[unknown.to_string()], "unknown");
+    assert_eq!(
+        acks(&r).iter().map(|a| a.obligation_id).collect::<Vec<_>>(),
+        vec![revoke.id]
+    );
+    f.client.cancel().await.unwrap();
+    f.node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_envelope_is_invalid_params_and_nothing_is_applied() {
+    let f = fixture().await;
+    let good = consent(1, ConsentDecision::Revoke, "calendar.read");
+    let mut p = call("calendar_read", std::slice::from_ref(&good), json!({}));
+    // A second entry that is not base64: the whole envelope is refused.
+    p.meta
+        .as_mut()
+        .unwrap()
+        .0
+        .get_mut(META_OBLIGATIONS)
+        .unwrap()
+        .as_array_mut()
+        .unwrap()
+        .push(json!("not base64!"));
+    let e = f.client.call_tool(p).await.unwrap_err();
+    match e {
+        ServiceError::McpError(e) => {
+            assert_eq!(e.code.0, -32602);
+            assert!(e.message.contains(META_OBLIGATIONS), "{}", e.message);
+        }
+        other => panic!("expected a JSON-RPC error, got {other:?}"),
+    }
+    assert_eq!(f.node.honours().await.unwrap().withheld().count(), 0);
+    assert_eq!(f.node.applied(vec![good.id]).await.unwrap(), vec![false]);
+    assert_eq!(f.calendar_runs.load(std::sync::atomic::Ordering::SeqCst), 0);
+
+    // In another principal's name: dropped as forged, no ack, nothing applied; the tool runs.
+    let forged = obligation(
+        5,
+        "mallory",
+        Payload::AnumatiConsent(ConsentPayload {
+            decision: Some(ConsentDecision::Revoke),
+            scope: Scope::new("calendar.read").unwrap(),
+        }),
+    );
+    let r = f
+        .client
+        .call_tool(call("calendar_read", &[forged], json!({})))
+        .await
+        .unwrap();
+    assert_eq!(r.is_error, Some(false));
+    assert!(acks(&r).is_empty());
+    assert_eq!(f.node.honours().await.unwrap().withheld().count(), 0);
+    f.client.cancel().await.unwrap();
+    f.node.shutdown().await;
+}
