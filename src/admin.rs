@@ -14,7 +14,10 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 /// An obligation as the command line describes it; the node fills in issuer, id and times.
+/// As JSON (the admin protocol, the MCP `abhyasa_issue` tool) the same fields, snake_case;
+/// absent options are absent.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, clap::Args)]
+#[serde(deny_unknown_fields)]
 pub struct IssueSpec {
     /// The agent that must honour it.
     #[arg(long)]
@@ -42,9 +45,11 @@ pub struct IssueSpec {
     pub token: Option<String>,
     /// Token: the client id.
     #[arg(long, default_value = "client")]
+    #[serde(default = "default_client")]
     pub client: String,
     /// Deadline, ms from now.
     #[arg(long, default_value_t = 30_000)]
+    #[serde(default = "default_deadline_ms")]
     pub deadline_ms: u64,
     /// Attempt budget after the first attempt. Default: derived from the deadline and the
     /// node's backoff so that the deadline normally binds.
@@ -53,6 +58,14 @@ pub struct IssueSpec {
     /// Issuance sequence on the governed key.
     #[arg(long)]
     pub sequence: Option<u64>,
+}
+
+fn default_client() -> String {
+    "client".into()
+}
+
+fn default_deadline_ms() -> u64 {
+    30_000
 }
 
 impl IssueSpec {

@@ -19,7 +19,9 @@ pub mod demo;
 mod killpoint;
 pub mod ledger_cli;
 pub mod ledgerpeer;
+pub mod mcp_cli;
 pub mod sweep;
+pub mod words;
 
 pub use abhyasa_custody as custody;
 pub use abhyasa_ledger as ledger;

@@ -72,6 +72,29 @@ enum Command {
         #[arg(long)]
         config: PathBuf,
     },
+    /// Run a node from a TOML config and serve MCP on this process's stdin/stdout: the
+    /// obligations riding each tool call are applied before the tool runs, and `[mcp]`
+    /// tools are refused while what they use is withheld or revoked.
+    Mcp {
+        /// The config file (with an `[mcp]` section).
+        #[arg(long)]
+        config: PathBuf,
+        /// Serve over stdio (for hosts that spawn MCP servers).
+        #[arg(long)]
+        stdio: bool,
+    },
+    /// Print an obligation as base64 CBOR (the `org.abhyasa/obligations` entries of MCP and
+    /// the body of an A2A POST), for clients in other languages.
+    Encode {
+        /// The issuing principal.
+        #[arg(long)]
+        issuer: String,
+        /// The obligation id (32 hex digits); random when absent.
+        #[arg(long)]
+        id: Option<String>,
+        #[command(flatten)]
+        spec: Box<IssueSpec>,
+    },
     /// Submit an obligation to a running node.
     Issue {
         /// The node's admin address.
@@ -354,6 +377,8 @@ struct NodeConfig {
     transport: TransportConfig,
     /// Present: the node takes part in the budget ledger.
     ledger: Option<LedgerConfig>,
+    /// Present: `abhyasa mcp` serves these tools for this principal.
+    mcp: Option<abhyasa::mcp_cli::McpConfig>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -598,6 +623,25 @@ async fn run(command: Command) -> Result<ExitCode> {
             println!("up: {:?}\ndown: {:?}", s.up, s.down);
             Ok(ExitCode::SUCCESS)
         }
+        Command::Mcp { config, stdio } => mcp(config, stdio).await,
+        Command::Encode { issuer, id, spec } => {
+            let issuer = AgentId::new(issuer)?;
+            let defaults = CustodianConfig::default();
+            let mut o = spec.build(&issuer, |span| defaults.default_retries(span))?;
+            if let Some(id) = id {
+                let n = u128::from_str_radix(&id, 16)
+                    .ok()
+                    .filter(|_| id.len() == 32)
+                    .ok_or("--id must be 32 hex digits")?;
+                o.id = abhyasa_wire::ObligationId::from_u128(n);
+            }
+            use base64::Engine as _;
+            println!(
+                "{}",
+                base64::engine::general_purpose::STANDARD.encode(abhyasa_wire::encode(&o))
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Issue { admin, spec } => {
             let reply = admin::request(admin, &Request::Issue(spec)).await?;
             println!("{reply}");
@@ -752,9 +796,68 @@ async fn ledger(command: LedgerCli) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+fn read_config(path: &std::path::Path) -> Result<NodeConfig> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()).into())
+}
+
 async fn node(path: PathBuf) -> Result<ExitCode> {
-    let text = std::fs::read_to_string(&path)?;
-    let config: NodeConfig = toml::from_str(&text)?;
+    let config = read_config(&path)?;
+    let agent = AgentId::new(config.agent.clone())?;
+    let node = Arc::new(build_node(&config).await?);
+    println!(
+        "node {agent} listening on {} (admin {})",
+        node.local_addr(),
+        config.admin
+    );
+    let admin = tokio::spawn(admin::serve(node.clone(), config.admin));
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+        r = admin => {
+            eprintln!("admin interface stopped: {r:?}");
+        }
+    }
+    if let Ok(node) = Arc::try_unwrap(node) {
+        node.shutdown().await;
+    }
+    println!("node {agent} stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn mcp(path: PathBuf, stdio: bool) -> Result<ExitCode> {
+    if !stdio {
+        return Err("abhyasa mcp: say how to serve (--stdio)".into());
+    }
+    let config = read_config(&path)?;
+    let Some(mcp) = config.mcp.clone() else {
+        return Err(format!("{}: no [mcp] section", path.display()).into());
+    };
+    let principal = AgentId::new(mcp.principal.clone())?;
+    let mut tools = Vec::new();
+    for t in &mcp.tools {
+        tools.push(abhyasa::mcp_cli::command_tool(t)?);
+    }
+    let node = build_node(&config).await?;
+    tools.push(abhyasa::mcp_cli::issue_tool(node.clone()));
+    // Stdout carries MCP: everything else goes to stderr.
+    eprintln!(
+        "node {} listening on {} (admin {}); MCP on stdio for {principal}",
+        node.agent(),
+        node.local_addr(),
+        config.admin
+    );
+    let admin = tokio::spawn(admin::serve(Arc::new(node.clone()), config.admin));
+    let served = abhyasa::mcp_cli::serve_stdio(node.clone(), principal, tools).await;
+    admin.abort();
+    let _ = admin.await;
+    node.shutdown().await;
+    served?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn build_node(config: &NodeConfig) -> Result<Node> {
     let agent = AgentId::new(config.agent.clone())?;
     let identity = Identity::load(&config.certs, &agent)?;
     let mut builder = Node::builder(identity)
@@ -804,26 +907,7 @@ async fn node(path: PathBuf) -> Result<ExitCode> {
             resend_ms: l.resend_ms,
         });
     }
-    let node = Arc::new(builder.build().await?);
-    println!(
-        "node {agent} listening on {} (admin {})",
-        node.local_addr(),
-        config.admin
-    );
-    let admin = tokio::spawn(admin::serve(node.clone(), config.admin));
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-        r = admin => {
-            eprintln!("admin interface stopped: {r:?}");
-        }
-    }
-    if let Ok(node) = Arc::try_unwrap(node) {
-        node.shutdown().await;
-    }
-    println!("node {agent} stopped");
-    Ok(ExitCode::SUCCESS)
+    Ok(builder.build().await?)
 }
 
 fn print_status(s: &StatusJson) {

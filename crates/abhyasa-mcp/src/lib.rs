@@ -10,6 +10,8 @@
 //! the scope or revoked the token. The idempotency key is the obligation id, never the
 //! JSON-RPC request id.
 
+pub use rmcp;
+
 pub mod envelope;
 pub mod server;
 

@@ -19,7 +19,7 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{json, Map, Value};
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::envelope::{acks_to_meta, obligations_from_meta, META_ACKS, META_OBLIGATIONS};
 
@@ -316,7 +316,7 @@ impl ServerHandler for AgentServer {
                     .map_err(|e| McpError::internal_error(e.to_string(), None))?;
                 match refusal {
                     Some(why) => {
-                        warn!(tool = name, principal = %self.principal, %why, "governed tool refused");
+                        info!(tool = name, principal = %self.principal, %why, "governed tool refused");
                         CallToolResult::error(vec![ContentBlock::text(why)])
                     }
                     None => (t.run)(args).await,

@@ -1,0 +1,235 @@
+//! `abhyasa mcp`: a node serving MCP over stdio, its tools governed by what it honours.
+//!
+//! The node is built from the same TOML as `abhyasa node` (it also listens on QUIC and
+//! takes obligations over MOQT); `[mcp]` names the principal the stdio client acts as and
+//! the host tools it serves: each runs a command, with the call's arguments as JSON on its
+//! standard input and its standard output as the result, and is refused while a consent
+//! scope it declares is withheld or the token it presents is revoked.
+
+use std::process::Stdio;
+use std::sync::Arc;
+
+use abhyasa_mcp::rmcp::model::{CallToolResult, ContentBlock, JsonObject, Tool};
+use abhyasa_mcp::{Governance, HostTool};
+use abhyasa_node::{Admission, Node};
+use abhyasa_wire::{Scope, TokenId};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::io::AsyncWriteExt;
+
+use crate::admin::IssueSpec;
+
+/// The MCP tool that issues an obligation as this node (its principal side).
+pub const TOOL_ISSUE: &str = "abhyasa_issue";
+
+/// `[mcp]` in the node config.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpConfig {
+    /// The agent the stdio client acts as: obligations on its calls must be issued by it,
+    /// and governed tools check what is withheld for it.
+    pub principal: String,
+    /// Host tools, each governed.
+    #[serde(default)]
+    pub tools: Vec<McpToolConfig>,
+}
+
+/// One `[[mcp.tools]]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpToolConfig {
+    /// MCP tool name (letters, digits, `_`, `-`).
+    pub name: String,
+    /// What it does, for the model.
+    #[serde(default)]
+    pub description: String,
+    /// Consent scopes it exercises.
+    #[serde(default)]
+    pub scopes: Vec<String>,
+    /// The token it presents.
+    pub token: Option<String>,
+    /// The command it runs (program and arguments); the call's arguments arrive as JSON on
+    /// its standard input.
+    pub command: Vec<String>,
+}
+
+/// A configuration error, named.
+#[derive(Debug, thiserror::Error)]
+pub enum McpConfigError {
+    /// A tool name MCP does not allow.
+    #[error("mcp tool name {0:?}: use letters, digits, '_' and '-' (1 to 64)")]
+    Name(String),
+    /// A tool without a command.
+    #[error("mcp tool {0}: command is empty")]
+    Command(String),
+    /// A scope or token that is not a valid name.
+    #[error("mcp tool {tool}: {what}")]
+    Governed {
+        /// The tool.
+        tool: String,
+        /// What is wrong.
+        what: String,
+    },
+}
+
+fn valid_name(n: &str) -> bool {
+    (1..=64).contains(&n.len())
+        && n.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+fn object_schema() -> Arc<JsonObject> {
+    Arc::new(
+        json!({"type": "object"})
+            .as_object()
+            .cloned()
+            .unwrap_or_default(),
+    )
+}
+
+/// A host tool that runs `cfg.command`.
+pub fn command_tool(cfg: &McpToolConfig) -> Result<HostTool, McpConfigError> {
+    if !valid_name(&cfg.name) {
+        return Err(McpConfigError::Name(cfg.name.clone()));
+    }
+    if cfg.command.is_empty() {
+        return Err(McpConfigError::Command(cfg.name.clone()));
+    }
+    let governed = |what: String| McpConfigError::Governed {
+        tool: cfg.name.clone(),
+        what,
+    };
+    let scopes = cfg
+        .scopes
+        .iter()
+        .map(|s| Scope::new(s.clone()).map_err(|e| governed(format!("scope {s:?}: {e}"))))
+        .collect::<Result<Vec<_>, _>>()?;
+    let token = cfg
+        .token
+        .as_ref()
+        .map(|t| TokenId::new(t.clone()).map_err(|e| governed(format!("token {t:?}: {e}"))))
+        .transpose()?;
+    let mut description = cfg.description.clone();
+    if !scopes.is_empty() {
+        let names: Vec<&str> = scopes.iter().map(|s| s.as_str()).collect();
+        description.push_str(&format!(" (uses consent scopes: {})", names.join(", ")));
+    }
+    let command = Arc::new(cfg.command.clone());
+    Ok(HostTool {
+        tool: Tool::new(cfg.name.clone(), description, object_schema()),
+        governance: Governance { scopes, token },
+        run: Arc::new(move |args| {
+            let command = command.clone();
+            Box::pin(async move { run_command(&command, &args).await })
+        }),
+    })
+}
+
+async fn run_command(command: &[String], args: &JsonObject) -> CallToolResult {
+    let fail = |what: String| CallToolResult::error(vec![ContentBlock::text(what)]);
+    let child = tokio::process::Command::new(&command[0])
+        .args(&command[1..])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => return fail(format!("could not start {}: {e}", command[0])),
+    };
+    if let Some(mut stdin) = child.stdin.take() {
+        let input = Value::Object(args.clone()).to_string();
+        // A command that does not read its input is fine.
+        let _ = stdin.write_all(input.as_bytes()).await;
+    }
+    match child.wait_with_output().await {
+        Ok(out) if out.status.success() => CallToolResult::success(vec![ContentBlock::text(
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )]),
+        Ok(out) => fail(format!(
+            "{} exited with {}: {}",
+            command[0],
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
+        Err(e) => fail(format!("{}: {e}", command[0])),
+    }
+}
+
+/// `abhyasa_issue`: the arguments are an [`IssueSpec`] as JSON; the node issues the
+/// obligation under custody as its principal and answers with the id and admission.
+pub fn issue_tool(node: Node) -> HostTool {
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "target": {"type": "string"},
+            "kind": {"type": "string", "enum": ["anumati.consent", "phala.belief_update", "oauth.token"]},
+            "decision": {"type": "string", "enum": ["grant", "revoke"]},
+            "scope": {"type": "string"},
+            "weight_key": {"type": "string"},
+            "delta": {"type": "number", "minimum": -1, "maximum": 1},
+            "action": {"type": "string", "enum": ["revoke", "issue"]},
+            "token": {"type": "string"},
+            "client": {"type": "string"},
+            "deadline_ms": {"type": "integer", "minimum": 1},
+            "max_retries": {"type": "integer", "minimum": 0},
+            "sequence": {"type": "integer", "minimum": 0}
+        },
+        "required": ["target", "kind"]
+    });
+    HostTool {
+        tool: Tool::new(
+            TOOL_ISSUE,
+            "Issue an obligation under custody as this node's principal; it ends applied, declined or escalated with its safe action.",
+            Arc::new(schema.as_object().cloned().unwrap_or_default()),
+        ),
+        governance: Governance::default(),
+        run: Arc::new(move |args| {
+            let node = node.clone();
+            Box::pin(async move {
+                let fail = |what: String| CallToolResult::error(vec![ContentBlock::text(what)]);
+                let spec: IssueSpec = match serde_json::from_value(Value::Object(args)) {
+                    Ok(s) => s,
+                    Err(e) => return fail(format!("arguments: {e}")),
+                };
+                let o = match spec.build(node.agent(), |span| node.default_retries(span)) {
+                    Ok(o) => o,
+                    Err(e) => return fail(e),
+                };
+                let (id, words) = (o.id, crate::words::obligation(&o));
+                match node.issue(o).await {
+                    Ok(h) => {
+                        let admission = match h.admission() {
+                            Admission::Custody => "custody",
+                            Admission::BestEffort => "best_effort",
+                        };
+                        let mut r = CallToolResult::success(vec![ContentBlock::text(format!(
+                            "issued {words} ({admission}), id {id}"
+                        ))]);
+                        r.structured_content =
+                            Some(json!({"id": id.to_string(), "admission": admission}));
+                        r
+                    }
+                    Err(e) => fail(e.to_string()),
+                }
+            })
+        }),
+    }
+}
+
+/// Serves MCP over this process's stdin/stdout until the client closes it.
+pub async fn serve_stdio(
+    node: Node,
+    principal: abhyasa_wire::AgentId,
+    tools: Vec<HostTool>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    use abhyasa_mcp::rmcp::ServiceExt as _;
+    let mut server = abhyasa_mcp::AgentServer::new(node, principal);
+    for t in tools {
+        server = server.tool(t);
+    }
+    let running = server.serve(abhyasa_mcp::rmcp::transport::stdio()).await?;
+    running.waiting().await?;
+    Ok(())
+}

@@ -1,0 +1,120 @@
+//! Obligations and safe actions in the user's words, for the demo, status, tools and logs —
+//! never a `Debug` dump.
+
+use abhyasa_wire::{ConsentDecision, Obligation, Payload, SafeAction, TokenAction, WeightDelta};
+
+/// A delta in millionths as a signed decimal (`-0.25`, `+0.003`).
+fn delta(millionths: i64) -> String {
+    let v = millionths as f64 / f64::from(WeightDelta::ONE);
+    let s = format!("{v:+.6}");
+    let s = s.trim_end_matches('0');
+    s.trim_end_matches('.').to_owned()
+}
+
+/// What an obligation says: `anumati.consent revoke calendar.read for agent-1`.
+pub fn obligation(o: &Obligation) -> String {
+    let what = match &o.payload {
+        Payload::AnumatiConsent(p) => {
+            let decision = match &p.decision {
+                Some(ConsentDecision::Grant) => "grant".to_owned(),
+                Some(ConsentDecision::Revoke) => "revoke".to_owned(),
+                Some(ConsentDecision::Unrecognized(d)) => format!("{d:?}"),
+                None => "(no decision)".to_owned(),
+            };
+            format!("anumati.consent {decision} {}", p.scope)
+        }
+        Payload::PhalaBeliefUpdate(p) => format!(
+            "phala.belief_update {} {}",
+            p.weight_key,
+            delta(i64::from(p.weight_delta.0))
+        ),
+        Payload::OauthToken(p) => {
+            let action = match p.action {
+                TokenAction::Revoke => "revoke",
+                TokenAction::Issue => "issue",
+            };
+            format!("oauth.token {action} {}", p.token_id)
+        }
+    };
+    format!("{what} for {}", o.target)
+}
+
+/// What a safe action did: `withheld calendar.read for agent-1`.
+pub fn safe_action(a: &SafeAction) -> String {
+    match a {
+        SafeAction::WithholdScope { target, scope, .. } => format!("withheld {scope} for {target}"),
+        SafeAction::DownWeight {
+            target,
+            weight_key,
+            amount,
+            ..
+        } => format!(
+            "down-weighted {weight_key} for {target} by {}",
+            delta(i64::from(*amount)).trim_start_matches('+')
+        ),
+        SafeAction::StopHonouringToken { token_id } => {
+            format!("stopped honouring token {token_id}")
+        }
+        #[allow(unreachable_patterns)]
+        other => format!("{other:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use abhyasa_wire::{
+        AgentId, BeliefUpdatePayload, ConsentPayload, ObligationId, Scope, UnixMillis, WeightKey,
+    };
+
+    fn o(payload: Payload) -> Obligation {
+        Obligation {
+            id: ObligationId::from_u128(1),
+            issuer: AgentId::new("p").unwrap(),
+            target: AgentId::new("agent-1").unwrap(),
+            created_at: UnixMillis(0),
+            deadline: UnixMillis(1),
+            max_retries: 0,
+            sequence: None,
+            payload,
+        }
+    }
+
+    #[test]
+    fn obligations_read_as_sentences() {
+        let c = o(Payload::AnumatiConsent(ConsentPayload {
+            decision: Some(ConsentDecision::Revoke),
+            scope: Scope::new("calendar.read").unwrap(),
+        }));
+        assert_eq!(
+            obligation(&c),
+            "anumati.consent revoke calendar.read for agent-1"
+        );
+        let b = o(Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
+            weight_key: WeightKey::new("supplier/acme").unwrap(),
+            weight_delta: WeightDelta(-250_000),
+            ttl_ms: 1,
+        }));
+        assert_eq!(
+            obligation(&b),
+            "phala.belief_update supplier/acme -0.25 for agent-1"
+        );
+        let w = SafeAction::DownWeight {
+            obligation_id: ObligationId::from_u128(1),
+            target: AgentId::new("agent-1").unwrap(),
+            weight_key: WeightKey::new("supplier/2").unwrap(),
+            amount: 3_000,
+            fold_after: UnixMillis(0),
+        };
+        assert_eq!(
+            safe_action(&w),
+            "down-weighted supplier/2 for agent-1 by 0.003"
+        );
+        let s = SafeAction::WithholdScope {
+            target: AgentId::new("agent-1").unwrap(),
+            scope: Scope::new("calendar.read").unwrap(),
+            sequence: None,
+        };
+        assert_eq!(safe_action(&s), "withheld calendar.read for agent-1");
+    }
+}

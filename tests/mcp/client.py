@@ -1,0 +1,160 @@
+"""Drives `abhyasa mcp --stdio` with the Python MCP SDK (the `mcp` package, 2.x).
+
+Usage: python client.py ABHYASA_BINARY WORKDIR
+
+Builds certificates and a node config in WORKDIR, spawns the server over stdio and checks,
+each with an independent expectation: the tools are listed; two obligations riding a call
+come back as two acks; a consent revocation riding a call of the tool that uses that scope
+refuses that very call and every later one, naming the obligation; a revoked token refuses
+the tool that presents it; a malformed envelope is JSON-RPC -32602 and nothing in it is
+applied; a re-sent obligation is acked again and not applied twice. Exits non-zero on the
+first failure.
+"""
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.shared.exceptions import MCPError
+
+OBLIGATIONS = "org.abhyasa/obligations"
+ACKS = "org.abhyasa/acks"
+
+
+def free_port(kind):
+    s = socket.socket(socket.AF_INET, kind)
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def encode(binary, n, *spec):
+    """One obligation as base64 CBOR, id n, from `principal` to `agent-1`."""
+    out = subprocess.run(
+        [binary, "encode", "--issuer", "principal", "--id", f"{n:032x}",
+         "--target", "agent-1", "--deadline-ms", "60000", *spec],
+        check=True, capture_output=True, text=True,
+    )
+    return out.stdout.strip()
+
+
+def text(result):
+    return " ".join(c.text for c in result.content if getattr(c, "text", None) is not None)
+
+
+def acks(result):
+    meta = result.meta or {}
+    return meta.get(ACKS, [])
+
+
+def check(cond, what):
+    if not cond:
+        print(f"FAIL: {what}", flush=True)
+        sys.exit(1)
+    print(f"ok: {what}", flush=True)
+
+
+async def main(binary, work):
+    certs = os.path.join(work, "certs")
+    subprocess.run([binary, "certs", "init", "--dir", certs], check=True, capture_output=True)
+    subprocess.run([binary, "certs", "issue", "agent-1", "--dir", certs], check=True,
+                   capture_output=True)
+    config = os.path.join(work, "agent-1.toml")
+    with open(config, "w") as f:
+        f.write(f"""
+agent = "agent-1"
+listen = "127.0.0.1:{free_port(socket.SOCK_DGRAM)}"
+certs = "{certs}"
+state = "{os.path.join(work, 'state')}"
+admin = "127.0.0.1:{free_port(socket.SOCK_STREAM)}"
+
+[mcp]
+principal = "principal"
+
+[[mcp.tools]]
+name = "calendar_read"
+description = "Reads the principal's calendar (echoes its arguments)."
+scopes = ["calendar.read"]
+command = ["cat"]
+
+[[mcp.tools]]
+name = "mail_send"
+description = "Sends mail with the principal's token."
+token = "tok-mail"
+command = ["echo", "sent"]
+""")
+    params = StdioServerParameters(command=binary, args=["mcp", "--config", config, "--stdio"])
+    async with stdio_client(params) as (read, write):
+        async with ClientSession(read, write) as session:
+            await session.initialize()
+
+            tools = {t.name for t in (await session.list_tools()).tools}
+            for name in ["abhyasa_deliver", "abhyasa_custody_status", "abhyasa_issue",
+                         "calendar_read", "mail_send"]:
+                check(name in tools, f"tool {name} is listed")
+
+            r = await session.call_tool("calendar_read", {"day": "monday"})
+            check(not r.is_error and json.loads(text(r)) == {"day": "monday"},
+                  "calendar_read runs while consent stands")
+
+            token = encode(binary, 1, "--kind", "oauth.token", "--action", "revoke",
+                           "--token", "tok-mail")
+            files = encode(binary, 2, "--kind", "anumati.consent", "--decision", "revoke",
+                           "--scope", "files.write")
+            r = await session.call_tool("abhyasa_deliver", {}, meta={OBLIGATIONS: [token, files]})
+            check(len(acks(r)) == 2, "two obligations on one call: two acks")
+
+            ids = [f"{1:032x}", f"{2:032x}", f"{77:032x}"]
+            r = await session.call_tool("abhyasa_custody_status", {"ids": ids})
+            s = r.structured_content
+            check(s[ids[0]] == "applied" and s[ids[1]] == "applied" and s[ids[2]] == "unknown",
+                  "custody status: both applied, an unknown id unknown")
+            check(len(acks(r)) == 2, "custody status acks the applied ones")
+
+            revoke_id = f"{3:032x}"
+            revoke = encode(binary, 3, "--kind", "anumati.consent", "--decision", "revoke",
+                            "--scope", "calendar.read")
+            r = await session.call_tool("calendar_read", {}, meta={OBLIGATIONS: [revoke]})
+            check(r.is_error and "calendar.read" in text(r) and revoke_id in text(r),
+                  "a revocation riding the call refuses that very call, naming it")
+            check(len(acks(r)) == 1, "the refused call still carries the ack")
+
+            r = await session.call_tool("calendar_read", {})
+            check(r.is_error and revoke_id in text(r), "and every later call")
+
+            r = await session.call_tool("mail_send", {})
+            check(r.is_error and "tok-mail" in text(r) and f"{1:032x}" in text(r),
+                  "the revoked token refuses the tool that presents it")
+
+            good = encode(binary, 4, "--kind", "anumati.consent", "--decision", "revoke",
+                          "--scope", "contacts.read")
+            try:
+                await session.call_tool("abhyasa_deliver", {},
+                                        meta={OBLIGATIONS: [good, "not base64!"]})
+                check(False, "a malformed envelope is refused")
+            except MCPError as e:
+                check(e.error.code == -32602 and OBLIGATIONS in e.error.message,
+                      f"a malformed envelope is -32602 naming the key ({e.error.message})")
+            r = await session.call_tool("abhyasa_custody_status", {"ids": [f"{4:032x}"]})
+            check(r.structured_content[f"{4:032x}"] == "unknown",
+                  "nothing in the malformed envelope was applied")
+
+            grant = encode(binary, 5, "--kind", "anumati.consent", "--decision", "grant",
+                           "--scope", "calendar.read")
+            r = await session.call_tool("calendar_read", {"n": 1}, meta={OBLIGATIONS: [grant]})
+            check(not r.is_error, "a later grant riding the call lets it run")
+            r = await session.call_tool("abhyasa_deliver", {}, meta={OBLIGATIONS: [revoke]})
+            check(len(acks(r)) == 1, "the old revocation re-sent is acked again")
+            r = await session.call_tool("calendar_read", {"n": 2})
+            check(not r.is_error, "and not applied twice: the grant stands")
+    print("mcp python client: all checks passed", flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], sys.argv[2]))
