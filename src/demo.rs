@@ -182,32 +182,12 @@ pub async fn run(config: DemoConfig) -> Result<Summary, Box<dyn std::error::Erro
     let mut issued: BTreeMap<ObligationId, Obligation> = BTreeMap::new();
     let mut done = 0u64;
     let mut records: Vec<TerminalRecord> = Vec::new();
-    let progress = |e: &NodeEvent, started: &Instant| {
-        let t = started.elapsed().as_secs_f64();
-        match e {
-            NodeEvent::Terminal { record, escalation } => {
-                let safe = escalation
-                    .as_ref()
-                    .map(|e| format!(" safe action: {:?}", e.safe_action))
-                    .unwrap_or_default();
-                println!(
-                    "  {t:6.2}s  {:<20} -> {:<8} {:?} after {} attempt(s){safe}",
-                    record.kind.as_str(),
-                    record.target.as_str(),
-                    record.outcome,
-                    record.attempts
-                );
-            }
-            NodeEvent::PeerUp(peer) => println!("  {t:6.2}s  session up with {peer}"),
-            NodeEvent::PeerDown(peer) => println!("  {t:6.2}s  session down with {peer}"),
-            _ => {}
-        }
-    };
     let drain = |events: &mut tokio::sync::broadcast::Receiver<NodeEvent>,
+                 issued: &BTreeMap<ObligationId, Obligation>,
                  done: &mut u64,
                  finished: &mut Vec<TerminalRecord>| {
         while let Ok(e) = events.try_recv() {
-            progress(&e, &started);
+            progress(&e, &started, issued);
             if let NodeEvent::Terminal { record, .. } = e {
                 *done += 1;
                 finished.push(record);
@@ -237,18 +217,21 @@ pub async fn run(config: DemoConfig) -> Result<Summary, Box<dyn std::error::Erro
             }
             agent0 = Some(start_agent(dir.path()).await?);
         }
-        drain(&mut events, &mut done, &mut records);
+        drain(&mut events, &issued, &mut done, &mut records);
         tokio::time::sleep(Duration::from_millis(60)).await;
     }
     let limit = Instant::now() + Duration::from_millis(config.deadline_ms + 5_000);
     while done < issued.len() as u64 && Instant::now() < limit {
         if let Ok(Ok(e)) = tokio::time::timeout(Duration::from_millis(200), events.recv()).await {
-            progress(&e, &started);
+            progress(&e, &started, &issued);
             if let NodeEvent::Terminal { record, .. } = e {
                 done += 1;
                 records.push(record);
             }
         }
+    }
+    if let Some(agent) = &agent0 {
+        governed_tool_story(&principal, agent, config.deadline_ms, &started).await?;
     }
     principal.shutdown().await;
     if let Some(n) = agent0 {
@@ -268,6 +251,131 @@ pub async fn run(config: DemoConfig) -> Result<Summary, Box<dyn std::error::Erro
     }
     report(&records, &issued);
     summarize(dir.path(), &issued)
+}
+
+/// The story MCP hosts care about: agent-0 serves a tool over MCP that uses the consent
+/// scope `calendar.read`; the principal calls it (it runs), revokes the consent under
+/// custody, and calls it again (refused, naming the obligation).
+async fn governed_tool_story(
+    principal: &Node,
+    agent: &Node,
+    deadline_ms: u64,
+    started: &Instant,
+) -> Result<(), Box<dyn std::error::Error>> {
+    use abhyasa_mcp::rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock, Tool};
+    use abhyasa_mcp::rmcp::ServiceExt as _;
+    use abhyasa_mcp::{AgentServer, Governance, HostTool};
+    use std::sync::Arc;
+
+    let scope = Scope::new("calendar.read")?;
+    let schema = serde_json::json!({"type": "object"})
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    let tool = HostTool {
+        tool: Tool::new(
+            "calendar_read",
+            "Reads the principal's calendar",
+            Arc::new(schema),
+        ),
+        governance: Governance {
+            scopes: vec![scope.clone()],
+            token: None,
+        },
+        run: Arc::new(|_| {
+            Box::pin(async {
+                CallToolResult::success(vec![ContentBlock::text("3 events on Monday")])
+            })
+        }),
+    };
+    let server = AgentServer::new(agent.clone(), principal.agent().clone()).tool(tool);
+    let (a, b) = tokio::io::duplex(1 << 16);
+    let (ar, aw) = tokio::io::split(a);
+    let (br, bw) = tokio::io::split(b);
+    tokio::spawn(async move {
+        if let Ok(running) = server.serve((ar, aw)).await {
+            let _ = running.waiting().await;
+        }
+    });
+    let client = ().serve((br, bw)).await?;
+    let say = |what: &str| println!("  {:6.2}s  {what}", started.elapsed().as_secs_f64());
+    let answer = |r: &CallToolResult| {
+        let text: Vec<String> = r
+            .content
+            .iter()
+            .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+            .collect();
+        if r.is_error == Some(true) {
+            text.join(" ") // The server's refusal says what refused it.
+        } else {
+            format!("ok: {}", text.join(" "))
+        }
+    };
+    println!(
+        "MCP: agent-0 serves calendar_read (uses consent scope calendar.read) to the principal"
+    );
+    let r = client
+        .call_tool(CallToolRequestParams::new("calendar_read"))
+        .await?;
+    say(&format!("calendar_read -> {}", answer(&r)));
+    let t = now();
+    let revoke = Obligation {
+        id: ObligationId::from_u128(u128::from(t) << 40 | 0xcafe),
+        issuer: principal.agent().clone(),
+        target: agent.agent().clone(),
+        created_at: UnixMillis(t),
+        deadline: UnixMillis(t + deadline_ms),
+        max_retries: principal.default_retries(deadline_ms),
+        sequence: None,
+        payload: Payload::AnumatiConsent(ConsentPayload {
+            decision: Some(ConsentDecision::Revoke),
+            scope,
+        }),
+    };
+    let words = crate::words::obligation(&revoke);
+    let handle = principal.issue(revoke).await?;
+    match tokio::time::timeout(Duration::from_millis(deadline_ms + 2_000), handle.outcome()).await {
+        Ok(Some((record, escalation))) => {
+            let safe = escalation
+                .map(|e| format!("; {}", crate::words::safe_action(&e.safe_action)))
+                .unwrap_or_default();
+            say(&format!(
+                "{words}: {}{safe}",
+                crate::words::outcome(&record.outcome, record.attempts)
+            ));
+        }
+        _ => say(&format!("{words}: no outcome yet")),
+    }
+    let r = client
+        .call_tool(CallToolRequestParams::new("calendar_read"))
+        .await?;
+    say(&format!("calendar_read -> {}", answer(&r)));
+    let _ = client.cancel().await;
+    Ok(())
+}
+
+/// One line of progress, in words.
+fn progress(e: &NodeEvent, started: &Instant, issued: &BTreeMap<ObligationId, Obligation>) {
+    let t = started.elapsed().as_secs_f64();
+    match e {
+        NodeEvent::Terminal { record, escalation } => {
+            let what = issued.get(&record.obligation_id).map_or_else(
+                || format!("{} for {}", record.kind, record.target),
+                crate::words::obligation,
+            );
+            let safe = escalation
+                .as_ref()
+                .map(|e| format!("; {}", crate::words::safe_action(&e.safe_action)))
+                .unwrap_or_default();
+            println!(
+                "  {t:6.2}s  {what}: {}{safe}",
+                crate::words::outcome(&record.outcome, record.attempts)
+            );
+        }
+        NodeEvent::PeerUp(peer) => println!("  {t:6.2}s  session up with {peer}"),
+        NodeEvent::PeerDown(peer) => println!("  {t:6.2}s  session down with {peer}"),
+        _ => {}
+    }
 }
 
 /// Latency from issue to `applied`, and attempts per obligation under custody.

@@ -1,7 +1,10 @@
 //! Obligations and safe actions in the user's words, for the demo, status, tools and logs —
 //! never a `Debug` dump.
 
-use abhyasa_wire::{ConsentDecision, Obligation, Payload, SafeAction, TokenAction, WeightDelta};
+use abhyasa_wire::{
+    ConsentDecision, EscalationCause, Obligation, Outcome, Payload, SafeAction, TokenAction,
+    WeightDelta,
+};
 
 /// A delta in millionths as a signed decimal (`-0.25`, `+0.003`).
 fn delta(millionths: i64) -> String {
@@ -37,6 +40,29 @@ pub fn obligation(o: &Obligation) -> String {
         }
     };
     format!("{what} for {}", o.target)
+}
+
+/// How custody ended, with its attempts: `applied after 2 attempts`, `escalated at the
+/// deadline after 9 attempts`, `sent best-effort` (never "after 0 attempts").
+pub fn outcome(o: &Outcome, attempts: u32) -> String {
+    let tries = |n: u32| {
+        if n == 1 {
+            "after 1 attempt".to_owned()
+        } else {
+            format!("after {n} attempts")
+        }
+    };
+    match o {
+        Outcome::Applied => format!("applied {}", tries(attempts)),
+        Outcome::Declined(r) => format!("declined ({}) {}", r.as_str(), tries(attempts)),
+        Outcome::Escalated(EscalationCause::Deadline) => {
+            format!("escalated at the deadline {}", tries(attempts))
+        }
+        Outcome::Escalated(EscalationCause::RetriesExhausted) => {
+            format!("escalated, retries exhausted {}", tries(attempts))
+        }
+        Outcome::BestEffort => "sent best-effort (not under custody)".to_owned(),
+    }
 }
 
 /// What a safe action did: `withheld calendar.read for agent-1`.
@@ -116,5 +142,14 @@ mod tests {
             sequence: None,
         };
         assert_eq!(safe_action(&s), "withheld calendar.read for agent-1");
+        assert_eq!(outcome(&Outcome::Applied, 1), "applied after 1 attempt");
+        assert_eq!(
+            outcome(&Outcome::Escalated(EscalationCause::Deadline), 9),
+            "escalated at the deadline after 9 attempts"
+        );
+        assert_eq!(
+            outcome(&Outcome::BestEffort, 0),
+            "sent best-effort (not under custody)"
+        );
     }
 }
