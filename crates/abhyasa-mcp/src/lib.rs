@@ -12,9 +12,11 @@
 
 pub use rmcp;
 
+pub mod client;
 pub mod envelope;
 pub mod server;
 
+pub use client::PrincipalClient;
 pub use envelope::{
     acks_from_meta, acks_to_meta, obligations_from_meta, obligations_to_meta, EnvelopeError,
     META_ACKS, META_OBLIGATIONS, META_PERMIT, META_RECEIPT,

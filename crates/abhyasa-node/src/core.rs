@@ -183,6 +183,7 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         ledger_setup: b.ledger.clone(),
         ledger_replies: Vec::new(),
         deliveries: Vec::new(),
+        bindings: HashMap::new(),
         itx: itx.clone(),
         maintenance: b.maintenance,
         next_maintenance: tokio::time::Instant::now() + b.maintenance,
@@ -284,6 +285,8 @@ struct Core {
     itx: mpsc::Sender<Internal>,
     /// Obligations handed in by a binding other than MOQT, answered after the next commit.
     deliveries: Vec<Delivery>,
+    /// Peers reached through another binding: where their obligation objects go.
+    bindings: HashMap<AgentId, mpsc::UnboundedSender<Vec<u8>>>,
     /// How often maintenance runs, and when next.
     maintenance: Duration,
     next_maintenance: tokio::time::Instant,
@@ -539,6 +542,18 @@ impl Core {
                     Ok(Err(e)) => Err(e.into()),
                     Err(e) => Err(e.into()),
                 });
+            }
+            Command::Attach(peer, tx) => {
+                info!(%peer, "reached through another binding");
+                self.bindings.insert(peer.clone(), tx);
+                // As on a (re)subscription: what is pending for the peer goes now.
+                self.custodian.handle_peer_ready(now(), &peer);
+            }
+            Command::AcksIn(peer, acks) => {
+                let t = now();
+                for ack in acks {
+                    self.custodian.handle_ack(t, &peer, ack);
+                }
             }
             Command::Block(peer, duration) => {
                 self.blocked
@@ -826,6 +841,13 @@ impl Core {
 
     fn release(&mut self) {
         while let Some(t) = self.custodian.poll_transmit() {
+            if let Some(binding) = self.bindings.get(&t.to) {
+                if binding.send(encode(&t.obligation)).is_ok() {
+                    continue;
+                }
+                // The binding let go: custody retries, over a session if one comes up.
+                self.bindings.remove(&t.to);
+            }
             let Some(s) = self.sessions.get(&t.to).cloned() else {
                 continue; // No session: custody retries, and re-offers on the next subscription.
             };

@@ -142,6 +142,8 @@ pub(crate) enum Command {
         Vec<ObligationId>,
         oneshot::Sender<Result<Vec<bool>, NodeError>>,
     ),
+    Attach(AgentId, mpsc::UnboundedSender<Vec<u8>>),
+    AcksIn(AgentId, Vec<CustodyAck>),
     GovernedBy(
         abhyasa_custody::GovernedKey,
         oneshot::Sender<Result<Option<ObligationId>, NodeError>>,
@@ -423,6 +425,37 @@ impl Node {
             .await
             .map_err(|_| NodeError::Stopped)?;
         rx.await.map_err(|_| NodeError::Stopped)?
+    }
+
+    /// Reaches `peer` through another binding (MCP, A2A) instead of a MOQT session: from now
+    /// on the obligation objects the custodian sends `peer` (CBOR, first attempts, retries
+    /// and re-offers alike) arrive on the returned channel, for the binding to carry; what
+    /// `peer` acks goes back through [`Node::acks_in`]. Attaching re-offers what is pending
+    /// for `peer` at once (as a MOQT re-subscription does); attaching again replaces the
+    /// channel; dropping the receiver detaches. Nothing is lost when a binding fails to
+    /// carry an object: custody retries until the deadline and then escalates.
+    pub async fn attach(
+        &self,
+        peer: AgentId,
+    ) -> Result<mpsc::UnboundedReceiver<Vec<u8>>, NodeError> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.tx
+            .send(Command::Attach(peer, tx))
+            .await
+            .map_err(|_| NodeError::Stopped)?;
+        Ok(rx)
+    }
+
+    /// Acks `peer` returned over another binding, which authenticated `peer`. Each is
+    /// checked by the custodian as on MOQT (an ack from anyone but the target is ignored).
+    pub async fn acks_in(&self, peer: AgentId, acks: Vec<CustodyAck>) -> Result<(), NodeError> {
+        if acks.is_empty() {
+            return Ok(());
+        }
+        self.tx
+            .send(Command::AcksIn(peer, acks))
+            .await
+            .map_err(|_| NodeError::Stopped)
     }
 
     /// For each id, whether this node (as receiver) has applied it, from its durable
