@@ -167,6 +167,24 @@ pub struct StatusJson {
     /// As an agent: what this node honours, per principal.
     #[serde(default)]
     pub honours: HonoursJson,
+    /// As an agent: what it applied most recently (oldest first).
+    #[serde(default)]
+    pub applied: Vec<AppliedJson>,
+}
+
+/// An obligation this node applied, as JSON.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct AppliedJson {
+    /// Id (hex).
+    pub id: String,
+    /// Its principal.
+    pub issuer: String,
+    /// Its kind.
+    pub kind: String,
+    /// What it says, in words.
+    pub says: String,
+    /// When it was applied (unix ms).
+    pub at: u64,
 }
 
 /// What a node honours as an agent, per principal (its receiver's durable state).
@@ -193,6 +211,9 @@ pub struct PendingJson {
     pub deadline: u64,
     /// Attempts so far.
     pub attempts: u32,
+    /// What it says, in words.
+    #[serde(default)]
+    pub says: String,
 }
 
 /// An outcome as JSON.
@@ -210,8 +231,11 @@ pub struct OutcomeJson {
     pub attempts: u32,
     /// When (unix ms).
     pub at: u64,
-    /// The safe action, for escalations.
+    /// The safe action, for escalations, in words.
     pub safe_action: Option<String>,
+    /// The outcome in words, with its attempts.
+    #[serde(default)]
+    pub words: String,
 }
 
 impl From<Status> for StatusJson {
@@ -228,6 +252,7 @@ impl From<Status> for StatusJson {
                     target: o.target.to_string(),
                     deadline: o.deadline.0,
                     attempts: *n,
+                    says: crate::words::obligation(o),
                 })
                 .collect(),
             recent: s
@@ -241,6 +266,7 @@ impl From<Status> for StatusJson {
                     attempts: r.attempts,
                     at: r.at.0,
                     safe_action: None,
+                    words: crate::words::outcome(&r.outcome, r.attempts),
                 })
                 .collect(),
             escalations: s
@@ -253,7 +279,11 @@ impl From<Status> for StatusJson {
                     outcome: format!("{:?}", e.cause),
                     attempts: e.attempts,
                     at: e.at.0,
-                    safe_action: Some(format!("{:?}", e.safe_action)),
+                    safe_action: Some(crate::words::safe_action(&e.safe_action)),
+                    words: crate::words::outcome(
+                        &abhyasa_wire::Outcome::Escalated(e.cause),
+                        e.attempts,
+                    ),
                 })
                 .collect(),
             withheld: s
@@ -271,6 +301,17 @@ impl From<Status> for StatusJson {
                 .principal
                 .routes()
                 .map(|((t, k), w)| (t.to_string(), k.to_string(), w))
+                .collect(),
+            applied: s
+                .applied
+                .iter()
+                .map(|a| AppliedJson {
+                    id: a.obligation.id.to_string(),
+                    issuer: a.obligation.issuer.to_string(),
+                    kind: a.obligation.kind().to_string(),
+                    says: crate::words::obligation(&a.obligation),
+                    at: a.at.0,
+                })
                 .collect(),
             honours: HonoursJson {
                 withheld: s

@@ -421,7 +421,9 @@ fn report(records: &[TerminalRecord], issued: &BTreeMap<ObligationId, Obligation
     }
 }
 
-/// Counts outcomes from the principal's store and checks each receiver's store.
+/// Counts outcomes from the principal's store and audits both stores with `abhyasa check`'s
+/// audit (the summary's `lost` and `double_applied` are its C7 and C4, plus an independent
+/// look at each belief update's weight on the agent).
 fn summarize(
     dir: &Path,
     issued: &BTreeMap<ObligationId, Obligation>,
@@ -434,17 +436,29 @@ fn summarize(
         dir.join("agent-0").join("node.redb"),
         StoreConfig::default(),
     )?;
+    let rows = [
+        crate::audit::NodeRows::read(id("principal"), &pstore)?,
+        crate::audit::NodeRows::read(id("agent-0"), &astore)?,
+    ];
+    let all: Vec<Obligation> = issued.values().cloned().collect();
+    let audit = crate::audit::audit(&rows, Some(&all), UnixMillis(now()));
+    for v in &audit.violations {
+        println!("audit violation: {v}");
+    }
+    println!("audit: {}", audit.summary());
     let mut s = Summary {
         obligations: issued.len() as u64,
+        lost: audit.lost,
+        double_applied: audit.double_applied,
         ..Summary::default()
     };
     for o in issued.values() {
-        match pstore.terminal(o.id)?.map(|t| t.outcome) {
+        match rows[0].terminal(o.id).map(|t| t.outcome) {
             Some(Outcome::Applied) => s.applied += 1,
             Some(Outcome::Declined(_)) => s.declined += 1,
             Some(Outcome::Escalated(_)) => s.escalated += 1,
             Some(Outcome::BestEffort) => s.best_effort += 1,
-            None if kinds::admissible(o) => s.lost += 1,
+            None if kinds::admissible(o) => {} // Counted by the audit (C7) if not pending.
             None => s.best_effort += 1,
         }
         // A belief update's weight on its own key is its delta once, or nothing.

@@ -14,6 +14,7 @@
 #![warn(missing_docs)]
 
 pub mod admin;
+pub mod audit;
 pub mod crashpeer;
 pub mod demo;
 mod killpoint;

@@ -95,6 +95,15 @@ enum Command {
         #[command(flatten)]
         spec: Box<IssueSpec>,
     },
+    /// Audit stopped nodes from their state directories alone (`--state NAME=DIR`, once per
+    /// node): nothing pending and terminal at once, every escalation's safe action in force,
+    /// no id applied twice, nothing applied that its principal does not know or declined.
+    /// Exits non-zero on any violation.
+    Check {
+        /// `agent=state-dir`, once per node.
+        #[arg(long = "state", required = true)]
+        states: Vec<String>,
+    },
     /// Submit an obligation to a running node.
     Issue {
         /// The node's admin address.
@@ -624,6 +633,42 @@ async fn run(command: Command) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Mcp { config, stdio } => mcp(config, stdio).await,
+        Command::Check { states } => {
+            let mut stores = Vec::new();
+            for s in &states {
+                let (agent, dir) = s
+                    .split_once('=')
+                    .ok_or_else(|| format!("--state {s}: expected NAME=DIR"))?;
+                let store = abhyasa_store::Store::open(
+                    std::path::Path::new(dir).join("node.redb"),
+                    abhyasa_store::StoreConfig::default(),
+                )
+                .map_err(|e| format!("{agent} ({dir}): {e}"))?;
+                stores.push((AgentId::new(agent)?, store));
+            }
+            let mut rows = Vec::new();
+            for (agent, store) in &stores {
+                rows.push(
+                    abhyasa::audit::NodeRows::read(agent.clone(), store)
+                        .map_err(|e| format!("{agent}: {e}"))?,
+                );
+            }
+            let now = abhyasa_wire::UnixMillis(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)?
+                    .as_millis() as u64,
+            );
+            let report = abhyasa::audit::audit(&rows, None, now);
+            for v in &report.violations {
+                println!("violation: {v}");
+            }
+            println!("check: {}", report.summary());
+            Ok(if report.violations.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
         Command::Encode { issuer, id, spec } => {
             let issuer = AgentId::new(issuer)?;
             let defaults = CustodianConfig::default();
@@ -912,56 +957,56 @@ async fn build_node(config: &NodeConfig) -> Result<Node> {
 
 fn print_status(s: &StatusJson) {
     println!("agent {}   peers: {}", s.agent, s.peers.join(", "));
-    println!("\npending ({}):", s.pending.len());
-    println!(
-        "  {:<34} {:<20} {:<12} {:>8}",
-        "id", "kind", "target", "attempts"
-    );
+    println!("\nas principal — pending ({}):", s.pending.len());
     for p in &s.pending {
-        println!(
-            "  {:<34} {:<20} {:<12} {:>8}",
-            p.id, p.kind, p.target, p.attempts
-        );
+        let says = if p.says.is_empty() {
+            format!("{} for {}", p.kind, p.target)
+        } else {
+            p.says.clone()
+        };
+        println!("  {}  {says}: {} attempt(s) so far", p.id, p.attempts);
     }
     println!("\nrecent outcomes ({}):", s.recent.len());
     for r in s.recent.iter().rev().take(20) {
-        println!(
-            "  {:<34} {:<20} {:<12} {:<28} attempts={}",
-            r.id, r.kind, r.target, r.outcome, r.attempts
-        );
+        println!("  {}  {} for {}: {}", r.id, r.kind, r.target, r.words);
     }
     println!("\nescalations ({}):", s.escalations.len());
     for e in &s.escalations {
         println!(
-            "  {:<34} {:<12} {:<18} {}",
+            "  {}  {} for {}: {}; {}",
             e.id,
+            e.kind,
             e.target,
-            e.outcome,
+            e.words,
             e.safe_action.as_deref().unwrap_or("")
         );
     }
-    println!("\nprincipal state:");
+    println!("\nsafe actions and decisions in force:");
     for (t, sc) in &s.withheld {
-        println!("  withheld  {sc} from {t}");
+        println!("  withheld {sc} for {t}");
     }
     for t in &s.revoked_tokens {
-        println!("  revoked   token {t}");
+        println!("  stopped honouring token {t}");
     }
     for (t, k, w) in &s.routes {
-        println!("  routing   {t} {k} weight {:.3}", *w as f64 / 1e6);
+        println!("  routing {k} for {t}: weight {:.3}", *w as f64 / 1e6);
     }
     let h = &s.honours;
-    println!("\nas agent, honours:");
+    println!("\nas agent — honours:");
     for (p, sc) in &h.withheld {
-        println!("  withholds {sc} (from {p})");
+        println!("  does not use {sc} for {p}");
     }
     for (p, k, w) in &h.weights {
-        println!("  weight    {k} {:+.3} (set by {p})", *w as f64 / 1e6);
+        println!("  weighs {k} at {:+.3} for {p}", *w as f64 / 1e6);
     }
     for t in &h.dropped_tokens {
-        println!("  dropped   token {t}");
+        println!("  dropped token {t}");
     }
     if h.withheld.is_empty() && h.weights.is_empty() && h.dropped_tokens.is_empty() {
         println!("  nothing yet");
+    }
+    println!("\nrecently applied ({}):", s.applied.len());
+    for a in s.applied.iter().rev().take(20) {
+        println!("  {}  {} (from {})", a.id, a.says, a.issuer);
     }
 }

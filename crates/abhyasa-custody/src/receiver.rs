@@ -61,6 +61,11 @@ pub enum ReceiverRecord {
         id: ObligationId,
         /// Its issuer.
         issuer: AgentId,
+        /// The obligation itself and when it was applied: the agent's record of what it now
+        /// honours, and what an audit counts (an id applied twice shows as two entries).
+        obligation: Box<Obligation>,
+        /// When it was applied, by the receiver's clock.
+        at: UnixMillis,
         /// When the applied id may be pruned (deadline + maximum clock skew).
         expires: UnixMillis,
         /// The governed key and the sequence now last applied on it.
@@ -422,6 +427,8 @@ impl Receiver {
             record: ReceiverRecord::Apply {
                 id: o.id,
                 issuer: o.issuer.clone(),
+                obligation: Box::new(o.clone()),
+                at: now,
                 expires,
                 sequence,
                 effect,

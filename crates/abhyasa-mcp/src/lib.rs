@@ -14,6 +14,7 @@ pub use rmcp;
 
 pub mod client;
 pub mod envelope;
+pub mod quic;
 pub mod server;
 
 pub use client::PrincipalClient;
@@ -21,6 +22,7 @@ pub use envelope::{
     acks_from_meta, acks_to_meta, obligations_from_meta, obligations_to_meta, EnvelopeError,
     META_ACKS, META_OBLIGATIONS, META_PERMIT, META_RECEIPT,
 };
+pub use quic::{connect_quic, serve_quic, PrincipalLink, QuicTransport};
 pub use server::{
     AgentServer, Governance, HostTool, ToolFn, ToolFuture, TOOL_CUSTODY_STATUS, TOOL_DELIVER,
 };

@@ -13,6 +13,7 @@
 pub mod endpoint;
 pub mod identity;
 pub mod impaired;
+pub mod mcp;
 pub mod session;
 
 pub use endpoint::{
@@ -20,4 +21,7 @@ pub use endpoint::{
 };
 pub use identity::{agent_of, Ca, Identity, IdentityError};
 pub use impaired::ImpairmentHandle;
-pub use session::{namespace, SendError, Session, SessionError, SessionEvent, Track};
+pub use mcp::{McpChannel, McpRole, McpSender};
+pub use session::{
+    namespace, Accepted, SendError, Session, SessionError, SessionEvent, Track,
+};

@@ -194,6 +194,15 @@ struct Inner {
     state: std::sync::Mutex<State>,
 }
 
+/// What an accepted connection turned out to be.
+#[derive(Debug)]
+pub enum Accepted {
+    /// A custody session (the `abhyasa` namespaces and tracks).
+    Custody(Session, mpsc::Receiver<SessionEvent>),
+    /// An MCP session in the MCP-over-MOQT layout.
+    Mcp(crate::mcp::McpChannel),
+}
+
 /// A live session. Cheap to clone.
 #[derive(Clone)]
 pub struct Session(Arc<Inner>);
@@ -252,11 +261,27 @@ impl Session {
         ))
     }
 
-    /// Sets up an accepted connection as server.
+    /// Sets up an accepted connection as server of a custody session; an MCP session
+    /// (see [`Session::accept_any`]) is refused.
     pub async fn accept(
         incoming: quinn::Incoming,
         me: &AgentId,
     ) -> Result<(Session, mpsc::Receiver<SessionEvent>), SessionError> {
+        match Self::accept_any(incoming, me).await? {
+            Accepted::Custody(s, rx) => Ok((s, rx)),
+            Accepted::Mcp(c) => {
+                c.close("this endpoint serves no MCP");
+                Err(SessionError::Identity("an MCP session, not served here".into()))
+            }
+        }
+    }
+
+    /// Sets up an accepted connection as server: a custody session, or an MCP session when
+    /// the CLIENT_SETUP's PATH parameter is `/mcp` (the MCP-over-MOQT layout).
+    pub async fn accept_any(
+        incoming: quinn::Incoming,
+        me: &AgentId,
+    ) -> Result<Accepted, SessionError> {
         let conn = incoming.await?;
         let peer = peer_agent(&conn)
             .ok_or_else(|| SessionError::Identity("no agent id in certificate".into()))?;
@@ -267,7 +292,13 @@ impl Session {
         let first = tokio::time::timeout(SETUP_TIMEOUT, read_control(&mut recv, &mut buf))
             .await
             .map_err(|_| SessionError::Timeout)?;
+        let mcp = matches!(&first, Ok(Some(Control::ClientSetup { params, .. }))
+            if params.iter().any(|p| matches!(p, KeyValue::Bytes { key: 0x01, value } if value == crate::mcp::MCP_PATH)));
         let peer_max = check_setup(&conn, first, true)?;
+        if mcp {
+            let c = crate::mcp::McpChannel::accept_setup(peer, conn, send, recv, buf).await?;
+            return Ok(Accepted::Mcp(c));
+        }
         let mut out = Vec::new();
         Control::ServerSetup {
             version: DRAFT_14,
@@ -280,14 +311,15 @@ impl Session {
         send.write_all(&out)
             .await
             .map_err(|e| SessionError::Stream(e.to_string()))?;
-        Ok(Self::start(
+        let (s, rx) = Self::start(
             me.clone(),
             peer,
             conn,
             (send, recv, buf),
             1,
             peer_max,
-        ))
+        );
+        Ok(Accepted::Custody(s, rx))
     }
 
     fn start(
@@ -846,7 +878,7 @@ fn check_setup(
 }
 
 /// Reads one control message, buffering partial input in `buf`. `Ok(None)`: the stream ended.
-async fn read_control(
+pub(crate) async fn read_control(
     recv: &mut quinn::RecvStream,
     buf: &mut Vec<u8>,
 ) -> Result<Option<Control>, MoqtError> {

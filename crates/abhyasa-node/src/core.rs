@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use abhyasa_custody::{Channel, Custodian, CustodianEvent, Receiver, ReceiverEvent};
-use abhyasa_moq::{Session, SessionEvent, Track};
+use abhyasa_moq::{Accepted, Session, SessionEvent, Track};
 use abhyasa_store::{GroupCommit, GroupError, Op, Store};
 use abhyasa_wire::{decode, decode_obligation, encode, AgentId, CustodyAck, UnixMillis};
 use tokio::sync::{broadcast, mpsc};
@@ -69,6 +69,8 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
     let (itx, irx) = mpsc::channel(16_384);
     let (events, _) = broadcast::channel(16_384);
     let blocked: Blocked = Arc::default();
+    // Incoming MCP sessions wait here for whoever serves MCP (`Node::mcp_sessions`).
+    let (mcp_tx, mcp_rx) = mpsc::channel::<abhyasa_moq::McpChannel>(64);
 
     // Accept loop.
     {
@@ -81,13 +83,27 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         tokio::spawn(async move {
             while let Some(incoming) = endpoint.accept().await {
                 let (itx, me, blocked) = (itx.clone(), me.clone(), blocked.clone());
+                let mcp_tx = mcp_tx.clone();
                 tokio::spawn(async move {
-                    match Session::accept(incoming, &me).await {
-                        Ok((s, rx)) if is_blocked(&blocked, s.peer()) => {
+                    match Session::accept_any(incoming, &me).await {
+                        Ok(Accepted::Custody(s, rx)) if is_blocked(&blocked, s.peer()) => {
                             drop(rx);
                             s.close("blocked");
                         }
-                        Ok((s, rx)) => forward(s, rx, itx).await,
+                        Ok(Accepted::Custody(s, rx)) => forward(s, rx, itx).await,
+                        Ok(Accepted::Mcp(c)) if is_blocked(&blocked, c.peer()) => {
+                            c.close("blocked");
+                        }
+                        Ok(Accepted::Mcp(c)) => {
+                            info!(peer = %c.peer(), "MCP session up");
+                            if let Err(e) = mcp_tx.try_send(c) {
+                                let c = match e {
+                                    mpsc::error::TrySendError::Full(c)
+                                    | mpsc::error::TrySendError::Closed(c) => c,
+                                };
+                                c.close("no MCP server here, or too many waiting sessions");
+                            }
+                        }
                         Err(e) => debug!(%e, "session setup failed"),
                     }
                 });
@@ -196,6 +212,7 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         events,
         impairment,
         custodian: b.custodian,
+        mcp_sessions: Arc::new(std::sync::Mutex::new(Some(mcp_rx))),
     })
 }
 
@@ -499,9 +516,12 @@ impl Core {
                         s.terminal_records().unwrap_or_default(),
                         s.escalations().unwrap_or_default(),
                         s.receiver_state().clone(),
+                        s.apply_log().unwrap_or_default(),
                     )
                 });
-                let (mut recent, escalations, honours) = stored.unwrap_or_default();
+                let (mut recent, escalations, honours, mut applied) = stored.unwrap_or_default();
+                let keep = applied.len().saturating_sub(50);
+                applied.drain(..keep);
                 recent.sort_by_key(|r| r.at);
                 let keep = recent.len().saturating_sub(200);
                 recent.drain(..keep);
@@ -516,6 +536,7 @@ impl Core {
                     escalations,
                     principal: self.custodian.principal().clone(),
                     honours,
+                    applied,
                     peers: self.sessions.keys().cloned().collect(),
                 });
             }
@@ -541,6 +562,17 @@ impl Core {
                     Ok(Ok(id)) => Ok(id),
                     Ok(Err(e)) => Err(e.into()),
                     Err(e) => Err(e.into()),
+                });
+            }
+            Command::McpConnect(peer, addr, reply) => {
+                // Dialed off the core task; the endpoint lives in the core, so a stopped
+                // node releases its socket.
+                let endpoint = self.endpoint.clone();
+                tokio::spawn(async move {
+                    let c = abhyasa_moq::McpChannel::connect(&endpoint, addr, &peer)
+                        .await
+                        .map_err(|e| NodeError::Mcp(e.to_string()));
+                    let _ = reply.send(c);
                 });
             }
             Command::Attach(peer, tx) => {

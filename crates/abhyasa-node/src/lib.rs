@@ -105,6 +105,9 @@ pub enum NodeError {
         /// Why it was refused.
         error: abhyasa_ledger::LedgerError,
     },
+    /// An MCP session could not be opened.
+    #[error("mcp: {0}")]
+    Mcp(String),
     /// The node has stopped.
     #[error("the node has stopped")]
     Stopped,
@@ -125,6 +128,9 @@ pub struct Status {
     pub principal: PrincipalState,
     /// What this node, as an agent, honours (its receiver's durable state).
     pub honours: abhyasa_custody::ReceiverState,
+    /// What this node, as an agent, applied most recently (oldest first, up to 50), with
+    /// each obligation as applied.
+    pub applied: Vec<abhyasa_store::AppliedEntry>,
     /// Peers with a live session.
     pub peers: Vec<AgentId>,
 }
@@ -143,6 +149,11 @@ pub(crate) enum Command {
         oneshot::Sender<Result<Vec<bool>, NodeError>>,
     ),
     Attach(AgentId, mpsc::UnboundedSender<Vec<u8>>),
+    McpConnect(
+        AgentId,
+        SocketAddr,
+        oneshot::Sender<Result<abhyasa_moq::McpChannel, NodeError>>,
+    ),
     AcksIn(AgentId, Vec<CustodyAck>),
     GovernedBy(
         abhyasa_custody::GovernedKey,
@@ -301,6 +312,7 @@ pub struct Node {
     events: broadcast::Sender<NodeEvent>,
     impairment: Option<abhyasa_moq::ImpairmentHandle>,
     custodian: CustodianConfig,
+    mcp_sessions: std::sync::Arc<std::sync::Mutex<Option<mpsc::Receiver<abhyasa_moq::McpChannel>>>>,
 }
 
 impl Node {
@@ -422,6 +434,32 @@ impl Node {
         let (tx, rx) = oneshot::channel();
         self.tx
             .send(Command::Deliver(from, objects, tx))
+            .await
+            .map_err(|_| NodeError::Stopped)?;
+        rx.await.map_err(|_| NodeError::Stopped)?
+    }
+
+    /// The MCP sessions peers open to this node over its QUIC endpoint (MCP-over-MOQT
+    /// layout; each authenticated by its certificate), for the one serving MCP here. Taken
+    /// once: `None` after the first call. Until taken (or while the server is behind), up
+    /// to 64 incoming MCP sessions wait; more are closed.
+    pub fn mcp_sessions(&self) -> Option<mpsc::Receiver<abhyasa_moq::McpChannel>> {
+        self.mcp_sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    }
+
+    /// Opens an MCP session to `peer` at `addr` over this node's endpoint and certificate,
+    /// as its client.
+    pub async fn mcp_connect(
+        &self,
+        peer: &AgentId,
+        addr: SocketAddr,
+    ) -> Result<abhyasa_moq::McpChannel, NodeError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Command::McpConnect(peer.clone(), addr, tx))
             .await
             .map_err(|_| NodeError::Stopped)?;
         rx.await.map_err(|_| NodeError::Stopped)?

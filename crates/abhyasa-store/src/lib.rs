@@ -78,6 +78,17 @@ use redb::{
     WriteTransaction,
 };
 
+/// One row of the receiver's apply log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppliedEntry {
+    /// The obligation, as applied.
+    pub obligation: abhyasa_wire::Obligation,
+    /// When it was applied.
+    pub at: UnixMillis,
+    /// How many earlier applies of the same id the log holds (0 unless applied twice).
+    pub earlier: u32,
+}
+
 pub use group::{GroupCommit, GroupConfig, GroupError, GroupStats, MaintenanceTicket, Ticket};
 use rows::PendingRow;
 use tables::*;
@@ -300,6 +311,7 @@ impl Store {
             txn.open_table(RECV_WEIGHTS)?;
             txn.open_table(RECV_TOKENS)?;
             txn.open_table(GOVERNED_BY)?;
+            txn.open_table(RECV_APPLY_LOG)?;
             txn.open_table(LEDGER_JOURNAL)?;
             txn.open_table(GATEWAY_LOG)?;
         }
@@ -460,12 +472,19 @@ impl Store {
             ReceiverRecord::Apply {
                 id,
                 issuer,
+                obligation,
+                at,
                 expires,
                 sequence,
                 effect,
             } => {
                 // The applied id, its sequence and its effect: this one transaction.
                 let key = id.to_u128();
+                {
+                    let mut log = txn.open_table(RECV_APPLY_LOG)?;
+                    let n = log.range((key, 0)..=(key, u32::MAX))?.count() as u32;
+                    log.insert((key, n), (at.0, encode(obligation.as_ref()).as_slice()))?;
+                }
                 let governed = effect.governed_key(issuer);
                 txn.open_table(GOVERNED_BY)?
                     .insert(rows::governed_key(&governed), key)?;
@@ -481,10 +500,15 @@ impl Store {
             ReceiverRecord::Prune { before } => {
                 let mut by_expiry = txn.open_table(APPLIED_BY_EXPIRY)?;
                 let mut applied = txn.open_table(APPLIED)?;
+                let mut log = txn.open_table(RECV_APPLY_LOG)?;
                 let gone = by_expiry.extract_from_if(..(before.0, 0u128), |_, _| true)?;
                 for entry in gone {
                     let (k, _) = entry?;
-                    applied.remove(k.value().1)?;
+                    let id = k.value().1;
+                    applied.remove(id)?;
+                    for e in log.extract_from_if((id, 0)..=(id, u32::MAX), |_, _| true)? {
+                        e?;
+                    }
                 }
             }
         }
@@ -808,6 +832,38 @@ impl Store {
     pub fn is_applied(&self, id: ObligationId) -> Result<bool, StoreError> {
         let txn = self.db.begin_read()?;
         Ok(txn.open_table(APPLIED)?.get(id.to_u128())?.is_some())
+    }
+
+    /// Every apply this receiver still remembers, in apply order (oldest first): the
+    /// obligation, when it was applied, and how many times its id was applied before (0
+    /// unless something applied it twice).
+    pub fn apply_log(&self) -> Result<Vec<AppliedEntry>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let table = match txn.open_table(RECV_APPLY_LOG) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(e.into()),
+        };
+        let mut out = Vec::new();
+        for row in table.iter()? {
+            let (k, v) = row?;
+            let (id, n) = k.value();
+            let (at, bytes) = v.value();
+            let obligation = abhyasa_wire::decode_obligation(bytes).map_err(|e| {
+                StoreError::Corrupt {
+                    table: "receiver.apply_log",
+                    key: format!("{id:032x}/{n}"),
+                    detail: e.to_string(),
+                }
+            })?;
+            out.push(AppliedEntry {
+                obligation,
+                at: UnixMillis(at),
+                earlier: n,
+            });
+        }
+        out.sort_by_key(|e| (e.at, e.obligation.id));
+        Ok(out)
     }
 
     /// The obligation last applied on `key`, if recorded.

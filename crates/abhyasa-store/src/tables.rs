@@ -65,6 +65,11 @@ pub(crate) const RECV_WEIGHTS: TableDefinition<'_, (&str, &str), i64> =
 /// file without it reads as "none recorded".)
 pub(crate) const GOVERNED_BY: TableDefinition<'_, (u8, &str, &str), u128> =
     TableDefinition::new("receiver.governed_by");
+/// The apply log: (id, n) → (applied at, CBOR obligation), one row per apply: `n` counts
+/// earlier applies of the same id, so a second apply (a bug) shows as n = 1. Pruned with
+/// the applied id. (Added after layout 1 was first written: absent reads as empty.)
+pub(crate) const RECV_APPLY_LOG: TableDefinition<'_, (u128, u32), (u64, &[u8])> =
+    TableDefinition::new("receiver.apply_log");
 /// Tokens: token id → dropped (`true`) or cached (`false`).
 pub(crate) const RECV_TOKENS: TableDefinition<'_, &str, bool> =
     TableDefinition::new("receiver.tokens");

@@ -472,3 +472,56 @@ fn terminal_outcomes_are_readable() {
     assert_eq!(t.outcome, Outcome::Applied);
     assert!(store.pending().unwrap().is_empty());
 }
+
+#[test]
+fn the_apply_log_keeps_each_apply_and_is_pruned_with_its_id() {
+    let (mut store, mut backend) = memory_store();
+    let mut r = Receiver::new(a(), ReceiverConfig::default());
+    r.handle_obligation(UnixMillis(5), &p(), revoke_token(1));
+    r.handle_obligation(UnixMillis(7), &p(), belief(2, -3));
+    persist_receiver(&mut r, &mut store);
+    let log = store.apply_log().unwrap();
+    let seen: Vec<(ObligationId, u64, u32)> = log
+        .iter()
+        .map(|e| (e.obligation.id, e.at.0, e.earlier))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            (ObligationId::from_u128(1), 5, 0),
+            (ObligationId::from_u128(2), 7, 0)
+        ]
+    );
+    assert_eq!(log[0].obligation, revoke_token(1));
+
+    // An apply record for an id applied before (what a double apply would write) is kept
+    // as a second row, not merged into the first.
+    let again = ReceiverRecord::Apply {
+        id: ObligationId::from_u128(1),
+        issuer: p(),
+        obligation: Box::new(revoke_token(1)),
+        at: UnixMillis(9),
+        expires: UnixMillis(1_000),
+        sequence: None,
+        effect: abhyasa_custody::ReceiverEffect::DropToken(TokenId::new("t1").unwrap()),
+    };
+    store.commit(&[Op::Receiver(again)]).unwrap();
+    let store = reopen(&mut backend);
+    let earlier: Vec<u32> = store
+        .apply_log()
+        .unwrap()
+        .iter()
+        .filter(|e| e.obligation.id == ObligationId::from_u128(1))
+        .map(|e| e.earlier)
+        .collect();
+    assert_eq!(earlier, vec![0, 1]);
+
+    // Pruning an id's applied record takes its log rows with it.
+    let mut store = store;
+    store
+        .commit(&[Op::Receiver(ReceiverRecord::Prune {
+            before: UnixMillis(u64::MAX),
+        })])
+        .unwrap();
+    assert_eq!(store.apply_log().unwrap(), vec![]);
+}
