@@ -42,7 +42,11 @@ impl NodeRows {
     pub fn read(agent: AgentId, store: &Store) -> Result<Self, StoreError> {
         Ok(Self {
             agent,
-            pending: store.pending()?.into_iter().map(|p| p.obligation.id).collect(),
+            pending: store
+                .pending()?
+                .into_iter()
+                .map(|p| p.obligation.id)
+                .collect(),
             terminal: store
                 .terminal_records()?
                 .into_iter()
@@ -135,9 +139,7 @@ fn in_force(p: &abhyasa_custody::PrincipalState, action: &SafeAction, now: UnixM
             fold_after,
             ..
         } => p.adjustments().any(|(id, _)| id == *obligation_id) || *fold_after <= now,
-        SafeAction::StopHonouringToken { token_id } => {
-            p.revoked_tokens().any(|t| t == token_id)
-        }
+        SafeAction::StopHonouringToken { token_id } => p.revoked_tokens().any(|t| t == token_id),
     }
 }
 

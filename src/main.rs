@@ -83,8 +83,8 @@ enum Command {
         #[arg(long)]
         stdio: bool,
     },
-    /// Print an obligation as base64 CBOR (the `org.abhyasa/obligations` entries of MCP and
-    /// the body of an A2A POST), for clients in other languages.
+    /// Print an obligation as base64 CBOR (an entry of MCP's `org.abhyasa/obligations`), for
+    /// clients in other languages.
     Encode {
         /// The issuing principal.
         #[arg(long)]

@@ -10,8 +10,8 @@ use abhyasa::moq::Ca;
 use abhyasa::node::Node;
 use abhyasa::store::{Op, Store, StoreConfig};
 use abhyasa::wire::{
-    AgentId, ClientId, ConsentDecision, ConsentPayload, Obligation, ObligationId, Outcome,
-    Payload, Scope, TokenAction, TokenId, TokenPayload, UnixMillis,
+    AgentId, ClientId, Obligation, ObligationId, Outcome, Payload, TokenAction, TokenId,
+    TokenPayload, UnixMillis,
 };
 
 mod common;
@@ -156,7 +156,10 @@ async fn a_clean_run_passes_and_each_damage_is_found() {
             let def: redb::TableDefinition<'_, &str, ()> =
                 redb::TableDefinition::new("principal.revoked_tokens");
             let mut t = txn.open_table(def).unwrap();
-            assert!(t.remove("tok-4").unwrap().is_some(), "the safe action was on disk");
+            assert!(
+                t.remove("tok-4").unwrap().is_some(),
+                "the safe action was on disk"
+            );
         }
         txn.commit().unwrap();
     }

@@ -177,7 +177,13 @@ fn two_node_processes_with_a_receiver_killed_and_restarted() {
     assert_eq!(s["withheld"][0][1], "calendar.read");
     // The table view works too.
     let table = abhyasa(&["status", "--admin", &p_admin]);
-    assert!(String::from_utf8_lossy(&table.stdout).contains("revoked   token t4"));
+    let principal_table = String::from_utf8_lossy(&table.stdout).into_owned();
+    assert!(
+        principal_table.contains("stopped honouring token t4")
+            && principal_table.contains("applied after"),
+        "{principal_table}"
+    );
+    assert!(principal_table.contains("oauth.token for"), "{principal_table}");
     // The agent, asked the same way, says what it honours, per principal: from its own
     // durable state, after the SIGKILL and restart.
     let h = status(&a_admin).unwrap();
@@ -193,8 +199,23 @@ fn two_node_processes_with_a_receiver_killed_and_restarted() {
     let table = abhyasa(&["status", "--admin", &a_admin]);
     let table = String::from_utf8_lossy(&table.stdout);
     assert!(
-        table.contains("withholds calendar.read (from principal)"),
+        table.contains("does not use calendar.read for principal"),
         "{table}"
+    );
+    // What it applied, in words, from its apply log (kept across the SIGKILL).
+    assert!(
+        table.contains("oauth.token revoke t4 for") && table.contains("(from principal)"),
+        "{table}"
+    );
+    let applied: Vec<&str> = h["applied"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["says"].as_str().unwrap())
+        .collect();
+    assert!(
+        applied.iter().any(|a| a.starts_with("anumati.consent revoke calendar.read")),
+        "{applied:?}"
     );
     drop(agent);
 }

@@ -63,15 +63,13 @@ impl<R: ServiceRole> Transport<R> for QuicTransport {
         }
     }
 
-    fn receive(&mut self) -> impl std::future::Future<Output = Option<RxJsonRpcMessage<R>>> + Send {
-        async move {
-            loop {
-                let bytes = self.incoming.recv().await?;
-                match serde_json::from_slice(&bytes) {
-                    Ok(m) => return Some(m),
-                    // A message that is not JSON-RPC: skipped, as a stdio transport would.
-                    Err(e) => warn!(peer = %self.peer, %e, "unreadable MCP message over QUIC"),
-                }
+    async fn receive(&mut self) -> Option<RxJsonRpcMessage<R>> {
+        loop {
+            let bytes = self.incoming.recv().await?;
+            match serde_json::from_slice(&bytes) {
+                Ok(m) => return Some(m),
+                // A message that is not JSON-RPC: skipped, as a stdio transport would.
+                Err(e) => warn!(peer = %self.peer, %e, "unreadable MCP message over QUIC"),
             }
         }
     }
@@ -87,7 +85,9 @@ impl<R: ServiceRole> Transport<R> for QuicTransport {
 /// until the node stops; `Err` if another task already serves the node's MCP sessions.
 pub async fn serve_quic(node: Node, tools: Vec<HostTool>) -> Result<(), NodeError> {
     let Some(mut sessions) = node.mcp_sessions() else {
-        return Err(NodeError::Mcp("MCP sessions are already being served".into()));
+        return Err(NodeError::Mcp(
+            "MCP sessions are already being served".into(),
+        ));
     };
     while let Some(channel) = sessions.recv().await {
         let peer = channel.peer().clone();
@@ -117,12 +117,13 @@ pub async fn connect_quic(
     linger: Duration,
 ) -> Result<(PrincipalClient, RunningService<RoleClient, ()>), NodeError> {
     let channel = node.mcp_connect(agent, addr).await?;
-    let service = ()
-        .serve(QuicTransport::new(channel))
-        .await
-        .map_err(|e| NodeError::Mcp(e.to_string()))?;
+    let service =
+        ().serve(QuicTransport::new(channel))
+            .await
+            .map_err(|e| NodeError::Mcp(e.to_string()))?;
     let client =
-        PrincipalClient::attach(node.clone(), agent.clone(), service.peer().clone(), linger).await?;
+        PrincipalClient::attach(node.clone(), agent.clone(), service.peer().clone(), linger)
+            .await?;
     Ok((client, service))
 }
 

@@ -12,8 +12,8 @@ use abhyasa_mcp::{connect_quic, serve_quic, Governance, HostTool, PrincipalLink}
 use abhyasa_moq::Ca;
 use abhyasa_node::Node;
 use abhyasa_wire::{
-    AgentId, ClientId, ConsentDecision, ConsentPayload, Obligation, ObligationId, Outcome,
-    Payload, Scope, TokenAction, TokenId, TokenPayload, UnixMillis,
+    AgentId, ClientId, ConsentDecision, ConsentPayload, Obligation, ObligationId, Outcome, Payload,
+    Scope, TokenAction, TokenId, TokenPayload, UnixMillis,
 };
 use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock, Tool};
 
@@ -135,7 +135,11 @@ async fn a_governed_tool_over_quic_is_refused_by_the_revocation_that_rides_the_c
         .call_tool(CallToolRequestParams::new("calendar_read"))
         .await
         .unwrap();
-    assert_eq!(r.is_error, Some(true), "the revocation riding the call refuses it");
+    assert_eq!(
+        r.is_error,
+        Some(true),
+        "the revocation riding the call refuses it"
+    );
     let text: String = r
         .content
         .iter()
@@ -224,7 +228,10 @@ async fn custody_over_mcp_over_quic_survives_loss_and_an_agent_restart() {
         );
     }
     let (applied, escalated) = ends_once(&p, &agent, &sent).await;
-    println!("mcp-over-quic: applied={applied} escalated={escalated} of {}", sent.len());
+    println!(
+        "mcp-over-quic: applied={applied} escalated={escalated} of {}",
+        sent.len()
+    );
     // With a 30 s deadline and a link back within a second, everything is applied.
     assert_eq!(applied, sent.len() as u32);
     serving.abort();

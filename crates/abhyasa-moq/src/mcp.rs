@@ -364,7 +364,10 @@ impl Shared {
             body: ObjectBody::Payload(message.to_vec()),
         }
         .encode(false, &mut bytes);
-        let stream = out.stream.as_mut().ok_or_else(|| closed("no stream".into()))?;
+        let stream = out
+            .stream
+            .as_mut()
+            .ok_or_else(|| closed("no stream".into()))?;
         stream
             .write_all(&bytes)
             .await
@@ -474,7 +477,9 @@ impl Shared {
                 // Take every complete piece in the buffer.
                 loop {
                     let decoded = match &header {
-                        None => SubgroupHeader::decode(&buf).map(|h| h.map(|(h, n)| (Some(h), None, n))),
+                        None => {
+                            SubgroupHeader::decode(&buf).map(|h| h.map(|(h, n)| (Some(h), None, n)))
+                        }
                         Some(h) => StreamObject::decode(&buf, h.extensions)
                             .map(|o| o.map(|(o, n)| (None, Some(o), n))),
                     };
@@ -482,7 +487,8 @@ impl Shared {
                         Ok(Some((h, o, used))) => {
                             buf.drain(..used);
                             if let Some(h) = h {
-                                let expected = *self.inbound.lock().unwrap_or_else(|e| e.into_inner());
+                                let expected =
+                                    *self.inbound.lock().unwrap_or_else(|e| e.into_inner());
                                 if expected.is_some_and(|a| a != h.track_alias) {
                                     self.conn.close(0x3u32.into(), b"unknown track alias");
                                     return;

@@ -271,7 +271,9 @@ impl Session {
             Accepted::Custody(s, rx) => Ok((s, rx)),
             Accepted::Mcp(c) => {
                 c.close("this endpoint serves no MCP");
-                Err(SessionError::Identity("an MCP session, not served here".into()))
+                Err(SessionError::Identity(
+                    "an MCP session, not served here".into(),
+                ))
             }
         }
     }
@@ -311,14 +313,7 @@ impl Session {
         send.write_all(&out)
             .await
             .map_err(|e| SessionError::Stream(e.to_string()))?;
-        let (s, rx) = Self::start(
-            me.clone(),
-            peer,
-            conn,
-            (send, recv, buf),
-            1,
-            peer_max,
-        );
+        let (s, rx) = Self::start(me.clone(), peer, conn, (send, recv, buf), 1, peer_max);
         Ok(Accepted::Custody(s, rx))
     }
 

@@ -849,13 +849,12 @@ impl Store {
             let (k, v) = row?;
             let (id, n) = k.value();
             let (at, bytes) = v.value();
-            let obligation = abhyasa_wire::decode_obligation(bytes).map_err(|e| {
-                StoreError::Corrupt {
+            let obligation =
+                abhyasa_wire::decode_obligation(bytes).map_err(|e| StoreError::Corrupt {
                     table: "receiver.apply_log",
                     key: format!("{id:032x}/{n}"),
                     detail: e.to_string(),
-                }
-            })?;
+                })?;
             out.push(AppliedEntry {
                 obligation,
                 at: UnixMillis(at),
