@@ -183,7 +183,10 @@ fn two_node_processes_with_a_receiver_killed_and_restarted() {
             && principal_table.contains("applied after"),
         "{principal_table}"
     );
-    assert!(principal_table.contains("oauth.token for"), "{principal_table}");
+    assert!(
+        principal_table.contains("oauth.token for"),
+        "{principal_table}"
+    );
     // The agent, asked the same way, says what it honours, per principal: from its own
     // durable state, after the SIGKILL and restart.
     let h = status(&a_admin).unwrap();
@@ -214,7 +217,9 @@ fn two_node_processes_with_a_receiver_killed_and_restarted() {
         .map(|a| a["says"].as_str().unwrap())
         .collect();
     assert!(
-        applied.iter().any(|a| a.starts_with("anumati.consent revoke calendar.read")),
+        applied
+            .iter()
+            .any(|a| a.starts_with("anumati.consent revoke calendar.read")),
         "{applied:?}"
     );
     drop(agent);
