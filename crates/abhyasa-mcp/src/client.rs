@@ -8,6 +8,7 @@
 //! escalated with its safe action.
 
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use abhyasa_node::{Node, NodeError};
@@ -18,17 +19,60 @@ use rmcp::model::{CallToolRequestParams, CallToolResult, RequestMetaObject};
 use rmcp::service::{Peer, ServiceError};
 use rmcp::RoleClient;
 use serde_json::Value;
-use tokio::sync::{Mutex, Notify};
+use tokio::sync::mpsc;
 use tracing::debug;
 
 use crate::envelope::{acks_from_meta, META_OBLIGATIONS};
 use crate::server::TOOL_DELIVER;
 
-/// Obligation objects waiting for a call to carry them.
-#[derive(Default)]
+/// Obligation objects waiting for a call to carry them: the custodian's channel for the
+/// agent, and what the pump already took off it. A call takes both under one lock, so an
+/// obligation released before the call starts (as every obligation whose `issue` has
+/// returned is) rides that call.
 struct Outbox {
-    objects: Mutex<Vec<Vec<u8>>>,
-    arrived: Notify,
+    inner: std::sync::Mutex<Waiting>,
+}
+
+struct Waiting {
+    rx: mpsc::UnboundedReceiver<Vec<u8>>,
+    taken: Vec<Vec<u8>>,
+}
+
+impl Outbox {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Waiting> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Everything waiting, now.
+    fn take_all(&self) -> Vec<Vec<u8>> {
+        let mut w = self.lock();
+        let mut all = std::mem::take(&mut w.taken);
+        while let Ok(o) = w.rx.try_recv() {
+            all.push(o);
+        }
+        all
+    }
+
+    fn is_empty(&self) -> bool {
+        let w = self.lock();
+        w.taken.is_empty() && w.rx.is_empty()
+    }
+
+    /// Waits until something arrives; `false` once the custodian let go of the channel.
+    async fn arrival(&self) -> bool {
+        std::future::poll_fn(|cx| {
+            let mut w = self.lock();
+            match w.rx.poll_recv(cx) {
+                Poll::Ready(Some(o)) => {
+                    w.taken.push(o);
+                    Poll::Ready(true)
+                }
+                Poll::Ready(None) => Poll::Ready(false),
+                Poll::Pending => Poll::Pending,
+            }
+        })
+        .await
+    }
 }
 
 /// A custodian's MCP client for one agent. Clones share it.
@@ -38,15 +82,15 @@ pub struct PrincipalClient {
     agent: AgentId,
     peer: Peer<RoleClient>,
     outbox: Arc<Outbox>,
-    /// Held so the last clone dropped stops the forwarder and the pump.
-    _tasks: Arc<Tasks>,
+    /// Held so the last clone dropped stops the pump.
+    _pump: Arc<Pump>,
 }
 
-struct Tasks(Vec<tokio::task::JoinHandle<()>>);
+struct Pump(Option<tokio::task::JoinHandle<()>>);
 
-impl Drop for Tasks {
+impl Drop for Pump {
     fn drop(&mut self) {
-        for t in &self.0 {
+        if let Some(t) = &self.0 {
             t.abort();
         }
     }
@@ -62,30 +106,26 @@ impl PrincipalClient {
         peer: Peer<RoleClient>,
         linger: Duration,
     ) -> Result<Self, NodeError> {
-        let mut rx = node.attach(agent.clone()).await?;
-        let outbox = Arc::new(Outbox::default());
-        let forward = {
-            let outbox = outbox.clone();
-            tokio::spawn(async move {
-                while let Some(o) = rx.recv().await {
-                    outbox.objects.lock().await.push(o);
-                    outbox.arrived.notify_one();
-                }
-            })
-        };
+        let rx = node.attach(agent.clone()).await?;
+        let outbox = Arc::new(Outbox {
+            inner: std::sync::Mutex::new(Waiting {
+                rx,
+                taken: Vec::new(),
+            }),
+        });
         let this = Self {
             node,
             agent,
             peer,
             outbox,
-            _tasks: Arc::new(Tasks(Vec::new())),
+            _pump: Arc::new(Pump(None)),
         };
         let pump = {
             let this = this.clone();
             tokio::spawn(async move { this.pump(linger).await })
         };
         Ok(Self {
-            _tasks: Arc::new(Tasks(vec![forward, pump])),
+            _pump: Arc::new(Pump(Some(pump))),
             ..this
         })
     }
@@ -102,7 +142,7 @@ impl PrincipalClient {
         &self,
         mut params: CallToolRequestParams,
     ) -> Result<CallToolResult, ServiceError> {
-        let objects = std::mem::take(&mut *self.outbox.objects.lock().await);
+        let objects = self.outbox.take_all();
         if !objects.is_empty() {
             let meta = params.meta.get_or_insert_with(RequestMetaObject::new);
             let entries = objects
@@ -126,11 +166,10 @@ impl PrincipalClient {
 
     /// Carries what no host call picked up within `linger`.
     async fn pump(self, linger: Duration) {
-        loop {
-            self.outbox.arrived.notified().await;
+        while self.outbox.arrival().await {
             tokio::time::sleep(linger).await;
-            if self.outbox.objects.lock().await.is_empty() {
-                continue;
+            if self.outbox.is_empty() {
+                continue; // A host call took them.
             }
             if let Err(e) = self
                 .call_tool(CallToolRequestParams::new(TOOL_DELIVER))

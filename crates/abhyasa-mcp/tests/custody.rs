@@ -162,7 +162,7 @@ async fn obligations_reach_the_agent_over_mcp_and_ride_the_hosts_calls() {
     // The revocation is issued; the host's next call carries it and is refused by it.
     let revoke = revoke_scope(1, "calendar.read", 20_000);
     let h = p.principal.issue(revoke.clone()).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Released before the call starts (issue has returned): it rides this call.
     let r = mcp
         .call_tool(CallToolRequestParams::new("calendar_read"))
         .await

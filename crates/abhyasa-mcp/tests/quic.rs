@@ -130,7 +130,7 @@ async fn a_governed_tool_over_quic_is_refused_by_the_revocation_that_rides_the_c
         scope: Scope::new("calendar.read").unwrap(),
     });
     let h = p.issue(revoke.clone()).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Released before the call starts (issue has returned): it rides this call.
     let r = client
         .call_tool(CallToolRequestParams::new("calendar_read"))
         .await
