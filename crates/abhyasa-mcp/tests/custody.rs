@@ -4,102 +4,19 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use abhyasa_custody::CustodianConfig;
-use abhyasa_mcp::{AgentServer, Governance, HostTool, PrincipalClient};
+use abhyasa_mcp::{AgentServer, PrincipalClient};
 use abhyasa_moq::Ca;
 use abhyasa_node::Node;
 use abhyasa_wire::{
-    AgentId, ClientId, ConsentDecision, ConsentPayload, EscalationCause, Obligation, ObligationId,
-    Outcome, Payload, Scope, TokenAction, TokenId, TokenPayload, UnixMillis,
+    ConsentDecision, EscalationCause, Obligation, ObligationId, Outcome, Payload, Scope,
 };
-use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock, Tool};
-use rmcp::service::RunningService;
-use rmcp::{RoleClient, ServerHandler, ServiceExt};
+use rmcp::model::CallToolRequestParams;
+use rmcp::ServerHandler;
 
-fn id(s: &str) -> AgentId {
-    AgentId::new(s).unwrap()
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
-
-fn custodian() -> CustodianConfig {
-    CustodianConfig {
-        response_timeout_ms: 150,
-        backoff_base_ms: 50,
-        backoff_cap_ms: 300,
-        ..CustodianConfig::default()
-    }
-}
-
-fn revoke_scope(n: u128, scope: &str, deadline_ms: u64) -> Obligation {
-    let t = now_ms();
-    Obligation {
-        id: ObligationId::from_u128(n),
-        issuer: id("principal"),
-        target: id("agent-1"),
-        created_at: UnixMillis(t),
-        deadline: UnixMillis(t + deadline_ms),
-        max_retries: 40,
-        sequence: None,
-        payload: Payload::AnumatiConsent(ConsentPayload {
-            decision: Some(ConsentDecision::Revoke),
-            scope: Scope::new(scope).unwrap(),
-        }),
-    }
-}
-
-fn revoke_token(n: u128, deadline_ms: u64) -> Obligation {
-    let mut o = revoke_scope(n, "x", deadline_ms);
-    o.payload = Payload::OauthToken(TokenPayload {
-        action: TokenAction::Revoke,
-        token_id: TokenId::new(format!("tok-{n}")).unwrap(),
-        client_id: ClientId::new("c").unwrap(),
-    });
-    o
-}
-
-/// Serves `handler` to a new rmcp client over an in-process pipe.
-async fn connect<S: ServerHandler>(
-    handler: S,
-) -> (RunningService<RoleClient, ()>, tokio::task::JoinHandle<()>) {
-    let (a, b) = tokio::io::duplex(1 << 16);
-    let (ar, aw) = tokio::io::split(a);
-    let (br, bw) = tokio::io::split(b);
-    let server = tokio::spawn(async move {
-        if let Ok(running) = handler.serve((ar, aw)).await {
-            let _ = running.waiting().await;
-        }
-    });
-    (().serve((br, bw)).await.unwrap(), server)
-}
-
-fn calendar(runs: Arc<AtomicU32>) -> HostTool {
-    let schema = serde_json::json!({"type": "object"})
-        .as_object()
-        .cloned()
-        .unwrap();
-    HostTool {
-        tool: Tool::new("calendar_read", "reads the calendar", Arc::new(schema)),
-        governance: Governance {
-            scopes: vec![Scope::new("calendar.read").unwrap()],
-            token: None,
-        },
-        run: Arc::new(move |_| {
-            let runs = runs.clone();
-            Box::pin(async move {
-                runs.fetch_add(1, Ordering::SeqCst);
-                CallToolResult::success(vec![ContentBlock::text("3 events")])
-            })
-        }),
-    }
-}
+mod common;
+use common::{calendar, connect, consent, custodian, id, revoke_token};
 
 struct Pair {
     _dir: tempfile::TempDir,
@@ -160,7 +77,7 @@ async fn obligations_reach_the_agent_over_mcp_and_ride_the_hosts_calls() {
         .unwrap();
     assert_eq!(r.is_error, Some(false));
     // The revocation is issued; the host's next call carries it and is refused by it.
-    let revoke = revoke_scope(1, "calendar.read", 20_000);
+    let revoke = consent(1, ConsentDecision::Revoke, "calendar.read", 20_000);
     let h = p.principal.issue(revoke.clone()).await.unwrap();
     // Released before the call starts (issue has returned): it rides this call.
     let r = mcp
@@ -201,7 +118,9 @@ async fn with_no_call_due_abhyasa_deliver_carries_them_and_each_is_applied_once(
     )
     .await
     .unwrap();
-    let sent: Vec<Obligation> = (10..30).map(|n| revoke_token(n, 20_000)).collect();
+    let sent: Vec<Obligation> = (10..30)
+        .map(|n| revoke_token(n, &format!("tok-{n}"), 20_000))
+        .collect();
     let mut handles = Vec::new();
     for o in &sent {
         handles.push(p.principal.issue(o.clone()).await.unwrap());
@@ -246,7 +165,7 @@ async fn a_server_that_ignores_the_envelope_never_acks_and_custody_escalates() {
     .unwrap();
     let h = p
         .principal
-        .issue(revoke_scope(40, "calendar.read", 1_500))
+        .issue(consent(40, ConsentDecision::Revoke, "calendar.read", 1_500))
         .await
         .unwrap();
     let (record, escalation) = tokio::time::timeout(Duration::from_secs(5), h.outcome())
@@ -286,7 +205,7 @@ async fn a_server_lost_mid_run_is_a_partition_custody_survives() {
     assert_eq!(
         outcome(
             &p.principal,
-            revoke_token(50, 20_000),
+            revoke_token(50, "tok-50", 20_000),
             Duration::from_secs(5)
         )
         .await,
@@ -295,7 +214,9 @@ async fn a_server_lost_mid_run_is_a_partition_custody_survives() {
     // The server goes away: calls fail, custody keeps retrying.
     server.abort();
     drop(client);
-    let pending: Vec<Obligation> = (51..56).map(|n| revoke_token(n, 20_000)).collect();
+    let pending: Vec<Obligation> = (51..56)
+        .map(|n| revoke_token(n, &format!("tok-{n}"), 20_000))
+        .collect();
     let mut handles = Vec::new();
     for o in &pending {
         handles.push(p.principal.issue(o.clone()).await.unwrap());

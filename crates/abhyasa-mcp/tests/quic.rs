@@ -5,75 +5,19 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use abhyasa_custody::CustodianConfig;
-use abhyasa_mcp::{connect_quic, serve_quic, Governance, HostTool, PrincipalLink};
+use abhyasa_mcp::{connect_quic, serve_quic, PrincipalLink};
 use abhyasa_moq::Ca;
 use abhyasa_node::Node;
-use abhyasa_wire::{
-    AgentId, ClientId, ConsentDecision, ConsentPayload, Obligation, ObligationId, Outcome, Payload,
-    Scope, TokenAction, TokenId, TokenPayload, UnixMillis,
-};
-use rmcp::model::{CallToolRequestParams, CallToolResult, ContentBlock, Tool};
+use abhyasa_wire::{ConsentDecision, Obligation, ObligationId, Outcome, Payload};
+use rmcp::model::CallToolRequestParams;
 
-fn id(s: &str) -> AgentId {
-    AgentId::new(s).unwrap()
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
-
-fn custodian() -> CustodianConfig {
-    CustodianConfig {
-        response_timeout_ms: 200,
-        backoff_base_ms: 50,
-        backoff_cap_ms: 400,
-        ..CustodianConfig::default()
-    }
-}
+mod common;
+use common::{calendar, consent, custodian, free_addr, id, revoke_token};
 
 fn token(n: u128, deadline_ms: u64) -> Obligation {
-    let t = now_ms();
-    Obligation {
-        id: ObligationId::from_u128(n),
-        issuer: id("principal"),
-        target: id("agent-1"),
-        created_at: UnixMillis(t),
-        deadline: UnixMillis(t + deadline_ms),
-        max_retries: 60,
-        sequence: None,
-        payload: Payload::OauthToken(TokenPayload {
-            action: TokenAction::Revoke,
-            token_id: TokenId::new(format!("tok-{n}")).unwrap(),
-            client_id: ClientId::new("c").unwrap(),
-        }),
-    }
-}
-
-fn calendar(runs: Arc<AtomicU32>) -> HostTool {
-    let schema = serde_json::json!({"type": "object"})
-        .as_object()
-        .cloned()
-        .unwrap();
-    HostTool {
-        tool: Tool::new("calendar_read", "reads the calendar", Arc::new(schema)),
-        governance: Governance {
-            scopes: vec![Scope::new("calendar.read").unwrap()],
-            token: None,
-        },
-        run: Arc::new(move |_| {
-            let runs = runs.clone();
-            Box::pin(async move {
-                runs.fetch_add(1, Ordering::SeqCst);
-                CallToolResult::success(vec![ContentBlock::text("3 events")])
-            })
-        }),
-    }
+    revoke_token(n, &format!("tok-{n}"), deadline_ms)
 }
 
 async fn agent_at(ca: &Ca, dir: &std::path::Path, addr: SocketAddr, link: Option<&str>) -> Node {
@@ -94,13 +38,6 @@ async fn principal(ca: &Ca, dir: &std::path::Path, link: Option<&str>) -> Node {
         b = b.impair(l.parse().unwrap(), 1);
     }
     b.build().await.unwrap()
-}
-
-fn free_addr() -> SocketAddr {
-    std::net::UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -124,11 +61,7 @@ async fn a_governed_tool_over_quic_is_refused_by_the_revocation_that_rides_the_c
         .await
         .unwrap();
     assert_eq!(r.is_error, Some(false));
-    let mut revoke = token(1, 20_000);
-    revoke.payload = Payload::AnumatiConsent(ConsentPayload {
-        decision: Some(ConsentDecision::Revoke),
-        scope: Scope::new("calendar.read").unwrap(),
-    });
+    let revoke = consent(1, ConsentDecision::Revoke, "calendar.read", 20_000);
     let h = p.issue(revoke.clone()).await.unwrap();
     // Released before the call starts (issue has returned): it rides this call.
     let r = client

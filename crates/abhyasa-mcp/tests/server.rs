@@ -2,91 +2,26 @@
 //! tool calls, acks come back on results, governed tools obey what the node applied.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use abhyasa_mcp::{
-    acks_from_meta, obligations_to_meta, AgentServer, Governance, HostTool, META_OBLIGATIONS,
+    acks_from_meta, obligations_to_meta, AgentServer, Governance, META_OBLIGATIONS,
     TOOL_CUSTODY_STATUS, TOOL_DELIVER,
 };
 use abhyasa_moq::Ca;
 use abhyasa_node::Node;
 use abhyasa_wire::{
-    AckStatus, AgentId, ClientId, ConsentDecision, ConsentPayload, Obligation, ObligationId,
-    Payload, Scope, TokenAction, TokenId, TokenPayload, UnixMillis,
+    AckStatus, ConsentDecision, ConsentPayload, Obligation, ObligationId, Payload, Scope, TokenId,
 };
-use rmcp::model::{
-    CallToolRequestParams, CallToolResult, ContentBlock, JsonObject, RequestMetaObject, Tool,
-};
+use rmcp::model::{CallToolRequestParams, CallToolResult, RequestMetaObject};
 use rmcp::service::{RunningService, ServiceError};
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{json, Value};
 
-fn id(s: &str) -> AgentId {
-    AgentId::new(s).unwrap()
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
-
-fn obligation(n: u128, issuer: &str, payload: Payload) -> Obligation {
-    let t = now_ms();
-    Obligation {
-        id: ObligationId::from_u128(n),
-        issuer: id(issuer),
-        target: id("agent-1"),
-        created_at: UnixMillis(t),
-        deadline: UnixMillis(t + 60_000),
-        max_retries: 10,
-        sequence: None,
-        payload,
-    }
-}
-
-fn consent(n: u128, decision: ConsentDecision, scope: &str) -> Obligation {
-    obligation(
-        n,
-        "principal",
-        Payload::AnumatiConsent(ConsentPayload {
-            decision: Some(decision),
-            scope: Scope::new(scope).unwrap(),
-        }),
-    )
-}
+mod common;
+use common::{consent, host_tool, id, obligation, revoke_token};
 
 fn token_revoke(n: u128, token: &str) -> Obligation {
-    obligation(
-        n,
-        "principal",
-        Payload::OauthToken(TokenPayload {
-            action: TokenAction::Revoke,
-            token_id: TokenId::new(token).unwrap(),
-            client_id: ClientId::new("c").unwrap(),
-        }),
-    )
-}
-
-/// A host tool that answers with its name (and counts its runs in `ran`).
-fn host_tool(
-    name: &'static str,
-    g: Governance,
-    ran: Arc<std::sync::atomic::AtomicU32>,
-) -> HostTool {
-    let schema: JsonObject = serde_json::from_value(json!({"type": "object"})).unwrap();
-    HostTool {
-        tool: Tool::new(name, "a governed test tool", Arc::new(schema)),
-        governance: g,
-        run: Arc::new(move |_args| {
-            let ran = ran.clone();
-            Box::pin(async move {
-                ran.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                CallToolResult::success(vec![ContentBlock::text(format!("{name} ran"))])
-            })
-        }),
-    }
+    revoke_token(n, token, 60_000)
 }
 
 struct Fixture {
@@ -200,7 +135,7 @@ async fn obligations_ride_calls_and_a_revocation_governs_that_very_call() {
     // Two obligations on abhyasa_deliver: two acks, applied.
     let (mail, other) = (
         token_revoke(1, "tok-mail"),
-        consent(2, ConsentDecision::Revoke, "files.write"),
+        consent(2, ConsentDecision::Revoke, "files.write", 60_000),
     );
     let r = f
         .client
@@ -219,7 +154,7 @@ async fn obligations_ride_calls_and_a_revocation_governs_that_very_call() {
 
     // A revocation riding the calendar call itself: that very call is refused, naming it,
     // and the ack comes back on the refusal.
-    let revoke = consent(3, ConsentDecision::Revoke, "calendar.read");
+    let revoke = consent(3, ConsentDecision::Revoke, "calendar.read", 60_000);
     let r = f
         .client
         .call_tool(call(
@@ -259,7 +194,7 @@ async fn obligations_ride_calls_and_a_revocation_governs_that_very_call() {
     );
 
     // A grant restores the scope (a later obligation on the same key).
-    let grant = consent(4, ConsentDecision::Grant, "calendar.read");
+    let grant = consent(4, ConsentDecision::Grant, "calendar.read", 60_000);
     let r = f
         .client
         .call_tool(call(
@@ -310,7 +245,7 @@ async fn obligations_ride_calls_and_a_revocation_governs_that_very_call() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_envelope_is_invalid_params_and_nothing_is_applied() {
     let f = fixture().await;
-    let good = consent(1, ConsentDecision::Revoke, "calendar.read");
+    let good = consent(1, ConsentDecision::Revoke, "calendar.read", 60_000);
     let mut p = call("calendar_read", std::slice::from_ref(&good), json!({}));
     // A second entry that is not base64: the whole envelope is refused.
     p.meta
@@ -338,6 +273,7 @@ async fn a_malformed_envelope_is_invalid_params_and_nothing_is_applied() {
     let forged = obligation(
         5,
         "mallory",
+        60_000,
         Payload::AnumatiConsent(ConsentPayload {
             decision: Some(ConsentDecision::Revoke),
             scope: Scope::new("calendar.read").unwrap(),

@@ -1,0 +1,137 @@
+//! Fixtures shared by the MCP binding's tests.
+#![allow(dead_code)] // Each test binary uses its own subset.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use abhyasa_custody::CustodianConfig;
+use abhyasa_mcp::{Governance, HostTool};
+use abhyasa_wire::{
+    AgentId, ClientId, ConsentDecision, ConsentPayload, Obligation, ObligationId, Payload, Scope,
+    TokenAction, TokenId, TokenPayload, UnixMillis,
+};
+use rmcp::model::{CallToolResult, ContentBlock, Tool};
+use rmcp::service::RunningService;
+use rmcp::{RoleClient, ServerHandler, ServiceExt};
+
+/// An agent id.
+pub fn id(s: &str) -> AgentId {
+    AgentId::new(s).unwrap()
+}
+
+/// Now, in unix ms.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// A loopback address nothing listens on.
+pub fn free_addr() -> SocketAddr {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// Short custody timers, so tests run in seconds.
+pub fn custodian() -> CustodianConfig {
+    CustodianConfig {
+        response_timeout_ms: 150,
+        backoff_base_ms: 50,
+        backoff_cap_ms: 300,
+        ..CustodianConfig::default()
+    }
+}
+
+/// Obligation `n` from `issuer` to `agent-1`, due `deadline_ms` from now.
+pub fn obligation(n: u128, issuer: &str, deadline_ms: u64, payload: Payload) -> Obligation {
+    let t = now_ms();
+    Obligation {
+        id: ObligationId::from_u128(n),
+        issuer: id(issuer),
+        target: id("agent-1"),
+        created_at: UnixMillis(t),
+        deadline: UnixMillis(t + deadline_ms),
+        max_retries: 60,
+        sequence: None,
+        payload,
+    }
+}
+
+/// A consent decision on `scope` from `principal`.
+pub fn consent(n: u128, decision: ConsentDecision, scope: &str, deadline_ms: u64) -> Obligation {
+    obligation(
+        n,
+        "principal",
+        deadline_ms,
+        Payload::AnumatiConsent(ConsentPayload {
+            decision: Some(decision),
+            scope: Scope::new(scope).unwrap(),
+        }),
+    )
+}
+
+/// A revocation of token `token` from `principal`.
+pub fn revoke_token(n: u128, token: &str, deadline_ms: u64) -> Obligation {
+    obligation(
+        n,
+        "principal",
+        deadline_ms,
+        Payload::OauthToken(TokenPayload {
+            action: TokenAction::Revoke,
+            token_id: TokenId::new(token).unwrap(),
+            client_id: ClientId::new("c").unwrap(),
+        }),
+    )
+}
+
+/// A host tool `name` governed by `governance` that answers with its name and counts its
+/// runs in `runs`.
+pub fn host_tool(name: &'static str, governance: Governance, runs: Arc<AtomicU32>) -> HostTool {
+    let schema = serde_json::json!({"type": "object"})
+        .as_object()
+        .cloned()
+        .unwrap();
+    HostTool {
+        tool: Tool::new(name, "a governed test tool", Arc::new(schema)),
+        governance,
+        run: Arc::new(move |_| {
+            let runs = runs.clone();
+            Box::pin(async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                CallToolResult::success(vec![ContentBlock::text(format!("{name} ran"))])
+            })
+        }),
+    }
+}
+
+/// `calendar_read`, which uses the consent scope `calendar.read`.
+pub fn calendar(runs: Arc<AtomicU32>) -> HostTool {
+    host_tool(
+        "calendar_read",
+        Governance {
+            scopes: vec![Scope::new("calendar.read").unwrap()],
+            token: None,
+        },
+        runs,
+    )
+}
+
+/// Serves `handler` to a new rmcp client over an in-process pipe.
+pub async fn connect<S: ServerHandler>(
+    handler: S,
+) -> (RunningService<RoleClient, ()>, tokio::task::JoinHandle<()>) {
+    let (a, b) = tokio::io::duplex(1 << 16);
+    let (ar, aw) = tokio::io::split(a);
+    let (br, bw) = tokio::io::split(b);
+    let server = tokio::spawn(async move {
+        if let Ok(running) = handler.serve((ar, aw)).await {
+            let _ = running.waiting().await;
+        }
+    });
+    (().serve((br, bw)).await.unwrap(), server)
+}
