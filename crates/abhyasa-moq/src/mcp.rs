@@ -16,17 +16,14 @@
 //!   the transport.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use abhyasa_wire::moqt::{
-    Control, KeyValue, MoqtError, Namespace, ObjectBody, StreamObject, SubgroupHeader, SubgroupId,
-    DRAFT_14,
+    Control, MoqtError, Namespace, ObjectBody, StreamObject, SubgroupHeader, SubgroupId,
 };
 use abhyasa_wire::AgentId;
 use tokio::sync::{mpsc, Mutex};
 
-use crate::endpoint::peer_agent;
-use crate::session::{read_control, SendError, SessionError};
+use crate::session::{client_setup, read_control, SendError, SessionError};
 
 /// The PATH setup parameter value of an MCP session.
 pub const MCP_PATH: &[u8] = b"/mcp";
@@ -35,10 +32,8 @@ pub const CLIENT_TO_SERVER: &[u8] = b"client-to-server";
 /// Track the server publishes.
 pub const SERVER_TO_CLIENT: &[u8] = b"server-to-client";
 
-const SETUP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest JSON-RPC message accepted (one object).
 pub const MAX_MESSAGE: usize = 4 << 20;
-const MAX_REQUEST_ID: u64 = 1 << 20;
 
 /// Which end of the MCP session this is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -129,48 +124,10 @@ impl McpChannel {
         addr: std::net::SocketAddr,
         expected: &AgentId,
     ) -> Result<McpChannel, SessionError> {
-        let conn = endpoint.connect(addr, expected.as_str())?.await?;
-        let peer = peer_agent(&conn)
-            .ok_or_else(|| SessionError::Identity("no agent id in certificate".into()))?;
-        if &peer != expected {
-            conn.close(0x1u32.into(), b"unexpected peer");
-            return Err(SessionError::Identity(format!(
-                "dialed {expected}, reached {peer}"
-            )));
-        }
-        let (mut send, mut recv) = conn.open_bi().await?;
-        let mut out = Vec::new();
-        Control::ClientSetup {
-            versions: vec![DRAFT_14],
-            params: vec![
-                KeyValue::Bytes {
-                    key: 0x01,
-                    value: MCP_PATH.to_vec(),
-                },
-                KeyValue::Int {
-                    key: 0x02,
-                    value: MAX_REQUEST_ID,
-                },
-            ],
-        }
-        .encode(&mut out);
-        send.write_all(&out).await.map_err(io)?;
-        let mut buf = Vec::new();
-        let reply = tokio::time::timeout(SETUP_TIMEOUT, read_control(&mut recv, &mut buf))
-            .await
-            .map_err(|_| SessionError::Timeout)??;
-        match reply {
-            Some(Control::ServerSetup { version, .. }) if version == DRAFT_14 => {}
-            _ => {
-                conn.close(0x3u32.into(), b"expected SERVER_SETUP");
-                return Err(SessionError::Protocol(MoqtError::ProtocolViolation(
-                    "expected SERVER_SETUP",
-                )));
-            }
-        }
-        let id = format!("{:016x}", rand_u64(&conn));
+        let s = client_setup(endpoint, addr, expected, Some(MCP_PATH)).await?;
+        let id = format!("{:016x}", rand_u64(&s.conn));
         let ns = mcp_namespace(&id);
-        let channel = Self::start(McpRole::Client, peer, conn, send, recv, buf);
+        let channel = Self::start(McpRole::Client, s.peer, s.conn, s.send, s.recv, s.buf);
         *channel.shared.namespace.lock().await = Some(ns.clone());
         let shared = channel.shared.clone();
         shared
@@ -184,26 +141,16 @@ impl McpChannel {
         Ok(channel)
     }
 
-    /// Answers a CLIENT_SETUP whose PATH is `/mcp` (see [`crate::session::accept_any`]) and
-    /// serves the MCP session as its server.
-    pub(crate) async fn accept_setup(
+    /// Serves an MCP session whose setup is done: the client's CLIENT_SETUP had PATH `/mcp`
+    /// and SERVER_SETUP was sent (see [`crate::session::Session::accept_any`]).
+    pub(crate) fn serve(
         peer: AgentId,
         conn: quinn::Connection,
-        mut send: quinn::SendStream,
+        send: quinn::SendStream,
         recv: quinn::RecvStream,
         buf: Vec<u8>,
-    ) -> Result<McpChannel, SessionError> {
-        let mut out = Vec::new();
-        Control::ServerSetup {
-            version: DRAFT_14,
-            params: vec![KeyValue::Int {
-                key: 0x02,
-                value: MAX_REQUEST_ID,
-            }],
-        }
-        .encode(&mut out);
-        send.write_all(&out).await.map_err(io)?;
-        Ok(Self::start(McpRole::Server, peer, conn, send, recv, buf))
+    ) -> McpChannel {
+        Self::start(McpRole::Server, peer, conn, send, recv, buf)
     }
 
     fn start(

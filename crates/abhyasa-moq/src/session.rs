@@ -224,40 +224,14 @@ impl Session {
         expected: &AgentId,
         me: &AgentId,
     ) -> Result<(Session, mpsc::Receiver<SessionEvent>), SessionError> {
-        let conn = endpoint.connect(addr, expected.as_str())?.await?;
-        let peer = peer_agent(&conn)
-            .ok_or_else(|| SessionError::Identity("no agent id in certificate".into()))?;
-        if &peer != expected {
-            conn.close(code::INTERNAL_ERROR.into(), b"unexpected peer");
-            return Err(SessionError::Identity(format!(
-                "dialed {expected}, reached {peer}"
-            )));
-        }
-        let (mut send, mut recv) = conn.open_bi().await?;
-        let mut out = Vec::new();
-        Control::ClientSetup {
-            versions: vec![DRAFT_14],
-            params: vec![KeyValue::Int {
-                key: 0x02,
-                value: OUR_MAX_REQUEST_ID,
-            }],
-        }
-        .encode(&mut out);
-        send.write_all(&out)
-            .await
-            .map_err(|e| SessionError::Stream(e.to_string()))?;
-        let mut buf = Vec::new();
-        let reply = tokio::time::timeout(SETUP_TIMEOUT, read_control(&mut recv, &mut buf))
-            .await
-            .map_err(|_| SessionError::Timeout)?;
-        let peer_max = check_setup(&conn, reply, false)?;
+        let setup = client_setup(endpoint, addr, expected, None).await?;
         Ok(Self::start(
             me.clone(),
-            peer,
-            conn,
-            (send, recv, buf),
+            setup.peer,
+            setup.conn,
+            (setup.send, setup.recv, setup.buf),
             0,
-            peer_max,
+            setup.peer_max,
         ))
     }
 
@@ -297,10 +271,6 @@ impl Session {
         let mcp = matches!(&first, Ok(Some(Control::ClientSetup { params, .. }))
             if params.iter().any(|p| matches!(p, KeyValue::Bytes { key: 0x01, value } if value == crate::mcp::MCP_PATH)));
         let peer_max = check_setup(&conn, first, true)?;
-        if mcp {
-            let c = crate::mcp::McpChannel::accept_setup(peer, conn, send, recv, buf).await?;
-            return Ok(Accepted::Mcp(c));
-        }
         let mut out = Vec::new();
         Control::ServerSetup {
             version: DRAFT_14,
@@ -313,6 +283,10 @@ impl Session {
         send.write_all(&out)
             .await
             .map_err(|e| SessionError::Stream(e.to_string()))?;
+        if mcp {
+            let c = crate::mcp::McpChannel::serve(peer, conn, send, recv, buf);
+            return Ok(Accepted::Mcp(c));
+        }
         let (s, rx) = Self::start(me.clone(), peer, conn, (send, recv, buf), 1, peer_max);
         Ok(Accepted::Custody(s, rx))
     }
@@ -838,6 +812,69 @@ impl Session {
             }
         }
     }
+}
+
+/// A connection whose MOQT setup is done, as client.
+pub(crate) struct ClientSetup {
+    pub(crate) conn: quinn::Connection,
+    pub(crate) peer: AgentId,
+    pub(crate) send: quinn::SendStream,
+    pub(crate) recv: quinn::RecvStream,
+    pub(crate) buf: Vec<u8>,
+    pub(crate) peer_max: u64,
+}
+
+/// Dials `addr`, requires the server's certificate to name `expected`, and exchanges
+/// CLIENT_SETUP (with the PATH parameter when given) and SERVER_SETUP.
+pub(crate) async fn client_setup(
+    endpoint: &quinn::Endpoint,
+    addr: std::net::SocketAddr,
+    expected: &AgentId,
+    path: Option<&[u8]>,
+) -> Result<ClientSetup, SessionError> {
+    let conn = endpoint.connect(addr, expected.as_str())?.await?;
+    let peer = peer_agent(&conn)
+        .ok_or_else(|| SessionError::Identity("no agent id in certificate".into()))?;
+    if &peer != expected {
+        conn.close(code::INTERNAL_ERROR.into(), b"unexpected peer");
+        return Err(SessionError::Identity(format!(
+            "dialed {expected}, reached {peer}"
+        )));
+    }
+    let (mut send, mut recv) = conn.open_bi().await?;
+    let mut params = Vec::new();
+    if let Some(path) = path {
+        params.push(KeyValue::Bytes {
+            key: 0x01,
+            value: path.to_vec(),
+        });
+    }
+    params.push(KeyValue::Int {
+        key: 0x02,
+        value: OUR_MAX_REQUEST_ID,
+    });
+    let mut out = Vec::new();
+    Control::ClientSetup {
+        versions: vec![DRAFT_14],
+        params,
+    }
+    .encode(&mut out);
+    send.write_all(&out)
+        .await
+        .map_err(|e| SessionError::Stream(e.to_string()))?;
+    let mut buf = Vec::new();
+    let reply = tokio::time::timeout(SETUP_TIMEOUT, read_control(&mut recv, &mut buf))
+        .await
+        .map_err(|_| SessionError::Timeout)?;
+    let peer_max = check_setup(&conn, reply, false)?;
+    Ok(ClientSetup {
+        conn,
+        peer,
+        send,
+        recv,
+        buf,
+        peer_max,
+    })
 }
 
 /// Checks the peer's setup message (CLIENT_SETUP from a client, SERVER_SETUP from a server)
