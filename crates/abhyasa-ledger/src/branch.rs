@@ -501,7 +501,12 @@ impl Branch {
         if !c.label.allows(&effect.purpose) {
             return Err(LedgerError::PurposeNotAllowed);
         }
-        let (footprint, _) = take(c, &effect.max_charge)?;
+        let escrow = if self.config.mutation == Some(LedgerMutation::ReserveBelowMaximum) {
+            one_short(&effect.max_charge)
+        } else {
+            effect.max_charge.clone()
+        };
+        let (footprint, _) = take(c, &escrow)?;
         let binding = Binding {
             root: c.root,
             credit,
@@ -1201,6 +1206,17 @@ impl Branch {
                         Err(LedgerError::IdInUse("operation key"))
                     };
                 }
+                // The escrow covers the maximum exactly, for the effect the binding names.
+                let short = self.config.mutation == Some(LedgerMutation::ReserveBelowMaximum);
+                if p.footprint.size() != p.binding.max_charge && !short {
+                    return Err(LedgerError::Mismatch(
+                        "reservation other than the maximum charge",
+                    ));
+                }
+                if effect.digest() != p.binding.effect || effect.max_charge != p.binding.max_charge
+                {
+                    return Err(LedgerError::Mismatch("permit for another effect"));
+                }
                 let c = self.live_credit(p.binding.credit)?;
                 let rest = c
                     .available
@@ -1491,6 +1507,19 @@ impl Branch {
             .union(fp)
             .ok_or(LedgerError::WrongState("returned atoms already available"))?;
         Ok(())
+    }
+}
+
+/// `v` with one atom less in its first non-zero dimension (the `ReserveBelowMaximum` mutant),
+/// or `v` itself when that would leave nothing.
+fn one_short(v: &Vector) -> Vector {
+    let mut pairs: Vec<(&str, u64)> = v.iter().map(|(d, n)| (d.as_str(), n)).collect();
+    if let Some(p) = pairs.iter_mut().find(|p| p.1 > 0) {
+        p.1 -= 1;
+    }
+    match Vector::of(&pairs) {
+        Ok(short) if !short.is_zero() => short,
+        _ => v.clone(),
     }
 }
 

@@ -198,6 +198,26 @@ pub fn check(w: &World<'_>) -> Vec<Violation> {
         }
         for o in b.operations() {
             let root = o.binding.root;
+            // L4: the escrow is the whole maximum charge, in every dimension and no more.
+            let dims: std::collections::BTreeSet<&Dim> = o
+                .footprint
+                .iter()
+                .map(|(d, _)| d)
+                .chain(o.binding.max_charge.iter().map(|(d, _)| d))
+                .collect();
+            for d in dims {
+                let escrow = o.footprint.dim(d).map_or(0, |r| size(r.ranges()));
+                if escrow != vec_get(&o.binding.max_charge, d) {
+                    bad(
+                        "L4",
+                        format!(
+                            "{me}: operation {} holds {escrow} {d} in escrow for a maximum of {}",
+                            o.binding.key,
+                            o.binding.max_charge.get(d)
+                        ),
+                    );
+                }
+            }
             match &o.state {
                 OpState::Reserved | OpState::Quarantined => {
                     put(root, &o.footprint, 2, Some(&o.binding.max_charge))
@@ -300,6 +320,26 @@ pub fn check(w: &World<'_>) -> Vec<Violation> {
     for g in w.gateways {
         for (k, a) in g.log() {
             if let crate::AcceptanceState::Done(r) = &a.state {
+                // A gateway's receipt never charges more than the binding it accepted.
+                match w.keys.open(r, g.agent()) {
+                    Ok(body)
+                        if body
+                            .actual
+                            .iter()
+                            .all(|(d, n)| u128::from(n) <= vec_get(&a.binding.max_charge, d)) => {}
+                    Ok(_) => bad(
+                        "L3",
+                        format!(
+                            "{} signed a receipt for {} above the binding's maximum",
+                            g.agent(),
+                            k.1
+                        ),
+                    ),
+                    Err(_) => bad(
+                        "L3",
+                        format!("{} holds a receipt for {} it did not sign", g.agent(), k.1),
+                    ),
+                }
                 receipts.insert(k.clone(), r.clone());
             }
         }

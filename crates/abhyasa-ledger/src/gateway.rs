@@ -158,17 +158,19 @@ impl Gateway {
         for a in g.log.values_mut() {
             a.receipt_durable = matches!(a.state, AcceptanceState::Done(_));
         }
-        for ((payer, k), a) in &g.log {
-            if a.state == AcceptanceState::Accepted {
-                g.executes.push_back(Execute {
-                    payer: payer.clone(),
-                    key: *k,
-                    effect: a.effect.clone(),
-                    max_charge: a.binding.max_charge.clone(),
-                    resume: true,
-                });
-            }
-        }
+        let resumed: Vec<Execute> = g
+            .log
+            .iter()
+            .filter(|(_, a)| a.state == AcceptanceState::Accepted)
+            .map(|((payer, k), a)| Execute {
+                payer: payer.clone(),
+                key: *k,
+                effect: a.effect.clone(),
+                max_charge: g.limit_for(&a.binding, &a.effect),
+                resume: true,
+            })
+            .collect();
+        g.executes.extend(resumed);
         g
     }
 
@@ -216,11 +218,15 @@ impl Gateway {
         };
         let b = &p.binding;
         let key = b.key;
-        // Recompute the binding from what is actually asked for.
-        if &b.payer != from
-            || b.receiver != self.me
-            || b.effect != effect.digest()
-            || b.max_charge != effect.max_charge
+        // Recompute the binding from what is actually asked for: the payer is the sender, the
+        // effect is the one bound, and the escrow covers its maximum charge exactly.
+        let trusting = self.mutation == Some(LedgerMutation::GatewayTrustsBinding);
+        if !trusting
+            && (&b.payer != from
+                || b.receiver != self.me
+                || b.effect != effect.digest()
+                || b.max_charge != effect.max_charge
+                || p.footprint.size() != b.max_charge)
         {
             return self.refuse(from, key, Refusal::BindingMismatch);
         }
@@ -253,16 +259,27 @@ impl Gateway {
         };
         self.apply(&record);
         let token = self.persist(record);
+        let max_charge = self.limit_for(b, &effect);
         self.gate(
             token,
             Gated::Execute(Execute {
                 payer: b.payer.clone(),
                 key,
                 effect,
-                max_charge: b.max_charge.clone(),
+                max_charge,
                 resume: false,
             }),
         );
+    }
+
+    /// The hard limit handed to the executor: the binding's maximum charge. The mutants hand
+    /// the effect's own (`GatewayTrustsBinding`) or none at all (`GatewayWithoutClamp`).
+    fn limit_for(&self, b: &Binding, effect: &Effect) -> Vector {
+        match self.mutation {
+            Some(LedgerMutation::GatewayTrustsBinding) => effect.max_charge.clone(),
+            Some(LedgerMutation::GatewayWithoutClamp) => unlimited(&b.max_charge),
+            _ => b.max_charge.clone(),
+        }
     }
 
     fn gate(&mut self, token: PersistToken, g: Gated) {
@@ -369,7 +386,8 @@ impl Gateway {
         if a.state != AcceptanceState::Accepted {
             return;
         }
-        let actual = if actual.le(&a.binding.max_charge) {
+        let unclamped = self.mutation == Some(LedgerMutation::GatewayWithoutClamp);
+        let actual = if actual.le(&a.binding.max_charge) || unclamped {
             actual
         } else {
             a.binding.max_charge.clone()
@@ -493,4 +511,10 @@ impl Gateway {
     pub fn fences(&self) -> impl Iterator<Item = (&CreditId, &u64)> {
         self.fences.iter()
     }
+}
+
+/// No limit in any of `max`'s dimensions (the `GatewayWithoutClamp` mutant).
+fn unlimited(max: &Vector) -> Vector {
+    let pairs: Vec<(&str, u64)> = max.iter().map(|(d, _)| (d.as_str(), u64::MAX)).collect();
+    Vector::of(&pairs).unwrap_or_else(|_| max.clone())
 }

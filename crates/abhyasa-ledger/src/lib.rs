@@ -204,11 +204,20 @@ pub enum LedgerMutation {
     /// A receipt that arrives after a forfeit settles the operation and returns its remainder,
     /// undoing the forfeit.
     UnforfeitOnLateEvidence,
+    /// The branch reserves less than the effect's maximum charge (one atom short), so an
+    /// effect may be charged atoms its escrow does not cover.
+    ReserveBelowMaximum,
+    /// The gateway passes no limit to the executor and signs whatever charge it reports, even
+    /// above the binding's maximum.
+    GatewayWithoutClamp,
+    /// The gateway runs the effect as it arrives without recomputing the binding from it (the
+    /// effect's digest, maximum charge, receiver, payer and footprint).
+    GatewayTrustsBinding,
 }
 
 impl LedgerMutation {
     /// Every mutant, with its command-line name.
-    pub const ALL: [(&'static str, LedgerMutation); 10] = [
+    pub const ALL: [(&'static str, LedgerMutation); 13] = [
         ("refund_on_timeout", LedgerMutation::RefundOnTimeout),
         (
             "accept_replayed_transfer",
@@ -239,6 +248,12 @@ impl LedgerMutation {
         (
             "unforfeit_on_late_evidence",
             LedgerMutation::UnforfeitOnLateEvidence,
+        ),
+        ("reserve_below_maximum", LedgerMutation::ReserveBelowMaximum),
+        ("gateway_without_clamp", LedgerMutation::GatewayWithoutClamp),
+        (
+            "gateway_trusts_binding",
+            LedgerMutation::GatewayTrustsBinding,
         ),
     ];
 }

@@ -1194,3 +1194,165 @@ fn the_history_auditor_reads_each_transition() {
     let laws: Vec<&str> = found.iter().map(|x| x.law).collect();
     assert_eq!(laws, vec!["H1", "H3", "H4"], "{found:?}");
 }
+
+// ---------------------------------------------------------------------------------------
+// The charge is complete: the escrow is the maximum, the gateway runs only the effect bound
+// and holds it to the maximum.
+
+fn refusal(g: &mut Gateway) -> Option<Refusal> {
+    std::iter::from_fn(|| g.poll_transmit()).find_map(|(_, m)| match m {
+        LedgerMessage::Refused { reason, .. } => Some(reason),
+        _ => None,
+    })
+}
+
+#[test]
+fn an_escrow_short_of_the_maximum_is_refused_by_gateway_and_journal() {
+    // The mutant's branch escrows 4 units for a 5-unit maximum: the checker sees it, and the
+    // gateway refuses the permit, so nothing runs.
+    let mut n = Net::new(&[("units", 10)], Some(LedgerMutation::ReserveBelowMaximum));
+    let e = n.effect("call", &[("units", 5)]);
+    n.r.reserve(ROOT_CREDIT, e.clone(), &id("g"), key(1))
+        .unwrap();
+    assert_eq!(
+        n.r.operation(key(1)).unwrap().footprint.size(),
+        v(&[("units", 4)])
+    );
+    assert!(
+        n.violations().iter().any(|x| x.law == "L4"),
+        "{:?}",
+        n.violations()
+    );
+    n.r.dispatch(UnixMillis(0), key(1)).unwrap();
+    n.persist_all();
+    let (_, permit) = n.r.poll_transmit().unwrap();
+    let mut correct = Gateway::new(id("g"), sk(4), n.keys.clone(), None);
+    correct.handle_message(&id("r"), permit);
+    // The permit does not validate as a permit (its escrow is not its maximum).
+    assert_eq!(refusal(&mut correct), Some(Refusal::BadSignature));
+    assert!(correct.poll_persist().is_none() && correct.poll_execute().is_none());
+
+    // A correct branch will not replay a journal step whose escrow is short, nor one whose
+    // permit names another effect.
+    let mut n = Net::new(&[("units", 10)], None);
+    n.r.reserve(ROOT_CREDIT, e.clone(), &id("g"), key(1))
+        .unwrap();
+    let grant = n.r.roots().next().unwrap().clone();
+    let (_, good) = n.r.poll_persist().unwrap();
+    let Step::Reserve { permit, effect } = good else {
+        panic!("a reserve step")
+    };
+    let p = permit.peek().unwrap();
+    let short = Signed::sign(
+        &Permit {
+            binding: p.binding.clone(),
+            footprint: Footprint::full(&v(&[("units", 4)])),
+        },
+        &id("r"),
+        &sk(2),
+    );
+    let other = Effect {
+        operation: "something else".into(),
+        ..effect.clone()
+    };
+    for (permit, effect, why) in [
+        (short, effect, "reservation other than the maximum charge"),
+        (permit, other, "permit for another effect"),
+    ] {
+        let steps = vec![
+            Step::Grant {
+                grant: Signed::sign(&grant, &id("issuer"), &sk(1)),
+                credit: ROOT_CREDIT,
+            },
+            Step::Reserve { permit, effect },
+        ];
+        let (b, rejected) = Branch::recover(
+            id("r"),
+            sk(2),
+            n.keys.clone(),
+            BranchConfig::default(),
+            steps,
+        );
+        assert_eq!(rejected.len(), 1);
+        assert_eq!(rejected[0].1, LedgerError::Mismatch(why));
+        assert!(b.operation(key(1)).is_none());
+        assert_eq!(
+            b.credit(ROOT_CREDIT).unwrap().available.size(),
+            v(&[("units", 10)])
+        );
+    }
+}
+
+/// `r` reserves and dispatches a 5-unit effect; the permit is sent with `larger` attached (as
+/// an on-path relay could) to a gateway under `mutation`. Returns the limit the executor got.
+fn run_with_effect(mutation: Option<LedgerMutation>, larger: bool) -> (Option<Vector>, Net) {
+    let mut n = Net::new(&[("units", 10)], None);
+    n.g = Gateway::new(id("g"), sk(4), n.keys.clone(), mutation);
+    let e = n.effect("call", &[("units", 5)]);
+    n.r.reserve(ROOT_CREDIT, e.clone(), &id("g"), key(1))
+        .unwrap();
+    n.r.dispatch(UnixMillis(0), key(1)).unwrap();
+    n.persist_all();
+    let (_, m) = n.r.poll_transmit().unwrap();
+    let LedgerMessage::Dispatch { permit, .. } = m else {
+        panic!("a dispatch")
+    };
+    let effect = if larger {
+        Effect {
+            operation: "call, but bigger".into(),
+            max_charge: v(&[("units", 10)]),
+            ..e
+        }
+    } else {
+        e
+    };
+    n.g.handle_message(&id("r"), LedgerMessage::Dispatch { permit, effect });
+    n.persist_all();
+    let limit = n.g.poll_execute().map(|x| x.max_charge);
+    (limit, n)
+}
+
+#[test]
+fn a_gateway_runs_only_the_effect_its_binding_names() {
+    let (limit, mut n) = run_with_effect(None, true);
+    assert_eq!(limit, None, "nothing runs");
+    assert_eq!(refusal(&mut n.g), Some(Refusal::BindingMismatch));
+    let (limit, _) = run_with_effect(None, false);
+    assert_eq!(limit, Some(v(&[("units", 5)])));
+    // The mutant runs the larger effect with its own limit.
+    let (limit, _) = run_with_effect(Some(LedgerMutation::GatewayTrustsBinding), true);
+    assert_eq!(limit, Some(v(&[("units", 10)])));
+}
+
+#[test]
+fn a_report_above_the_maximum_is_signed_as_the_maximum() {
+    for mutation in [None, Some(LedgerMutation::GatewayWithoutClamp)] {
+        let (limit, mut n) = run_with_effect(mutation, false);
+        let limit = limit.expect("accepted");
+        // The executor is held to its limit; a meter reports 7 units asked for.
+        n.g.handle_executed(&id("r"), key(1), v(&[("units", 7)]));
+        n.persist_all();
+        let receipt = std::iter::from_fn(|| n.g.poll_transmit())
+            .find_map(|(_, m)| match m {
+                LedgerMessage::Receipt(r) => Some(r.peek().unwrap().actual),
+                _ => None,
+            })
+            .expect("a receipt");
+        match mutation {
+            None => {
+                assert_eq!(limit, v(&[("units", 5)]));
+                assert_eq!(receipt, v(&[("units", 5)]));
+                assert_eq!(n.violations(), vec![]);
+            }
+            Some(_) => {
+                assert_eq!(limit, v(&[("units", u64::MAX)]), "no limit handed over");
+                assert_eq!(receipt, v(&[("units", 7)]));
+                assert!(
+                    n.violations().iter().any(|x| x.law == "L3"),
+                    "{:?}",
+                    n.violations()
+                );
+            }
+        }
+    }
+}

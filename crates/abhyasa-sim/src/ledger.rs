@@ -14,12 +14,23 @@
 //! gateway's acceptance log is what prevents a second run), and a gateway can crash between
 //! running an effect and recording its receipt.
 //!
+//! Two roots with different labels: `root` holds one for `{tools, travel}`, `b` one for
+//! `{travel, food}`. Splits and transfers draw their labels from the parent's purposes (now and
+//! then a broader one, which must be refused); effects draw their purpose likewise. `c` joins
+//! what `a` and `b` sent it — real diamonds when both came from the same root, refused joins
+//! when they did not.
+//!
+//! Effects ask for what they ask for: now and then more than their maximum (a price that
+//! rose); the executor is held to the limit the gateway hands it, and reports what it was
+//! asked to charge.
+//!
 //! A **rogue member** sits in the keyring (its signatures verify) but in no role: it snoops
 //! the network and signs and sends every piece of evidence it should not — no-effect proofs
 //! and receipts for others' operations (also real receipts replayed with a changed charge),
 //! refusals of others' transfers, transfer certificates in another branch's name, fences of
-//! others' credits, fenced replies in a gateway's name (up to epoch `u64::MAX`). Conservation
-//! must hold regardless.
+//! others' credits, fenced replies in a gateway's name (up to epoch `u64::MAX`). On the path
+//! of a dispatch (as a relay would be) it also re-sends the payer's signed permit with a larger
+//! effect attached. Conservation must hold regardless.
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -68,6 +79,10 @@ pub struct LedgerReport {
     pub effects: u64,
     /// Pieces of evidence the rogue member forged and sent.
     pub forgeries: u64,
+    /// Joins of two credits that reached the joining branch through different parents.
+    pub diamonds: u64,
+    /// Effects that asked for more than their maximum charge.
+    pub overdrawn: u64,
     /// Broken invariants (the first few).
     pub violations: Vec<String>,
 }
@@ -76,6 +91,11 @@ const BRANCHES: [&str; 4] = ["root", "a", "b", "c"];
 const GATEWAYS: [&str; 2] = ["g1", "g2"];
 const ROOT: RootId = RootId::from_u128(1);
 const ROOT_CREDIT: CreditId = CreditId::from_u128(1);
+/// The second root, held by `b`.
+const ROOT2: RootId = RootId::from_u128(2);
+const ROOT2_CREDIT: CreditId = CreditId::from_u128(2);
+/// Every purpose a label may name.
+const PURPOSES: [&str; 3] = ["tools", "travel", "food"];
 /// A keyring member in no role of the DAG: it only forges.
 const ROGUE: &str = "rogue";
 
@@ -146,6 +166,8 @@ struct Params {
     /// Chance per act that the application asks to release a dispatched operation (which
     /// the ledger must refuse).
     misuse: f64,
+    /// Chance per effect that it asks for more than its maximum charge.
+    overdraw: f64,
 }
 
 struct Sim {
@@ -206,6 +228,7 @@ impl Sim {
             },
             crash_before_durable: 0.0,
             misuse: 0.0,
+            overdraw: 0.0,
         };
         // Drawn last, so the schedules above stay those of earlier versions.
         let mut p = p;
@@ -215,6 +238,7 @@ impl Sim {
             0.0
         };
         p.misuse = rng.random_range(0.0..0.1);
+        p.overdraw = rng.random_range(0.0..0.3);
         let mut all: Vec<(AgentId, _)> = BRANCHES
             .iter()
             .chain(GATEWAYS.iter())
@@ -286,6 +310,18 @@ impl Sim {
         };
         let signed = Signed::sign(&grant, &agent("issuer"), &key_of("issuer"));
         sim.with_branch("root", |b, _| b.grant(signed, ROOT_CREDIT).map(|_| ()));
+        // The second root, held by `b`, for other purposes.
+        let grant = RootGrant {
+            root: ROOT2,
+            issuer: agent("issuer"),
+            holder: agent("b"),
+            budget: Vector::of(&[("cents", sim.rng.random_range(2..200))])
+                .expect("valid dimensions"),
+            label: Label::of(&["travel", "food"]).expect("valid purposes"),
+            issued_at: UnixMillis(0),
+        };
+        let signed = Signed::sign(&grant, &agent("issuer"), &key_of("issuer"));
+        sim.with_branch("b", |b, _| b.grant(signed, ROOT2_CREDIT).map(|_| ()));
         sim
     }
 
@@ -432,10 +468,19 @@ impl Sim {
                     .iter()
                     .find(|x| x.gateway.as_str() == name && x.key == e.key && x.payer == e.payer)
                     .map(|x| x.charge.clone());
-                let charge = match (e.resume, prior) {
+                let report = match (e.resume, prior) {
                     (true, Some(c)) => c,
                     _ => {
-                        let c = random_charge(&mut self.rng, &e.max_charge);
+                        // What the effect asks for (the effect as the gateway hands it over),
+                        // now and then more than its maximum; it is held to the gateway's
+                        // limit and reports what it asked for.
+                        let asked = if self.rng.random_bool(self.p.overdraw) {
+                            self.report.overdrawn += 1;
+                            overdrawn(&mut self.rng, &e.effect.max_charge)
+                        } else {
+                            random_charge(&mut self.rng, &e.effect.max_charge)
+                        };
+                        let c = capped(&asked, &e.max_charge);
                         self.effects.push(EffectInstance {
                             gateway: agent(name),
                             payer: e.payer.clone(),
@@ -443,14 +488,14 @@ impl Sim {
                             charge: c.clone(),
                         });
                         self.report.effects += 1;
-                        c
+                        asked
                     }
                 };
                 if self.rng.random_bool(self.p.crash_after_effect) {
                     crashed = true; // Ran, but the receipt was never recorded.
                     break;
                 }
-                g.handle_executed(&e.payer, e.key, charge);
+                g.handle_executed(&e.payer, e.key, report);
             }
             if crashed || !progressed {
                 break;
@@ -534,10 +579,18 @@ impl Sim {
         let Some(b) = self.branches.get(name).and_then(|n| n.machine.as_ref()) else {
             return;
         };
-        let live: Vec<(CreditId, Vector)> = b
+        let live: Vec<(CreditId, Vector, Label)> = b
             .credits()
             .filter(|c| !c.closed && !c.available.is_empty())
-            .map(|c| (c.id, c.available.size()))
+            .map(|c| (c.id, c.available.size(), c.label.clone()))
+            .collect();
+        // Where each credit came from (the source of the transfer that created it).
+        let came_from: BTreeMap<CreditId, AgentId> = b
+            .incoming()
+            .filter_map(|s| match s {
+                Step::Accept { cert, credit, .. } => Some((*credit, cert.peek().ok()?.source)),
+                _ => None,
+            })
             .collect();
         let (reserved, stuck) = open_ops(b);
         let roll: f64 = self.rng.random();
@@ -570,12 +623,13 @@ impl Sim {
         if live.is_empty() {
             return;
         }
-        let (credit, avail) = live[self.rng.random_range(0..live.len())].clone();
+        let (credit, avail, label) = live[self.rng.random_range(0..live.len())].clone();
         if roll < self.p.spend_rate {
             let max = random_part(&mut self.rng, &avail);
             let gateway = GATEWAYS[self.rng.random_range(0..GATEWAYS.len())];
+            let purpose = random_purpose(&mut self.rng, &label);
             let effect = Effect {
-                purpose: Dim::new("tools").expect("valid purpose"),
+                purpose,
                 operation: format!("call-{}", self.next_id),
                 max_charge: max,
             };
@@ -585,14 +639,14 @@ impl Sim {
             let to = children(name)[self.rng.random_range(0..children(name).len())];
             let amount = random_part(&mut self.rng, &avail);
             let t = TransferId::from_u128(self.fresh());
-            let label = Label::of(&["tools"]).expect("valid purpose");
+            let label = random_label(&mut self.rng, &label);
             self.with_branch(name, |b, _| {
                 b.transfer(credit, t, &amount, &agent(to), label)
             });
         } else if roll < self.p.spend_rate + 0.3 {
             let child = CreditId::from_u128(self.fresh());
             let amount = random_part(&mut self.rng, &avail);
-            let label = Label::of(&["tools"]).expect("valid purpose");
+            let label = random_label(&mut self.rng, &label);
             self.with_branch(name, |b, _| b.split(credit, child, amount, label));
         } else if roll < self.p.spend_rate + 0.4 {
             // Join two live credits; sometimes an aliased "diamond" join of one credit with
@@ -603,7 +657,17 @@ impl Sim {
                 live[self.rng.random_range(0..live.len())].0
             };
             let out = CreditId::from_u128(self.fresh());
-            self.with_branch(name, |b, _| b.join(vec![credit, other], out));
+            let diamond = match (came_from.get(&credit), came_from.get(&other)) {
+                (Some(x), Some(y)) => x != y,
+                _ => false,
+            };
+            if self
+                .with_branch(name, |b, _| b.join(vec![credit, other], out))
+                .is_some()
+                && diamond
+            {
+                self.report.diamonds += 1;
+            }
         } else if name == "c" && self.rng.random_bool(0.2) {
             let refusing = self.rng.random_bool(0.3);
             self.with_branch(name, |b, _| {
@@ -751,11 +815,24 @@ impl Sim {
         let sign =
             |body: &dyn Fn(&AgentId, &LedgerSigningKey) -> LedgerMessage| body(&me, &key_of(ROGUE));
         let mut forged: Vec<(AgentId, LedgerMessage)> = Vec::new();
+        let mut on_path: Vec<(AgentId, AgentId, LedgerMessage)> = Vec::new();
         match msg {
-            LedgerMessage::Dispatch { permit, .. } => {
+            LedgerMessage::Dispatch { permit, effect } => {
                 let Ok(p) = permit.peek() else { return };
                 let b = p.binding;
                 let payer = b.payer.clone();
+                // On the path: the payer's own signed permit, with a larger effect attached.
+                let mut larger = effect.clone();
+                larger.operation.push_str("+tampered");
+                larger.max_charge = doubled(&effect.max_charge);
+                on_path.push((
+                    payer.clone(),
+                    b.receiver.clone(),
+                    LedgerMessage::Dispatch {
+                        permit: permit.clone(),
+                        effect: larger,
+                    },
+                ));
                 // A no-effect proof and a zero receipt "from" the gateway, to the payer.
                 forged.push((
                     payer.clone(),
@@ -867,9 +944,12 @@ impl Sim {
             }
             _ => return,
         }
-        self.report.forgeries += forged.len() as u64;
+        self.report.forgeries += (forged.len() + on_path.len()) as u64;
         for (victim, m) in forged {
             self.send(me.clone(), victim, m);
+        }
+        for (as_from, to, m) in on_path {
+            self.send(as_from, to, m);
         }
     }
 
@@ -933,6 +1013,68 @@ fn random_part(rng: &mut ChaCha8Rng, avail: &Vector) -> Vector {
         v[0].1 = 1;
     }
     Vector::of(&v).expect("dimensions from a valid vector")
+}
+
+/// An effect that asks for more than its maximum: every dimension above it.
+fn overdrawn(rng: &mut ChaCha8Rng, max: &Vector) -> Vector {
+    let pairs: Vec<(String, u64)> = max
+        .iter()
+        .map(|(d, n)| (d.as_str().to_owned(), n + rng.random_range(1..=n.max(1))))
+        .collect();
+    let v: Vec<(&str, u64)> = pairs.iter().map(|(d, n)| (d.as_str(), *n)).collect();
+    Vector::of(&v).expect("dimensions from a valid vector")
+}
+
+/// `asked`, held to `limit` in every dimension (what the executor can actually charge).
+fn capped(asked: &Vector, limit: &Vector) -> Vector {
+    let pairs: Vec<(String, u64)> = asked
+        .iter()
+        .map(|(d, n)| (d.as_str().to_owned(), n.min(limit.get(d))))
+        .collect();
+    let v: Vec<(&str, u64)> = pairs.iter().map(|(d, n)| (d.as_str(), *n)).collect();
+    Vector::of(&v).expect("dimensions from a valid vector")
+}
+
+/// Twice `v` in every dimension.
+fn doubled(v: &Vector) -> Vector {
+    let pairs: Vec<(String, u64)> = v
+        .iter()
+        .map(|(d, n)| (d.as_str().to_owned(), n.saturating_mul(2)))
+        .collect();
+    let v: Vec<(&str, u64)> = pairs.iter().map(|(d, n)| (d.as_str(), *n)).collect();
+    Vector::of(&v).expect("dimensions from a valid vector")
+}
+
+/// A purpose from `label` most of the time; now and then any purpose (which the ledger
+/// refuses when the label does not allow it).
+fn random_purpose(rng: &mut ChaCha8Rng, label: &Label) -> Dim {
+    let inside: Vec<&Dim> = label.0.iter().collect();
+    if inside.is_empty() || rng.random_bool(0.1) {
+        Dim::new(PURPOSES[rng.random_range(0..PURPOSES.len())]).expect("valid purpose")
+    } else {
+        inside[rng.random_range(0..inside.len())].clone()
+    }
+}
+
+/// A label for a split or transfer from a credit labelled `parent`: a non-empty subset of its
+/// purposes most of the time; now and then one with a purpose added (which must be refused
+/// when it broadens the parent's).
+fn random_label(rng: &mut ChaCha8Rng, parent: &Label) -> Label {
+    let mut out: std::collections::BTreeSet<Dim> = parent
+        .0
+        .iter()
+        .filter(|_| rng.random_bool(0.6))
+        .cloned()
+        .collect();
+    if out.is_empty() {
+        if let Some(d) = parent.0.iter().next() {
+            out.insert(d.clone());
+        }
+    }
+    if rng.random_bool(0.1) {
+        out.insert(Dim::new(PURPOSES[rng.random_range(0..PURPOSES.len())]).expect("valid purpose"));
+    }
+    Label(out)
 }
 
 /// What an effect charges: anywhere from nothing to its maximum.

@@ -77,6 +77,8 @@ impl Totals for LedgerReport {
         self.crashes += r.crashes;
         self.effects += r.effects;
         self.forgeries += r.forgeries;
+        self.diamonds += r.diamonds;
+        self.overdrawn += r.overdrawn;
         (r.violations.len(), r.violations.into_iter().next())
     }
 }
@@ -189,12 +191,12 @@ fn main() -> ExitCode {
                     Err(code) => return code,
                 };
             eprintln!(
-                "transfers={} joins={} effects={} crashes={} forgeries={} failing_seeds={failing}",
-                r.transfers, r.joins, r.effects, r.crashes, r.forgeries
+                "transfers={} joins={} effects={} overdrawn={} crashes={} forgeries={} failing_seeds={failing}",
+                r.transfers, r.joins, r.effects, r.overdrawn, r.crashes, r.forgeries
             );
             println!(
-                "ledger: seeds={} operations={} settled={} forfeited={} no_effect={} violations={violations}",
-                args.seeds, r.operations, r.settled, r.forfeited, r.no_effect
+                "ledger: seeds={} operations={} settled={} forfeited={} no_effect={} diamonds={} violations={violations}",
+                args.seeds, r.operations, r.settled, r.forfeited, r.no_effect, r.diamonds
             );
             exit(violations)
         }

@@ -1,5 +1,6 @@
-//! Bounded exhaustive model check of the real ledger branch and gateway (not an abstraction
-//! of them) with stateright: one root of 3 atoms held by `root`, a split and a join, a
+//! Exhaustive model check of the real ledger branch and gateway (not an abstraction of them)
+//! with stateright — the reclaim scope to completion (every reachable state), the lineage scope
+//! to a depth bound: one root of 3 atoms held by `root`, a split and a join, a
 //! 1-atom transfer to `child`, an operation at the gateway from each branch, reclaim by epoch
 //! fence and forfeiture; a network that loses, duplicates and reorders; one crash of any
 //! component (including a crash right after a durable step, before what it released is sent,
@@ -481,31 +482,45 @@ impl Model for LedgerModel {
     }
 }
 
-fn run(scope: Scope, depth: usize, name: &str) {
-    let checker = LedgerModel(scope, None)
-        .checker()
-        .threads(2)
-        .target_max_depth(depth)
-        .spawn_bfs()
-        .join();
+/// Explores `scope` breadth first, to `depth` or (with `None`) until no new state is found.
+fn run(scope: Scope, depth: Option<usize>, name: &str) {
+    let mut checker = LedgerModel(scope, None).checker().threads(2);
+    if let Some(depth) = depth {
+        checker = checker.target_max_depth(depth);
+    }
+    let checker = checker.spawn_bfs().join();
     let states = checker.unique_state_count();
-    println!("ledger model check ({name}): unique_states={states} (depth <= {depth})");
+    let bound = match depth {
+        Some(d) => format!("depth <= {d}"),
+        None => format!(
+            "complete: every reachable state, max depth {}",
+            checker.max_depth()
+        ),
+    };
+    println!("ledger model check ({name}): unique_states={states} ({bound})");
     checker.assert_properties();
     assert!(states > 1_000, "the model explored only {states} states");
+    if depth.is_none() {
+        assert!(checker.is_done(), "the search must finish, not be cut");
+    }
 }
 
 #[test]
-fn ledger_model_check_reclaim() {
+fn ledger_model_check_reclaim_to_completion() {
     run(
         Scope::Reclaim,
-        12,
+        None,
         "reserve, settle, release, fence and no-effect, forfeit",
     );
 }
 
 #[test]
 fn ledger_model_check_lineage() {
-    run(Scope::Lineage, 10, "split, join, transfer, spend from both");
+    run(
+        Scope::Lineage,
+        Some(10),
+        "split, join, transfer, spend from both",
+    );
 }
 
 #[test]
