@@ -299,11 +299,12 @@ impl Gateway {
             None => {
                 // Only a durable fence proves that the binding can never be accepted: one
                 // still being written may be lost to a crash, and the permit accepted after.
-                let fence = self
-                    .durable_fences
-                    .get(&binding.credit)
-                    .copied()
-                    .unwrap_or(0);
+                let fences = if self.mutation == Some(LedgerMutation::NoEffectBeforeDurableFence) {
+                    &self.fences
+                } else {
+                    &self.durable_fences
+                };
+                let fence = fences.get(&binding.credit).copied().unwrap_or(0);
                 if binding.receiver == self.me && binding.epoch < fence {
                     // Never accepted, and the fence makes sure it never will be.
                     let proof = NoEffect {

@@ -213,11 +213,14 @@ pub enum LedgerMutation {
     /// The gateway runs the effect as it arrives without recomputing the binding from it (the
     /// effect's digest, maximum charge, receiver, payer and footprint).
     GatewayTrustsBinding,
+    /// The gateway proves no-effect from a fence that is applied but not yet durable (a crash
+    /// can lose the fence and let the permit in after the proof went out).
+    NoEffectBeforeDurableFence,
 }
 
 impl LedgerMutation {
     /// Every mutant, with its command-line name.
-    pub const ALL: [(&'static str, LedgerMutation); 13] = [
+    pub const ALL: [(&'static str, LedgerMutation); 14] = [
         ("refund_on_timeout", LedgerMutation::RefundOnTimeout),
         (
             "accept_replayed_transfer",
@@ -254,6 +257,10 @@ impl LedgerMutation {
         (
             "gateway_trusts_binding",
             LedgerMutation::GatewayTrustsBinding,
+        ),
+        (
+            "no_effect_before_durable_fence",
+            LedgerMutation::NoEffectBeforeDurableFence,
         ),
     ];
 }

@@ -1356,3 +1356,55 @@ fn a_report_above_the_maximum_is_signed_as_the_maximum() {
         }
     }
 }
+
+#[test]
+fn a_no_effect_proof_rests_only_on_a_durable_fence() {
+    // The permit is held back on the path; the payer fences and asks while the fence's record
+    // is still being written; the gateway crashes before it lands; the permit arrives.
+    for mutation in [None, Some(LedgerMutation::NoEffectBeforeDurableFence)] {
+        let mut n = Net::new(&[("units", 5)], None);
+        n.g = Gateway::new(id("g"), sk(4), n.keys.clone(), mutation);
+        let root = RootId::from_u128(7);
+        let held_back = dispatched(&mut n, 5);
+        n.r.request_fence(ROOT_CREDIT).unwrap();
+        let (_, fence) = n.r.poll_transmit().unwrap();
+        n.g.handle_message(&id("r"), fence);
+        let (_, being_written) = n.g.poll_persist().unwrap();
+        assert!(matches!(being_written, GatewayRecord::Fence { .. }));
+        let b = n.r.operation(key(1)).unwrap().binding.clone();
+        n.g.handle_message(
+            &id("r"),
+            LedgerMessage::Query {
+                key: key(1),
+                binding: Box::new(b),
+            },
+        );
+        for (_, m) in std::iter::from_fn(|| n.g.poll_transmit()).collect::<Vec<_>>() {
+            n.r.handle_message(UnixMillis(1), &id("g"), m);
+        }
+        n.persist_all();
+        // The crash: the fence never landed.
+        n.g = Gateway::recover(id("g"), sk(4), n.keys.clone(), mutation, Vec::new());
+        n.g.handle_message(&id("r"), held_back);
+        n.run(&v(&[("units", 5)]), &mut |_, _| false);
+        match mutation {
+            None => {
+                // No proof went out: the atoms stayed quarantined, and the late permit's
+                // effect settles them.
+                assert_eq!(n.r.buckets(root)[4], v(&[("units", 5)]), "committed");
+                assert_eq!(n.violations(), vec![]);
+            }
+            Some(_) => {
+                assert!(matches!(
+                    n.r.operation(key(1)).unwrap().state,
+                    OpState::NoEffect(_)
+                ));
+                assert!(
+                    n.violations().iter().any(|x| x.law == "L3"),
+                    "{:?}",
+                    n.violations()
+                );
+            }
+        }
+    }
+}

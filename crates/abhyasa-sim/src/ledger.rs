@@ -38,8 +38,8 @@ use std::sync::OnceLock;
 use abhyasa_ledger::check::{audit, check, EffectInstance, World};
 use abhyasa_ledger::{
     signing_key, Branch, BranchConfig, CreditId, Dim, Effect, Gateway, GatewayRecord, Keyring,
-    Label, LedgerMessage, LedgerMutation, LedgerSigningKey, OpKey, OpState, RootGrant, RootId,
-    Signed, Step, TransferId, Vector,
+    Label, LedgerMessage, LedgerMutation, LedgerSigningKey, OpKey, OpState, PersistToken,
+    RootGrant, RootId, Signed, Step, TransferId, Vector,
 };
 use abhyasa_wire::ledger::{Fence, Fenced, NoEffect, Receipt, TransferDecision};
 use abhyasa_wire::{AgentId, UnixMillis};
@@ -136,6 +136,9 @@ fn children(of: &str) -> &'static [&'static str] {
 struct Node<M, R> {
     machine: Option<M>,
     durable: Vec<R>,
+    /// Records being written, in order, each with the millisecond it lands (gateways only);
+    /// a crash loses them.
+    writing: std::collections::VecDeque<(u64, PersistToken, R)>,
     up_at: u64,
 }
 
@@ -168,6 +171,12 @@ struct Params {
     misuse: f64,
     /// Chance per effect that it asks for more than its maximum charge.
     overdraw: f64,
+    /// Longest time a gateway record takes to become durable, in ms (0: at once). Messages
+    /// keep arriving meanwhile, so what a gateway says before its record lands can be lost
+    /// with it in a crash.
+    gateway_commit_ms: u64,
+    /// Chance that a gateway crashes just before a record lands.
+    gateway_crash_writing: f64,
 }
 
 struct Sim {
@@ -184,6 +193,10 @@ struct Sim {
     quarantined_since: BTreeMap<OpKey, u64>,
     report: LedgerReport,
     next_id: u128,
+    /// Dispatches the rogue saw on the path, to replay later (payer, gateway, message).
+    snooped: Vec<(AgentId, AgentId, LedgerMessage)>,
+    /// Credits the rogue saw fenced: their dispatches are the ones worth replaying.
+    fenced_seen: std::collections::BTreeSet<CreditId>,
 }
 
 impl Sim {
@@ -229,6 +242,8 @@ impl Sim {
             crash_before_durable: 0.0,
             misuse: 0.0,
             overdraw: 0.0,
+            gateway_commit_ms: 0,
+            gateway_crash_writing: 0.0,
         };
         // Drawn last, so the schedules above stay those of earlier versions.
         let mut p = p;
@@ -239,6 +254,16 @@ impl Sim {
         };
         p.misuse = rng.random_range(0.0..0.1);
         p.overdraw = rng.random_range(0.0..0.3);
+        p.gateway_commit_ms = if rng.random_bool(0.5) {
+            rng.random_range(1..40)
+        } else {
+            0
+        };
+        p.gateway_crash_writing = if rng.random_bool(0.5) {
+            rng.random_range(0.0..0.3)
+        } else {
+            0.0
+        };
         let mut all: Vec<(AgentId, _)> = BRANCHES
             .iter()
             .chain(GATEWAYS.iter())
@@ -260,6 +285,7 @@ impl Sim {
                     Node {
                         machine: Some(b),
                         durable: Vec::new(),
+                        writing: Default::default(),
                         up_at: 0,
                     },
                 )
@@ -274,6 +300,7 @@ impl Sim {
                     Node {
                         machine: Some(g),
                         durable: Vec::new(),
+                        writing: Default::default(),
                         up_at: 0,
                     },
                 )
@@ -293,6 +320,8 @@ impl Sim {
             quarantined_since: BTreeMap::new(),
             report: LedgerReport::default(),
             next_id: 100,
+            snooped: Vec::new(),
+            fenced_seen: Default::default(),
         };
         // The root grant: 2 to 400 cents, and calls in half the runs.
         let cents = sim.rng.random_range(2..400);
@@ -341,6 +370,45 @@ impl Sim {
     }
 
     fn send(&mut self, from: AgentId, to: AgentId, msg: LedgerMessage) {
+        if self.p.rogue_rate > 0.0 && matches!(msg, LedgerMessage::Dispatch { .. }) {
+            // The rogue is on the path (as a relay would be), ahead of any loss: it keeps
+            // every dispatch it sees, to replay later.
+            if self.snooped.len() >= 256 {
+                self.snooped.remove(0);
+            }
+            self.snooped.push((from.clone(), to.clone(), msg.clone()));
+        }
+        if let (true, LedgerMessage::Fence(f)) = (self.p.rogue_rate > 0.0, &msg) {
+            // A fence on its way: the rogue asks the gateway, in the payer's name, about every
+            // dispatch of that credit it saw — racing the fence's own record (queries carry
+            // no authority; only the gateway's signed answer does).
+            if let Ok(f) = f.peek() {
+                self.fenced_seen.insert(f.credit);
+                let asks: Vec<LedgerMessage> = self
+                    .snooped
+                    .iter()
+                    .filter(|(_, gw, _)| *gw == to)
+                    .filter_map(|(_, _, m)| match m {
+                        LedgerMessage::Dispatch { permit, .. } => permit.peek().ok(),
+                        _ => None,
+                    })
+                    .filter(|p| p.binding.credit == f.credit)
+                    .map(|p| LedgerMessage::Query {
+                        key: p.binding.key,
+                        binding: Box::new(p.binding),
+                    })
+                    .collect();
+                for q in asks {
+                    self.report.forgeries += 1;
+                    self.send_raw(from.clone(), to.clone(), q);
+                }
+            }
+        }
+        self.send_raw(from, to, msg);
+    }
+
+    /// Puts `msg` on the network (or loses it).
+    fn send_raw(&mut self, from: AgentId, to: AgentId, msg: LedgerMessage) {
         if self.rng.random_bool(self.p.loss) || self.partitioned(&from, &to) {
             return;
         }
@@ -450,6 +518,14 @@ impl Sim {
             let mut progressed = false;
             while let Some((token, record)) = g.poll_persist() {
                 progressed = true;
+                if self.p.gateway_commit_ms > 0 {
+                    // Written in order; lands later.
+                    let after = self.rng.random_range(1..=self.p.gateway_commit_ms);
+                    let last = node.writing.back().map_or(0, |w| w.0);
+                    node.writing
+                        .push_back(((self.now + after).max(last), token, record));
+                    continue;
+                }
                 node.durable.push(record);
                 if self.rng.random_bool(self.p.crash_after_step) {
                     crashed = true;
@@ -511,10 +587,50 @@ impl Sim {
             self.send(from.clone(), to, m);
         }
         if crashed {
-            let up_at = self.crash_until();
-            let node = self.gateways.get_mut(name).expect("known gateway");
-            node.machine = None;
-            node.up_at = up_at;
+            self.crash_gateway(name);
+        }
+    }
+
+    fn crash_gateway(&mut self, name: &str) {
+        let up_at = self.crash_until();
+        let node = self.gateways.get_mut(name).expect("known gateway");
+        node.machine = None;
+        node.writing.clear(); // Never landed.
+        node.up_at = up_at;
+    }
+
+    /// Gateway records whose write lands now become durable (a crash may come just before
+    /// one lands, or right after), and what waited for them is released.
+    fn gateway_commits_due(&mut self) {
+        let names: Vec<String> = self.gateways.keys().cloned().collect();
+        for name in names {
+            let mut crashed = false;
+            let mut landed = false;
+            {
+                let node = self.gateways.get_mut(&name).expect("known gateway");
+                let Some(g) = node.machine.as_mut() else {
+                    continue;
+                };
+                while node.writing.front().is_some_and(|w| w.0 <= self.now) {
+                    if self.rng.random_bool(self.p.gateway_crash_writing) {
+                        crashed = true;
+                        break;
+                    }
+                    let (_, token, record) = node.writing.pop_front().expect("checked");
+                    node.durable.push(record);
+                    landed = true;
+                    if self.rng.random_bool(self.p.crash_after_step) {
+                        crashed = true;
+                        break;
+                    }
+                    g.handle_persisted(token);
+                }
+            }
+            if crashed {
+                self.crash_gateway(&name);
+            } else if landed {
+                self.drain_gateway(&name);
+            }
         }
     }
 
@@ -747,9 +863,11 @@ impl Sim {
                 self.p.loss = 0.0;
                 self.p.crash_after_step = 0.0;
                 self.p.crash_before_durable = 0.0;
+                self.p.gateway_crash_writing = 0.0;
                 self.p.crash_after_effect = 0.0;
             }
             self.restart_due();
+            self.gateway_commits_due();
             while let Some(entry) = self.net.first_entry() {
                 if entry.key().0 > self.now {
                     break;
@@ -803,14 +921,39 @@ impl Sim {
 
     /// The rogue member snoops one message in flight and forges from it.
     fn rogue(&mut self) {
+        if !self.snooped.is_empty() && self.rng.random_bool(0.3) {
+            // An old dispatch replayed on the path, in its payer's name, long after — one of
+            // a fenced credit when there is one (the fence was meant to shut it out).
+            let fenced: Vec<usize> = (0..self.snooped.len())
+                .filter(|&i| match &self.snooped[i].2 {
+                    LedgerMessage::Dispatch { permit, .. } => permit
+                        .peek()
+                        .is_ok_and(|p| self.fenced_seen.contains(&p.binding.credit)),
+                    _ => false,
+                })
+                .collect();
+            let i = if fenced.is_empty() {
+                self.rng.random_range(0..self.snooped.len())
+            } else {
+                fenced[self.rng.random_range(0..fenced.len())]
+            };
+            let (payer, gateway, m) = self.snooped[i].clone();
+            self.report.forgeries += 1;
+            self.send(payer, gateway, m);
+            return;
+        }
         if self.net.is_empty() {
             return;
         }
         let i = self.rng.random_range(0..self.net.len());
-        let Some(m) = self.net.values().nth(i) else {
+        let Some((&at, m)) = self.net.iter().nth(i) else {
             return;
         };
         let (from, to, msg) = (m.from.clone(), m.to.clone(), m.msg.clone());
+        if matches!(msg, LedgerMessage::Dispatch { .. }) && self.rng.random_bool(0.5) {
+            // On the path, a dispatch held back (to be replayed much later, below).
+            self.net.remove(&at);
+        }
         let me = agent(ROGUE);
         let sign =
             |body: &dyn Fn(&AgentId, &LedgerSigningKey) -> LedgerMessage| body(&me, &key_of(ROGUE));
