@@ -1,0 +1,324 @@
+//! The A2A binding between two in-process nodes over mutually authenticated HTTPS on loopback:
+//! custody of every kind, across a restart of the agent; the card read with the official A2A
+//! Rust types; a JSON obligation in the reference's shape; bad input refused with nothing
+//! applied. Outcomes are checked from both nodes' durable state.
+
+use std::net::SocketAddr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use abhyasa_a2a::json::JsonAck;
+use abhyasa_a2a::{serve, spawn_peer, A2aPeer, A2aServer, CardSettings, EXTENSION_URI};
+use abhyasa_moq::{Ca, Identity};
+use abhyasa_node::Node;
+use abhyasa_wire::{
+    AgentId, BeliefUpdatePayload, ClientId, ConsentDecision, ConsentPayload, Kind, Obligation,
+    ObligationId, Outcome, Payload, Scope, TokenAction, TokenId, TokenPayload, UnixMillis,
+    WeightDelta, WeightKey,
+};
+
+fn id(s: &str) -> AgentId {
+    AgentId::new(s).unwrap()
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+fn free_udp() -> SocketAddr {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+fn free_tcp() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+fn settings(https: SocketAddr) -> CardSettings {
+    CardSettings {
+        agent: id("agent-1"),
+        base_url: format!("https://agent-1:{}", https.port()),
+        required: false,
+        deadline_seconds: Default::default(),
+        backoff_base_seconds: 1.0,
+        backoff_cap_seconds: 30,
+        moqt_endpoint: None,
+    }
+}
+
+async fn agent(identity: &Identity, dir: &std::path::Path, https: SocketAddr) -> (Node, A2aServer) {
+    let node = Node::builder(identity.clone())
+        .listen(free_udp())
+        .state_dir(dir.join("agent"))
+        .build()
+        .await
+        .unwrap();
+    let server = serve(node.clone(), identity, https, &settings(https).card())
+        .await
+        .unwrap();
+    (node, server)
+}
+
+async fn principal(identity: &Identity, dir: &std::path::Path) -> Node {
+    Node::builder(identity.clone())
+        .state_dir(dir.join("principal"))
+        .custodian(abhyasa_custody::CustodianConfig {
+            response_timeout_ms: 300,
+            backoff_base_ms: 50,
+            backoff_cap_ms: 400,
+            ..Default::default()
+        })
+        .build()
+        .await
+        .unwrap()
+}
+
+fn obligation(n: u128, payload: Payload) -> Obligation {
+    let t = now_ms();
+    Obligation {
+        id: ObligationId::from_u128(n),
+        issuer: id("principal"),
+        target: id("agent-1"),
+        created_at: UnixMillis(t),
+        deadline: UnixMillis(t + 30_000),
+        max_retries: 60,
+        sequence: None,
+        payload,
+    }
+}
+
+/// One of each kind, in turn.
+fn nth(n: u128) -> Obligation {
+    let payload = match n % 3 {
+        0 => Payload::AnumatiConsent(ConsentPayload {
+            decision: Some(ConsentDecision::Revoke),
+            scope: Scope::new(format!("scope-{n}")).unwrap(),
+        }),
+        1 => Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
+            weight_key: WeightKey::new(format!("supplier/{n}")).unwrap(),
+            weight_delta: WeightDelta(-250_000),
+            ttl_ms: 60_000,
+        }),
+        _ => Payload::OauthToken(TokenPayload {
+            action: TokenAction::Revoke,
+            token_id: TokenId::new(format!("tok-{n}")).unwrap(),
+            client_id: ClientId::new("c").unwrap(),
+        }),
+    };
+    obligation(n, payload)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn custody_over_a2a_applies_every_kind_once_across_an_agent_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate("t").unwrap();
+    let (agent_id, principal_id) = (
+        ca.issue(&id("agent-1")).unwrap(),
+        ca.issue(&id("principal")).unwrap(),
+    );
+    let https = free_tcp();
+    let (mut agent_node, mut server) = agent(&agent_id, dir.path(), https).await;
+    let p = principal(&principal_id, dir.path()).await;
+    let _peer = spawn_peer(
+        p.clone(),
+        &principal_id,
+        A2aPeer {
+            agent: id("agent-1"),
+            card_url: format!(
+                "https://agent-1:{}/.well-known/agent-card.json",
+                https.port()
+            ),
+            addr: Some(https),
+        },
+    )
+    .unwrap();
+
+    let sent: Vec<Obligation> = (300..330).map(nth).collect();
+    let mut handles = Vec::new();
+    for (i, o) in sent.iter().enumerate() {
+        handles.push(p.issue(o.clone()).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(15)).await;
+        if i == 12 {
+            // The agent goes away mid-run and comes back on the same address and state.
+            server.abort();
+            drop(server);
+            agent_node.shutdown().await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            (agent_node, server) = agent(&agent_id, dir.path(), https).await;
+        }
+    }
+    for h in handles {
+        let (record, _) = tokio::time::timeout(Duration::from_secs(40), h.outcome())
+            .await
+            .expect("custody ends by the deadline")
+            .unwrap();
+        assert_eq!(record.outcome, Outcome::Applied, "{}", record.obligation_id);
+    }
+    // From the agent's own durable state: each applied, once, and honoured.
+    let on_agent = agent_node
+        .applied(sent.iter().map(|o| o.id).collect())
+        .await
+        .unwrap();
+    assert!(on_agent.iter().all(|a| *a));
+    let log = agent_node.status().await.unwrap().applied;
+    for o in &sent {
+        assert!(log.iter().filter(|a| a.obligation.id == o.id).count() <= 1);
+    }
+    let honours = agent_node.honours().await.unwrap();
+    assert!(honours.is_dropped(&TokenId::new("tok-302").unwrap()));
+    assert!(honours.is_withheld(&id("principal"), &Scope::new("scope-300").unwrap()));
+    drop(server);
+    p.shutdown().await;
+    agent_node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_card_reads_with_the_official_a2a_types_and_json_obligations_get_json_acks() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate("t").unwrap();
+    let (agent_id, principal_id) = (
+        ca.issue(&id("agent-1")).unwrap(),
+        ca.issue(&id("principal")).unwrap(),
+    );
+    let https = free_tcp();
+    let (agent_node, _server) = agent(&agent_id, dir.path(), https).await;
+    let peer = A2aPeer {
+        agent: id("agent-1"),
+        card_url: format!(
+            "https://agent-1:{}/.well-known/agent-card.json",
+            https.port()
+        ),
+        addr: Some(https),
+    };
+    let http = abhyasa_a2a::client::http_client(&principal_id, &peer).unwrap();
+
+    // The card, as the A2A project's Rust types read it.
+    let body = http
+        .get(&peer.card_url)
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let card: a2a::AgentCard = serde_json::from_slice(&body).expect("a2a-lf reads the card");
+    assert_eq!(card.name, "agent-1");
+    let ext = card
+        .capabilities
+        .extensions
+        .as_ref()
+        .and_then(|e| e.iter().find(|e| e.uri == EXTENSION_URI))
+        .expect("the Abhyasa extension");
+    let params = ext.params.as_ref().unwrap();
+    let kinds = params["supported_kinds"].as_array().unwrap();
+    assert_eq!(kinds.len(), 3);
+    assert_eq!(kinds[0]["kind"], "anumati.consent");
+
+    // A JSON obligation in the reference's shape.
+    let url = |k: Kind| {
+        format!(
+            "https://agent-1:{}/abhyasa/v1/obligations/{}",
+            https.port(),
+            k.as_str()
+        )
+    };
+    let created = abhyasa_a2a::json::format_time(UnixMillis(now_ms()));
+    let revoke = serde_json::json!({
+        "obligation_id": "rev-calendar-1",
+        "kind": "anumati.consent",
+        "target": "agent-1",
+        "payload": {"decision": "revoke", "scope": "calendar.read"},
+        "deadline_seconds": 3600,
+        "max_retries": 15,
+        "created_at": created,
+        "sequence": null
+    });
+    for _ in 0..2 {
+        // Twice: the second is recognized, not applied again.
+        let r = http
+            .post(url(Kind::AnumatiConsent))
+            .header("content-type", "application/json")
+            .body(revoke.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let ack: JsonAck = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+        assert_eq!(ack.obligation_id, "rev-calendar-1");
+        assert_eq!(ack.status, "applied");
+        assert_eq!(ack.target, "agent-1");
+    }
+    let honours = agent_node.honours().await.unwrap();
+    assert!(honours.is_withheld(&id("principal"), &Scope::new("calendar.read").unwrap()));
+    let applied = agent_node.status().await.unwrap().applied;
+    assert_eq!(applied.len(), 1, "applied once");
+    assert_eq!(
+        applied[0].obligation.issuer,
+        id("principal"),
+        "the issuer is who signed in"
+    );
+
+    // Bad input: a clear error, nothing applied.
+    let bad = [
+        (
+            url(Kind::AnumatiConsent),
+            "application/json",
+            b"{\"obligation_id\": 1}".to_vec(),
+            400,
+        ),
+        (
+            url(Kind::OauthToken),
+            "application/json",
+            revoke.to_string().into_bytes(),
+            400,
+        ),
+        (
+            url(Kind::AnumatiConsent),
+            "text/plain",
+            b"revoke".to_vec(),
+            415,
+        ),
+        (
+            format!(
+                "https://agent-1:{}/abhyasa/v1/obligations/x.y",
+                https.port()
+            ),
+            "application/json",
+            revoke.to_string().into_bytes(),
+            404,
+        ),
+        (
+            url(Kind::AnumatiConsent),
+            "application/json",
+            vec![b' '; 70_000],
+            413,
+        ),
+    ];
+    for (u, ct, body, status) in bad {
+        let r = http
+            .post(&u)
+            .header("content-type", ct)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), status, "{u} {ct}");
+    }
+    assert_eq!(agent_node.status().await.unwrap().applied.len(), 1);
+
+    // Without a certificate from the deployment CA there is no connection at all.
+    let other = Ca::generate("other")
+        .unwrap()
+        .issue(&id("principal"))
+        .unwrap();
+    let stranger = abhyasa_a2a::client::http_client(&other, &peer).unwrap();
+    assert!(stranger.get(&peer.card_url).send().await.is_err());
+    agent_node.shutdown().await;
+}
