@@ -83,6 +83,13 @@ enum Command {
         #[arg(long)]
         stdio: bool,
     },
+    /// Print the node's A2A AgentCard (with the Abhyasa extension and its per-kind profiles),
+    /// as the node serves it at `/.well-known/agent-card.json` when `[a2a]` is configured.
+    Card {
+        /// The config file.
+        #[arg(long)]
+        config: PathBuf,
+    },
     /// Print an obligation as base64 CBOR (an entry of MCP's `org.abhyasa/obligations`), for
     /// clients in other languages.
     Encode {
@@ -388,6 +395,8 @@ struct NodeConfig {
     ledger: Option<LedgerConfig>,
     /// Present: `abhyasa mcp` serves these tools for this principal.
     mcp: Option<abhyasa::mcp_cli::McpConfig>,
+    /// Present: the node serves the A2A binding over HTTPS.
+    a2a: Option<A2aConfig>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -467,6 +476,30 @@ impl TransportConfig {
 struct PeerConfig {
     id: String,
     addr: SocketAddr,
+    /// `"moqt"` (the default: a MOQT session over QUIC) or `"a2a"` (HTTPS, the peer's card).
+    #[serde(default)]
+    transport: Option<String>,
+    /// For `a2a`: the card's URL (default `https://<id>:<addr port>/.well-known/agent-card.json`,
+    /// with `<id>` resolved to `addr`).
+    #[serde(default)]
+    card: Option<String>,
+}
+
+/// `[a2a]`: the node's HTTPS face (BINDINGS.md § A2A).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct A2aConfig {
+    /// Where the HTTPS server listens.
+    listen: SocketAddr,
+    /// The base URL the card names (default `https://<agent>:<listen port>`).
+    #[serde(default)]
+    public: Option<String>,
+    /// Whether the card marks the extension required.
+    #[serde(default)]
+    required: bool,
+    /// The deadline each kind's profile is made for, seconds (default 3600), by kind name.
+    #[serde(default)]
+    deadline_seconds: std::collections::BTreeMap<String, u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -633,6 +666,12 @@ async fn run(command: Command) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Mcp { config, stdio } => mcp(config, stdio).await,
+        Command::Card { config } => {
+            let config = read_config(&config)?;
+            let card = card_settings(&config)?.card();
+            println!("{}", serde_json::to_string_pretty(&card)?);
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Check { states } => {
             let mut stores = Vec::new();
             for s in &states {
@@ -855,6 +894,7 @@ async fn node(path: PathBuf) -> Result<ExitCode> {
         node.local_addr(),
         config.admin
     );
+    let _a2a = start_a2a(&config, &node).await?;
     let admin = tokio::spawn(admin::serve(node.clone(), config.admin));
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
@@ -893,6 +933,7 @@ async fn mcp(path: PathBuf, stdio: bool) -> Result<ExitCode> {
         node.local_addr(),
         config.admin
     );
+    let _a2a = start_a2a(&config, &node).await?;
     let admin = tokio::spawn(admin::serve(Arc::new(node.clone()), config.admin));
     let served = abhyasa::mcp_cli::serve_stdio(node.clone(), principal, tools).await;
     admin.abort();
@@ -933,7 +974,17 @@ async fn build_node(config: &NodeConfig) -> Result<Node> {
         })
         .maintenance(Duration::from_millis(config.custody.maintenance_ms));
     for p in &config.peers {
-        builder = builder.peer(AgentId::new(p.id.clone())?, p.addr);
+        match p.transport.as_deref().unwrap_or("moqt") {
+            "moqt" => builder = builder.peer(AgentId::new(p.id.clone())?, p.addr),
+            "a2a" => {} // Reached by `start_a2a` once the node runs.
+            other => {
+                return Err(format!(
+                    "peer {}: transport must be \"moqt\" or \"a2a\", not {other:?}",
+                    p.id
+                )
+                .into())
+            }
+        }
     }
     if let Some(l) = &config.ledger {
         let executor: Option<Arc<dyn abhyasa_node::Executor>> = if l.gateway {
@@ -953,6 +1004,78 @@ async fn build_node(config: &NodeConfig) -> Result<Node> {
         });
     }
     Ok(builder.build().await?)
+}
+
+/// The card this node's config describes.
+fn card_settings(config: &NodeConfig) -> Result<abhyasa_a2a::CardSettings> {
+    let agent = AgentId::new(config.agent.clone())?;
+    let a2a = config
+        .a2a
+        .as_ref()
+        .ok_or("no [a2a] section: the node serves no card")?;
+    let mut deadline_seconds = std::collections::BTreeMap::new();
+    for (k, s) in &a2a.deadline_seconds {
+        let kind = abhyasa_wire::Kind::from_name(k)
+            .ok_or_else(|| format!("[a2a] deadline_seconds: unknown kind {k:?}"))?;
+        if *s == 0 {
+            return Err(format!("[a2a] deadline_seconds.{k} must be > 0").into());
+        }
+        deadline_seconds.insert(kind, *s);
+    }
+    Ok(abhyasa_a2a::CardSettings {
+        base_url: a2a
+            .public
+            .clone()
+            .unwrap_or_else(|| format!("https://{agent}:{}", a2a.listen.port())),
+        agent,
+        required: a2a.required,
+        deadline_seconds,
+        backoff_base_seconds: config.custody.backoff_base_ms as f64 / 1_000.0,
+        backoff_cap_seconds: config.custody.backoff_cap_ms.div_ceil(1_000).max(1),
+        moqt_endpoint: Some(format!("moqt://{}:{}", config.agent, config.listen.port())),
+    })
+}
+
+/// Serves `[a2a]` and reaches the `transport = "a2a"` peers.
+async fn start_a2a(
+    config: &NodeConfig,
+    node: &Node,
+) -> Result<(
+    Option<abhyasa_a2a::A2aServer>,
+    Vec<tokio::task::JoinHandle<()>>,
+)> {
+    let agent = AgentId::new(config.agent.clone())?;
+    let identity = Identity::load(&config.certs, &agent)?;
+    let server = match &config.a2a {
+        Some(a2a) => {
+            let card = card_settings(config)?.card();
+            let server = abhyasa_a2a::serve(node.clone(), &identity, a2a.listen, &card).await?;
+            eprintln!("node {agent}: A2A on https://{}", server.local_addr());
+            Some(server)
+        }
+        None => None,
+    };
+    let mut peers = Vec::new();
+    for p in config
+        .peers
+        .iter()
+        .filter(|p| p.transport.as_deref() == Some("a2a"))
+    {
+        let id = AgentId::new(p.id.clone())?;
+        let card_url = p.card.clone().unwrap_or_else(|| {
+            format!("https://{id}:{}/.well-known/agent-card.json", p.addr.port())
+        });
+        peers.push(abhyasa_a2a::spawn_peer(
+            node.clone(),
+            &identity,
+            abhyasa_a2a::A2aPeer {
+                agent: id,
+                card_url,
+                addr: Some(p.addr),
+            },
+        )?);
+    }
+    Ok((server, peers))
 }
 
 fn print_status(s: &StatusJson) {
