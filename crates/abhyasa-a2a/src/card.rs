@@ -187,23 +187,27 @@ pub enum CardError {
     },
 }
 
-/// Most retries the rule counts to (the wire's own limit on `max_retries`).
+/// The wire's own limit on `max_retries`.
 const RETRIES_LIMIT: u32 = abhyasa_wire::MAX_RETRIES_LIMIT;
 
 /// The retry rule of BINDINGS.md: the smallest `n` with
-/// `Σ_{k=1..n} min(cap, base·2^(k−1)) ≥ deadline`, in seconds.
+/// `Σ_{k=1..n} min(cap, base·2^(k−1)) ≥ deadline`, in seconds (custody's
+/// [`profile_retries`](abhyasa_custody::profile_retries), in milliseconds).
 pub fn retries_needed(deadline_seconds: u64, base_seconds: f64, cap_seconds: u64) -> u32 {
-    let cap = cap_seconds as f64;
-    let mut covered = 0.0f64;
-    let mut ceiling = base_seconds;
-    for n in 1..=RETRIES_LIMIT {
-        covered += ceiling.min(cap);
-        if covered >= deadline_seconds as f64 {
-            return n;
-        }
-        ceiling *= 2.0;
+    abhyasa_custody::profile_retries(
+        deadline_seconds.saturating_mul(1_000),
+        seconds_to_ms(base_seconds),
+        cap_seconds.saturating_mul(1_000),
+    )
+}
+
+/// Seconds (a positive, finite number) to whole milliseconds, at least 1.
+pub fn seconds_to_ms(s: f64) -> u64 {
+    if s.is_finite() && s > 0.0 {
+        ((s * 1_000.0).round() as u64).max(1)
+    } else {
+        1
     }
-    RETRIES_LIMIT
 }
 
 impl KindProfile {

@@ -84,6 +84,28 @@ pub fn spawn_peer(
             }
         };
         info!(peer = %peer.agent, kinds = profiles.len(), "a2a: card read; attaching");
+        // From now on, obligations to the peer are checked against its profiles at issue.
+        let profile = abhyasa_node::PeerProfile {
+            kinds: profiles
+                .iter()
+                .map(|(k, p)| {
+                    (
+                        *k,
+                        (
+                            crate::card::seconds_to_ms(p.backoff_base_seconds),
+                            p.backoff_cap_seconds.saturating_mul(1_000),
+                        ),
+                    )
+                })
+                .collect(),
+        };
+        if node
+            .set_profile(peer.agent.clone(), Some(profile))
+            .await
+            .is_err()
+        {
+            return;
+        }
         let endpoints: Arc<BTreeMap<Kind, String>> = Arc::new(
             profiles
                 .into_iter()

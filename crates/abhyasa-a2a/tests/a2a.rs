@@ -171,6 +171,22 @@ async fn custody_over_a2a_applies_every_kind_once_across_an_agent_restart() {
     for o in &sent {
         assert!(log.iter().filter(|a| a.obligation.id == o.id).count() <= 1);
     }
+    // The card's profiles are checked at issue: a budget that does not span the deadline
+    // under the card's backoff (1 s doubling, capped at 30 s: 1+2+4+8+16 = 31 s ≥ 30 s, so 5)
+    // is refused with the number needed, and nothing is issued.
+    let mut short = nth(400);
+    short.max_retries = 4;
+    match p.issue(short.clone()).await {
+        Err(abhyasa_node::NodeError::Issue(abhyasa_custody::IssueError::BudgetTooSmall {
+            given,
+            needed,
+            ..
+        })) => assert_eq!((given, needed), (4, 5)),
+        other => panic!("{other:?}"),
+    }
+    short.max_retries = 5;
+    let (record, _) = p.issue(short).await.unwrap().outcome().await.unwrap();
+    assert_eq!(record.outcome, Outcome::Applied);
     let honours = agent_node.honours().await.unwrap();
     assert!(honours.is_dropped(&TokenId::new("tok-302").unwrap()));
     assert!(honours.is_withheld(&id("principal"), &Scope::new("scope-300").unwrap()));

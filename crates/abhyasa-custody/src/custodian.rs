@@ -90,6 +90,21 @@ impl Default for CustodianConfig {
     }
 }
 
+/// The retry rule of BINDINGS.md for a profile's backoff: the smallest `n` with
+/// `Σ_{k=1..n} min(cap, base·2^(k−1)) ≥ span` (no lifetime cap: the profile states its own
+/// backoff). Saturates at [`MAX_RETRIES_LIMIT`].
+pub fn profile_retries(span_ms: u64, base_ms: u64, cap_ms: u64) -> u32 {
+    let mut covered = 0u64;
+    for n in 1..=MAX_RETRIES_LIMIT {
+        let shift = (n - 1).min(32);
+        covered = covered.saturating_add(base_ms.saturating_mul(1 << shift).min(cap_ms).max(1));
+        if covered >= span_ms {
+            return n;
+        }
+    }
+    MAX_RETRIES_LIMIT
+}
+
 impl CustodianConfig {
     /// The backoff ceiling of retry `k` (1-based) for an obligation living `span_ms`: the
     /// `min(cap, b·2^(k-1))` of AB-2, with the cap also held below a quarter of the lifetime.

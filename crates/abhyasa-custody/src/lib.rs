@@ -66,8 +66,9 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 pub use custodian::{
-    AckDisposition, Admission, Channel, Custodian, CustodianConfig, CustodianEvent,
-    CustodianRecord, CustodianStats, EscalatedRecord, IssueError, PendingRecord, Transmit,
+    profile_retries, AckDisposition, Admission, Channel, Custodian, CustodianConfig,
+    CustodianEvent, CustodianRecord, CustodianStats, EscalatedRecord, IssueError, PendingRecord,
+    Transmit,
 };
 pub use kinds::{GovernedKey, PrincipalUpdate, ReceiverEffect};
 pub use principal::{Adjustment, Authorization, PrincipalState, WeightBounds};

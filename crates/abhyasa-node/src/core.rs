@@ -200,6 +200,7 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         ledger_replies: Vec::new(),
         deliveries: Vec::new(),
         bindings: HashMap::new(),
+        profiles: HashMap::new(),
         itx: itx.clone(),
         maintenance: b.maintenance,
         next_maintenance: tokio::time::Instant::now() + b.maintenance,
@@ -304,6 +305,8 @@ struct Core {
     deliveries: Vec<Delivery>,
     /// Peers reached through another binding: where their obligation objects go.
     bindings: HashMap<AgentId, mpsc::UnboundedSender<Vec<u8>>>,
+    /// What peers reached through another binding take (checked at issue).
+    profiles: HashMap<AgentId, crate::PeerProfile>,
     /// How often maintenance runs, and when next.
     maintenance: Duration,
     next_maintenance: tokio::time::Instant,
@@ -497,6 +500,13 @@ impl Core {
                     let _ = reply.send(Ok(abhyasa_custody::Admission::Custody));
                     return;
                 }
+                if let Some(profile) = self.profiles.get(&o.target) {
+                    if let Err(e) = profile.admit(&o) {
+                        span.in_scope(|| info!(%e, "refused by the target's profile"));
+                        let _ = reply.send(Err(e));
+                        return;
+                    }
+                }
                 match self.custodian.issue(now(), o) {
                     Ok(admission) => {
                         span.in_scope(|| info!(?admission, "issued"));
@@ -581,6 +591,14 @@ impl Core {
                 // As on a (re)subscription: what is pending for the peer goes now.
                 self.custodian.handle_peer_ready(now(), &peer);
             }
+            Command::Profile(peer, profile) => match profile {
+                Some(p) => {
+                    self.profiles.insert(peer, p);
+                }
+                None => {
+                    self.profiles.remove(&peer);
+                }
+            },
             Command::AcksIn(peer, acks) => {
                 let t = now();
                 for ack in acks {

@@ -108,6 +108,15 @@ pub enum NodeError {
     /// An MCP session could not be opened.
     #[error("mcp: {0}")]
     Mcp(String),
+    /// The target is reached over a binding whose profile (its A2A card) takes no
+    /// obligations of this kind.
+    #[error("{peer} takes no {kind} obligations (its profile lists none)")]
+    KindNotTaken {
+        /// The target.
+        peer: AgentId,
+        /// The kind.
+        kind: abhyasa_wire::Kind,
+    },
     /// The node has stopped.
     #[error("the node has stopped")]
     Stopped,
@@ -155,6 +164,7 @@ pub(crate) enum Command {
         oneshot::Sender<Result<abhyasa_moq::McpChannel, NodeError>>,
     ),
     AcksIn(AgentId, Vec<CustodyAck>),
+    Profile(AgentId, Option<PeerProfile>),
     GovernedBy(
         abhyasa_custody::GovernedKey,
         oneshot::Sender<Result<Option<ObligationId>, NodeError>>,
@@ -165,6 +175,41 @@ pub(crate) enum Command {
         oneshot::Sender<Result<ledger::LedgerReply, NodeError>>,
     ),
     Shutdown(oneshot::Sender<()>),
+}
+
+/// What a peer reached over another binding takes, from its own description (an A2A card's
+/// profiles): per kind, the backoff its retry budget is measured against. An obligation to
+/// that peer of a kind it does not list, or whose `max_retries` does not span its deadline by
+/// [`profile_retries`](abhyasa_custody::profile_retries), is refused at issue.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PeerProfile {
+    /// Per kind: (backoff base, backoff cap), ms.
+    pub kinds: std::collections::BTreeMap<abhyasa_wire::Kind, (u64, u64)>,
+}
+
+impl PeerProfile {
+    /// Whether `o` fits the profile: the kind is taken and the budget spans the deadline.
+    pub fn admit(&self, o: &Obligation) -> Result<(), NodeError> {
+        let kind = o.kind();
+        let Some(&(base_ms, cap_ms)) = self.kinds.get(&kind) else {
+            return Err(NodeError::KindNotTaken {
+                peer: o.target.clone(),
+                kind,
+            });
+        };
+        let span = o.deadline.0.saturating_sub(o.created_at.0);
+        let needed = abhyasa_custody::profile_retries(span, base_ms, cap_ms);
+        if o.max_retries < needed {
+            return Err(NodeError::Issue(
+                abhyasa_custody::IssueError::BudgetTooSmall {
+                    kind,
+                    given: o.max_retries,
+                    needed,
+                },
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// An issued obligation: how it was taken, and a way to wait for how custody ends.
@@ -482,6 +527,19 @@ impl Node {
             .await
             .map_err(|_| NodeError::Stopped)?;
         Ok(rx)
+    }
+
+    /// Sets (or, with `None`, clears) what `peer` takes, as its binding describes it: from now
+    /// on obligations to `peer` are checked against it at issue.
+    pub async fn set_profile(
+        &self,
+        peer: AgentId,
+        profile: Option<PeerProfile>,
+    ) -> Result<(), NodeError> {
+        self.tx
+            .send(Command::Profile(peer, profile))
+            .await
+            .map_err(|_| NodeError::Stopped)
     }
 
     /// Acks `peer` returned over another binding, which authenticated `peer`. Each is
