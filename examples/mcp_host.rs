@@ -133,7 +133,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some((record, _)) = handle.outcome().await {
         println!(
             "custody of the revocation: {}",
-            abhyasa::words::outcome(&record.outcome, record.attempts)
+            abhyasa::wire::words::outcome(&record.outcome, record.attempts)
         );
     }
     principal.shutdown().await;

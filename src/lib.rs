@@ -1,33 +1,29 @@
-//! Abhyasa: deliver-or-report custody of governance obligations for agent networks.
+//! Abhyasa: deliver-or-report custody of governance obligations and budget conservation for
+//! agent networks.
 //!
-//! This facade re-exports the workspace crates:
+//! This facade re-exports what an embedder links:
 //!
-//! - [`wire`]: the objects that cross process boundaries, as deterministic CBOR;
+//! - [`wire`]: the objects that cross process boundaries, as deterministic CBOR, and how to
+//!   say them in words;
 //! - [`custody`]: the sans-IO custodian and receiver state machines and the kind registry;
 //! - [`ledger`]: the sans-IO budget ledger (branches, gateway) and its independent checker;
-//! - [`store`]: durable custody state in redb, with group commit and recovery;
-//! - [`sim`]: the deterministic simulation that checks them under faults;
-//! - [`crashpeer`]: the process that the SIGKILL crash test kills at named points;
-//! - [`ledgerpeer`]: the same for the ledger (branch, child, gateway processes);
-//! - [`sweep`]: end-to-end sweeps over QUIC through the emulator (CSV and SVG).
+//! - [`store`]: durable custody and ledger state in redb, with group commit and recovery;
+//! - [`moq`]: certificates, the QUIC endpoint and the MOQT session;
+//! - [`node`]: the runtime that drives them — the `Node` an application embeds;
+//! - [`netem`]: packet impairment in userspace, for tests and benchmarks under loss;
+//! - [`mcp`], [`a2a`]: the MCP and A2A bindings.
+//!
+//! The `abhyasa` command lives in `abhyasa-cli`, the simulation in `abhyasa-sim`, and the
+//! processes the crash tests kill in `abhyasa-crashtest`.
 
 #![warn(missing_docs)]
 
-pub mod admin;
-pub mod audit;
-pub mod crashpeer;
-pub mod demo;
-mod killpoint;
-pub mod ledger_cli;
-pub mod ledgerpeer;
-pub mod mcp_cli;
-pub mod sweep;
-pub mod words;
-
+pub use abhyasa_a2a as a2a;
 pub use abhyasa_custody as custody;
 pub use abhyasa_ledger as ledger;
+pub use abhyasa_mcp as mcp;
 pub use abhyasa_moq as moq;
+pub use abhyasa_netem as netem;
 pub use abhyasa_node as node;
-pub use abhyasa_sim as sim;
 pub use abhyasa_store as store;
 pub use abhyasa_wire as wire;

@@ -1,6 +1,6 @@
 //! The sweeps run end to end on small sizes and write their CSV and SVG files.
 
-use abhyasa::sweep::{self, LossSweep, PartitionSweep, RecoverySweep};
+use abhyasa_cli::sweep::{self, LossSweep, PartitionSweep, RecoverySweep};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partition_sweep_separates_reachable_from_unreachable() {

@@ -46,6 +46,7 @@ mod ids;
 pub mod ledger;
 pub mod moqt;
 mod obligation;
+pub mod words;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;

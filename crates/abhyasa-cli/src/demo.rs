@@ -332,16 +332,16 @@ async fn governed_tool_story(
             scope,
         }),
     };
-    let words = crate::words::obligation(&revoke);
+    let words = abhyasa_wire::words::obligation(&revoke);
     let handle = principal.issue(revoke).await?;
     match tokio::time::timeout(Duration::from_millis(deadline_ms + 2_000), handle.outcome()).await {
         Ok(Some((record, escalation))) => {
             let safe = escalation
-                .map(|e| format!("; {}", crate::words::safe_action(&e.safe_action)))
+                .map(|e| format!("; {}", abhyasa_wire::words::safe_action(&e.safe_action)))
                 .unwrap_or_default();
             say(&format!(
                 "{words}: {}{safe}",
-                crate::words::outcome(&record.outcome, record.attempts)
+                abhyasa_wire::words::outcome(&record.outcome, record.attempts)
             ));
         }
         _ => say(&format!("{words}: no outcome yet")),
@@ -361,15 +361,15 @@ fn progress(e: &NodeEvent, started: &Instant, issued: &BTreeMap<ObligationId, Ob
         NodeEvent::Terminal { record, escalation } => {
             let what = issued.get(&record.obligation_id).map_or_else(
                 || format!("{} for {}", record.kind, record.target),
-                crate::words::obligation,
+                abhyasa_wire::words::obligation,
             );
             let safe = escalation
                 .as_ref()
-                .map(|e| format!("; {}", crate::words::safe_action(&e.safe_action)))
+                .map(|e| format!("; {}", abhyasa_wire::words::safe_action(&e.safe_action)))
                 .unwrap_or_default();
             println!(
                 "  {t:6.2}s  {what}: {}{safe}",
-                crate::words::outcome(&record.outcome, record.attempts)
+                abhyasa_wire::words::outcome(&record.outcome, record.attempts)
             );
         }
         NodeEvent::PeerUp(peer) => println!("  {t:6.2}s  session up with {peer}"),

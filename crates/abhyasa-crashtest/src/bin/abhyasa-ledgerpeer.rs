@@ -1,9 +1,9 @@
 //! `abhyasa-ledgerpeer`: one branch or gateway process for the ledger SIGKILL crash test.
-//! See `abhyasa::ledgerpeer`.
+//! See `abhyasa_crashtest::ledgerpeer`.
 
 use std::process::ExitCode;
 
-use abhyasa::ledgerpeer::{run, LedgerPeerArgs};
+use abhyasa_crashtest::ledgerpeer::{run, LedgerPeerArgs};
 use clap::Parser;
 
 #[derive(Parser)]

@@ -197,7 +197,7 @@ pub fn issue_tool(node: Node) -> HostTool {
                     Ok(o) => o,
                     Err(e) => return fail(e),
                 };
-                let (id, words) = (o.id, crate::words::obligation(&o));
+                let (id, words) = (o.id, abhyasa_wire::words::obligation(&o));
                 match node.issue(o).await {
                     Ok(h) => {
                         let admission = match h.admission() {

@@ -1,9 +1,9 @@
 //! `abhyasa-crashpeer`: one custodian or receiver process for the SIGKILL crash test.
-//! See `abhyasa::crashpeer`.
+//! See `abhyasa_crashtest::crashpeer`.
 
 use std::process::ExitCode;
 
-use abhyasa::crashpeer::{run, PeerArgs};
+use abhyasa_crashtest::crashpeer::{run, PeerArgs};
 use clap::Parser;
 
 #[derive(Parser)]

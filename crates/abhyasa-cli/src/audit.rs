@@ -179,7 +179,7 @@ pub fn audit(nodes: &[NodeRows], issued: Option<&[Obligation]>, now: UnixMillis)
                 r.violations.push(format!(
                     "C3 {me}: the safe action of {} is not in force: {}",
                     e.obligation_id,
-                    crate::words::safe_action(&e.safe_action)
+                    abhyasa_wire::words::safe_action(&e.safe_action)
                 ));
             }
         }
@@ -193,7 +193,7 @@ pub fn audit(nodes: &[NodeRows], issued: Option<&[Obligation]>, now: UnixMillis)
                 r.violations.push(format!(
                     "C4 {me}: {} ({}) applied more than once",
                     a.obligation.id,
-                    crate::words::obligation(&a.obligation)
+                    abhyasa_wire::words::obligation(&a.obligation)
                 ));
             }
             if let Some(p) = by_agent.get(&a.obligation.issuer) {
@@ -245,7 +245,7 @@ pub fn audit(nodes: &[NodeRows], issued: Option<&[Obligation]>, now: UnixMillis)
                     "C7 {}: {} ({}) issued but neither pending nor terminal",
                     p.agent,
                     o.id,
-                    crate::words::obligation(o)
+                    abhyasa_wire::words::obligation(o)
                 ));
             }
         }

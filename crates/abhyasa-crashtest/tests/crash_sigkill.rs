@@ -16,10 +16,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use abhyasa::crashpeer::{admissible, agent, delta, principal, workload};
-use abhyasa::custody::kinds;
-use abhyasa::store::{Store, StoreConfig};
-use abhyasa::wire::{Outcome, Payload};
+use abhyasa_crashtest::crashpeer::{admissible, agent, delta, principal, workload};
+use abhyasa_custody::kinds;
+use abhyasa_store::{Store, StoreConfig};
+use abhyasa_wire::{Outcome, Payload};
 
 mod common;
 use common::{free_udp as free_port, Watched};

@@ -15,11 +15,11 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use abhyasa::ledger::check::{check, World};
-use abhyasa::ledger::{OpState, RootId};
-use abhyasa::ledgerpeer::{
+use abhyasa_crashtest::ledgerpeer::{
     keyring, load_branch, load_gateway, op_keys, read_effects, workload_done, LedgerRole,
 };
+use abhyasa_ledger::check::{check, World};
+use abhyasa_ledger::{OpState, RootId};
 
 mod common;
 use common::{free_udp, Watched};

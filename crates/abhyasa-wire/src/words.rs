@@ -1,7 +1,7 @@
 //! Obligations and safe actions in the user's words, for the demo, status, tools and logs —
 //! never a `Debug` dump.
 
-use abhyasa_wire::{
+use crate::{
     ConsentDecision, EscalationCause, Obligation, Outcome, Payload, SafeAction, TokenAction,
     WeightDelta,
 };
@@ -89,7 +89,7 @@ pub fn safe_action(a: &SafeAction) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use abhyasa_wire::{
+    use crate::{
         AgentId, BeliefUpdatePayload, ConsentPayload, ObligationId, Scope, UnixMillis, WeightKey,
     };
 

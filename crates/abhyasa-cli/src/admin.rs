@@ -252,7 +252,7 @@ impl From<Status> for StatusJson {
                     target: o.target.to_string(),
                     deadline: o.deadline.0,
                     attempts: *n,
-                    says: crate::words::obligation(o),
+                    says: abhyasa_wire::words::obligation(o),
                 })
                 .collect(),
             recent: s
@@ -266,7 +266,7 @@ impl From<Status> for StatusJson {
                     attempts: r.attempts,
                     at: r.at.0,
                     safe_action: None,
-                    words: crate::words::outcome(&r.outcome, r.attempts),
+                    words: abhyasa_wire::words::outcome(&r.outcome, r.attempts),
                 })
                 .collect(),
             escalations: s
@@ -279,8 +279,8 @@ impl From<Status> for StatusJson {
                     outcome: format!("{:?}", e.cause),
                     attempts: e.attempts,
                     at: e.at.0,
-                    safe_action: Some(crate::words::safe_action(&e.safe_action)),
-                    words: crate::words::outcome(
+                    safe_action: Some(abhyasa_wire::words::safe_action(&e.safe_action)),
+                    words: abhyasa_wire::words::outcome(
                         &abhyasa_wire::Outcome::Escalated(e.cause),
                         e.attempts,
                     ),
@@ -309,7 +309,7 @@ impl From<Status> for StatusJson {
                     id: a.obligation.id.to_string(),
                     issuer: a.obligation.issuer.to_string(),
                     kind: a.obligation.kind().to_string(),
-                    says: crate::words::obligation(&a.obligation),
+                    says: abhyasa_wire::words::obligation(&a.obligation),
                     at: a.at.0,
                 })
                 .collect(),

@@ -1,0 +1,1136 @@
+//! The `abhyasa` command.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::admin::{self, IssueSpec, Request, StatusJson};
+use crate::demo::{self, DemoConfig};
+use crate::ledger_cli;
+use crate::sweep;
+use abhyasa_custody::{Channel, CustodianConfig};
+use abhyasa_moq::{Ca, Congestion, Identity, TransportSettings};
+use abhyasa_node::Node;
+use abhyasa_wire::AgentId;
+use clap::{Parser, Subcommand};
+use serde::Deserialize;
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "Deliver-or-report custody of governance obligations over QUIC"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// A principal and two agents on loopback QUIC, in one process, no setup.
+    Demo {
+        /// Obligations to issue.
+        #[arg(long, default_value_t = 24)]
+        count: u32,
+        /// Deadline of each obligation, ms.
+        #[arg(long, default_value_t = 3_000)]
+        deadline_ms: u64,
+        /// Impair the principal ↔ agent-0 link (both directions) through the userspace netem relay.
+        #[command(flatten)]
+        impair: ImpairmentArgs,
+    },
+    /// A UDP relay that impairs traffic like `tc netem`, to put between two nodes.
+    Netem {
+        /// Where clients (a dialing node) send.
+        #[arg(long)]
+        listen: SocketAddr,
+        /// Where the relay forwards (the dialed node).
+        #[arg(long)]
+        forward: SocketAddr,
+        #[command(flatten)]
+        both: ImpairmentArgs,
+        /// Extra words for client→server only, e.g. "loss 10%".
+        #[arg(long, default_value = "")]
+        up: String,
+        /// Extra words for server→client only.
+        #[arg(long, default_value = "")]
+        down: String,
+        /// Seed for every random choice.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+    /// Deployment CA and agent certificates.
+    Certs {
+        #[command(subcommand)]
+        command: CertsCommand,
+    },
+    /// Run a node from a TOML config.
+    Node {
+        /// The config file.
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Run a node from a TOML config and serve MCP on this process's stdin/stdout: the
+    /// obligations riding each tool call are applied before the tool runs, and `[mcp]`
+    /// tools are refused while what they use is withheld or revoked.
+    Mcp {
+        /// The config file (with an `[mcp]` section).
+        #[arg(long)]
+        config: PathBuf,
+        /// Serve over stdio (for hosts that spawn MCP servers).
+        #[arg(long)]
+        stdio: bool,
+    },
+    /// Print the node's A2A AgentCard (with the Abhyasa extension and its per-kind profiles),
+    /// as the node serves it at `/.well-known/agent-card.json` when `[a2a]` is configured.
+    Card {
+        /// The config file.
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Print an obligation as base64 CBOR (an entry of MCP's `org.abhyasa/obligations`), for
+    /// clients in other languages.
+    Encode {
+        /// The issuing principal.
+        #[arg(long)]
+        issuer: String,
+        /// The obligation id (32 hex digits); random when absent.
+        #[arg(long)]
+        id: Option<String>,
+        #[command(flatten)]
+        spec: Box<IssueSpec>,
+    },
+    /// Audit stopped nodes from their state directories alone (`--state NAME=DIR`, once per
+    /// node): nothing pending and terminal at once, every escalation's safe action in force,
+    /// no id applied twice, nothing applied that its principal does not know or declined.
+    /// Exits non-zero on any violation.
+    Check {
+        /// `agent=state-dir`, once per node.
+        #[arg(long = "state", required = true)]
+        states: Vec<String>,
+    },
+    /// Submit an obligation to a running node.
+    Issue {
+        /// The node's admin address.
+        #[arg(long, default_value = "127.0.0.1:7701")]
+        admin: SocketAddr,
+        #[command(flatten)]
+        spec: Box<IssueSpec>,
+    },
+    /// Show a running node's pending set, outcomes, escalations and principal state.
+    Status {
+        /// The node's admin address.
+        #[arg(long, default_value = "127.0.0.1:7701")]
+        admin: SocketAddr,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The budget ledger: grant, delegate, spend, reclaim and status through a running node's
+    /// admin interface; check stopped nodes' state.
+    Ledger {
+        #[command(subcommand)]
+        command: LedgerCli,
+    },
+    /// End-to-end sweeps over loopback QUIC through the emulator, written as CSV and SVG.
+    Sweep {
+        #[command(subcommand)]
+        which: SweepCommand,
+        /// Where the CSV and SVG files go.
+        #[arg(long, global = true, default_value = "docs/bench")]
+        out: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum LedgerCli {
+    /// Sign a root grant with the issuer's key and hand it to its holder node.
+    Grant {
+        /// The holder node's admin address.
+        #[arg(long, default_value = "127.0.0.1:7701")]
+        admin: SocketAddr,
+        /// Directory with the ledger key files.
+        #[arg(long, default_value = "certs")]
+        certs: PathBuf,
+        /// The issuer (its key file `<issuer>.ledger.key` signs).
+        #[arg(long, default_value = "issuer")]
+        issuer: String,
+        /// The holder agent (the node at --admin).
+        #[arg(long)]
+        holder: String,
+        /// Root id (hex).
+        #[arg(long)]
+        root: String,
+        /// The budget, e.g. cents=1000,calls=10.
+        #[arg(long)]
+        budget: String,
+        /// Purposes it may be spent on.
+        #[arg(long, value_delimiter = ',', default_value = "tools")]
+        label: Vec<String>,
+        /// The root credit's id (hex; default: the root id).
+        #[arg(long)]
+        credit: Option<String>,
+    },
+    /// Delegate part of a credit to a child branch (a sealed transfer).
+    Delegate {
+        /// The delegating node's admin address.
+        #[arg(long, default_value = "127.0.0.1:7701")]
+        admin: SocketAddr,
+        /// The paying credit (hex).
+        #[arg(long)]
+        credit: String,
+        /// The child agent.
+        #[arg(long)]
+        to: String,
+        /// How much, e.g. cents=200.
+        #[arg(long)]
+        amount: String,
+        /// Transfer id (hex; default: random).
+        #[arg(long)]
+        transfer: Option<String>,
+        /// The child's purposes (within the credit's).
+        #[arg(long, value_delimiter = ',', default_value = "tools")]
+        label: Vec<String>,
+    },
+    /// Reserve an effect's maximum charge and dispatch it through a gateway.
+    Spend {
+        /// The spending node's admin address.
+        #[arg(long, default_value = "127.0.0.1:7701")]
+        admin: SocketAddr,
+        /// The paying credit (hex).
+        #[arg(long)]
+        credit: String,
+        /// The gateway agent.
+        #[arg(long)]
+        gateway: String,
+        /// Maximum charge, e.g. cents=10.
+        #[arg(long)]
+        max: String,
+        /// The normalized operation.
+        #[arg(long)]
+        operation: String,
+        /// Its purpose.
+        #[arg(long, default_value = "tools")]
+        purpose: String,
+        /// Operation key (hex; default: random).
+        #[arg(long)]
+        key: Option<String>,
+    },
+    /// Fence a credit's epoch at its gateways to reclaim dispatches that never got an answer.
+    Reclaim {
+        /// The node's admin address.
+        #[arg(long, default_value = "127.0.0.1:7701")]
+        admin: SocketAddr,
+        /// The credit (hex).
+        #[arg(long)]
+        credit: String,
+    },
+    /// Retire a quarantined operation for good: its atoms stay charged (Forfeited).
+    Forfeit {
+        /// The node's admin address.
+        #[arg(long, default_value = "127.0.0.1:7701")]
+        admin: SocketAddr,
+        /// The operation key (hex).
+        #[arg(long)]
+        key: String,
+    },
+    /// All six buckets per root, credits, operations, transfers.
+    Status {
+        /// The node's admin address.
+        #[arg(long, default_value = "127.0.0.1:7701")]
+        admin: SocketAddr,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run the L1–L7 checker over stopped nodes' state directories.
+    Check {
+        /// Directory with the ledger key files.
+        #[arg(long, default_value = "certs")]
+        certs: PathBuf,
+        /// A branch node: AGENT=STATE_DIR (repeatable).
+        #[arg(long)]
+        branch: Vec<String>,
+        /// A gateway node: AGENT=STATE_DIR (repeatable; its branch is read too).
+        #[arg(long)]
+        gateway: Vec<String>,
+        /// Who may sign root grants.
+        #[arg(long, value_delimiter = ',', default_value = "issuer")]
+        issuers: Vec<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum SweepCommand {
+    /// Spurious escalations against partition length over the deadline.
+    Partition {
+        /// Deadline of each obligation, ms.
+        #[arg(long, default_value_t = 1_000)]
+        deadline_ms: u64,
+        /// Obligations issued per point.
+        #[arg(long, default_value_t = 100)]
+        obligations: u64,
+        /// Partition lengths as fractions of the deadline, comma-separated.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1.0,1.1,1.2"
+        )]
+        fractions: Vec<f64>,
+        /// Backoff caps to compare, ms, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "50,250")]
+        caps_ms: Vec<u64>,
+    },
+    /// Discharge time against loss, first attempt on a stream and as a datagram.
+    Loss {
+        /// Loss rates in percent, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "0,1,5,10,20")]
+        loss: Vec<f64>,
+        /// Obligations per point.
+        #[arg(long, default_value_t = 60)]
+        obligations: u64,
+    },
+    /// Restart with many obligations pending: time to resumed custody.
+    Recovery {
+        /// Pending sizes, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1000,10000,100000")]
+        pending: Vec<u64>,
+        /// Restarts per size.
+        #[arg(long, default_value_t = 3)]
+        runs: u32,
+    },
+}
+
+/// netem words as flags, applied to both directions.
+#[derive(clap::Args, Debug, Default)]
+struct ImpairmentArgs {
+    /// Independent loss, e.g. 5%.
+    #[arg(long)]
+    loss: Option<String>,
+    /// One-way delay, e.g. 20ms.
+    #[arg(long)]
+    delay: Option<String>,
+    /// Delay jitter, e.g. 5ms.
+    #[arg(long)]
+    jitter: Option<String>,
+    /// Duplication, e.g. 1%.
+    #[arg(long)]
+    duplicate: Option<String>,
+    /// Reordering, e.g. 10% (needs a delay).
+    #[arg(long)]
+    reorder: Option<String>,
+    /// Link rate, e.g. 10mbit.
+    #[arg(long)]
+    rate: Option<String>,
+    /// A blackhole window START:LENGTH after the start, e.g. 1s:2s (repeatable).
+    #[arg(long)]
+    partition: Vec<String>,
+}
+
+impl ImpairmentArgs {
+    /// The flags as netem words.
+    fn words(&self) -> String {
+        let mut w = Vec::new();
+        if let Some(l) = &self.loss {
+            w.push(format!("loss {l}"));
+        }
+        if let Some(d) = &self.delay {
+            w.push(format!(
+                "delay {d} {}",
+                self.jitter.as_deref().unwrap_or("0ms")
+            ));
+        }
+        if let Some(d) = &self.duplicate {
+            w.push(format!("duplicate {d}"));
+        }
+        if let Some(r) = &self.reorder {
+            w.push(format!("reorder {r}"));
+        }
+        if let Some(r) = &self.rate {
+            w.push(format!("rate {r}"));
+        }
+        for p in &self.partition {
+            w.push(format!("partition {}", p.replace(':', " ")));
+        }
+        w.join(" ")
+    }
+}
+
+#[derive(Subcommand)]
+enum CertsCommand {
+    /// Create the deployment CA (`ca.pem`, `ca.key`).
+    Init {
+        /// Directory.
+        #[arg(long, default_value = "certs")]
+        dir: PathBuf,
+    },
+    /// Issue a certificate for an agent (`<agent>.pem`, `<agent>.key`).
+    Issue {
+        /// The agent id.
+        agent: String,
+        /// Directory holding the CA.
+        #[arg(long, default_value = "certs")]
+        dir: PathBuf,
+    },
+}
+
+/// `abhyasa node` configuration.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodeConfig {
+    agent: String,
+    listen: SocketAddr,
+    certs: PathBuf,
+    state: PathBuf,
+    admin: SocketAddr,
+    #[serde(default)]
+    peers: Vec<PeerConfig>,
+    #[serde(default)]
+    custody: CustodyConfig,
+    #[serde(default)]
+    transport: TransportConfig,
+    /// Present: the node takes part in the budget ledger.
+    ledger: Option<LedgerConfig>,
+    /// Present: `abhyasa mcp` serves these tools for this principal.
+    mcp: Option<crate::mcp_cli::McpConfig>,
+    /// Present: the node serves the A2A binding over HTTPS.
+    a2a: Option<A2aConfig>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct LedgerConfig {
+    /// Also a gateway, running effects with the reference executor (`<state>/effects.log`).
+    gateway: bool,
+    /// Resend period of undecided transfers and dispatches, ms.
+    resend_ms: u64,
+    /// Who may sign root grants (their `<name>.ledger.pub` is in the certs directory).
+    issuers: Vec<String>,
+}
+
+impl Default for LedgerConfig {
+    fn default() -> Self {
+        Self {
+            gateway: false,
+            resend_ms: 500,
+            issuers: vec!["issuer".into()],
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct TransportConfig {
+    keep_alive_ms: u64,
+    idle_timeout_ms: u64,
+    initial_rtt_ms: u64,
+    congestion: String,
+    /// Re-dial a dialed peer whose connection went silent for this long; 0 turns it off.
+    stall_redial_ms: u64,
+}
+
+impl Default for TransportConfig {
+    fn default() -> Self {
+        let d = TransportSettings::default();
+        Self {
+            keep_alive_ms: d.keep_alive.as_millis() as u64,
+            idle_timeout_ms: d.idle_timeout.as_millis() as u64,
+            initial_rtt_ms: d.initial_rtt.as_millis() as u64,
+            congestion: "cubic".into(),
+            stall_redial_ms: TransportSettings::default()
+                .stall_redial
+                .map_or(0, |d| d.as_millis() as u64),
+        }
+    }
+}
+
+impl TransportConfig {
+    fn settings(&self) -> Result<TransportSettings> {
+        let congestion = match self.congestion.as_str() {
+            "cubic" => Congestion::Cubic,
+            "newreno" => Congestion::NewReno,
+            "bbr" => Congestion::Bbr,
+            other => {
+                return Err(format!(
+                    "unknown congestion controller {other:?} (cubic, newreno, bbr)"
+                )
+                .into())
+            }
+        };
+        Ok(TransportSettings {
+            keep_alive: Duration::from_millis(self.keep_alive_ms),
+            idle_timeout: Duration::from_millis(self.idle_timeout_ms),
+            initial_rtt: Duration::from_millis(self.initial_rtt_ms),
+            congestion,
+            stall_redial: (self.stall_redial_ms > 0)
+                .then(|| Duration::from_millis(self.stall_redial_ms)),
+            ..TransportSettings::default()
+        })
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PeerConfig {
+    id: String,
+    addr: SocketAddr,
+    /// `"moqt"` (the default: a MOQT session over QUIC) or `"a2a"` (HTTPS, the peer's card).
+    #[serde(default)]
+    transport: Option<String>,
+    /// For `a2a`: the card's URL (default `https://<id>:<addr port>/.well-known/agent-card.json`,
+    /// with `<id>` resolved to `addr`).
+    #[serde(default)]
+    card: Option<String>,
+}
+
+/// `[a2a]`: the node's HTTPS face (BINDINGS.md § A2A).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct A2aConfig {
+    /// Where the HTTPS server listens.
+    listen: SocketAddr,
+    /// The base URL the card names (default `https://<agent>:<listen port>`).
+    #[serde(default)]
+    public: Option<String>,
+    /// Whether the card marks the extension required.
+    #[serde(default)]
+    required: bool,
+    /// The deadline each kind's profile is made for, seconds (default 3600), by kind name.
+    #[serde(default)]
+    deadline_seconds: std::collections::BTreeMap<String, u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct CustodyConfig {
+    response_timeout_ms: u64,
+    backoff_base_ms: u64,
+    backoff_cap_ms: u64,
+    /// `"stream"` (default) or `"datagram"`: how the first attempt travels.
+    first_attempt: String,
+    /// Kinds whose obligations must carry a retry budget that spans their deadline (the
+    /// retry rule of BINDINGS.md); a shorter one is refused with the number needed.
+    require_spanning_budget: Vec<abhyasa_wire::Kind>,
+    /// How often maintenance runs (folding principal down-weights, pruning old history).
+    maintenance_ms: u64,
+}
+
+impl Default for CustodyConfig {
+    fn default() -> Self {
+        let d = CustodianConfig::default();
+        Self {
+            response_timeout_ms: d.response_timeout_ms,
+            backoff_base_ms: d.backoff_base_ms,
+            backoff_cap_ms: d.backoff_cap_ms,
+            first_attempt: "stream".into(),
+            require_spanning_budget: Vec::new(),
+            maintenance_ms: 60_000,
+        }
+    }
+}
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+/// Parses the command line and runs the command.
+#[tokio::main]
+pub async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("ABHYASA_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Cli::parse().command).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("abhyasa: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command) -> Result<ExitCode> {
+    match command {
+        Command::Sweep { which, out } => {
+            let r = match which {
+                SweepCommand::Partition {
+                    deadline_ms,
+                    obligations,
+                    fractions,
+                    caps_ms,
+                } => sweep::partition_to(
+                    &sweep::PartitionSweep {
+                        deadline_ms,
+                        obligations,
+                        fractions,
+                        caps_ms,
+                        ..Default::default()
+                    },
+                    &out,
+                )
+                .await
+                .map(|p| print!("{}", sweep::partition_csv(&p))),
+                SweepCommand::Loss { loss, obligations } => sweep::loss_to(
+                    &sweep::LossSweep {
+                        loss_percent: loss,
+                        obligations,
+                    },
+                    &out,
+                )
+                .await
+                .map(|p| print!("{}", sweep::loss_csv(&p))),
+                SweepCommand::Recovery { pending, runs } => {
+                    sweep::recovery_to(&sweep::RecoverySweep { pending, runs }, &out)
+                        .await
+                        .map(|r| print!("{}", sweep::recovery_csv(&sweep::recovery_medians(&r))))
+                }
+            };
+            r.map_err(|e| e.to_string())?;
+            println!("wrote {}", out.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Demo {
+            count,
+            deadline_ms,
+            impair,
+        } => {
+            let words = impair.words();
+            let impairment = if words.is_empty() {
+                None
+            } else {
+                Some(words.parse::<abhyasa_netem::Impairment>()?)
+            };
+            let summary = demo::run(DemoConfig {
+                count,
+                deadline_ms,
+                impairment,
+            })
+            .await?;
+            println!("{summary}");
+            let clean = summary.lost == 0 && summary.double_applied == 0;
+            Ok(if clean {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Command::Certs {
+            command: CertsCommand::Init { dir },
+        } => {
+            Ca::generate("abhyasa deployment CA")?.save(&dir)?;
+            ledger_cli::write_keypair(&dir, "issuer").map_err(|e| e.to_string())?;
+            println!(
+                "wrote {0}/ca.pem, {0}/ca.key and the budget issuer's {0}/issuer.ledger.key (.pub)",
+                dir.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Certs {
+            command: CertsCommand::Issue { agent, dir },
+        } => {
+            let agent = AgentId::new(agent)?;
+            Ca::load(&dir)?.issue(&agent)?.save(&dir)?;
+            ledger_cli::write_keypair(&dir, agent.as_str()).map_err(|e| e.to_string())?;
+            println!(
+                "wrote {0}/{agent}.pem, {0}/{agent}.key and {0}/{agent}.ledger.key (.pub)",
+                dir.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Node { config } => node(config).await,
+        Command::Netem {
+            listen,
+            forward,
+            both,
+            up,
+            down,
+            seed,
+        } => {
+            let base = both.words();
+            let up: abhyasa_netem::Impairment = format!("{base} {up}").parse()?;
+            let down: abhyasa_netem::Impairment = format!("{base} {down}").parse()?;
+            println!("netem relay {listen} -> {forward}\n  up:   {up}\n  down: {down}");
+            let relay = abhyasa_netem::relay::Relay::start(abhyasa_netem::relay::RelayConfig {
+                listen,
+                forward,
+                up,
+                down,
+                seed,
+            })
+            .await?;
+            tokio::signal::ctrl_c().await?;
+            let s = relay.stats();
+            println!("up: {:?}\ndown: {:?}", s.up, s.down);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Mcp { config, stdio } => mcp(config, stdio).await,
+        Command::Card { config } => {
+            let config = read_config(&config)?;
+            let card = card_settings(&config)?.card();
+            println!("{}", serde_json::to_string_pretty(&card)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Check { states } => {
+            let mut stores = Vec::new();
+            for s in &states {
+                let (agent, dir) = s
+                    .split_once('=')
+                    .ok_or_else(|| format!("--state {s}: expected NAME=DIR"))?;
+                let store = abhyasa_store::Store::open(
+                    std::path::Path::new(dir).join("node.redb"),
+                    abhyasa_store::StoreConfig::default(),
+                )
+                .map_err(|e| format!("{agent} ({dir}): {e}"))?;
+                stores.push((AgentId::new(agent)?, store));
+            }
+            let mut rows = Vec::new();
+            for (agent, store) in &stores {
+                rows.push(
+                    crate::audit::NodeRows::read(agent.clone(), store)
+                        .map_err(|e| format!("{agent}: {e}"))?,
+                );
+            }
+            let now = abhyasa_wire::UnixMillis(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)?
+                    .as_millis() as u64,
+            );
+            let report = crate::audit::audit(&rows, None, now);
+            for v in &report.violations {
+                println!("violation: {v}");
+            }
+            println!("check: {}", report.summary());
+            Ok(if report.violations.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Command::Encode { issuer, id, spec } => {
+            let issuer = AgentId::new(issuer)?;
+            let defaults = CustodianConfig::default();
+            let mut o = spec.build(&issuer, |span| defaults.default_retries(span))?;
+            if let Some(id) = id {
+                let n = u128::from_str_radix(&id, 16)
+                    .ok()
+                    .filter(|_| id.len() == 32)
+                    .ok_or("--id must be 32 hex digits")?;
+                o.id = abhyasa_wire::ObligationId::from_u128(n);
+            }
+            use base64::Engine as _;
+            println!(
+                "{}",
+                base64::engine::general_purpose::STANDARD.encode(abhyasa_wire::encode(&o))
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Issue { admin, spec } => {
+            let reply = admin::request(admin, &Request::Issue(spec)).await?;
+            println!("{reply}");
+            Ok(if reply["ok"] == true {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Command::Ledger { command } => ledger(command).await,
+        Command::Status { admin, json } => {
+            let reply = admin::request(admin, &Request::Status).await?;
+            if reply["ok"] != true {
+                eprintln!("{reply}");
+                return Ok(ExitCode::FAILURE);
+            }
+            let status: StatusJson = serde_json::from_value(reply["status"].clone())?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&status)?);
+            } else {
+                print_status(&status);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn hex_id(given: Option<String>) -> String {
+    given.unwrap_or_else(|| format!("{:x}", rand::random::<u64>()))
+}
+
+async fn ledger(command: LedgerCli) -> Result<ExitCode> {
+    use ledger_cli::LedgerRequest as R;
+    let (admin, req, json) = match command {
+        LedgerCli::Check {
+            certs,
+            branch,
+            gateway,
+            issuers,
+        } => {
+            let split = |v: &[String]| -> Result<Vec<(String, PathBuf)>> {
+                v.iter()
+                    .map(|s| {
+                        s.split_once('=')
+                            .map(|(a, d)| (a.to_owned(), PathBuf::from(d)))
+                            .ok_or_else(|| format!("{s:?}: expected AGENT=STATE_DIR").into())
+                    })
+                    .collect()
+            };
+            let report =
+                ledger_cli::check_dirs(&certs, &issuers, &split(&branch)?, &split(&gateway)?)
+                    .map_err(|e| e.to_string())?;
+            for v in &report.violations {
+                println!("{v}");
+            }
+            println!(
+                "ledger check: branches={} gateways={} operations={} effects={} violations={}",
+                report.branches,
+                report.gateways,
+                report.operations,
+                report.effects,
+                report.violations.len()
+            );
+            return Ok(if report.violations.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            });
+        }
+        LedgerCli::Grant {
+            admin,
+            certs,
+            issuer,
+            holder,
+            root,
+            budget,
+            label,
+            credit,
+        } => {
+            let root_id = u128::from_str_radix(&root, 16)?;
+            let grant =
+                ledger_cli::signed_grant(&certs, &issuer, &holder, root_id, &budget, &label)
+                    .map_err(|e| e.to_string())?;
+            let credit = credit.unwrap_or(root);
+            println!("root credit {credit}");
+            (admin, R::Grant { grant, credit }, false)
+        }
+        LedgerCli::Delegate {
+            admin,
+            credit,
+            to,
+            amount,
+            transfer,
+            label,
+        } => {
+            let transfer = hex_id(transfer);
+            println!("transfer {transfer}");
+            (
+                admin,
+                R::Delegate {
+                    credit,
+                    transfer,
+                    amount,
+                    to,
+                    label,
+                },
+                false,
+            )
+        }
+        LedgerCli::Spend {
+            admin,
+            credit,
+            gateway,
+            max,
+            operation,
+            purpose,
+            key,
+        } => {
+            let key = hex_id(key);
+            println!("operation {key}");
+            (
+                admin,
+                R::Spend {
+                    credit,
+                    gateway,
+                    purpose,
+                    operation,
+                    max,
+                    key,
+                },
+                false,
+            )
+        }
+        LedgerCli::Reclaim { admin, credit } => (admin, R::Reclaim { credit }, false),
+        LedgerCli::Forfeit { admin, key } => (admin, R::Forfeit { key }, false),
+        LedgerCli::Status { admin, json } => (admin, R::Status, json),
+    };
+    let reply = admin::request(admin, &Request::Ledger(req)).await?;
+    if reply["ok"] != true {
+        eprintln!("{}", reply["error"].as_str().unwrap_or("request failed"));
+        return Ok(ExitCode::FAILURE);
+    }
+    if reply.get("ledger").is_some() {
+        if json {
+            println!("{}", serde_json::to_string_pretty(&reply["ledger"])?);
+        } else {
+            ledger_cli::print_status(&reply);
+        }
+    } else {
+        println!("ok (durable)");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn read_config(path: &std::path::Path) -> Result<NodeConfig> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()).into())
+}
+
+async fn node(path: PathBuf) -> Result<ExitCode> {
+    let config = read_config(&path)?;
+    let agent = AgentId::new(config.agent.clone())?;
+    let node = Arc::new(build_node(&config).await?);
+    println!(
+        "node {agent} listening on {} (admin {})",
+        node.local_addr(),
+        config.admin
+    );
+    let _a2a = start_a2a(&config, &node).await?;
+    let admin = tokio::spawn(admin::serve(node.clone(), config.admin));
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+        r = admin => {
+            eprintln!("admin interface stopped: {r:?}");
+        }
+    }
+    if let Ok(node) = Arc::try_unwrap(node) {
+        node.shutdown().await;
+    }
+    println!("node {agent} stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn mcp(path: PathBuf, stdio: bool) -> Result<ExitCode> {
+    if !stdio {
+        return Err("abhyasa mcp: say how to serve (--stdio)".into());
+    }
+    let config = read_config(&path)?;
+    let Some(mcp) = config.mcp.clone() else {
+        return Err(format!("{}: no [mcp] section", path.display()).into());
+    };
+    let principal = AgentId::new(mcp.principal.clone())?;
+    let mut tools = Vec::new();
+    for t in &mcp.tools {
+        tools.push(crate::mcp_cli::command_tool(t)?);
+    }
+    let node = build_node(&config).await?;
+    tools.push(crate::mcp_cli::issue_tool(node.clone()));
+    // Stdout carries MCP: everything else goes to stderr.
+    eprintln!(
+        "node {} listening on {} (admin {}); MCP on stdio for {principal}",
+        node.agent(),
+        node.local_addr(),
+        config.admin
+    );
+    let _a2a = start_a2a(&config, &node).await?;
+    let admin = tokio::spawn(admin::serve(Arc::new(node.clone()), config.admin));
+    let served = crate::mcp_cli::serve_stdio(node.clone(), principal, tools).await;
+    admin.abort();
+    let _ = admin.await;
+    node.shutdown().await;
+    served?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn build_node(config: &NodeConfig) -> Result<Node> {
+    let agent = AgentId::new(config.agent.clone())?;
+    let identity = Identity::load(&config.certs, &agent)?;
+    let mut builder = Node::builder(identity)
+        .listen(config.listen)
+        .transport(config.transport.settings()?)
+        .state_dir(&config.state)
+        .custodian(CustodianConfig {
+            response_timeout_ms: config.custody.response_timeout_ms,
+            backoff_base_ms: config.custody.backoff_base_ms,
+            backoff_cap_ms: config.custody.backoff_cap_ms,
+            first_attempt: match config.custody.first_attempt.as_str() {
+                "stream" => Channel::Stream,
+                "datagram" => Channel::Datagram,
+                other => {
+                    return Err(format!(
+                        "custody.first_attempt must be \"stream\" or \"datagram\", not {other:?}"
+                    )
+                    .into())
+                }
+            },
+            require_spanning_budget: config
+                .custody
+                .require_spanning_budget
+                .iter()
+                .copied()
+                .collect(),
+            ..CustodianConfig::default()
+        })
+        .maintenance(Duration::from_millis(config.custody.maintenance_ms));
+    for p in &config.peers {
+        match p.transport.as_deref().unwrap_or("moqt") {
+            "moqt" => builder = builder.peer(AgentId::new(p.id.clone())?, p.addr),
+            "a2a" => {} // Reached by `start_a2a` once the node runs.
+            other => {
+                return Err(format!(
+                    "peer {}: transport must be \"moqt\" or \"a2a\", not {other:?}",
+                    p.id
+                )
+                .into())
+            }
+        }
+    }
+    if let Some(l) = &config.ledger {
+        let executor: Option<Arc<dyn abhyasa_node::Executor>> = if l.gateway {
+            std::fs::create_dir_all(&config.state)?;
+            Some(Arc::new(
+                ledger_cli::FileExecutor::open(&config.state.join("effects.log"))
+                    .map_err(|e| e.to_string())?,
+            ))
+        } else {
+            None
+        };
+        builder = builder.ledger(abhyasa_node::LedgerSetup {
+            key: ledger_cli::load_key(&config.certs, agent.as_str()).map_err(|e| e.to_string())?,
+            keys: ledger_cli::load_keyring(&config.certs, &l.issuers).map_err(|e| e.to_string())?,
+            executor,
+            resend_ms: l.resend_ms,
+        });
+    }
+    Ok(builder.build().await?)
+}
+
+/// The card this node's config describes.
+fn card_settings(config: &NodeConfig) -> Result<abhyasa_a2a::CardSettings> {
+    let agent = AgentId::new(config.agent.clone())?;
+    let a2a = config
+        .a2a
+        .as_ref()
+        .ok_or("no [a2a] section: the node serves no card")?;
+    let mut deadline_seconds = std::collections::BTreeMap::new();
+    for (k, s) in &a2a.deadline_seconds {
+        let kind = abhyasa_wire::Kind::from_name(k)
+            .ok_or_else(|| format!("[a2a] deadline_seconds: unknown kind {k:?}"))?;
+        if *s == 0 {
+            return Err(format!("[a2a] deadline_seconds.{k} must be > 0").into());
+        }
+        deadline_seconds.insert(kind, *s);
+    }
+    Ok(abhyasa_a2a::CardSettings {
+        base_url: a2a
+            .public
+            .clone()
+            .unwrap_or_else(|| format!("https://{agent}:{}", a2a.listen.port())),
+        agent,
+        required: a2a.required,
+        deadline_seconds,
+        backoff_base_seconds: config.custody.backoff_base_ms as f64 / 1_000.0,
+        backoff_cap_seconds: config.custody.backoff_cap_ms.div_ceil(1_000).max(1),
+        moqt_endpoint: Some(format!("moqt://{}:{}", config.agent, config.listen.port())),
+    })
+}
+
+/// Serves `[a2a]` and reaches the `transport = "a2a"` peers.
+async fn start_a2a(
+    config: &NodeConfig,
+    node: &Node,
+) -> Result<(
+    Option<abhyasa_a2a::A2aServer>,
+    Vec<tokio::task::JoinHandle<()>>,
+)> {
+    let agent = AgentId::new(config.agent.clone())?;
+    let identity = Identity::load(&config.certs, &agent)?;
+    let server = match &config.a2a {
+        Some(a2a) => {
+            let card = card_settings(config)?.card();
+            let server = abhyasa_a2a::serve(node.clone(), &identity, a2a.listen, &card).await?;
+            eprintln!("node {agent}: A2A on https://{}", server.local_addr());
+            Some(server)
+        }
+        None => None,
+    };
+    let mut peers = Vec::new();
+    for p in config
+        .peers
+        .iter()
+        .filter(|p| p.transport.as_deref() == Some("a2a"))
+    {
+        let id = AgentId::new(p.id.clone())?;
+        let card_url = p.card.clone().unwrap_or_else(|| {
+            format!("https://{id}:{}/.well-known/agent-card.json", p.addr.port())
+        });
+        peers.push(abhyasa_a2a::spawn_peer(
+            node.clone(),
+            &identity,
+            abhyasa_a2a::A2aPeer {
+                agent: id,
+                card_url,
+                addr: Some(p.addr),
+            },
+        )?);
+    }
+    Ok((server, peers))
+}
+
+fn print_status(s: &StatusJson) {
+    println!("agent {}   peers: {}", s.agent, s.peers.join(", "));
+    println!("\nas principal — pending ({}):", s.pending.len());
+    for p in &s.pending {
+        let says = if p.says.is_empty() {
+            format!("{} for {}", p.kind, p.target)
+        } else {
+            p.says.clone()
+        };
+        println!("  {}  {says}: {} attempt(s) so far", p.id, p.attempts);
+    }
+    println!("\nrecent outcomes ({}):", s.recent.len());
+    for r in s.recent.iter().rev().take(20) {
+        println!("  {}  {} for {}: {}", r.id, r.kind, r.target, r.words);
+    }
+    println!("\nescalations ({}):", s.escalations.len());
+    for e in &s.escalations {
+        println!(
+            "  {}  {} for {}: {}; {}",
+            e.id,
+            e.kind,
+            e.target,
+            e.words,
+            e.safe_action.as_deref().unwrap_or("")
+        );
+    }
+    println!("\nsafe actions and decisions in force:");
+    for (t, sc) in &s.withheld {
+        println!("  withheld {sc} for {t}");
+    }
+    for t in &s.revoked_tokens {
+        println!("  stopped honouring token {t}");
+    }
+    for (t, k, w) in &s.routes {
+        println!("  routing {k} for {t}: weight {:.3}", *w as f64 / 1e6);
+    }
+    let h = &s.honours;
+    println!("\nas agent — honours:");
+    for (p, sc) in &h.withheld {
+        println!("  does not use {sc} for {p}");
+    }
+    for (p, k, w) in &h.weights {
+        println!("  weighs {k} at {:+.3} for {p}", *w as f64 / 1e6);
+    }
+    for t in &h.dropped_tokens {
+        println!("  dropped token {t}");
+    }
+    if h.withheld.is_empty() && h.weights.is_empty() && h.dropped_tokens.is_empty() {
+        println!("  nothing yet");
+    }
+    println!("\nrecently applied ({}):", s.applied.len());
+    for a in s.applied.iter().rev().take(20) {
+        println!("  {}  {} (from {})", a.id, a.says, a.issuer);
+    }
+}

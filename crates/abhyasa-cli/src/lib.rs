@@ -1,0 +1,15 @@
+//! The `abhyasa` command: `node`, `demo`, `issue`, `status`, `check`, `card`, `mcp`,
+//! `ledger`, `netem`, `certs` and the sweeps. The root package's `abhyasa` binary is
+//! [`main`]; embedders link the crates it drives, not this one.
+
+#![warn(missing_docs)]
+
+pub mod admin;
+pub mod audit;
+mod cli;
+pub mod demo;
+pub mod ledger_cli;
+pub mod mcp_cli;
+pub mod sweep;
+
+pub use cli::main;
