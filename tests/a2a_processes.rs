@@ -162,3 +162,32 @@ fn custody_over_a2a_between_two_processes_survives_a_sigkill_of_the_agent() {
         "{text}"
     );
 }
+
+#[test]
+fn a_card_that_readers_would_refuse_is_not_printed_or_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("agent.toml");
+    let write = |custody: &str| {
+        std::fs::write(
+            &cfg,
+            format!(
+                "agent = \"agent-1\"\nlisten = \"127.0.0.1:1\"\ncerts = \"c\"\nstate = \"s\"\nadmin = \"127.0.0.1:2\"\n\n\
+                 [custody]\n{custody}\n\n[a2a]\nlisten = \"127.0.0.1:3\"\n"
+            ),
+        )
+        .unwrap();
+    };
+    write("backoff_base_ms = 250");
+    let out = abhyasa(&["card", "--config", cfg.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A zero backoff base makes every profile invalid.
+    write("backoff_base_ms = 0");
+    let out = abhyasa(&["card", "--config", cfg.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("backoff_base_seconds must be > 0"), "{err}");
+}

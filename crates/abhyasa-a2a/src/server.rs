@@ -23,6 +23,10 @@ use crate::card::{AgentCard, ACK_PATH, CARD_PATH};
 use crate::json::{from_json, JsonAck, JsonObligation};
 use crate::A2aError;
 
+/// How many times an obligation whose apply is still being written is handed to the receiver
+/// again (after 10, 20, 40, 80 ms) before the answer is `503`.
+const ACK_WAITS: u32 = 5;
+
 /// Largest request body taken (an obligation is at most a few KiB).
 pub const MAX_BODY: usize = 64 * 1024;
 
@@ -219,11 +223,42 @@ async fn post_obligation(
             Err(e) => return error(StatusCode::BAD_REQUEST, e),
         }
     };
-    let acks = match s.node.deliver(peer, vec![object]).await {
-        Ok(a) => a,
-        Err(e) => return node_error(e),
-    };
-    match acks.into_iter().next().flatten() {
+    let decoded = abhyasa_wire::decode_obligation(&object).ok();
+    let mut ack = None;
+    for attempt in 0..ACK_WAITS {
+        match s.node.deliver(peer.clone(), vec![object.clone()]).await {
+            Ok(a) => ack = a.into_iter().next().flatten(),
+            Err(e) => return node_error(e),
+        }
+        if ack.is_some() {
+            break;
+        }
+        match &decoded {
+            // Best effort: taken, never acked.
+            Some(o) if !abhyasa_custody::kinds::admissible(o) => {
+                return StatusCode::ACCEPTED.into_response()
+            }
+            Some(o) if o.issuer != peer => {
+                return error(
+                    StatusCode::FORBIDDEN,
+                    format!(
+                        "the obligation names issuer {}, signed in as {peer}",
+                        o.issuer
+                    ),
+                )
+            }
+            Some(_) => {}
+            None => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "not an obligation the receiver can read or decline",
+                )
+            }
+        }
+        // A repeat of an apply still being written: its ack comes once it is durable.
+        tokio::time::sleep(Duration::from_millis(10 << attempt)).await;
+    }
+    match ack {
         Some(ack) => match spelled {
             None => (
                 StatusCode::OK,
@@ -238,9 +273,11 @@ async fn post_obligation(
             )
                 .into_response(),
         },
-        // Not acked now (an apply still being written, or a best-effort kind): the custodian
-        // delivers it again and is answered then.
-        None => StatusCode::ACCEPTED.into_response(),
+        // Still being written after the waits: the custodian delivers it again.
+        None => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the apply is not durable yet; deliver it again",
+        ),
     }
 }
 

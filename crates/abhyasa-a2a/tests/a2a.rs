@@ -316,6 +316,22 @@ async fn the_card_reads_with_the_official_a2a_types_and_json_obligations_get_jso
             vec![b' '; 70_000],
             413,
         ),
+        // CBOR that is no obligation at all, and one in another issuer's name.
+        (
+            url(Kind::OauthToken),
+            "application/cbor",
+            vec![0xa1, 0x01],
+            400,
+        ),
+        (
+            url(Kind::OauthToken),
+            "application/cbor",
+            abhyasa_wire::encode(&Obligation {
+                issuer: id("mallory"),
+                ..nth(500)
+            }),
+            403,
+        ),
     ];
     for (u, ct, body, status) in bad {
         let r = http
@@ -328,6 +344,18 @@ async fn the_card_reads_with_the_official_a2a_types_and_json_obligations_get_jso
         assert_eq!(r.status().as_u16(), status, "{u} {ct}");
     }
     assert_eq!(agent_node.status().await.unwrap().applied.len(), 1);
+    // A best-effort kind (a consent grant) is taken and not acked: 202.
+    let mut grant = revoke.clone();
+    grant["obligation_id"] = "grant-1".into();
+    grant["payload"]["decision"] = "grant".into();
+    let r = http
+        .post(url(Kind::AnumatiConsent))
+        .header("content-type", "application/json")
+        .body(grant.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
 
     // Without a certificate from the deployment CA there is no connection at all.
     let other = Ca::generate("other")

@@ -669,7 +669,7 @@ async fn run(command: Command) -> Result<ExitCode> {
         Command::Mcp { config, stdio } => mcp(config, stdio).await,
         Command::Card { config } => {
             let config = read_config(&config)?;
-            let card = card_settings(&config)?.card();
+            let card = valid_card(&config)?;
             println!("{}", serde_json::to_string_pretty(&card)?);
             Ok(ExitCode::SUCCESS)
         }
@@ -1037,6 +1037,15 @@ fn card_settings(config: &NodeConfig) -> Result<abhyasa_a2a::CardSettings> {
     })
 }
 
+/// The card this node's config describes, checked as any reader checks it (a profile whose
+/// budget cannot span its deadline is refused with the number needed).
+fn valid_card(config: &NodeConfig) -> Result<abhyasa_a2a::AgentCard> {
+    let card = card_settings(config)?.card();
+    card.abhyasa()
+        .map_err(|e| format!("[a2a]: the card would be refused: {e}"))?;
+    Ok(card)
+}
+
 /// Serves `[a2a]` and reaches the `transport = "a2a"` peers.
 async fn start_a2a(
     config: &NodeConfig,
@@ -1049,7 +1058,7 @@ async fn start_a2a(
     let identity = Identity::load(&config.certs, &agent)?;
     let server = match &config.a2a {
         Some(a2a) => {
-            let card = card_settings(config)?.card();
+            let card = valid_card(config)?;
             let server = abhyasa_a2a::serve(node.clone(), &identity, a2a.listen, &card).await?;
             eprintln!("node {agent}: A2A on https://{}", server.local_addr());
             Some(server)
