@@ -476,7 +476,8 @@ impl TransportConfig {
 struct PeerConfig {
     id: String,
     addr: SocketAddr,
-    /// `"moqt"` (the default: a MOQT session over QUIC) or `"a2a"` (HTTPS, the peer's card).
+    /// `"moqt"` (the default: a MOQT session over QUIC), `"mcp"` (an MCP session over QUIC in
+    /// the MCP-over-MOQT layout, to a peer serving `[mcp]`) or `"a2a"` (HTTPS, the peer's card).
     #[serde(default)]
     transport: Option<String>,
     /// For `a2a`: the card's URL (default `https://<id>:<addr port>/.well-known/agent-card.json`,
@@ -895,7 +896,7 @@ async fn node(path: PathBuf) -> Result<ExitCode> {
         node.local_addr(),
         config.admin
     );
-    let _a2a = start_a2a(&config, &node).await?;
+    let _bindings = start_bindings(&config, &node).await?;
     let admin = tokio::spawn(admin::serve(node.clone(), config.admin));
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
@@ -920,7 +921,10 @@ async fn mcp(path: PathBuf, stdio: bool) -> Result<ExitCode> {
     let Some(mcp) = config.mcp.clone() else {
         return Err(format!("{}: no [mcp] section", path.display()).into());
     };
-    let principal = AgentId::new(mcp.principal.clone())?;
+    let principal =
+        AgentId::new(mcp.principal.clone().ok_or_else(|| {
+            format!("{}: [mcp] principal is needed for --stdio", path.display())
+        })?)?;
     let mut tools = Vec::new();
     for t in &mcp.tools {
         tools.push(crate::mcp_cli::command_tool(t)?);
@@ -934,7 +938,7 @@ async fn mcp(path: PathBuf, stdio: bool) -> Result<ExitCode> {
         node.local_addr(),
         config.admin
     );
-    let _a2a = start_a2a(&config, &node).await?;
+    let _bindings = start_bindings(&config, &node).await?;
     let admin = tokio::spawn(admin::serve(Arc::new(node.clone()), config.admin));
     let served = crate::mcp_cli::serve_stdio(node.clone(), principal, tools).await;
     admin.abort();
@@ -977,10 +981,10 @@ async fn build_node(config: &NodeConfig) -> Result<Node> {
     for p in &config.peers {
         match p.transport.as_deref().unwrap_or("moqt") {
             "moqt" => builder = builder.peer(AgentId::new(p.id.clone())?, p.addr),
-            "a2a" => {} // Reached by `start_a2a` once the node runs.
+            "a2a" | "mcp" => {} // Reached by `start_bindings` once the node runs.
             other => {
                 return Err(format!(
-                    "peer {}: transport must be \"moqt\" or \"a2a\", not {other:?}",
+                    "peer {}: transport must be \"moqt\", \"mcp\" or \"a2a\", not {other:?}",
                     p.id
                 )
                 .into())
@@ -1044,6 +1048,60 @@ fn valid_card(config: &NodeConfig) -> Result<abhyasa_a2a::AgentCard> {
     card.abhyasa()
         .map_err(|e| format!("[a2a]: the card would be refused: {e}"))?;
     Ok(card)
+}
+
+/// What a running node serves and reaches besides MOQT; dropping it stops them.
+struct Bindings {
+    _a2a: Option<abhyasa_a2a::A2aServer>,
+    a2a_peers: Vec<tokio::task::JoinHandle<()>>,
+    _mcp_links: Vec<abhyasa_mcp::PrincipalLink>,
+    mcp_server: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Bindings {
+    fn drop(&mut self) {
+        for t in self.a2a_peers.iter().chain(self.mcp_server.iter()) {
+            t.abort();
+        }
+    }
+}
+
+/// Serves `[a2a]` and `[mcp]` (MCP sessions over the node's QUIC endpoint, with the
+/// `[[mcp.tools]]` governed), and reaches the `transport = "a2a"` and `"mcp"` peers.
+async fn start_bindings(config: &NodeConfig, node: &Node) -> Result<Bindings> {
+    let mut mcp_server = None;
+    if let Some(mcp) = &config.mcp {
+        let mut tools = Vec::new();
+        for t in &mcp.tools {
+            tools.push(crate::mcp_cli::command_tool(t)?);
+        }
+        let node = node.clone();
+        mcp_server = Some(tokio::spawn(async move {
+            if let Err(e) = abhyasa_mcp::serve_quic(node, tools).await {
+                eprintln!("MCP over QUIC stopped: {e}");
+            }
+        }));
+    }
+    let mut mcp_links = Vec::new();
+    for p in config
+        .peers
+        .iter()
+        .filter(|p| p.transport.as_deref() == Some("mcp"))
+    {
+        mcp_links.push(abhyasa_mcp::PrincipalLink::spawn(
+            node.clone(),
+            AgentId::new(p.id.clone())?,
+            p.addr,
+            Duration::from_millis(10),
+        ));
+    }
+    let (a2a, a2a_peers) = start_a2a(config, node).await?;
+    Ok(Bindings {
+        _a2a: a2a,
+        a2a_peers,
+        _mcp_links: mcp_links,
+        mcp_server,
+    })
 }
 
 /// Serves `[a2a]` and reaches the `transport = "a2a"` peers.

@@ -26,9 +26,11 @@ pub const TOOL_ISSUE: &str = "abhyasa_issue";
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct McpConfig {
-    /// The agent the stdio client acts as: obligations on its calls must be issued by it,
-    /// and governed tools check what is withheld for it.
-    pub principal: String,
+    /// The agent the stdio client acts as (`abhyasa mcp --stdio`): obligations on its calls
+    /// must be issued by it, and governed tools check what is withheld for it. MCP sessions
+    /// over QUIC (served by `abhyasa node`) act as the peer their certificate names.
+    #[serde(default)]
+    pub principal: Option<String>,
     /// Host tools, each governed.
     #[serde(default)]
     pub tools: Vec<McpToolConfig>,
