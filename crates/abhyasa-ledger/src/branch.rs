@@ -667,6 +667,9 @@ impl Branch {
                 self.commit(Step::NoEffect { key: p.key, proof }, Vec::new())
             }
             LedgerMessage::Refused { key, reason } => {
+                // Only an event: a refusal is unsigned and names a key, not the dispatch it
+                // answers — a copy of the permit with another effect attached (on the path)
+                // is refused under the same key — so it never stops the resends.
                 self.events.push_back(LedgerEvent::Refused { key, reason });
                 Ok(())
             }
@@ -1527,12 +1530,25 @@ fn take(c: &Credit, amount: &Vector) -> Result<(Footprint, Footprint), LedgerErr
     if amount.is_zero() {
         return Err(LedgerError::WrongState("an empty amount"));
     }
-    c.available
+    let (taken, rest) = c
+        .available
         .take(amount)
         .ok_or_else(|| LedgerError::Insufficient {
             need: amount.clone(),
             have: c.available.size(),
-        })
+        })?;
+    // Bounded where ranges are produced: what is taken goes on the wire (a permit, a
+    // certificate) or becomes a credit whose atoms will.
+    for (d, r) in taken.iter() {
+        if r.ranges().len() > MAX_RANGES {
+            return Err(LedgerError::Fragmented {
+                dim: d.as_str().to_owned(),
+                ranges: r.ranges().len(),
+                limit: MAX_RANGES,
+            });
+        }
+    }
+    Ok((taken, rest))
 }
 
 /// The destination's credit id for an accepted transfer: a function of who accepted what,

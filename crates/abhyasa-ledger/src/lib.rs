@@ -140,6 +140,18 @@ pub enum LedgerError {
         /// What is available.
         have: Vector,
     },
+    /// The atoms an amount would take lie in more ranges than a footprint may carry on the
+    /// wire ([`MAX_RANGES`](abhyasa_wire::ledger::MAX_RANGES)): a permit or certificate made
+    /// of them could never be read by its receiver. Refused before anything is signed.
+    #[error("too fragmented: the amount would span {ranges} ranges in {dim} (at most {limit})")]
+    Fragmented {
+        /// The dimension.
+        dim: String,
+        /// The ranges it would span.
+        ranges: usize,
+        /// The most a footprint may carry.
+        limit: usize,
+    },
     /// A label that is not within its parent's.
     #[error("label is not an attenuation of the credit's label")]
     LabelNotAttenuated,

@@ -1408,3 +1408,99 @@ fn a_no_effect_proof_rests_only_on_a_durable_fence() {
         }
     }
 }
+
+#[test]
+fn an_amount_too_fragmented_for_the_wire_is_refused_before_anything_is_signed() {
+    // 300 one-unit charges out of 300 two-unit reservations leave every other atom free:
+    // [1,2), [3,4), … — 300 single-atom ranges below the untouched tail [600, 1000).
+    let mut n = Net::new(&[("units", 1_000)], None);
+    for k in 0..300u128 {
+        let e = n.effect(&format!("call-{k}"), &[("units", 2)]);
+        n.r.reserve(ROOT_CREDIT, e, &id("g"), key(1_000 + k))
+            .unwrap();
+        n.r.dispatch(UnixMillis(0), key(1_000 + k)).unwrap();
+    }
+    n.run(&v(&[("units", 1)]), &mut |_, _| false);
+    let avail = n.r.credit(ROOT_CREDIT).unwrap().available.clone();
+    let ranges = avail
+        .dim(&Dim::new("units").unwrap())
+        .unwrap()
+        .ranges()
+        .len();
+    assert_eq!(
+        ranges, 300,
+        "299 holes and the tail merged with the last free atom"
+    );
+    assert_eq!(avail.size(), v(&[("units", 700)]));
+    // The lowest 400 atoms are the 299 single free atoms and 101 of the tail: 300 ranges, more
+    // than a footprint may carry. Refused, nothing changes.
+    let before = n.r.journal_len();
+    let big = n.effect("big", &[("units", 400)]);
+    assert_eq!(
+        n.r.reserve(ROOT_CREDIT, big, &id("g"), key(9)),
+        Err(LedgerError::Fragmented {
+            dim: "units".into(),
+            ranges: 300,
+            limit: MAX_RANGES
+        })
+    );
+    assert_eq!(n.r.journal_len(), before);
+    assert!(n.r.operation(key(9)).is_none());
+    // A transfer of as much is refused the same way; a smaller amount is fine.
+    assert!(matches!(
+        n.r.transfer(
+            ROOT_CREDIT,
+            TransferId::from_u128(5),
+            &v(&[("units", 400)]),
+            &id("c"),
+            Label::of(&["tools"]).unwrap()
+        ),
+        Err(LedgerError::Fragmented { .. })
+    ));
+    let small = n.effect("small", &[("units", 50)]);
+    n.r.reserve(ROOT_CREDIT, small, &id("g"), key(10)).unwrap();
+    assert_eq!(n.violations(), vec![]);
+}
+
+#[test]
+fn a_refusal_of_a_tampered_copy_does_not_stop_the_genuine_permit() {
+    // On the path, the payer's permit is sent again with another effect attached; the gateway
+    // refuses that copy under the same key. The branch keeps resending its own permit, which
+    // the gateway then accepts and settles.
+    let mut n = Net::new(&[("units", 5)], None);
+    let e = n.effect("call", &[("units", 5)]);
+    n.r.reserve(ROOT_CREDIT, e.clone(), &id("g"), key(1))
+        .unwrap();
+    n.r.dispatch(UnixMillis(0), key(1)).unwrap();
+    n.persist_all();
+    let (_, genuine) = n.r.poll_transmit().unwrap();
+    let LedgerMessage::Dispatch { permit, .. } = genuine else {
+        panic!("a dispatch")
+    };
+    let tampered = LedgerMessage::Dispatch {
+        permit,
+        effect: Effect {
+            operation: "something else".into(),
+            ..e
+        },
+    };
+    n.g.handle_message(&id("r"), tampered);
+    for (_, m) in std::iter::from_fn(|| n.g.poll_transmit()).collect::<Vec<_>>() {
+        assert!(matches!(
+            m,
+            LedgerMessage::Refused {
+                reason: Refusal::BindingMismatch,
+                ..
+            }
+        ));
+        n.r.handle_message(UnixMillis(1), &id("g"), m);
+    }
+    // The genuine permit was lost; the resend carries it.
+    n.r.handle_timeout(UnixMillis(1_000));
+    n.run(&v(&[("units", 3)]), &mut |_, _| false);
+    assert!(matches!(
+        n.r.operation(key(1)).unwrap().state,
+        OpState::Settled { .. }
+    ));
+    assert_eq!(n.violations(), vec![]);
+}
