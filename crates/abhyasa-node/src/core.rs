@@ -201,6 +201,7 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         deliveries: Vec::new(),
         bindings: HashMap::new(),
         profiles: HashMap::new(),
+        outcomes: HashMap::new(),
         itx: itx.clone(),
         maintenance: b.maintenance,
         next_maintenance: tokio::time::Instant::now() + b.maintenance,
@@ -307,6 +308,8 @@ struct Core {
     bindings: HashMap<AgentId, mpsc::UnboundedSender<Vec<u8>>>,
     /// What peers reached through another binding take (checked at issue).
     profiles: HashMap<AgentId, crate::PeerProfile>,
+    /// Who waits for each obligation's terminal record.
+    outcomes: HashMap<abhyasa_wire::ObligationId, Vec<crate::OutcomeTx>>,
     /// How often maintenance runs, and when next.
     maintenance: Duration,
     next_maintenance: tokio::time::Instant,
@@ -465,25 +468,47 @@ impl Core {
         let ids: Vec<_> = batch
             .iter()
             .filter_map(|c| match c {
-                Command::Issue(o, _) => Some(o.id),
+                Command::Issue(o, _, _) => Some(o.id),
                 _ => None,
             })
             .collect();
-        let known: std::collections::HashSet<_> = if ids.is_empty() {
+        // Ids the store knows, with the terminal record (and escalation) of those that ended.
+        type Ended = Option<(
+            abhyasa_wire::TerminalRecord,
+            Option<abhyasa_wire::Escalation>,
+        )>;
+        let known: HashMap<abhyasa_wire::ObligationId, Ended> = if ids.is_empty() {
             Default::default()
         } else {
             self.group
                 .read(move |s| {
                     ids.into_iter()
                         .filter(|id| s.knows(*id).unwrap_or(false))
+                        .map(|id| {
+                            let ended = s.terminal(id).ok().flatten().map(|r| {
+                                let e = s
+                                    .escalations()
+                                    .unwrap_or_default()
+                                    .into_iter()
+                                    .find(|e| e.obligation_id == id);
+                                (r, e)
+                            });
+                            (id, ended)
+                        })
                         .collect()
                 })
                 .unwrap_or_default()
         };
         for cmd in batch {
             match cmd {
-                Command::Issue(o, reply) if known.contains(&o.id) => {
+                Command::Issue(o, reply, outcome) if known.contains_key(&o.id) => {
                     let _ = reply.send(Ok(abhyasa_custody::Admission::Custody));
+                    match &known[&o.id] {
+                        Some(ended) => {
+                            let _ = outcome.send(ended.clone());
+                        }
+                        None => self.outcomes.entry(o.id).or_default().push(outcome),
+                    }
                 }
                 cmd => self.command(cmd).await,
             }
@@ -492,12 +517,13 @@ impl Core {
 
     async fn command(&mut self, cmd: Command) {
         match cmd {
-            Command::Issue(o, reply) => {
+            Command::Issue(o, reply, outcome) => {
                 let span =
                     info_span!("obligation", id = %o.id, kind = %o.kind(), target = %o.target);
                 let id = o.id;
                 if self.custodian.is_pending(id) {
                     let _ = reply.send(Ok(abhyasa_custody::Admission::Custody));
+                    self.outcomes.entry(id).or_default().push(outcome);
                     return;
                 }
                 if let Some(profile) = self.profiles.get(&o.target) {
@@ -513,6 +539,7 @@ impl Core {
                         // Answered when its record is durable (the Accepted event, or the
                         // best-effort terminal record), so many issues share one commit.
                         self.awaiting.insert(id, reply);
+                        self.outcomes.entry(id).or_default().push(outcome);
                     }
                     Err(e) => {
                         span.in_scope(|| info!(%e, "refused"));
@@ -941,6 +968,13 @@ impl Core {
                     }
                     info_span!("obligation", id = %record.obligation_id)
                         .in_scope(|| info!(outcome = ?record.outcome, attempts = record.attempts, "custody ended"));
+                    for w in self
+                        .outcomes
+                        .remove(&record.obligation_id)
+                        .unwrap_or_default()
+                    {
+                        let _ = w.send((record.clone(), escalation.clone()));
+                    }
                     NodeEvent::Terminal { record, escalation }
                 }
                 CustodianEvent::Reconciled(note) => NodeEvent::Reconciled(note),

@@ -144,8 +144,15 @@ pub struct Status {
     pub peers: Vec<AgentId>,
 }
 
+/// Where the core sends an obligation's terminal record, keyed by its id (no broadcast).
+pub(crate) type OutcomeTx = oneshot::Sender<(TerminalRecord, Option<Escalation>)>;
+
 pub(crate) enum Command {
-    Issue(Obligation, oneshot::Sender<Result<Admission, NodeError>>),
+    Issue(
+        Obligation,
+        oneshot::Sender<Result<Admission, NodeError>>,
+        OutcomeTx,
+    ),
     Status(oneshot::Sender<Status>),
     Honours(oneshot::Sender<Result<abhyasa_custody::ReceiverState, NodeError>>),
     Deliver(
@@ -217,7 +224,7 @@ impl PeerProfile {
 pub struct IssueHandle {
     id: ObligationId,
     admission: Admission,
-    events: broadcast::Receiver<NodeEvent>,
+    outcome: oneshot::Receiver<(TerminalRecord, Option<Escalation>)>,
 }
 
 impl IssueHandle {
@@ -232,20 +239,10 @@ impl IssueHandle {
     }
 
     /// Waits for the terminal record (applied, declined, escalated with its escalation, or
-    /// best-effort). `None` if the node stopped, or if this handle fell too far behind the
-    /// event stream to see it (then ask [`Node::status`]).
-    pub async fn outcome(mut self) -> Option<(TerminalRecord, Option<Escalation>)> {
-        loop {
-            match self.events.recv().await {
-                Ok(NodeEvent::Terminal { record, escalation })
-                    if record.obligation_id == self.id =>
-                {
-                    return Some((record, escalation));
-                }
-                Ok(_) => {}
-                Err(_) => return None,
-            }
-        }
+    /// best-effort), handed to this handle alone by the node, however many are waiting.
+    /// `None` if the node stopped first.
+    pub async fn outcome(self) -> Option<(TerminalRecord, Option<Escalation>)> {
+        self.outcome.await.ok()
     }
 }
 
@@ -418,19 +415,19 @@ impl Node {
     /// with a handle that can wait for its outcome. Issuing an id the node already knows is a
     /// no-op that answers `Custody`.
     pub async fn issue(&self, obligation: Obligation) -> Result<IssueHandle, NodeError> {
-        // Subscribe first, so the outcome cannot slip past the handle.
-        let events = self.events.subscribe();
         let id = obligation.id;
         let (tx, rx) = oneshot::channel();
+        // Registered with the issue itself, so the outcome cannot slip past the handle.
+        let (outcome_tx, outcome) = oneshot::channel();
         self.tx
-            .send(Command::Issue(obligation, tx))
+            .send(Command::Issue(obligation, tx, outcome_tx))
             .await
             .map_err(|_| NodeError::Stopped)?;
         let admission = rx.await.map_err(|_| NodeError::Stopped)??;
         Ok(IssueHandle {
             id,
             admission,
-            events,
+            outcome,
         })
     }
 

@@ -209,3 +209,58 @@ async fn an_agent_sees_what_it_must_honour() {
     principal.shutdown().await;
     agent.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_handle_gets_its_own_outcome_however_many_wait_and_a_reissue_gets_the_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate("t").unwrap();
+    let (p, a) = (id("principal"), id("agent-1"));
+    let a_addr = free_addr();
+    let agent = Node::builder(ca.issue(&a).unwrap())
+        .listen(a_addr)
+        .state_dir(dir.path().join("a"))
+        .build()
+        .await
+        .unwrap();
+    let principal = Node::builder(ca.issue(&p).unwrap())
+        .peer(a.clone(), a_addr)
+        .state_dir(dir.path().join("p"))
+        .custodian(custodian())
+        .build()
+        .await
+        .unwrap();
+    // 2,000 handles wait at once; each is answered with its own record.
+    let mut handles = Vec::new();
+    for n in 1..=2_000u128 {
+        handles.push(principal.issue(revoke(n, &a, 60_000)).await.unwrap());
+    }
+    let waits: Vec<_> = handles
+        .into_iter()
+        .map(|h| {
+            let id = h.id();
+            tokio::spawn(async move { (id, h.outcome().await) })
+        })
+        .collect();
+    for w in waits {
+        let (id, got) = tokio::time::timeout(Duration::from_secs(60), w)
+            .await
+            .expect("answered")
+            .unwrap();
+        let (record, _) = got.expect("an outcome");
+        assert_eq!(record.obligation_id, id);
+        assert_eq!(record.outcome, Outcome::Applied);
+    }
+    // Issuing an id that already ended answers with that end at once.
+    let again = principal.issue(revoke(7, &a, 60_000)).await.unwrap();
+    let (record, _) = tokio::time::timeout(Duration::from_secs(5), again.outcome())
+        .await
+        .expect("answered at once")
+        .expect("an outcome");
+    assert_eq!(
+        record.obligation_id,
+        abhyasa_wire::ObligationId::from_u128(7)
+    );
+    assert_eq!(record.outcome, Outcome::Applied);
+    principal.shutdown().await;
+    agent.shutdown().await;
+}

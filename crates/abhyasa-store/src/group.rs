@@ -1,7 +1,9 @@
 //! Group commit: one writer thread owns the [`Store`]; callers submit ops and wait on a
-//! [`Ticket`]. The writer takes the first request, gathers more until `max_ops` or
-//! `max_delay`, commits them in **one** `Durability::Immediate` transaction, then releases
-//! every waiter with the same outcome.
+//! [`Ticket`]. The writer takes the first request and everything already queued behind it (up
+//! to `max_ops`) and commits at once, in **one** `Durability::Immediate` transaction, then
+//! releases every waiter with the same outcome. Nothing waits for company when the writer is
+//! idle: what arrives while a commit runs forms the next batch. (`max_delay` adds an optional
+//! linger for company.)
 //!
 //! A commit error is an unknown outcome: every waiter of that batch gets
 //! [`GroupError::Unknown`], the writer reopens the store through the `reopen` function it was
@@ -22,7 +24,8 @@ use crate::{Op, Store, StoreError};
 pub struct GroupConfig {
     /// Most ops in one commit.
     pub max_ops: usize,
-    /// Longest a request waits for company before its batch commits.
+    /// Longest a batch lingers for company after taking what is already queued (0, the
+    /// default: commit at once — requests that arrive during a commit batch by themselves).
     pub max_delay: Duration,
 }
 
@@ -30,7 +33,7 @@ impl Default for GroupConfig {
     fn default() -> Self {
         Self {
             max_ops: 4_096,
-            max_delay: Duration::from_micros(500),
+            max_delay: Duration::ZERO,
         }
     }
 }
@@ -203,12 +206,21 @@ fn run(
             Request::Maintain { now, done } => maintenance.push((now, done)),
         };
         take(first, &mut ops);
-        let until = Instant::now() + config.max_delay;
+        // What is already queued joins without waiting.
         while ops.len() < config.max_ops {
-            let left = until.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left) {
+            match rx.try_recv() {
                 Ok(req) => take(req, &mut ops),
-                Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
+                Err(_) => break,
+            }
+        }
+        if !config.max_delay.is_zero() {
+            let until = Instant::now() + config.max_delay;
+            while ops.len() < config.max_ops {
+                let left = until.saturating_duration_since(Instant::now());
+                match rx.recv_timeout(left) {
+                    Ok(req) => take(req, &mut ops),
+                    Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => break,
+                }
             }
         }
         let outcome = if ops.is_empty() {
