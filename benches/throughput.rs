@@ -34,57 +34,70 @@ fn throughput(c: &mut Criterion) {
         AgentId::new("agent-1").unwrap(),
     );
 
-    // Custody: 500 issued at once, each awaited to `applied`.
-    let dir = tempfile::tempdir_in(std::env::current_dir().unwrap()).unwrap();
-    let (principal, agent) = rt.block_on(async {
-        let agent = Node::builder(ca.issue(&a).unwrap())
-            .state_dir(dir.path().join("a"))
-            .build()
-            .await
-            .unwrap();
-        let principal = Node::builder(ca.issue(&p).unwrap())
-            .peer(a.clone(), agent.local_addr())
-            .state_dir(dir.path().join("p"))
-            .custodian(CustodianConfig {
-                response_timeout_ms: 2_000,
-                ..CustodianConfig::default()
-            })
-            .build()
-            .await
-            .unwrap();
-        let h = principal.issue(obligation(0, &a, 120_000)).await.unwrap();
-        h.outcome().await.unwrap();
-        (Arc::new(principal), agent)
-    });
+    // Custody: 500 issued at once, each awaited to `applied` — with the group-commit writer
+    // committing at once when idle (the default) and lingering 500 µs for company (the old
+    // default), in the same run.
     let mut n = 1u128;
-    g.bench_function("custody_durable", |b| {
-        b.iter_custom(|iters| {
-            rt.block_on(async {
-                let start = Instant::now();
-                for _ in 0..iters {
-                    let mut tasks = Vec::new();
-                    for _ in 0..BATCH {
-                        n += 1;
-                        let (principal, o) = (principal.clone(), obligation(n, &a, 120_000));
-                        tasks.push(tokio::spawn(async move {
-                            let h = principal.issue(o).await.unwrap();
-                            h.outcome().await.unwrap().0.outcome
-                        }));
+    for (name, linger) in [
+        ("custody_durable", Duration::ZERO),
+        ("custody_durable_linger_500us", Duration::from_micros(500)),
+    ] {
+        let group = abhyasa::store::GroupConfig {
+            max_delay: linger,
+            ..Default::default()
+        };
+        let dir = tempfile::tempdir_in(std::env::current_dir().unwrap()).unwrap();
+        let (principal, agent) = rt.block_on(async {
+            let agent = Node::builder(ca.issue(&a).unwrap())
+                .state_dir(dir.path().join("a"))
+                .group(group)
+                .build()
+                .await
+                .unwrap();
+            let principal = Node::builder(ca.issue(&p).unwrap())
+                .peer(a.clone(), agent.local_addr())
+                .state_dir(dir.path().join("p"))
+                .group(group)
+                .custodian(CustodianConfig {
+                    response_timeout_ms: 2_000,
+                    ..CustodianConfig::default()
+                })
+                .build()
+                .await
+                .unwrap();
+            let h = principal.issue(obligation(0, &a, 120_000)).await.unwrap();
+            h.outcome().await.unwrap();
+            (Arc::new(principal), agent)
+        });
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                rt.block_on(async {
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        let mut tasks = Vec::new();
+                        for _ in 0..BATCH {
+                            n += 1;
+                            let (principal, o) = (principal.clone(), obligation(n, &a, 120_000));
+                            tasks.push(tokio::spawn(async move {
+                                let h = principal.issue(o).await.unwrap();
+                                h.outcome().await.unwrap().0.outcome
+                            }));
+                        }
+                        for t in tasks {
+                            assert_eq!(t.await.unwrap(), Outcome::Applied);
+                        }
                     }
-                    for t in tasks {
-                        assert_eq!(t.await.unwrap(), Outcome::Applied);
-                    }
-                }
-                start.elapsed()
+                    start.elapsed()
+                })
             })
-        })
-    });
-    rt.block_on(async {
-        if let Ok(p) = Arc::try_unwrap(principal) {
-            p.shutdown().await;
-        }
-        agent.shutdown().await;
-    });
+        });
+        rt.block_on(async {
+            if let Ok(p) = Arc::try_unwrap(principal) {
+                p.shutdown().await;
+            }
+            agent.shutdown().await;
+        });
+    }
 
     // Best effort: the same objects on the same track, one group each, no custody.
     let (sender, mut events) = rt.block_on(async {
