@@ -24,5 +24,6 @@ pub use envelope::{
 };
 pub use quic::{connect_quic, serve_quic, PrincipalLink, QuicTransport};
 pub use server::{
-    AgentServer, Governance, HostTool, ToolFn, ToolFuture, TOOL_CUSTODY_STATUS, TOOL_DELIVER,
+    AgentServer, Governance, HostTool, ToolFn, ToolFuture, RESOURCE_HONOURS, RESOURCE_WEIGHTS,
+    TOOL_CUSTODY_STATUS, TOOL_DELIVER,
 };

@@ -13,8 +13,9 @@ use abhyasa_node::{Node, NodeError};
 use abhyasa_wire::{AckStatus, AgentId, CustodyAck, ObligationId, Scope, TokenId, UnixMillis};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    JsonObject, ListToolsResult, MetaObject, PaginatedRequestParams, ServerCapabilities,
-    ServerConfig, Tool,
+    JsonObject, ListResourcesResult, ListToolsResult, MetaObject, PaginatedRequestParams,
+    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
+    ResourceContents, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
@@ -27,6 +28,10 @@ use crate::envelope::{acks_to_meta, obligations_from_meta, META_ACKS, META_OBLIG
 pub const TOOL_DELIVER: &str = "abhyasa_deliver";
 /// Tool that answers, by obligation id, what this agent has applied.
 pub const TOOL_CUSTODY_STATUS: &str = "abhyasa_custody_status";
+/// The resource holding the routing weights this agent applies for the calling principal.
+pub const RESOURCE_WEIGHTS: &str = "abhyasa://honours/weights";
+/// The resource holding everything this agent honours for the calling principal.
+pub const RESOURCE_HONOURS: &str = "abhyasa://honours";
 
 /// What a host tool uses, checked against what the node honours for the calling principal.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -254,13 +259,86 @@ fn merged_meta(
 
 impl ServerHandler for AgentServer {
     fn get_info(&self) -> ServerConfig {
-        let mut info = ServerConfig::new(ServerCapabilities::builder().enable_tools().build());
+        let mut info = ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_resources()
+                .build(),
+        );
         info.server_info = Implementation::new("abhyasa", env!("CARGO_PKG_VERSION"));
         info.instructions = Some(format!(
             "Abhyasa agent {}: obligations in params._meta[\"{META_OBLIGATIONS}\"] of any tools/call are applied before the tool runs; acks return in the result's _meta[\"{META_ACKS}\"].",
             self.node.agent()
         ));
         info
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, McpError> {
+        let json = |r: Resource| r.with_mime_type("application/json");
+        Ok(ListResourcesResult::with_all_items(vec![
+            json(
+                Resource::new(RESOURCE_WEIGHTS, "routing weights")
+                    .with_description("The routing weights this agent applies for you, by key (-1..1), from the corrective updates it applied"),
+            ),
+            json(
+                Resource::new(RESOURCE_HONOURS, "what this agent honours")
+                    .with_description("For you: the consent scopes it no longer uses, its routing weights, and the tokens it dropped"),
+            ),
+        ]))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, McpError> {
+        let uri = request.uri.as_str();
+        if uri != RESOURCE_WEIGHTS && uri != RESOURCE_HONOURS {
+            return Err(McpError::resource_not_found(
+                format!("no resource {uri}"),
+                None,
+            ));
+        }
+        let state = self
+            .node
+            .honours()
+            .await
+            .map_err(|e| McpError::internal_error(e.to_string(), None))?;
+        let me = &self.principal;
+        let weights: Map<String, Value> = state
+            .weights()
+            .filter(|((issuer, _), _)| issuer == me)
+            .map(|((_, key), w)| {
+                (
+                    key.to_string(),
+                    json!(w as f64 / f64::from(abhyasa_wire::WeightDelta::ONE)),
+                )
+            })
+            .collect();
+        let body = if uri == RESOURCE_WEIGHTS {
+            json!({ "principal": me.as_str(), "weights": weights })
+        } else {
+            let withheld: Vec<String> = state
+                .withheld()
+                .filter(|(issuer, _)| issuer == me)
+                .map(|(_, scope)| scope.to_string())
+                .collect();
+            let dropped: Vec<String> = state.dropped_tokens().map(ToString::to_string).collect();
+            json!({
+                "principal": me.as_str(),
+                "withheld_scopes": withheld,
+                "weights": weights,
+                "dropped_tokens": dropped,
+            })
+        };
+        Ok(ReadResourceResult::new(vec![
+            ResourceContents::text(body.to_string(), uri).with_mime_type("application/json")
+        ])
+        .into())
     }
 
     async fn list_tools(

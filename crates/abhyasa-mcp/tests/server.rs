@@ -290,3 +290,81 @@ async fn a_malformed_envelope_is_invalid_params_and_nothing_is_applied() {
     f.client.cancel().await.unwrap();
     f.node.shutdown().await;
 }
+
+fn resource_json(r: &rmcp::model::ReadResourceResult) -> Value {
+    match &r.contents[0] {
+        rmcp::model::ResourceContents::TextResourceContents { text, .. } => {
+            serde_json::from_str(text).unwrap()
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routing_weights_and_what_the_agent_honours_are_readable_as_resources() {
+    let f = fixture().await;
+    let uris: Vec<String> = f
+        .client
+        .list_all_resources()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.uri.clone())
+        .collect();
+    assert_eq!(
+        uris,
+        [abhyasa_mcp::RESOURCE_WEIGHTS, abhyasa_mcp::RESOURCE_HONOURS]
+    );
+    let read = |uri: &'static str| {
+        let client = &f.client;
+        async move {
+            client
+                .read_resource(rmcp::model::ReadResourceRequestParams::new(uri))
+                .await
+                .unwrap()
+        }
+    };
+    // Nothing applied yet.
+    let w = resource_json(&read(abhyasa_mcp::RESOURCE_WEIGHTS).await);
+    assert_eq!(w, json!({"principal": "principal", "weights": {}}));
+    // A corrective update, a consent revocation and a token revocation ride a call.
+    let down = obligation(
+        40,
+        "principal",
+        60_000,
+        Payload::PhalaBeliefUpdate(abhyasa_wire::BeliefUpdatePayload {
+            weight_key: abhyasa_wire::WeightKey::new("supplier/acme").unwrap(),
+            weight_delta: abhyasa_wire::WeightDelta(-250_000),
+            ttl_ms: 60_000,
+        }),
+    );
+    let revoke = consent(41, ConsentDecision::Revoke, "calendar.read", 60_000);
+    let r = f
+        .client
+        .call_tool(call(
+            TOOL_DELIVER,
+            &[down, revoke, token_revoke(42, "tok-mail")],
+            json!({}),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(acks(&r).len(), 3);
+    let w = resource_json(&read(abhyasa_mcp::RESOURCE_WEIGHTS).await);
+    assert_eq!(
+        w,
+        json!({"principal": "principal", "weights": {"supplier/acme": -0.25}})
+    );
+    let h = resource_json(&read(abhyasa_mcp::RESOURCE_HONOURS).await);
+    assert_eq!(h["withheld_scopes"], json!(["calendar.read"]));
+    assert_eq!(h["dropped_tokens"], json!(["tok-mail"]));
+    assert_eq!(h["weights"]["supplier/acme"], json!(-0.25));
+    // An unknown resource is an error, not an empty answer.
+    let err = f
+        .client
+        .read_resource(rmcp::model::ReadResourceRequestParams::new(
+            "abhyasa://nope",
+        ))
+        .await;
+    assert!(err.is_err());
+    drop(f.node);
+}
