@@ -1,8 +1,10 @@
-"""Drives `abhyasa mcp --stdio` with the Python MCP SDK (the `mcp` package, 2.x).
+"""Drives `abhyasa mcp` with the Python MCP SDK (the `mcp` package, 2.x), over stdio and over
+streamable HTTP.
 
 Usage: python client.py ABHYASA_BINARY WORKDIR
 
-Builds certificates and a node config in WORKDIR, spawns the server over stdio and checks,
+Builds certificates and a node config in WORKDIR, spawns the server over each transport in
+turn (`--stdio`, then `--http 127.0.0.1:<port>`, each with its own state) and checks,
 each with an independent expectation: the tools are listed; two obligations riding a call
 come back as two acks; a consent revocation riding a call of the tool that uses that scope
 refuses that very call and every later one, naming the obligation; a revoked token refuses
@@ -20,6 +22,7 @@ import sys
 
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 OBLIGATIONS = "org.abhyasa/obligations"
@@ -61,6 +64,14 @@ def check(cond, what):
 
 
 async def main(binary, work):
+    await over_stdio(binary, os.path.join(work, "stdio"))
+    await over_http(binary, os.path.join(work, "http"))
+    print("mcp python client: all checks passed", flush=True)
+
+
+def setup(binary, work):
+    """Certificates and a node config in `work`; returns the config's path."""
+    os.makedirs(work)
     certs = os.path.join(work, "certs")
     subprocess.run([binary, "certs", "init", "--dir", certs], check=True, capture_output=True)
     subprocess.run([binary, "certs", "issue", "agent-1", "--dir", certs], check=True,
@@ -89,71 +100,98 @@ description = "Sends mail with the principal's token."
 token = "tok-mail"
 command = ["echo", "sent"]
 """)
+    return config
+
+
+async def over_stdio(binary, work):
+    config = setup(binary, work)
     params = StdioServerParameters(command=binary, args=["mcp", "--config", config, "--stdio"])
     async with stdio_client(params) as (read, write):
         async with ClientSession(read, write) as session:
-            await session.initialize()
+            await checks(session, binary, "stdio")
 
-            tools = {t.name for t in (await session.list_tools()).tools}
-            for name in ["abhyasa_deliver", "abhyasa_custody_status", "abhyasa_issue",
-                         "calendar_read", "mail_send"]:
-                check(name in tools, f"tool {name} is listed")
 
-            r = await session.call_tool("calendar_read", {"day": "monday"})
-            check(not r.is_error and json.loads(text(r)) == {"day": "monday"},
-                  "calendar_read runs while consent stands")
+async def over_http(binary, work):
+    config = setup(binary, work)
+    port = free_port(socket.SOCK_STREAM)
+    server = subprocess.Popen([binary, "mcp", "--config", config, "--http", f"127.0.0.1:{port}"],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = server.stdout.readline()
+        check(line.startswith("MCP on http://"), f"the HTTP server says where: {line.strip()}")
+        async with streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write, *_):
+            async with ClientSession(read, write) as session:
+                await checks(session, binary, "http")
+    finally:
+        server.kill()
+        server.wait()
 
-            token = encode(binary, 1, "--kind", "oauth.token", "--action", "revoke",
-                           "--token", "tok-mail")
-            files = encode(binary, 2, "--kind", "anumati.consent", "--decision", "revoke",
-                           "--scope", "files.write")
-            r = await session.call_tool("abhyasa_deliver", {}, meta={OBLIGATIONS: [token, files]})
-            check(len(acks(r)) == 2, "two obligations on one call: two acks")
 
-            ids = [f"{1:032x}", f"{2:032x}", f"{77:032x}"]
-            r = await session.call_tool("abhyasa_custody_status", {"ids": ids})
-            s = r.structured_content
-            check(s[ids[0]] == "applied" and s[ids[1]] == "applied" and s[ids[2]] == "unknown",
-                  "custody status: both applied, an unknown id unknown")
-            check(len(acks(r)) == 2, "custody status acks the applied ones")
+async def checks(session, binary, via):
+    def check_via(cond, what):
+        check(cond, f"[{via}] {what}")
 
-            revoke_id = f"{3:032x}"
-            revoke = encode(binary, 3, "--kind", "anumati.consent", "--decision", "revoke",
-                            "--scope", "calendar.read")
-            r = await session.call_tool("calendar_read", {}, meta={OBLIGATIONS: [revoke]})
-            check(r.is_error and "calendar.read" in text(r) and revoke_id in text(r),
-                  "a revocation riding the call refuses that very call, naming it")
-            check(len(acks(r)) == 1, "the refused call still carries the ack")
+    await session.initialize()
 
-            r = await session.call_tool("calendar_read", {})
-            check(r.is_error and revoke_id in text(r), "and every later call")
+    tools = {t.name for t in (await session.list_tools()).tools}
+    for name in ["abhyasa_deliver", "abhyasa_custody_status", "abhyasa_issue",
+                 "calendar_read", "mail_send"]:
+        check_via(name in tools, f"tool {name} is listed")
 
-            r = await session.call_tool("mail_send", {})
-            check(r.is_error and "tok-mail" in text(r) and f"{1:032x}" in text(r),
-                  "the revoked token refuses the tool that presents it")
+    r = await session.call_tool("calendar_read", {"day": "monday"})
+    check_via(not r.is_error and json.loads(text(r)) == {"day": "monday"},
+          "calendar_read runs while consent stands")
 
-            good = encode(binary, 4, "--kind", "anumati.consent", "--decision", "revoke",
-                          "--scope", "contacts.read")
-            try:
-                await session.call_tool("abhyasa_deliver", {},
-                                        meta={OBLIGATIONS: [good, "not base64!"]})
-                check(False, "a malformed envelope is refused")
-            except MCPError as e:
-                check(e.error.code == -32602 and OBLIGATIONS in e.error.message,
-                      f"a malformed envelope is -32602 naming the key ({e.error.message})")
-            r = await session.call_tool("abhyasa_custody_status", {"ids": [f"{4:032x}"]})
-            check(r.structured_content[f"{4:032x}"] == "unknown",
-                  "nothing in the malformed envelope was applied")
+    token = encode(binary, 1, "--kind", "oauth.token", "--action", "revoke",
+                   "--token", "tok-mail")
+    files = encode(binary, 2, "--kind", "anumati.consent", "--decision", "revoke",
+                   "--scope", "files.write")
+    r = await session.call_tool("abhyasa_deliver", {}, meta={OBLIGATIONS: [token, files]})
+    check_via(len(acks(r)) == 2, "two obligations on one call: two acks")
 
-            grant = encode(binary, 5, "--kind", "anumati.consent", "--decision", "grant",
-                           "--scope", "calendar.read")
-            r = await session.call_tool("calendar_read", {"n": 1}, meta={OBLIGATIONS: [grant]})
-            check(not r.is_error, "a later grant riding the call lets it run")
-            r = await session.call_tool("abhyasa_deliver", {}, meta={OBLIGATIONS: [revoke]})
-            check(len(acks(r)) == 1, "the old revocation re-sent is acked again")
-            r = await session.call_tool("calendar_read", {"n": 2})
-            check(not r.is_error, "and not applied twice: the grant stands")
-    print("mcp python client: all checks passed", flush=True)
+    ids = [f"{1:032x}", f"{2:032x}", f"{77:032x}"]
+    r = await session.call_tool("abhyasa_custody_status", {"ids": ids})
+    s = r.structured_content
+    check_via(s[ids[0]] == "applied" and s[ids[1]] == "applied" and s[ids[2]] == "unknown",
+          "custody status: both applied, an unknown id unknown")
+    check_via(len(acks(r)) == 2, "custody status acks the applied ones")
+
+    revoke_id = f"{3:032x}"
+    revoke = encode(binary, 3, "--kind", "anumati.consent", "--decision", "revoke",
+                    "--scope", "calendar.read")
+    r = await session.call_tool("calendar_read", {}, meta={OBLIGATIONS: [revoke]})
+    check_via(r.is_error and "calendar.read" in text(r) and revoke_id in text(r),
+          "a revocation riding the call refuses that very call, naming it")
+    check_via(len(acks(r)) == 1, "the refused call still carries the ack")
+
+    r = await session.call_tool("calendar_read", {})
+    check_via(r.is_error and revoke_id in text(r), "and every later call")
+
+    r = await session.call_tool("mail_send", {})
+    check_via(r.is_error and "tok-mail" in text(r) and f"{1:032x}" in text(r),
+          "the revoked token refuses the tool that presents it")
+
+    good = encode(binary, 4, "--kind", "anumati.consent", "--decision", "revoke",
+                  "--scope", "contacts.read")
+    try:
+        await session.call_tool("abhyasa_deliver", {},
+                                meta={OBLIGATIONS: [good, "not base64!"]})
+        check_via(False, "a malformed envelope is refused")
+    except MCPError as e:
+        check_via(e.error.code == -32602 and OBLIGATIONS in e.error.message,
+              f"a malformed envelope is -32602 naming the key ({e.error.message})")
+    r = await session.call_tool("abhyasa_custody_status", {"ids": [f"{4:032x}"]})
+    check_via(r.structured_content[f"{4:032x}"] == "unknown",
+          "nothing in the malformed envelope was applied")
+
+    grant = encode(binary, 5, "--kind", "anumati.consent", "--decision", "grant",
+                   "--scope", "calendar.read")
+    r = await session.call_tool("calendar_read", {"n": 1}, meta={OBLIGATIONS: [grant]})
+    check_via(not r.is_error, "a later grant riding the call lets it run")
+    r = await session.call_tool("abhyasa_deliver", {}, meta={OBLIGATIONS: [revoke]})
+    check_via(len(acks(r)) == 1, "the old revocation re-sent is acked again")
+    r = await session.call_tool("calendar_read", {"n": 2})
+    check_via(not r.is_error, "and not applied twice: the grant stands")
 
 
 if __name__ == "__main__":

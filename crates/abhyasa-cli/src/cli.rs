@@ -80,8 +80,12 @@ enum Command {
         #[arg(long)]
         config: PathBuf,
         /// Serve over stdio (for hosts that spawn MCP servers).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "http")]
         stdio: bool,
+        /// Serve over streamable HTTP at `http://ADDR/mcp` (loopback only: plain HTTP
+        /// authenticates no one, so every session acts as `[mcp] principal`).
+        #[arg(long)]
+        http: Option<SocketAddr>,
     },
     /// Print the node's A2A AgentCard (with the Abhyasa extension and its per-kind profiles),
     /// as the node serves it at `/.well-known/agent-card.json` when `[a2a]` is configured.
@@ -667,7 +671,11 @@ async fn run(command: Command) -> Result<ExitCode> {
             println!("up: {:?}\ndown: {:?}", s.up, s.down);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Mcp { config, stdio } => mcp(config, stdio).await,
+        Command::Mcp {
+            config,
+            stdio,
+            http,
+        } => mcp(config, stdio, http).await,
         Command::Card { config } => {
             let config = read_config(&config)?;
             let card = valid_card(&config)?;
@@ -913,34 +921,58 @@ async fn node(path: PathBuf) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-async fn mcp(path: PathBuf, stdio: bool) -> Result<ExitCode> {
-    if !stdio {
-        return Err("abhyasa mcp: say how to serve (--stdio)".into());
+async fn mcp(path: PathBuf, stdio: bool, http: Option<SocketAddr>) -> Result<ExitCode> {
+    if !stdio && http.is_none() {
+        return Err("abhyasa mcp: say how to serve (--stdio or --http ADDR)".into());
     }
     let config = read_config(&path)?;
     let Some(mcp) = config.mcp.clone() else {
         return Err(format!("{}: no [mcp] section", path.display()).into());
     };
-    let principal =
-        AgentId::new(mcp.principal.clone().ok_or_else(|| {
-            format!("{}: [mcp] principal is needed for --stdio", path.display())
-        })?)?;
+    let principal = AgentId::new(mcp.principal.clone().ok_or_else(|| {
+        format!(
+            "{}: [mcp] principal is needed for --stdio and --http",
+            path.display()
+        )
+    })?)?;
     let mut tools = Vec::new();
     for t in &mcp.tools {
         tools.push(crate::mcp_cli::command_tool(t)?);
     }
     let node = build_node(&config).await?;
     tools.push(crate::mcp_cli::issue_tool(node.clone()));
-    // Stdout carries MCP: everything else goes to stderr.
-    eprintln!(
-        "node {} listening on {} (admin {}); MCP on stdio for {principal}",
-        node.agent(),
-        node.local_addr(),
-        config.admin
-    );
     let _bindings = start_bindings(&config, &node).await?;
     let admin = tokio::spawn(admin::serve(Arc::new(node.clone()), config.admin));
-    let served = crate::mcp_cli::serve_stdio(node.clone(), principal, tools).await;
+    let served: Result<()> = match http {
+        Some(addr) => {
+            let server =
+                abhyasa_mcp::http::serve_http(node.clone(), principal.clone(), tools, addr).await?;
+            // Stdout says where, once; the node's logs go to stderr.
+            println!(
+                "MCP on http://{}{} for {principal}",
+                server.local_addr(),
+                abhyasa_mcp::http::HTTP_PATH
+            );
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+                _ = server.wait() => {}
+            }
+            Ok(())
+        }
+        None => {
+            // Stdout carries MCP: everything else goes to stderr.
+            eprintln!(
+                "node {} listening on {} (admin {}); MCP on stdio for {principal}",
+                node.agent(),
+                node.local_addr(),
+                config.admin
+            );
+            crate::mcp_cli::serve_stdio(node.clone(), principal, tools).await
+        }
+    };
     admin.abort();
     let _ = admin.await;
     node.shutdown().await;

@@ -12,6 +12,8 @@
 
 pub use rmcp;
 
+pub mod http;
+
 pub mod client;
 pub mod envelope;
 pub mod quic;

@@ -368,3 +368,30 @@ async fn routing_weights_and_what_the_agent_honours_are_readable_as_resources() 
     assert!(err.is_err());
     drop(f.node);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_http_is_served_on_loopback_only() {
+    let f = fixture().await;
+    let err = abhyasa_mcp::http::serve_http(
+        f.node.clone(),
+        id("principal"),
+        vec![],
+        "0.0.0.0:0".parse().unwrap(),
+    )
+    .await
+    .err()
+    .expect("refused");
+    assert!(
+        matches!(err, abhyasa_mcp::http::HttpError::NotLoopback(_)),
+        "{err}"
+    );
+    let server = abhyasa_mcp::http::serve_http(
+        f.node.clone(),
+        id("principal"),
+        vec![],
+        "127.0.0.1:0".parse().unwrap(),
+    )
+    .await
+    .unwrap();
+    assert!(server.local_addr().ip().is_loopback());
+}
