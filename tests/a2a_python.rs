@@ -8,31 +8,14 @@
 //! It needs a Python with the SDK: `ABHYASA_A2A_PYTHON=/path/to/venv/bin/python` (`.ci/run`
 //! creates one with a pinned `a2a-sdk`). Without it the test says plainly that it skipped.
 
-use std::process::Command;
+mod common;
 
 #[test]
 fn the_python_a2a_sdk_reads_the_card_and_raw_http_gets_acks() {
-    let Ok(python) = std::env::var("ABHYASA_A2A_PYTHON") else {
-        println!(
-            "SKIPPED: ABHYASA_A2A_PYTHON is not set (a python with a2a-sdk 1.x; .ci/run sets it)"
-        );
+    let Some(stdout) = common::python_client("ABHYASA_A2A_PYTHON", "a2a-sdk 1.x", "a2a/client.py")
+    else {
         return;
     };
-    let work = tempfile::tempdir().unwrap();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/a2a/client.py");
-    let out = Command::new(&python)
-        .arg(script)
-        .arg(env!("CARGO_BIN_EXE_abhyasa"))
-        .arg(work.path())
-        .output()
-        .expect("python runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    println!("{stdout}");
-    assert!(
-        out.status.success(),
-        "the Python A2A client failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     assert!(stdout.contains("a2a python client: all checks passed"));
     assert!(stdout.lines().filter(|l| l.starts_with("ok: ")).count() >= 13);
 }

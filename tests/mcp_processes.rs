@@ -4,49 +4,8 @@
 //! The MCP server process is SIGKILLed with obligations in flight and restarted; custody
 //! completes; both are stopped and `abhyasa check` audits their redb files.
 
-use std::time::Duration;
-
 mod common;
-use common::{abhyasa, free_tcp, free_udp, wait_for, NodeProc};
-
-fn status(admin: &str) -> Option<serde_json::Value> {
-    let out = abhyasa(&["status", "--admin", admin, "--json"]);
-    out.status
-        .success()
-        .then(|| serde_json::from_slice(&out.stdout).ok())
-        .flatten()
-}
-
-fn revoke(admin: &str, token: &str) -> serde_json::Value {
-    let out = abhyasa(&[
-        "issue",
-        "--admin",
-        admin,
-        "--target",
-        "agent-1",
-        "--kind",
-        "oauth.token",
-        "--action",
-        "revoke",
-        "--token",
-        token,
-    ]);
-    assert!(
-        out.status.success(),
-        "issue failed: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
-fn applied(s: &serde_json::Value) -> usize {
-    s["recent"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|r| r["outcome"] == "Applied")
-        .count()
-}
+use common::{abhyasa, custody_survives_a_sigkill_of_the_agent, free_tcp, free_udp, Pair};
 
 #[test]
 fn custody_over_mcp_over_quic_between_two_processes_survives_a_sigkill_of_the_mcp_server() {
@@ -85,62 +44,9 @@ fn custody_over_mcp_over_quic_between_two_processes_survives_a_sigkill_of_the_mc
     )
     .unwrap();
 
-    let mut agent = NodeProc::start(&a_cfg);
-    let principal = NodeProc::start(&p_cfg);
-    wait_for("both nodes up", Duration::from_secs(15), || {
-        status(&p_admin).is_some() && status(&a_admin).is_some()
+    custody_survives_a_sigkill_of_the_agent(&Pair {
+        principal: (&p_cfg, &p_admin, &p_state),
+        agent: (&a_cfg, &a_admin, &a_state),
+        over: "MCP",
     });
-    for t in ["t1", "t2"] {
-        assert_eq!(revoke(&p_admin, t)["admission"], "custody");
-    }
-    wait_for("two applied over MCP", Duration::from_secs(15), || {
-        status(&p_admin).is_some_and(|s| applied(&s) == 2)
-    });
-
-    // SIGKILL the agent with obligations in flight, then bring it back.
-    drop(agent);
-    for t in ["t3", "t4", "t5", "t6"] {
-        assert_eq!(revoke(&p_admin, t)["admission"], "custody");
-    }
-    let s = status(&p_admin).unwrap();
-    assert!(
-        !s["pending"].as_array().unwrap().is_empty(),
-        "nothing in flight"
-    );
-    std::thread::sleep(Duration::from_millis(500));
-    agent = NodeProc::start(&a_cfg);
-    wait_for(
-        "all six applied after the restart",
-        Duration::from_secs(20),
-        || {
-            status(&p_admin)
-                .is_some_and(|s| applied(&s) == 6 && s["pending"].as_array().unwrap().is_empty())
-        },
-    );
-    let h = status(&a_admin).unwrap();
-    let dropped: Vec<&str> = h["honours"]["dropped_tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_str().unwrap())
-        .collect();
-    assert_eq!(dropped, ["t1", "t2", "t3", "t4", "t5", "t6"]);
-
-    // Stopped, both are audited from their files alone.
-    principal.stop();
-    agent.stop();
-    let out = abhyasa(&[
-        "check",
-        "--state",
-        &format!("principal={}", p_state.display()),
-        "--state",
-        &format!("agent-1={}", a_state.display()),
-    ]);
-    let text = String::from_utf8_lossy(&out.stdout);
-    println!("{text}");
-    assert!(out.status.success(), "{text}");
-    assert!(
-        text.contains("lost=0 double_applied=0") && !text.contains("violation:"),
-        "{text}"
-    );
 }

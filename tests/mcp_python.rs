@@ -6,29 +6,14 @@
 //! It needs a Python with the SDK: `ABHYASA_MCP_PYTHON=/path/to/venv/bin/python` (`.ci/run`
 //! creates one with a pinned `mcp`). Without it the test says plainly that it skipped.
 
-use std::process::Command;
+mod common;
 
 #[test]
 fn the_python_mcp_sdk_drives_the_stdio_server() {
-    let Ok(python) = std::env::var("ABHYASA_MCP_PYTHON") else {
-        println!("SKIPPED: ABHYASA_MCP_PYTHON is not set (a python with mcp 2.x; .ci/run sets it)");
+    let Some(stdout) = common::python_client("ABHYASA_MCP_PYTHON", "mcp 2.x", "mcp/client.py")
+    else {
         return;
     };
-    let work = tempfile::tempdir().unwrap();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/mcp/client.py");
-    let out = Command::new(&python)
-        .arg(script)
-        .arg(env!("CARGO_BIN_EXE_abhyasa"))
-        .arg(work.path())
-        .output()
-        .expect("python runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    println!("{stdout}");
-    assert!(
-        out.status.success(),
-        "the Python MCP client failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     assert!(stdout.contains("mcp python client: all checks passed"));
     // Every check the script makes, each printed as it passed.
     assert!(

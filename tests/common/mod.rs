@@ -76,3 +76,146 @@ impl Drop for NodeProc {
         let _ = self.0.wait();
     }
 }
+
+/// `abhyasa status --json` of the node at `admin`, once it answers.
+pub fn status(admin: &str) -> Option<serde_json::Value> {
+    let out = abhyasa(&["status", "--admin", admin, "--json"]);
+    out.status
+        .success()
+        .then(|| serde_json::from_slice(&out.stdout).ok())
+        .flatten()
+}
+
+/// A principal and `agent-1` as two `abhyasa node` processes, reached over some binding.
+pub struct Pair<'a> {
+    /// The principal's config, admin address and state directory.
+    pub principal: (&'a Path, &'a str, &'a Path),
+    /// The agent's.
+    pub agent: (&'a Path, &'a str, &'a Path),
+    /// The binding's name, for messages.
+    pub over: &'a str,
+}
+
+/// The SIGKILL scenario every binding must survive: two token revocations applied; the agent
+/// SIGKILLed with four more in flight, restarted; all six applied and honoured; both stopped
+/// and audited from their redb files with `abhyasa check` (nothing lost, none applied twice).
+pub fn custody_survives_a_sigkill_of_the_agent(pair: &Pair<'_>) {
+    let (p_cfg, p_admin, p_state) = pair.principal;
+    let (a_cfg, a_admin, a_state) = pair.agent;
+    let revoke = |token: &str| {
+        let out = abhyasa(&[
+            "issue",
+            "--admin",
+            p_admin,
+            "--target",
+            "agent-1",
+            "--kind",
+            "oauth.token",
+            "--action",
+            "revoke",
+            "--token",
+            token,
+        ]);
+        assert!(
+            out.status.success(),
+            "issue failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(r["admission"], "custody");
+    };
+    let applied = |s: &serde_json::Value| {
+        s["recent"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["outcome"] == "Applied")
+            .count()
+    };
+    let mut agent = NodeProc::start(a_cfg);
+    let principal = NodeProc::start(p_cfg);
+    wait_for("both nodes up", Duration::from_secs(15), || {
+        status(p_admin).is_some() && status(a_admin).is_some()
+    });
+    for t in ["t1", "t2"] {
+        revoke(t);
+    }
+    wait_for(
+        &format!("two applied over {}", pair.over),
+        Duration::from_secs(15),
+        || status(p_admin).is_some_and(|s| applied(&s) == 2),
+    );
+    // SIGKILL the agent with obligations in flight, then bring it back.
+    drop(agent);
+    for t in ["t3", "t4", "t5", "t6"] {
+        revoke(t);
+    }
+    let s = status(p_admin).unwrap();
+    assert!(
+        !s["pending"].as_array().unwrap().is_empty(),
+        "nothing in flight"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    agent = NodeProc::start(a_cfg);
+    wait_for(
+        "all six applied after the restart",
+        Duration::from_secs(20),
+        || {
+            status(p_admin)
+                .is_some_and(|s| applied(&s) == 6 && s["pending"].as_array().unwrap().is_empty())
+        },
+    );
+    let h = status(a_admin).unwrap();
+    let dropped: Vec<&str> = h["honours"]["dropped_tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(dropped, ["t1", "t2", "t3", "t4", "t5", "t6"]);
+    // Stopped, both are audited from their files alone.
+    principal.stop();
+    agent.stop();
+    let out = abhyasa(&[
+        "check",
+        "--state",
+        &format!("principal={}", p_state.display()),
+        "--state",
+        &format!("agent-1={}", a_state.display()),
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    println!("{text}");
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("lost=0 double_applied=0") && !text.contains("violation:"),
+        "{text}"
+    );
+}
+
+/// Runs a Python SDK client script (`tests/<script>`) with the interpreter named by `env`
+/// against the `abhyasa` binary; says SKIPPED when `env` is unset. Returns its stdout.
+pub fn python_client(env: &str, what: &str, script: &str) -> Option<String> {
+    let Ok(python) = std::env::var(env) else {
+        println!("SKIPPED: {env} is not set (a python with {what}; .ci/run sets it)");
+        return None;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let out = Command::new(&python)
+        .arg(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests")
+                .join(script),
+        )
+        .arg(env!("CARGO_BIN_EXE_abhyasa"))
+        .arg(work.path())
+        .output()
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    println!("{stdout}");
+    assert!(
+        out.status.success(),
+        "the Python client failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(stdout)
+}
