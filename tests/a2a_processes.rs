@@ -9,18 +9,11 @@ use common::{abhyasa, custody_survives_a_sigkill_of_the_agent, free_tcp, free_ud
 #[test]
 fn custody_over_a2a_between_two_processes_survives_a_sigkill_of_the_agent() {
     let dir = tempfile::tempdir().unwrap();
-    let certs = dir.path().join("certs");
-    let c = certs.to_str().unwrap();
-    assert!(abhyasa(&["certs", "init", "--dir", c]).status.success());
-    for a in ["principal", "agent-1"] {
-        assert!(abhyasa(&["certs", "issue", a, "--dir", c]).status.success());
-    }
+    let setup = common::Setup::new(dir.path());
+    let c = setup.certs.as_str();
     let https = free_tcp();
-    let (p_admin, a_admin) = (
-        format!("127.0.0.1:{}", free_tcp()),
-        format!("127.0.0.1:{}", free_tcp()),
-    );
-    let (p_state, a_state) = (dir.path().join("state-p"), dir.path().join("state-a"));
+    let (p_admin, a_admin) = (setup.admin.0.as_str(), setup.admin.1.as_str());
+    let (p_state, a_state) = (&setup.state.0, &setup.state.1);
     let p_cfg = dir.path().join("principal.toml");
     std::fs::write(
         &p_cfg,
@@ -63,8 +56,8 @@ fn custody_over_a2a_between_two_processes_survives_a_sigkill_of_the_agent() {
     );
 
     custody_survives_a_sigkill_of_the_agent(&Pair {
-        principal: (&p_cfg, &p_admin, &p_state),
-        agent: (&a_cfg, &a_admin, &a_state),
+        principal: (&p_cfg, p_admin, p_state),
+        agent: (&a_cfg, a_admin, a_state),
         over: "A2A",
     });
 }

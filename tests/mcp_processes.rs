@@ -5,23 +5,16 @@
 //! completes; both are stopped and `abhyasa check` audits their redb files.
 
 mod common;
-use common::{abhyasa, custody_survives_a_sigkill_of_the_agent, free_tcp, free_udp, Pair};
+use common::{custody_survives_a_sigkill_of_the_agent, free_udp, Pair};
 
 #[test]
 fn custody_over_mcp_over_quic_between_two_processes_survives_a_sigkill_of_the_mcp_server() {
     let dir = tempfile::tempdir().unwrap();
-    let certs = dir.path().join("certs");
-    let c = certs.to_str().unwrap();
-    assert!(abhyasa(&["certs", "init", "--dir", c]).status.success());
-    for a in ["principal", "agent-1"] {
-        assert!(abhyasa(&["certs", "issue", a, "--dir", c]).status.success());
-    }
+    let setup = common::Setup::new(dir.path());
+    let c = setup.certs.as_str();
     let a_port = free_udp();
-    let (p_admin, a_admin) = (
-        format!("127.0.0.1:{}", free_tcp()),
-        format!("127.0.0.1:{}", free_tcp()),
-    );
-    let (p_state, a_state) = (dir.path().join("state-p"), dir.path().join("state-a"));
+    let (p_admin, a_admin) = (setup.admin.0.as_str(), setup.admin.1.as_str());
+    let (p_state, a_state) = (&setup.state.0, &setup.state.1);
     let p_cfg = dir.path().join("principal.toml");
     std::fs::write(
         &p_cfg,
@@ -45,8 +38,8 @@ fn custody_over_mcp_over_quic_between_two_processes_survives_a_sigkill_of_the_mc
     .unwrap();
 
     custody_survives_a_sigkill_of_the_agent(&Pair {
-        principal: (&p_cfg, &p_admin, &p_state),
-        agent: (&a_cfg, &a_admin, &a_state),
+        principal: (&p_cfg, p_admin, p_state),
+        agent: (&a_cfg, a_admin, a_state),
         over: "MCP",
     });
 }

@@ -219,3 +219,37 @@ pub fn python_client(env: &str, what: &str, script: &str) -> Option<String> {
     );
     Some(stdout)
 }
+
+/// A CA and certificates for `principal` and `agent-1` made with the CLI in `dir/certs`, free
+/// admin addresses and state directories: what both process tests of a binding start from.
+pub struct Setup {
+    /// The certs directory.
+    pub certs: String,
+    /// Admin addresses (principal, agent).
+    pub admin: (String, String),
+    /// State directories (principal, agent).
+    pub state: (std::path::PathBuf, std::path::PathBuf),
+}
+
+impl Setup {
+    /// Runs `certs init` and `certs issue` for both agents under `dir`.
+    pub fn new(dir: &Path) -> Self {
+        let certs = dir.join("certs").to_str().unwrap().to_owned();
+        assert!(abhyasa(&["certs", "init", "--dir", &certs])
+            .status
+            .success());
+        for a in ["principal", "agent-1"] {
+            assert!(abhyasa(&["certs", "issue", a, "--dir", &certs])
+                .status
+                .success());
+        }
+        Self {
+            certs,
+            admin: (
+                format!("127.0.0.1:{}", free_tcp()),
+                format!("127.0.0.1:{}", free_tcp()),
+            ),
+            state: (dir.join("state-p"), dir.join("state-a")),
+        }
+    }
+}
