@@ -15,7 +15,7 @@
 //! ledger to.
 
 use std::collections::BTreeMap;
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
@@ -445,17 +445,28 @@ pub fn read_effects(db: &Path) -> Result<Vec<EffectInstance>, std::io::Error> {
         if line.last() != Some(&b'\n') {
             break;
         }
-        let text = String::from_utf8_lossy(line);
-        let mut parts = text.split_whitespace();
-        let (Some(k), Some(c), Some(p)) = (parts.next(), parts.next(), parts.next()) else {
-            continue;
+        // Every complete line must be a whole record: the executor cuts a torn tail before it
+        // appends, so anything else is a broken harness, never an effect to skip or invent.
+        let malformed = || {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "malformed effect record {:?}",
+                    String::from_utf8_lossy(line)
+                ),
+            )
+        };
+        let text = std::str::from_utf8(line).map_err(|_| malformed())?;
+        let parts: Vec<&str> = text.split_whitespace().collect();
+        let [k, c, p] = parts[..] else {
+            return Err(malformed());
         };
         let (Ok(k), Ok(c), Ok(payer)) = (
             u128::from_str_radix(k, 16),
             c.parse::<u64>(),
             AgentId::new(p.to_owned()),
         ) else {
-            continue;
+            return Err(malformed());
         };
         out.push(EffectInstance {
             gateway: agent(LedgerRole::Gw),
@@ -465,6 +476,24 @@ pub fn read_effects(db: &Path) -> Result<Vec<EffectInstance>, std::io::Error> {
         });
     }
     Ok(out)
+}
+
+/// Opens the executor's record for appending, first cutting a torn last line (a kill in the
+/// middle of a write): appending after it would glue two records into one.
+fn open_effects(db: &Path) -> Result<File, std::io::Error> {
+    let path = effects_path(db);
+    let file = OpenOptions::new()
+        .create(true)
+        .read(true)
+        .append(true)
+        .open(&path)?;
+    let bytes = std::fs::read(&path)?;
+    let whole = bytes.iter().rposition(|&c| c == b'\n').map_or(0, |i| i + 1);
+    if whole < bytes.len() {
+        file.set_len(whole as u64)?;
+        file.sync_data()?;
+    }
+    Ok(file)
 }
 
 fn run_gateway(
@@ -488,10 +517,7 @@ fn run_gateway(
         .into_iter()
         .map(|e| ((e.payer, e.key), e.charge))
         .collect();
-    let mut effects = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(effects_path(&args.db))?;
+    let mut effects = open_effects(&args.db)?;
     let mut buf = vec![0u8; 65_536];
     loop {
         if let Some((from, m)) = net.recv(&mut buf) {
@@ -526,7 +552,10 @@ fn run_gateway(
                         // Run the effect: its record is durable before anyone hears of it.
                         let c = charge_of(e.key);
                         let n = c.get(&Dim::new("cents").expect("valid"));
-                        writeln!(effects, "{:x} {n} {}", e.key.to_u128(), e.payer)?;
+                        // One write of the whole line: a kill leaves at most a torn tail,
+                        // which the next start cuts (that effect never ran).
+                        let line = format!("{:x} {n} {}\n", e.key.to_u128(), e.payer);
+                        effects.write_all(line.as_bytes())?;
                         effects.sync_data()?;
                         ran.insert(id, c.clone());
                         c
@@ -571,4 +600,43 @@ pub fn load_gateway(db: &Path) -> Result<Gateway, LedgerPeerError> {
         None,
         store.gateway_log()?,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_torn_record_is_cut_before_the_next_append_and_never_glued_to_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("gw.redb");
+        // One whole record, then a kill in the middle of the payer of the next one.
+        std::fs::write(effects_path(&db), "a1 100 root\nb2 100 ro").unwrap();
+        assert_eq!(read_effects(&db).unwrap().len(), 1, "a torn tail never ran");
+        let mut f = open_effects(&db).unwrap();
+        f.write_all(b"c3 250 child\n").unwrap();
+        let got: Vec<(u128, AgentId)> = read_effects(&db)
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.key.to_u128(), e.payer))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (0xa1, AgentId::new("root".to_owned()).unwrap()),
+                (0xc3, AgentId::new("child".to_owned()).unwrap()),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_glued_record_is_an_error_not_an_effect() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("gw.redb");
+        std::fs::write(effects_path(&db), "a1 100 rob2 100 child\n").unwrap();
+        assert_eq!(
+            read_effects(&db).unwrap_err().kind(),
+            std::io::ErrorKind::InvalidData
+        );
+    }
 }
