@@ -62,6 +62,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             Governance {
                 scopes: vec![Scope::new("calendar.read")?],
                 token: None,
+                budget: None,
             },
         ),
         tool(
@@ -70,6 +71,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             Governance {
                 scopes: vec![],
                 token: Some(TokenId::new("tok-mail")?),
+                budget: None,
             },
         ),
     ];

@@ -935,10 +935,7 @@ async fn mcp(path: PathBuf, stdio: bool, http: Option<SocketAddr>) -> Result<Exi
             path.display()
         )
     })?)?;
-    let mut tools = Vec::new();
-    for t in &mcp.tools {
-        tools.push(crate::mcp_cli::command_tool(t)?);
-    }
+    let mut tools = mcp_tools(&config)?;
     let node = build_node(&config).await?;
     tools.push(crate::mcp_cli::issue_tool(node.clone()));
     let _bindings = start_bindings(&config, &node).await?;
@@ -1098,15 +1095,29 @@ impl Drop for Bindings {
     }
 }
 
+/// The `[[mcp.tools]]`; a priced tool needs this node to be a ledger gateway.
+fn mcp_tools(config: &NodeConfig) -> Result<Vec<abhyasa_mcp::HostTool>> {
+    let mut tools = Vec::new();
+    let gateway = config.ledger.as_ref().is_some_and(|l| l.gateway);
+    for t in config.mcp.iter().flat_map(|m| &m.tools) {
+        if t.cost.is_some() && !gateway {
+            return Err(format!(
+                "mcp tool {}: a tool with a cost runs under ledger permits; this node must be a gateway ([ledger] gateway = true)",
+                t.name
+            )
+            .into());
+        }
+        tools.push(crate::mcp_cli::command_tool(t)?);
+    }
+    Ok(tools)
+}
+
 /// Serves `[a2a]` and `[mcp]` (MCP sessions over the node's QUIC endpoint, with the
 /// `[[mcp.tools]]` governed), and reaches the `transport = "a2a"` and `"mcp"` peers.
 async fn start_bindings(config: &NodeConfig, node: &Node) -> Result<Bindings> {
     let mut mcp_server = None;
-    if let Some(mcp) = &config.mcp {
-        let mut tools = Vec::new();
-        for t in &mcp.tools {
-            tools.push(crate::mcp_cli::command_tool(t)?);
-        }
+    if config.mcp.is_some() {
+        let tools = mcp_tools(config)?;
         let node = node.clone();
         mcp_server = Some(tokio::spawn(async move {
             if let Err(e) = abhyasa_mcp::serve_quic(node, tools).await {

@@ -281,6 +281,7 @@ async fn governed_tool_story(
         governance: Governance {
             scopes: vec![scope.clone()],
             token: None,
+            budget: None,
         },
         run: Arc::new(|_| {
             Box::pin(async {

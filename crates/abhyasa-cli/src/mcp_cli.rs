@@ -53,6 +53,13 @@ pub struct McpToolConfig {
     /// The command it runs (program and arguments); the call's arguments arrive as JSON on
     /// its standard input.
     pub command: Vec<String>,
+    /// Its price per call (`dim=n,…`): present, a call runs only under a ledger dispatch
+    /// permit for it, with this node as the gateway (`[ledger] gateway = true`).
+    #[serde(default)]
+    pub cost: Option<String>,
+    /// The purpose a paying credit's label must allow (with `cost`).
+    #[serde(default)]
+    pub purpose: Option<String>,
 }
 
 /// A configuration error, named.
@@ -111,7 +118,25 @@ pub fn command_tool(cfg: &McpToolConfig) -> Result<HostTool, McpConfigError> {
         .as_ref()
         .map(|t| TokenId::new(t.clone()).map_err(|e| governed(format!("token {t:?}: {e}"))))
         .transpose()?;
+    let budget = match (&cfg.cost, &cfg.purpose) {
+        (None, None) => None,
+        (Some(cost), Some(purpose)) => Some(abhyasa_mcp::ToolBudget {
+            purpose: abhyasa_wire::ledger::Dim::new(purpose.clone())
+                .map_err(|e| governed(format!("purpose {purpose:?}: {e}")))?,
+            max_cost: crate::ledger_cli::parse_vector(cost)
+                .map_err(|e| governed(format!("cost {cost:?}: {e}")))?,
+        }),
+        _ => return Err(governed("cost and purpose go together".into())),
+    };
     let mut description = cfg.description.clone();
+    if let Some(b) = &budget {
+        description.push_str(&format!(
+            " (costs up to {cost} for {}; runs only under a dispatch permit in params._meta[\"{}\"])",
+            b.purpose,
+            abhyasa_mcp::META_PERMIT,
+            cost = abhyasa_mcp::budget::show_vector(&b.max_cost),
+        ));
+    }
     if !scopes.is_empty() {
         let names: Vec<&str> = scopes.iter().map(|s| s.as_str()).collect();
         description.push_str(&format!(" (uses consent scopes: {})", names.join(", ")));
@@ -119,7 +144,11 @@ pub fn command_tool(cfg: &McpToolConfig) -> Result<HostTool, McpConfigError> {
     let command = Arc::new(cfg.command.clone());
     Ok(HostTool {
         tool: Tool::new(cfg.name.clone(), description, object_schema()),
-        governance: Governance { scopes, token },
+        governance: Governance {
+            scopes,
+            token,
+            budget,
+        },
         run: Arc::new(move |args| {
             let command = command.clone();
             Box::pin(async move { run_command(&command, &args).await })

@@ -14,11 +14,16 @@ pub use rmcp;
 
 pub mod http;
 
+pub mod budget;
 pub mod client;
 pub mod envelope;
 pub mod quic;
 pub mod server;
 
+pub use budget::{
+    permit_from_meta, permit_to_meta, receipt_from_meta, receipt_to_meta, tool_effect,
+    PermitError, ToolBudget,
+};
 pub use client::PrincipalClient;
 pub use envelope::{
     acks_from_meta, acks_to_meta, obligations_from_meta, obligations_to_meta, EnvelopeError,

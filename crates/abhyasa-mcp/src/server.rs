@@ -22,7 +22,13 @@ use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{json, Map, Value};
 use tracing::info;
 
-use crate::envelope::{acks_to_meta, obligations_from_meta, META_ACKS, META_OBLIGATIONS};
+use crate::budget::{
+    permit_from_meta, receipt_to_meta, refusal_words, show_vector, tool_effect, ToolBudget,
+};
+use crate::envelope::{
+    acks_to_meta, obligations_from_meta, META_ACKS, META_OBLIGATIONS, META_PERMIT, META_RECEIPT,
+};
+use abhyasa_node::GatewayAnswer;
 
 /// Tool that only carries obligations (when no other call is due).
 pub const TOOL_DELIVER: &str = "abhyasa_deliver";
@@ -40,6 +46,9 @@ pub struct Governance {
     pub scopes: Vec<Scope>,
     /// The token the tool presents: a call is refused once the token is revoked.
     pub token: Option<TokenId>,
+    /// Its price: present, a call runs only under a ledger dispatch permit for it, with this
+    /// node as the gateway.
+    pub budget: Option<ToolBudget>,
 }
 
 /// The future a host tool returns.
@@ -148,6 +157,78 @@ impl AgentServer {
         }
         let e = last.map(|e| e.to_string()).unwrap_or_default();
         Err(McpError::internal_error(e, None))
+    }
+
+    /// Runs a budget-gated tool under the permit the call carries: this node's gateway
+    /// verifies it against the call as asked (tool, arguments, price, caller), makes its first
+    /// acceptance durable, and only then is the tool run — once; the receipt rides the
+    /// result. A replayed permit gets the first decision's receipt and runs nothing.
+    async fn run_budgeted(
+        &self,
+        t: &HostTool,
+        budget: &ToolBudget,
+        args: JsonObject,
+        meta: &Map<String, Value>,
+    ) -> Result<CallToolResult, McpError> {
+        let name = t.tool.name.to_string();
+        let refuse = |why: String| {
+            info!(tool = %name, principal = %self.principal, %why, "budget-gated tool refused");
+            Ok(CallToolResult::error(vec![ContentBlock::text(why)]))
+        };
+        let permit = match permit_from_meta(meta) {
+            Ok(Some(p)) => p,
+            Ok(None) => {
+                return refuse(format!(
+                    "refused: {name} costs up to {} ({}); it runs only with a dispatch permit in params._meta[\"{META_PERMIT}\"]",
+                    show_vector(&budget.max_cost),
+                    budget.purpose
+                ))
+            }
+            Err(e) => return refuse(format!("refused: {e}")),
+        };
+        let effect = tool_effect(&name, &args, budget);
+        let internal = |e: NodeError| McpError::internal_error(e.to_string(), None);
+        let answer = self
+            .node
+            .gateway_dispatch(self.principal.clone(), permit, effect)
+            .await
+            .map_err(internal)?;
+        let (mut result, receipt) = match answer {
+            GatewayAnswer::Refused(r) => {
+                return refuse(format!("refused: the dispatch permit — {}", refusal_words(r)))
+            }
+            GatewayAnswer::Pending => {
+                return refuse(format!(
+                    "pending: this permit's call of {name} was accepted and has no receipt yet; call again with the same permit"
+                ))
+            }
+            GatewayAnswer::Receipt(r) => {
+                let key = r.peek().map(|b| b.key.to_string()).unwrap_or_default();
+                let text = format!(
+                    "{name} already ran under this permit (operation {key}); it does not run again: its receipt is attached"
+                );
+                (CallToolResult::success(vec![ContentBlock::text(text)]), r)
+            }
+            GatewayAnswer::Run(e) => {
+                // Run and report even if this request is dropped: the acceptance is durable,
+                // and a receipt must follow it.
+                let (node, run, args) = (self.node.clone(), t.run.clone(), args);
+                let done = tokio::spawn(async move {
+                    let result = run(args).await;
+                    let receipt = node
+                        .gateway_executed(e.payer.clone(), e.key, e.max_charge.clone())
+                        .await;
+                    (result, receipt)
+                });
+                let (result, receipt) = done
+                    .await
+                    .map_err(|e| McpError::internal_error(e.to_string(), None))?;
+                (result, receipt.map_err(internal)?)
+            }
+        };
+        let meta = result.meta.get_or_insert_with(MetaObject::default);
+        meta.0.insert(META_RECEIPT.into(), receipt_to_meta(&receipt));
+        Ok(result)
     }
 
     async fn custody_status(
@@ -392,12 +473,13 @@ impl ServerHandler for AgentServer {
                     .refusal(&t.governance)
                     .await
                     .map_err(|e| McpError::internal_error(e.to_string(), None))?;
-                match refusal {
-                    Some(why) => {
+                match (refusal, &t.governance.budget) {
+                    (Some(why), _) => {
                         info!(tool = name, principal = %self.principal, %why, "governed tool refused");
                         CallToolResult::error(vec![ContentBlock::text(why)])
                     }
-                    None => (t.run)(args).await,
+                    (None, Some(budget)) => self.run_budgeted(t, budget, args, &meta).await?,
+                    (None, None) => (t.run)(args).await,
                 }
             }
         };

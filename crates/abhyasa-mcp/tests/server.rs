@@ -46,6 +46,7 @@ async fn fixture() -> Fixture {
             Governance {
                 scopes: vec![Scope::new("calendar.read").unwrap()],
                 token: None,
+                budget: None,
             },
             calendar_runs.clone(),
         ))
@@ -54,6 +55,7 @@ async fn fixture() -> Fixture {
             Governance {
                 scopes: vec![],
                 token: Some(TokenId::new("tok-mail").unwrap()),
+                budget: None,
             },
             Arc::new(Default::default()),
         ));

@@ -656,6 +656,22 @@ impl Core {
                     r => self.ledger_replies.push((reply, r)),
                 }
             }
+            Command::GatewayDispatch(from, permit, effect, reply) => {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                let r = match &mut self.ledger {
+                    None => Err(NodeError::NoLedger),
+                    Some(l) => l.bound_dispatch(&from, *permit, effect, tx),
+                };
+                let _ = reply.send(r.map(|()| rx));
+            }
+            Command::GatewayExecuted(payer, key, charge, reply) => {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                let r = match &mut self.ledger {
+                    None => Err(NodeError::NoLedger),
+                    Some(l) => l.bound_executed(&payer, key, charge, tx),
+                };
+                let _ = reply.send(r.map(|()| rx));
+            }
             Command::Deliver(from, objects, reply) => {
                 let t = now();
                 let ids = objects

@@ -6,10 +6,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use abhyasa_ledger::{
-    Branch, BranchConfig, CreditId, Effect, Execute, Gateway, Keyring, Label, LedgerError,
-    LedgerEvent, LedgerMessage, LedgerSigningKey, OpKey, OpState, OutgoingState, PersistToken,
-    RootGrant, RootId, Signed, TransferId, Vector,
+    AcceptanceState, Branch, BranchConfig, CreditId, Effect, Execute, Gateway, Keyring, Label,
+    LedgerError, LedgerEvent, LedgerMessage, LedgerSigningKey, OpKey, OpState, OutgoingState,
+    Permit, PersistToken, Receipt, Refusal, RootGrant, RootId, Signed, TransferId, Vector,
 };
+use tokio::sync::oneshot;
 use abhyasa_moq::{Session, Track};
 use abhyasa_store::{Op, Store};
 use abhyasa_wire::{decode, encode, AgentId, UnixMillis};
@@ -158,6 +159,30 @@ pub enum LedgerReply {
     Status(Box<LedgerStatus>),
 }
 
+/// What this node's gateway answered a dispatch handed in by a binding (MCP carries the
+/// permit in the tool call itself, and the effect is the call).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GatewayAnswer {
+    /// The first acceptance is durable: run the effect now, once, and report its charge with
+    /// [`Node::gateway_executed`](crate::Node::gateway_executed).
+    Run(Execute),
+    /// Decided before: the receipt (a replayed permit gets the first decision).
+    Receipt(Signed<Receipt>),
+    /// Accepted before and not receipted yet (running, or its receipt still being written):
+    /// ask again with the same permit.
+    Pending,
+    /// Refused: nothing runs.
+    Refused(Refusal),
+}
+
+/// A binding's caller waiting on the gateway for one (payer, key).
+enum Bound {
+    /// Waits for the acceptance to be durable (or anything else decided for the key).
+    Dispatch(oneshot::Sender<GatewayAnswer>),
+    /// Waits for the receipt to be durable.
+    Receipt(oneshot::Sender<Signed<Receipt>>),
+}
+
 pub(crate) struct LedgerPart {
     me: AgentId,
     setup: LedgerSetup,
@@ -165,6 +190,19 @@ pub(crate) struct LedgerPart {
     pub(crate) gateway: Option<Gateway>,
     branch_tokens: Vec<PersistToken>,
     gateway_tokens: Vec<PersistToken>,
+    /// Callers of [`Self::bound_dispatch`] and [`Self::bound_executed`], by (payer, key).
+    bound: HashMap<(AgentId, OpKey), Bound>,
+    /// Gateway messages drained early while answering a bound dispatch; sent first.
+    early: Vec<(AgentId, LedgerMessage)>,
+}
+
+/// The operation a gateway's reply to a payer is about.
+fn reply_key(m: &LedgerMessage) -> Option<OpKey> {
+    match m {
+        LedgerMessage::Refused { key, .. } | LedgerMessage::Pending { key } => Some(*key),
+        LedgerMessage::Receipt(r) => r.peek().ok().map(|r| r.key),
+        _ => None,
+    }
 }
 
 impl LedgerPart {
@@ -208,7 +246,74 @@ impl LedgerPart {
             gateway,
             branch_tokens: Vec::new(),
             gateway_tokens: Vec::new(),
+            bound: HashMap::new(),
+            early: Vec::new(),
         })
+    }
+
+    /// A dispatch `from` a binding's authenticated caller: the gateway decides as for one on
+    /// the ledger track; what it answers at once is answered now, an acceptance once durable.
+    pub(crate) fn bound_dispatch(
+        &mut self,
+        from: &AgentId,
+        permit: Signed<Permit>,
+        effect: Effect,
+        reply: oneshot::Sender<GatewayAnswer>,
+    ) -> Result<(), crate::NodeError> {
+        let g = self.gateway.as_mut().ok_or(crate::NodeError::NotAGateway)?;
+        let key = permit
+            .peek()
+            .map(|p| p.binding.key)
+            .unwrap_or(OpKey::from_u128(0));
+        g.handle_message(from, LedgerMessage::Dispatch { permit, effect });
+        let mut answer = None;
+        while let Some((to, m)) = g.poll_transmit() {
+            if answer.is_none() && &to == from && reply_key(&m) == Some(key) {
+                answer = Some(match m {
+                    LedgerMessage::Receipt(r) => GatewayAnswer::Receipt(r),
+                    LedgerMessage::Refused { reason, .. } => GatewayAnswer::Refused(reason),
+                    _ => GatewayAnswer::Pending,
+                });
+            } else {
+                self.early.push((to, m));
+            }
+        }
+        match answer {
+            Some(a) => {
+                let _ = reply.send(a);
+            }
+            // Accepted now: answered with the effect to run once the acceptance is durable.
+            None => {
+                self.bound.insert((from.clone(), key), Bound::Dispatch(reply));
+            }
+        }
+        Ok(())
+    }
+
+    /// The effect of a bound dispatch ran and charged `charge`: answered with the receipt
+    /// once its record is durable.
+    pub(crate) fn bound_executed(
+        &mut self,
+        payer: &AgentId,
+        key: OpKey,
+        charge: Vector,
+        reply: oneshot::Sender<Signed<Receipt>>,
+    ) -> Result<(), crate::NodeError> {
+        let g = self.gateway.as_mut().ok_or(crate::NodeError::NotAGateway)?;
+        let Some((_, a)) = g.log().find(|((p, k), _)| p == payer && *k == key) else {
+            return Err(crate::NodeError::NotAccepted(key));
+        };
+        match &a.state {
+            AcceptanceState::Done(r) if a.receipt_durable => {
+                let _ = reply.send(r.clone());
+                return Ok(());
+            }
+            AcceptanceState::Done(_) => {}
+            AcceptanceState::Accepted => g.handle_executed(payer, key, charge),
+        }
+        self.bound
+            .insert((payer.clone(), key), Bound::Receipt(reply));
+        Ok(())
     }
 
     /// A ledger object from `peer`.
@@ -366,14 +471,54 @@ impl LedgerPart {
     ) -> bool {
         let mut out: Vec<(AgentId, LedgerMessage)> =
             std::iter::from_fn(|| self.branch.poll_transmit()).collect();
+        out.append(&mut self.early);
         if let Some(g) = &mut self.gateway {
             out.extend(std::iter::from_fn(|| g.poll_transmit()));
             if let Some(x) = &self.setup.executor {
                 while let Some(e) = g.poll_execute() {
+                    // A bound caller runs its own effect; one that went away leaves it to the
+                    // executor (which, never having run it, runs it).
+                    let e = match self.bound.remove(&(e.payer.clone(), e.key)) {
+                        Some(Bound::Dispatch(tx)) => match tx.send(GatewayAnswer::Run(e)) {
+                            Ok(()) => continue,
+                            Err(GatewayAnswer::Run(e)) => e,
+                            Err(_) => continue,
+                        },
+                        Some(other) => {
+                            self.bound.insert((e.payer.clone(), e.key), other);
+                            e
+                        }
+                        None => e,
+                    };
                     executed(e, x.clone());
                 }
             }
         }
+        // Replies to bound callers go to them, not on the ledger track.
+        out.retain_mut(|(to, m)| {
+            let Some(key) = reply_key(m) else {
+                return true;
+            };
+            let Some(waiter) = self.bound.remove(&(to.clone(), key)) else {
+                return true;
+            };
+            match (waiter, m) {
+                (Bound::Receipt(tx), LedgerMessage::Receipt(r)) => {
+                    let _ = tx.send(r.clone());
+                }
+                (Bound::Dispatch(tx), LedgerMessage::Receipt(r)) => {
+                    let _ = tx.send(GatewayAnswer::Receipt(r.clone()));
+                }
+                (Bound::Dispatch(tx), LedgerMessage::Refused { reason, .. }) => {
+                    let _ = tx.send(GatewayAnswer::Refused(*reason));
+                }
+                (w, _) => {
+                    self.bound.insert((to.clone(), key), w);
+                    return true;
+                }
+            }
+            false
+        });
         let mut local = Vec::new();
         for (to, m) in out {
             if to == self.me {

@@ -35,7 +35,9 @@ use abhyasa_wire::{
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 pub use abhyasa_custody::Admission;
-pub use ledger::{Executor, LedgerCommand, LedgerReply, LedgerSetup, LedgerStatus};
+pub use ledger::{
+    Executor, GatewayAnswer, LedgerCommand, LedgerReply, LedgerSetup, LedgerStatus,
+};
 
 /// What a node reports.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -96,6 +98,12 @@ pub enum NodeError {
     /// The node was built without a ledger.
     #[error("this node takes no part in the ledger")]
     NoLedger,
+    /// The node is no gateway (its ledger has no executor).
+    #[error("this node is no ledger gateway")]
+    NotAGateway,
+    /// An effect reported for an operation this gateway never accepted.
+    #[error("operation {0} was never accepted here")]
+    NotAccepted(abhyasa_ledger::OpKey),
     /// A step of the ledger journal does not re-apply (damaged, forged or foreign): the node
     /// refuses to start rather than trust a budget it cannot rebuild.
     #[error("ledger journal step does not re-apply ({error}): {step}")]
@@ -180,6 +188,20 @@ pub(crate) enum Command {
     Ledger(
         ledger::LedgerCommand,
         oneshot::Sender<Result<ledger::LedgerReply, NodeError>>,
+    ),
+    GatewayDispatch(
+        AgentId,
+        Box<abhyasa_ledger::Signed<abhyasa_ledger::Permit>>,
+        abhyasa_ledger::Effect,
+        oneshot::Sender<Result<oneshot::Receiver<ledger::GatewayAnswer>, NodeError>>,
+    ),
+    GatewayExecuted(
+        AgentId,
+        abhyasa_ledger::OpKey,
+        abhyasa_ledger::Vector,
+        oneshot::Sender<
+            Result<oneshot::Receiver<abhyasa_ledger::Signed<abhyasa_ledger::Receipt>>, NodeError>,
+        >,
     ),
     Shutdown(oneshot::Sender<()>),
 }
@@ -404,6 +426,44 @@ impl Node {
             .await
             .map_err(|_| NodeError::Stopped)?;
         rx.await.map_err(|_| NodeError::Stopped)?
+    }
+
+    /// Hands this node's gateway a dispatch that arrived on a binding (MCP: the permit rides
+    /// the tool call, and `effect` is the call as the server normalized it). `from` is the
+    /// binding's authenticated caller: the permit must be signed by it. A
+    /// [`GatewayAnswer::Run`] means the first acceptance is durable: run the effect once and
+    /// report it with [`Node::gateway_executed`].
+    pub async fn gateway_dispatch(
+        &self,
+        from: AgentId,
+        permit: abhyasa_ledger::Signed<abhyasa_ledger::Permit>,
+        effect: abhyasa_ledger::Effect,
+    ) -> Result<ledger::GatewayAnswer, NodeError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Command::GatewayDispatch(from, Box::new(permit), effect, tx))
+            .await
+            .map_err(|_| NodeError::Stopped)?;
+        let answer = rx.await.map_err(|_| NodeError::Stopped)??;
+        // Dropped only when a commit of unknown outcome made the node rebuild its ledger.
+        answer.await.map_err(|_| NodeError::IssueAgain)
+    }
+
+    /// The effect of a [`GatewayAnswer::Run`] ran and charged `charge` (clamped to the
+    /// binding's maximum): the signed receipt, once its record is durable.
+    pub async fn gateway_executed(
+        &self,
+        payer: AgentId,
+        key: abhyasa_ledger::OpKey,
+        charge: abhyasa_ledger::Vector,
+    ) -> Result<abhyasa_ledger::Signed<abhyasa_ledger::Receipt>, NodeError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Command::GatewayExecuted(payer, key, charge, tx))
+            .await
+            .map_err(|_| NodeError::Stopped)?;
+        let receipt = rx.await.map_err(|_| NodeError::Stopped)??;
+        receipt.await.map_err(|_| NodeError::IssueAgain)
     }
 
     /// The address the node listens on.

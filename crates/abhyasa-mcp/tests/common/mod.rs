@@ -116,6 +116,7 @@ pub fn calendar(runs: Arc<AtomicU32>) -> HostTool {
         Governance {
             scopes: vec![Scope::new("calendar.read").unwrap()],
             token: None,
+            budget: None,
         },
         runs,
     )

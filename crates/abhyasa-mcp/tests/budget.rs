@@ -1,0 +1,290 @@
+//! Budget-gated tools over MCP: the caller's own ledger branch reserves and signs a dispatch
+//! permit, the permit rides the `tools/call`, the MCP server is the ledger's gateway (this
+//! node), the tool runs once, and the receipt on the result settles the caller's branch.
+//! Expected amounts are written out here, not read back from the code under test.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use abhyasa_ledger::{
+    signing_key, Branch, BranchConfig, CreditId, Dim, Keyring, Label, LedgerMessage,
+    LedgerSigningKey, OpKey, OpState, Permit, Receipt, RootGrant, RootId, Signed, Vector,
+};
+use abhyasa_mcp::{
+    permit_to_meta, receipt_from_meta, tool_effect, AgentServer, Governance, ToolBudget,
+    META_PERMIT,
+};
+use abhyasa_moq::Ca;
+use abhyasa_node::{Executor, LedgerCommand, LedgerReply, LedgerSetup, Node};
+use abhyasa_wire::{encode, AgentId, UnixMillis};
+use rmcp::model::{CallToolRequestParams, CallToolResult, RequestMetaObject};
+use rmcp::service::RunningService;
+use rmcp::RoleClient;
+use serde_json::{json, Map, Value};
+
+mod common;
+use common::{connect, host_tool, id};
+
+fn key(name: &str) -> LedgerSigningKey {
+    let mut seed = [0u8; 32];
+    seed[..name.len()].copy_from_slice(name.as_bytes());
+    signing_key(seed)
+}
+
+fn keyring() -> Keyring {
+    Keyring::new(["issuer", "principal", "mallory", "agent-1"].map(|n| (id(n), key(n).verifying_key())))
+        .with_issuers([id("issuer")])
+}
+
+fn cents(n: u64) -> Vector {
+    Vector::of(&[("cents", n)]).unwrap()
+}
+
+fn budget() -> ToolBudget {
+    ToolBudget {
+        purpose: Dim::new("travel").unwrap(),
+        max_cost: cents(25),
+    }
+}
+
+/// Effects only a restart would hand the executor (resumed ones); none here.
+struct NoResumes(Arc<AtomicU32>);
+
+impl Executor for NoResumes {
+    fn execute(
+        &self,
+        _payer: &AgentId,
+        _key: OpKey,
+        _effect: &abhyasa_ledger::Effect,
+        max: &Vector,
+        _resume: bool,
+    ) -> Vector {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        max.clone()
+    }
+}
+
+const CREDIT: CreditId = CreditId::from_u128(1);
+
+/// A branch for `who` holding a root grant of 100 cents for travel.
+fn branch(who: &str) -> Branch {
+    let mut b = Branch::new(id(who), key(who), keyring(), BranchConfig::default());
+    let grant = RootGrant {
+        root: RootId::from_u128(7),
+        issuer: id("issuer"),
+        holder: id(who),
+        budget: cents(100),
+        label: Label::of(&["travel"]).unwrap(),
+        issued_at: UnixMillis(0),
+    };
+    b.grant(Signed::sign(&grant, &grant.issuer, &key("issuer")), CREDIT)
+        .unwrap();
+    settle_persists(&mut b);
+    b
+}
+
+fn settle_persists(b: &mut Branch) {
+    while let Some((t, _)) = b.poll_persist() {
+        b.handle_persisted(t);
+    }
+}
+
+/// Reserves the call of `book` with `args` under `k` and returns the permit it dispatches.
+fn permit(b: &mut Branch, args: &Map<String, Value>, k: u128) -> Signed<Permit> {
+    let k = OpKey::from_u128(k);
+    b.reserve(CREDIT, tool_effect("book", args, &budget()), &id("agent-1"), k)
+        .unwrap();
+    b.dispatch(UnixMillis(1), k).unwrap();
+    settle_persists(b);
+    std::iter::from_fn(|| b.poll_transmit())
+        .find_map(|(to, m)| match m {
+            LedgerMessage::Dispatch { permit, .. } if to == id("agent-1") => Some(permit),
+            _ => None,
+        })
+        .expect("the branch dispatches once its reservation is durable")
+}
+
+fn call(args: &Map<String, Value>, permit: Option<Value>) -> CallToolRequestParams {
+    let mut p = CallToolRequestParams::new("book").with_arguments(args.clone());
+    if let Some(v) = permit {
+        let mut meta = RequestMetaObject::new();
+        meta.0.insert(META_PERMIT.into(), v);
+        p.meta = Some(meta);
+    }
+    p
+}
+
+fn text(r: &CallToolResult) -> String {
+    r.content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+        .collect()
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    node: Node,
+    client: RunningService<RoleClient, ()>,
+    runs: Arc<AtomicU32>,
+    executor_runs: Arc<AtomicU32>,
+}
+
+async fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate("t").unwrap();
+    let executor_runs = Arc::new(AtomicU32::new(0));
+    let node = Node::builder(ca.issue(&id("agent-1")).unwrap())
+        .state_dir(dir.path().join("agent"))
+        .ledger(LedgerSetup {
+            key: key("agent-1"),
+            keys: keyring(),
+            executor: Some(Arc::new(NoResumes(executor_runs.clone()))),
+            resend_ms: 500,
+        })
+        .build()
+        .await
+        .unwrap();
+    let runs = Arc::new(AtomicU32::new(0));
+    let server = AgentServer::new(node.clone(), id("principal")).tool(host_tool(
+        "book",
+        Governance {
+            budget: Some(budget()),
+            ..Governance::default()
+        },
+        runs.clone(),
+    ));
+    let (client, _server) = connect(server).await;
+    Fixture {
+        _dir: dir,
+        node,
+        client,
+        runs,
+        executor_runs,
+    }
+}
+
+fn args(to: &str) -> Map<String, Value> {
+    json!({"to": to, "class": "economy"})
+        .as_object()
+        .cloned()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_priced_tool_runs_once_per_permit_and_its_receipt_settles_the_callers_branch() {
+    let f = fixture().await;
+    let lhr = args("LHR");
+
+    // No permit: refused, nothing runs.
+    let r = f.client.call_tool(call(&lhr, None)).await.unwrap();
+    assert_eq!(r.is_error, Some(true));
+    assert!(text(&r).contains("dispatch permit"), "{}", text(&r));
+    assert_eq!(f.runs.load(Ordering::SeqCst), 0);
+
+    // The caller's branch reserves the call's maximum before it sends.
+    let mut b = branch("principal");
+    let p = permit(&mut b, &lhr, 1);
+    assert_eq!(b.buckets(RootId::from_u128(7))[0], cents(75), "available after reserve");
+
+    let r = f
+        .client
+        .call_tool(call(&lhr, Some(permit_to_meta(&p))))
+        .await
+        .unwrap();
+    assert_ne!(r.is_error, Some(true), "{}", text(&r));
+    assert_eq!(text(&r), "book ran");
+    assert_eq!(f.runs.load(Ordering::SeqCst), 1);
+    let meta = r.meta.as_ref().expect("a result _meta");
+    let receipt = receipt_from_meta(&meta.0).unwrap().expect("a receipt");
+    let body: Receipt = keyring().open(&receipt, &id("agent-1")).unwrap();
+    assert_eq!(body.key, OpKey::from_u128(1));
+    assert_eq!(body.actual, cents(25));
+
+    // The receipt settles the branch: 25 committed, 75 available, nothing reserved.
+    b.handle_message(UnixMillis(2), &id("agent-1"), LedgerMessage::Receipt(receipt.clone()));
+    settle_persists(&mut b);
+    let op = b.operation(OpKey::from_u128(1)).unwrap();
+    assert!(matches!(op.state, OpState::Settled { .. }), "{:?}", op.state);
+    let buckets = b.buckets(RootId::from_u128(7));
+    assert_eq!(buckets[0], cents(75));
+    assert_eq!(buckets[2], Vector::default(), "reserved");
+    assert_eq!(buckets[4], cents(25), "committed");
+
+    // A replay (a new JSON-RPC request, the same permit) gets the first receipt and runs
+    // nothing.
+    let r = f
+        .client
+        .call_tool(call(&lhr, Some(permit_to_meta(&p))))
+        .await
+        .unwrap();
+    assert_ne!(r.is_error, Some(true), "{}", text(&r));
+    assert!(text(&r).contains("does not run again"), "{}", text(&r));
+    let again = receipt_from_meta(&r.meta.as_ref().unwrap().0).unwrap().unwrap();
+    assert_eq!(encode(&again), encode(&receipt));
+    assert_eq!(f.runs.load(Ordering::SeqCst), 1);
+
+    // The same permit for other arguments does not bind that call.
+    let r = f
+        .client
+        .call_tool(call(&args("CDG"), Some(permit_to_meta(&p))))
+        .await
+        .unwrap();
+    assert_eq!(r.is_error, Some(true));
+    assert!(text(&r).contains("does not bind this call"), "{}", text(&r));
+
+    // A permit signed by another member, presented in the principal's session.
+    let mut m = branch("mallory");
+    let foreign = permit(&mut m, &lhr, 2);
+    let r = f
+        .client
+        .call_tool(call(&lhr, Some(permit_to_meta(&foreign))))
+        .await
+        .unwrap();
+    assert_eq!(r.is_error, Some(true));
+    assert!(text(&r).contains("not signed by you"), "{}", text(&r));
+
+    // Not a permit at all.
+    let r = f
+        .client
+        .call_tool(call(&lhr, Some(json!("AAEC"))))
+        .await
+        .unwrap();
+    assert_eq!(r.is_error, Some(true));
+    assert!(text(&r).contains(META_PERMIT), "{}", text(&r));
+
+    assert_eq!(f.runs.load(Ordering::SeqCst), 1, "only the permitted call ran");
+    assert_eq!(f.executor_runs.load(Ordering::SeqCst), 0, "the tool ran it, not the executor");
+    let Ok(LedgerReply::Status(s)) = f.node.ledger(LedgerCommand::Status).await else {
+        panic!("status");
+    };
+    assert_eq!(s.accepted, vec![(OpKey::from_u128(1), true)]);
+}
+
+#[tokio::test]
+async fn a_second_permit_is_a_second_run_and_a_reused_key_for_another_call_is_refused() {
+    let f = fixture().await;
+    let mut b = branch("principal");
+    let first = permit(&mut b, &args("LHR"), 1);
+    let second = permit(&mut b, &args("LHR"), 2);
+    for p in [&first, &second] {
+        let r = f
+            .client
+            .call_tool(call(&args("LHR"), Some(permit_to_meta(p))))
+            .await
+            .unwrap();
+        assert_eq!(text(&r), "book ran");
+    }
+    assert_eq!(f.runs.load(Ordering::SeqCst), 2);
+    // Another branch of the same payer state cannot reuse key 1 for another call: a fresh
+    // branch signs a permit for CDG under key 1.
+    let mut other = branch("principal");
+    let conflicting = permit(&mut other, &args("CDG"), 1);
+    let r = f
+        .client
+        .call_tool(call(&args("CDG"), Some(permit_to_meta(&conflicting))))
+        .await
+        .unwrap();
+    assert_eq!(r.is_error, Some(true));
+    assert!(text(&r).contains("already used for another call"), "{}", text(&r));
+    assert_eq!(f.runs.load(Ordering::SeqCst), 2);
+}
