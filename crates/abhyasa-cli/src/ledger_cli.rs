@@ -358,6 +358,14 @@ impl FileExecutor {
             .map(|e| ((e.payer, e.key), e.charge))
             .collect();
         let file = OpenOptions::new().create(true).append(true).open(path)?;
+        // A crash in the middle of a record leaves a torn last line (that effect's record
+        // never completed): cut it, or the next record would be glued onto it.
+        let bytes = std::fs::read(path)?;
+        let whole = bytes.iter().rposition(|&c| c == b'\n').map_or(0, |i| i + 1);
+        if whole < bytes.len() {
+            file.set_len(whole as u64)?;
+            file.sync_data()?;
+        }
         Ok(Self {
             file: Mutex::new(file),
             ran: Mutex::new(ran),
@@ -387,8 +395,9 @@ impl Executor for FileExecutor {
         let mut f = self.file.lock().unwrap_or_else(|e| e.into_inner());
         // The record is durable before the receipt can exist. A failed write is reported as
         // the maximum charge: conservative, never an unrecorded free effect.
-        let _ = writeln!(f, "{:x} {} {payer}", key.to_u128(), show_vector(&charge))
-            .and_then(|()| f.sync_data());
+        // One write of the whole line: a crash leaves at most a torn tail.
+        let line = format!("{:x} {} {payer}\n", key.to_u128(), show_vector(&charge));
+        let _ = f.write_all(line.as_bytes()).and_then(|()| f.sync_data());
         ran.insert(id, charge.clone());
         charge
     }
@@ -414,8 +423,8 @@ fn read_effects_at(path: &Path, gateway: Option<&AgentId>) -> Result<Vec<EffectI
             break; // Torn by a crash: that effect's record never completed.
         }
         let text = String::from_utf8_lossy(line);
-        let mut parts = text.split_whitespace();
-        let (Some(k), Some(c), Some(payer)) = (parts.next(), parts.next(), parts.next()) else {
+        let parts: Vec<&str> = text.split_whitespace().collect();
+        let [k, c, payer] = parts[..] else {
             return Err(format!("effects log: unreadable line {:?}", text.trim()).into());
         };
         out.push(EffectInstance {
@@ -498,4 +507,38 @@ pub fn check_dirs(
         effects: effects.len(),
         violations,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_file_executor_cuts_a_torn_record_and_starts_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("effects.log");
+        // A whole record, then a crash in the middle of the payer of the next one.
+        std::fs::write(&path, "a1 cents=10 root\nb2 cents=10 ro").unwrap();
+        let x = FileExecutor::open(&path).expect("a torn tail does not stop the gateway");
+        let effect = Effect {
+            purpose: Dim::new("tools").unwrap(),
+            operation: "call".into(),
+            max_charge: parse_vector("cents=7").unwrap(),
+        };
+        let payer = AgentId::new("child").unwrap();
+        let max = parse_vector("cents=10").unwrap();
+        x.execute(&payer, OpKey::from_u128(0xc3), &effect, &max, false);
+        let got: Vec<(u128, String, Vector)> = read_effects(&path)
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.key.to_u128(), e.payer.to_string(), e.charge))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (0xa1, "root".into(), parse_vector("cents=10").unwrap()),
+                (0xc3, "child".into(), parse_vector("cents=7").unwrap()),
+            ]
+        );
+    }
 }
