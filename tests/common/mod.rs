@@ -195,11 +195,17 @@ pub fn custody_survives_a_sigkill_of_the_agent(pair: &Pair<'_>) {
 /// Runs a Python SDK client script (`tests/<script>`) with the interpreter named by `env`
 /// against the `abhyasa` binary; says SKIPPED when `env` is unset. Returns its stdout.
 pub fn python_client(env: &str, what: &str, script: &str) -> Option<String> {
+    python_client_with(env, what, script, &[])
+}
+
+/// [`python_client`] with more arguments after the binary and the work directory.
+pub fn python_client_with(env: &str, what: &str, script: &str, more: &[&str]) -> Option<String> {
     let Ok(python) = std::env::var(env) else {
         println!("SKIPPED: {env} is not set (a python with {what}; .ci/run sets it)");
         return None;
     };
     let work = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(work.path().join("run")).unwrap();
     let out = Command::new(&python)
         .arg(
             Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -207,7 +213,8 @@ pub fn python_client(env: &str, what: &str, script: &str) -> Option<String> {
                 .join(script),
         )
         .arg(env!("CARGO_BIN_EXE_abhyasa"))
-        .arg(work.path())
+        .arg(work.path().join("run"))
+        .args(more)
         .output()
         .expect("python runs");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();

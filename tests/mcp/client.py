@@ -1,7 +1,7 @@
 """Drives `abhyasa mcp` with the Python MCP SDK (the `mcp` package, 2.x), over stdio and over
 streamable HTTP.
 
-Usage: python client.py ABHYASA_BINARY WORKDIR
+Usage: python client.py ABHYASA_BINARY WORKDIR [CERTS PERMIT_STDIO PERMIT_HTTP]
 
 Builds certificates and a node config in WORKDIR, spawns the server over each transport in
 turn (`--stdio`, then `--http 127.0.0.1:<port>`, each with its own state) and checks,
@@ -9,8 +9,13 @@ each with an independent expectation: the tools are listed; two obligations ridi
 come back as two acks; a consent revocation riding a call of the tool that uses that scope
 refuses that very call and every later one, naming the obligation; a revoked token refuses
 the tool that presents it; a malformed envelope is JSON-RPC -32602 and nothing in it is
-applied; a re-sent obligation is acked again and not applied twice. Exits non-zero on the
-first failure.
+applied; a re-sent obligation is acked again and not applied twice. With a certificates
+directory and two dispatch permits (base64 CBOR, made by the Rust test from the principal's
+ledger branch), the budget-gated tool `book` is refused without a permit, runs once with one
+(its runs counted in a file the tool itself appends to), answers a replay with the same
+receipt and no run, and refuses the permit for other arguments or a permit that is not one;
+each receipt is printed (`receipt [via]: …`) for the Rust test to settle its branch with.
+Exits non-zero on the first failure.
 """
 
 import asyncio
@@ -27,6 +32,8 @@ from mcp.shared.exceptions import MCPError
 
 OBLIGATIONS = "org.abhyasa/obligations"
 ACKS = "org.abhyasa/acks"
+PERMIT = "org.abhyasa/permit"
+RECEIPT = "org.abhyasa/receipt"
 
 
 def free_port(kind):
@@ -63,19 +70,23 @@ def check(cond, what):
     print(f"ok: {what}", flush=True)
 
 
-async def main(binary, work):
-    await over_stdio(binary, os.path.join(work, "stdio"))
-    await over_http(binary, os.path.join(work, "http"))
+async def main(binary, work, certs=None, permit_stdio=None, permit_http=None):
+    await over_stdio(binary, os.path.join(work, "stdio"), certs, permit_stdio)
+    await over_http(binary, os.path.join(work, "http"), certs, permit_http)
     print("mcp python client: all checks passed", flush=True)
 
 
-def setup(binary, work):
-    """Certificates and a node config in `work`; returns the config's path."""
+def setup(binary, work, certs=None):
+    """Certificates (made here unless given) and a node config in `work`; returns the
+    config's path."""
     os.makedirs(work)
-    certs = os.path.join(work, "certs")
-    subprocess.run([binary, "certs", "init", "--dir", certs], check=True, capture_output=True)
-    subprocess.run([binary, "certs", "issue", "agent-1", "--dir", certs], check=True,
-                   capture_output=True)
+    if certs is None:
+        certs = os.path.join(work, "certs")
+        subprocess.run([binary, "certs", "init", "--dir", certs], check=True,
+                       capture_output=True)
+        subprocess.run([binary, "certs", "issue", "agent-1", "--dir", certs], check=True,
+                       capture_output=True)
+    runs = os.path.join(work, "book.runs")
     config = os.path.join(work, "agent-1.toml")
     with open(config, "w") as f:
         f.write(f"""
@@ -85,8 +96,18 @@ certs = "{certs}"
 state = "{os.path.join(work, 'state')}"
 admin = "127.0.0.1:{free_port(socket.SOCK_STREAM)}"
 
+[ledger]
+gateway = true
+
 [mcp]
 principal = "principal"
+
+[[mcp.tools]]
+name = "book"
+description = "Books a trip (appends its arguments to a file, one line per run)."
+cost = "cents=25"
+purpose = "travel"
+command = ["sh", "-c", "cat >> {runs}; echo >> {runs}; echo booked"]
 
 [[mcp.tools]]
 name = "calendar_read"
@@ -103,16 +124,18 @@ command = ["echo", "sent"]
     return config
 
 
-async def over_stdio(binary, work):
-    config = setup(binary, work)
+async def over_stdio(binary, work, certs, permit):
+    config = setup(binary, work, certs)
     params = StdioServerParameters(command=binary, args=["mcp", "--config", config, "--stdio"])
     async with stdio_client(params) as (read, write):
         async with ClientSession(read, write) as session:
             await checks(session, binary, "stdio")
+            if permit:
+                await budget_checks(session, work, permit, "stdio")
 
 
-async def over_http(binary, work):
-    config = setup(binary, work)
+async def over_http(binary, work, certs, permit):
+    config = setup(binary, work, certs)
     port = free_port(socket.SOCK_STREAM)
     server = subprocess.Popen([binary, "mcp", "--config", config, "--http", f"127.0.0.1:{port}"],
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -122,6 +145,8 @@ async def over_http(binary, work):
         async with streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write, *_):
             async with ClientSession(read, write) as session:
                 await checks(session, binary, "http")
+                if permit:
+                    await budget_checks(session, work, permit, "http")
     finally:
         server.kill()
         server.wait()
@@ -135,7 +160,7 @@ async def checks(session, binary, via):
 
     tools = {t.name for t in (await session.list_tools()).tools}
     for name in ["abhyasa_deliver", "abhyasa_custody_status", "abhyasa_issue",
-                 "calendar_read", "mail_send"]:
+                 "calendar_read", "mail_send", "book"]:
         check_via(name in tools, f"tool {name} is listed")
 
     r = await session.call_tool("calendar_read", {"day": "monday"})
@@ -194,5 +219,42 @@ async def checks(session, binary, via):
     check_via(not r.is_error, "and not applied twice: the grant stands")
 
 
+async def budget_checks(session, work, permit, via):
+    def check_via(cond, what):
+        check(cond, f"[{via}] {what}")
+
+    runs_file = os.path.join(work, "book.runs")
+
+    def runs():
+        if not os.path.exists(runs_file):
+            return 0
+        with open(runs_file) as f:
+            return sum(1 for line in f if "LHR" in line)
+
+    trip = {"to": "LHR"}
+    r = await session.call_tool("book", trip)
+    check_via(r.is_error and "dispatch permit" in text(r) and runs() == 0,
+              "a budget-gated tool refuses a call without a permit, and does not run")
+
+    r = await session.call_tool("book", trip, meta={PERMIT: permit})
+    receipt = (r.meta or {}).get(RECEIPT)
+    check_via(not r.is_error and text(r).strip() == "booked", "with the permit it runs")
+    check_via(runs() == 1, "exactly once")
+    check_via(isinstance(receipt, str) and len(receipt) > 0, "and the receipt is on the result")
+    print(f"receipt [{via}]: {receipt}", flush=True)
+
+    r = await session.call_tool("book", trip, meta={PERMIT: permit})
+    check_via(not r.is_error and (r.meta or {}).get(RECEIPT) == receipt,
+              "a replayed permit gets the same receipt")
+    check_via(runs() == 1 and "does not run again" in text(r), "and runs nothing")
+
+    r = await session.call_tool("book", {"to": "CDG"}, meta={PERMIT: permit})
+    check_via(r.is_error and "does not bind this call" in text(r),
+              "the permit does not bind a call with other arguments")
+    r = await session.call_tool("book", trip, meta={PERMIT: "AAEC"})
+    check_via(r.is_error and PERMIT in text(r) and runs() == 1,
+              "something that is not a permit is refused, naming the key")
+
+
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2]))
+    asyncio.run(main(*sys.argv[1:]))

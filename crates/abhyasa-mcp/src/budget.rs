@@ -182,7 +182,10 @@ mod tests {
         m.insert(META_PERMIT.into(), json!(7));
         assert!(matches!(
             permit_from_meta(&m),
-            Err(PermitError::NotBase64 { key: META_PERMIT, .. })
+            Err(PermitError::NotBase64 {
+                key: META_PERMIT,
+                ..
+            })
         ));
         m.insert(META_PERMIT.into(), json!("%%%"));
         assert!(matches!(

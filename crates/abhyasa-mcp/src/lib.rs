@@ -21,8 +21,8 @@ pub mod quic;
 pub mod server;
 
 pub use budget::{
-    permit_from_meta, permit_to_meta, receipt_from_meta, receipt_to_meta, tool_effect,
-    PermitError, ToolBudget,
+    permit_from_meta, permit_to_meta, receipt_from_meta, receipt_to_meta, tool_effect, PermitError,
+    ToolBudget,
 };
 pub use client::PrincipalClient;
 pub use envelope::{

@@ -227,7 +227,8 @@ impl AgentServer {
             }
         };
         let meta = result.meta.get_or_insert_with(MetaObject::default);
-        meta.0.insert(META_RECEIPT.into(), receipt_to_meta(&receipt));
+        meta.0
+            .insert(META_RECEIPT.into(), receipt_to_meta(&receipt));
         Ok(result)
     }
 

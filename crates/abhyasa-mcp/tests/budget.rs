@@ -32,8 +32,10 @@ fn key(name: &str) -> LedgerSigningKey {
 }
 
 fn keyring() -> Keyring {
-    Keyring::new(["issuer", "principal", "mallory", "agent-1"].map(|n| (id(n), key(n).verifying_key())))
-        .with_issuers([id("issuer")])
+    Keyring::new(
+        ["issuer", "principal", "mallory", "agent-1"].map(|n| (id(n), key(n).verifying_key())),
+    )
+    .with_issuers([id("issuer")])
 }
 
 fn cents(n: u64) -> Vector {
@@ -92,8 +94,13 @@ fn settle_persists(b: &mut Branch) {
 /// Reserves the call of `book` with `args` under `k` and returns the permit it dispatches.
 fn permit(b: &mut Branch, args: &Map<String, Value>, k: u128) -> Signed<Permit> {
     let k = OpKey::from_u128(k);
-    b.reserve(CREDIT, tool_effect("book", args, &budget()), &id("agent-1"), k)
-        .unwrap();
+    b.reserve(
+        CREDIT,
+        tool_effect("book", args, &budget()),
+        &id("agent-1"),
+        k,
+    )
+    .unwrap();
     b.dispatch(UnixMillis(1), k).unwrap();
     settle_persists(b);
     std::iter::from_fn(|| b.poll_transmit())
@@ -184,7 +191,13 @@ async fn a_priced_tool_runs_once_per_permit_and_its_receipt_settles_the_callers_
     // The caller's branch reserves the call's maximum before it sends.
     let mut b = branch("principal");
     let p = permit(&mut b, &lhr, 1);
-    assert_eq!(b.buckets(RootId::from_u128(7))[0], cents(75), "available after reserve");
+    let before = b.buckets(RootId::from_u128(7));
+    assert_eq!(before[0], cents(75), "available after reserve");
+    assert_eq!(
+        before[3],
+        cents(25),
+        "dispatched: quarantined until evidence"
+    );
 
     let r = f
         .client
@@ -201,13 +214,22 @@ async fn a_priced_tool_runs_once_per_permit_and_its_receipt_settles_the_callers_
     assert_eq!(body.actual, cents(25));
 
     // The receipt settles the branch: 25 committed, 75 available, nothing reserved.
-    b.handle_message(UnixMillis(2), &id("agent-1"), LedgerMessage::Receipt(receipt.clone()));
+    b.handle_message(
+        UnixMillis(2),
+        &id("agent-1"),
+        LedgerMessage::Receipt(receipt.clone()),
+    );
     settle_persists(&mut b);
     let op = b.operation(OpKey::from_u128(1)).unwrap();
-    assert!(matches!(op.state, OpState::Settled { .. }), "{:?}", op.state);
+    assert!(
+        matches!(op.state, OpState::Settled { .. }),
+        "{:?}",
+        op.state
+    );
     let buckets = b.buckets(RootId::from_u128(7));
     assert_eq!(buckets[0], cents(75));
     assert_eq!(buckets[2], Vector::default(), "reserved");
+    assert_eq!(buckets[3], Vector::default(), "quarantined");
     assert_eq!(buckets[4], cents(25), "committed");
 
     // A replay (a new JSON-RPC request, the same permit) gets the first receipt and runs
@@ -219,7 +241,9 @@ async fn a_priced_tool_runs_once_per_permit_and_its_receipt_settles_the_callers_
         .unwrap();
     assert_ne!(r.is_error, Some(true), "{}", text(&r));
     assert!(text(&r).contains("does not run again"), "{}", text(&r));
-    let again = receipt_from_meta(&r.meta.as_ref().unwrap().0).unwrap().unwrap();
+    let again = receipt_from_meta(&r.meta.as_ref().unwrap().0)
+        .unwrap()
+        .unwrap();
     assert_eq!(encode(&again), encode(&receipt));
     assert_eq!(f.runs.load(Ordering::SeqCst), 1);
 
@@ -252,8 +276,16 @@ async fn a_priced_tool_runs_once_per_permit_and_its_receipt_settles_the_callers_
     assert_eq!(r.is_error, Some(true));
     assert!(text(&r).contains(META_PERMIT), "{}", text(&r));
 
-    assert_eq!(f.runs.load(Ordering::SeqCst), 1, "only the permitted call ran");
-    assert_eq!(f.executor_runs.load(Ordering::SeqCst), 0, "the tool ran it, not the executor");
+    assert_eq!(
+        f.runs.load(Ordering::SeqCst),
+        1,
+        "only the permitted call ran"
+    );
+    assert_eq!(
+        f.executor_runs.load(Ordering::SeqCst),
+        0,
+        "the tool ran it, not the executor"
+    );
     let Ok(LedgerReply::Status(s)) = f.node.ledger(LedgerCommand::Status).await else {
         panic!("status");
     };
@@ -285,6 +317,10 @@ async fn a_second_permit_is_a_second_run_and_a_reused_key_for_another_call_is_re
         .await
         .unwrap();
     assert_eq!(r.is_error, Some(true));
-    assert!(text(&r).contains("already used for another call"), "{}", text(&r));
+    assert!(
+        text(&r).contains("already used for another call"),
+        "{}",
+        text(&r)
+    );
     assert_eq!(f.runs.load(Ordering::SeqCst), 2);
 }

@@ -10,10 +10,10 @@ use abhyasa_ledger::{
     LedgerError, LedgerEvent, LedgerMessage, LedgerSigningKey, OpKey, OpState, OutgoingState,
     Permit, PersistToken, Receipt, Refusal, RootGrant, RootId, Signed, TransferId, Vector,
 };
-use tokio::sync::oneshot;
 use abhyasa_moq::{Session, Track};
 use abhyasa_store::{Op, Store};
 use abhyasa_wire::{decode, encode, AgentId, UnixMillis};
+use tokio::sync::oneshot;
 use tracing::{debug, warn};
 
 /// Runs the effects a gateway accepted. Called off the core task, after the acceptance is
@@ -284,7 +284,8 @@ impl LedgerPart {
             }
             // Accepted now: answered with the effect to run once the acceptance is durable.
             None => {
-                self.bound.insert((from.clone(), key), Bound::Dispatch(reply));
+                self.bound
+                    .insert((from.clone(), key), Bound::Dispatch(reply));
             }
         }
         Ok(())

@@ -35,9 +35,7 @@ use abhyasa_wire::{
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 pub use abhyasa_custody::Admission;
-pub use ledger::{
-    Executor, GatewayAnswer, LedgerCommand, LedgerReply, LedgerSetup, LedgerStatus,
-};
+pub use ledger::{Executor, GatewayAnswer, LedgerCommand, LedgerReply, LedgerSetup, LedgerStatus};
 
 /// What a node reports.
 #[derive(Clone, Debug, PartialEq, Eq)]
