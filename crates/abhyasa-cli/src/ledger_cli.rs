@@ -252,6 +252,9 @@ pub fn reply_json(r: &LedgerReply) -> serde_json::Value {
     match r {
         LedgerReply::Done => serde_json::json!({"ok": true}),
         LedgerReply::Status(s) => serde_json::json!({"ok": true, "ledger": status_json(s)}),
+        LedgerReply::Operation { key, state } => {
+            serde_json::json!({"ok": true, "operation": format!("{:x}", key.to_u128()), "state": state})
+        }
     }
 }
 

@@ -73,7 +73,8 @@ pub fn tool_effect(name: &str, args: &Map<String, Value>, budget: &ToolBudget) -
     Effect {
         purpose: budget.purpose.clone(),
         operation: format!(
-            "mcp tools/call {name} {}",
+            "{}{name} {}",
+            abhyasa_node::CARRIED_BY_MCP,
             canonical_json(&Value::Object(args.clone()))
         ),
         max_charge: budget.max_cost.clone(),

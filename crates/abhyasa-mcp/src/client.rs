@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use abhyasa_node::{Node, NodeError};
+use abhyasa_ledger::{CreditId, OpKey, Receipt, Signed};
+use abhyasa_node::{LedgerCommand, LedgerReply, Node, NodeError};
 use abhyasa_wire::AgentId;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
@@ -22,7 +23,8 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tracing::debug;
 
-use crate::envelope::{acks_from_meta, META_OBLIGATIONS};
+use crate::budget::{permit_to_meta, receipt_from_meta, tool_effect, PermitError, ToolBudget};
+use crate::envelope::{acks_from_meta, META_OBLIGATIONS, META_PERMIT};
 use crate::server::TOOL_DELIVER;
 
 /// Obligation objects waiting for a call to carry them: the custodian's channel for the
@@ -96,6 +98,33 @@ impl Drop for Pump {
     }
 }
 
+/// A budget-gated call, carried: what the tool answered, the receipt on its result, and the
+/// operation's state in this node's branch once the receipt was handed to it.
+#[derive(Debug)]
+pub struct BudgetedCall {
+    /// The tool's result.
+    pub result: CallToolResult,
+    /// The gateway's receipt, when the result carried one.
+    pub receipt: Option<Signed<Receipt>>,
+    /// The operation's state after the receipt (`settled`), or `quarantined` without one.
+    pub state: &'static str,
+}
+
+/// Why a budget-gated call did not complete.
+#[derive(Debug, thiserror::Error)]
+pub enum BudgetedCallError {
+    /// The branch refused to reserve (no such credit, too little, purpose not allowed …).
+    #[error("ledger: {0}")]
+    Ledger(#[from] NodeError),
+    /// The call failed on the way: the operation stays charged (quarantined) until a
+    /// retry with the same key gets its receipt, or a fence proves it never ran.
+    #[error("mcp: {0}")]
+    Call(#[from] ServiceError),
+    /// The result carried a receipt that does not read.
+    #[error("{0}")]
+    Receipt(#[from] PermitError),
+}
+
 impl PrincipalClient {
     /// Attaches `node`'s custodian to `agent` through the MCP session `peer` (an rmcp
     /// client). Obligations not picked up by a host call within `linger` go on
@@ -162,6 +191,54 @@ impl PrincipalClient {
             }
         }
         Ok(result)
+    }
+
+    /// Calls a budget-gated tool of the agent (the gateway): this node's branch reserves the
+    /// call's maximum from `credit` under `key` and signs the permit, durable before it rides
+    /// the call; the receipt on the result settles the branch. A call that fails leaves the
+    /// operation charged: call again with the same `key` and arguments (the same permit; the
+    /// gateway answers a replay with its first receipt and never runs the tool twice).
+    pub async fn call_budgeted(
+        &self,
+        mut params: CallToolRequestParams,
+        credit: CreditId,
+        key: OpKey,
+        budget: &ToolBudget,
+    ) -> Result<BudgetedCall, BudgetedCallError> {
+        let args = params.arguments.clone().unwrap_or_default();
+        let effect = tool_effect(&params.name, &args, budget);
+        let permit = self
+            .node
+            .carried_permit(credit, effect, self.agent.clone(), key)
+            .await?;
+        params
+            .meta
+            .get_or_insert_with(RequestMetaObject::new)
+            .0
+            .insert(META_PERMIT.into(), permit_to_meta(&permit));
+        let result = self.call_tool(params).await?;
+        let receipt = match &result.meta {
+            Some(m) => receipt_from_meta(&m.0)?,
+            None => None,
+        };
+        let state = match &receipt {
+            Some(r) => {
+                let cmd = LedgerCommand::Receipt {
+                    gateway: self.agent.clone(),
+                    receipt: Box::new(r.clone()),
+                };
+                match self.node.ledger(cmd).await? {
+                    LedgerReply::Operation { state, .. } => state,
+                    _ => "unknown",
+                }
+            }
+            None => "quarantined",
+        };
+        Ok(BudgetedCall {
+            result,
+            receipt,
+            state,
+        })
     }
 
     /// Carries what no host call picked up within `linger`.

@@ -24,7 +24,7 @@ pub use budget::{
     permit_from_meta, permit_to_meta, receipt_from_meta, receipt_to_meta, tool_effect, PermitError,
     ToolBudget,
 };
-pub use client::PrincipalClient;
+pub use client::{BudgetedCall, BudgetedCallError, PrincipalClient};
 pub use envelope::{
     acks_from_meta, acks_to_meta, obligations_from_meta, obligations_to_meta, EnvelopeError,
     META_ACKS, META_OBLIGATIONS, META_PERMIT, META_RECEIPT,

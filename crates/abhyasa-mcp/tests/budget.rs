@@ -11,8 +11,8 @@ use abhyasa_ledger::{
     LedgerSigningKey, OpKey, OpState, Permit, Receipt, RootGrant, RootId, Signed, Vector,
 };
 use abhyasa_mcp::{
-    permit_to_meta, receipt_from_meta, tool_effect, AgentServer, Governance, ToolBudget,
-    META_PERMIT,
+    permit_to_meta, receipt_from_meta, tool_effect, AgentServer, BudgetedCallError, Governance,
+    PrincipalClient, ToolBudget, META_PERMIT,
 };
 use abhyasa_moq::Ca;
 use abhyasa_node::{Executor, LedgerCommand, LedgerReply, LedgerSetup, Node};
@@ -323,4 +323,93 @@ async fn a_second_permit_is_a_second_run_and_a_reused_key_for_another_call_is_re
         text(&r)
     );
     assert_eq!(f.runs.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_callers_node_reserves_carries_the_permit_and_settles_from_the_receipt() {
+    let f = fixture().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate("t").unwrap();
+    let principal = Node::builder(ca.issue(&id("principal")).unwrap())
+        .state_dir(dir.path().join("principal"))
+        .ledger(LedgerSetup {
+            key: key("principal"),
+            keys: keyring(),
+            executor: None,
+            resend_ms: 50,
+        })
+        .build()
+        .await
+        .unwrap();
+    let grant = RootGrant {
+        root: RootId::from_u128(7),
+        issuer: id("issuer"),
+        holder: id("principal"),
+        budget: cents(100),
+        label: Label::of(&["travel"]).unwrap(),
+        issued_at: UnixMillis(0),
+    };
+    principal
+        .ledger(LedgerCommand::Grant {
+            grant: Signed::sign(&grant, &grant.issuer, &key("issuer")),
+            credit: CREDIT,
+        })
+        .await
+        .unwrap();
+    let mcp = PrincipalClient::attach(
+        principal.clone(),
+        id("agent-1"),
+        f.client.peer().clone(),
+        std::time::Duration::from_millis(500),
+    )
+    .await
+    .unwrap();
+    let book = |to: &str| CallToolRequestParams::new("book").with_arguments(args(to));
+
+    let first = mcp
+        .call_budgeted(book("LHR"), CREDIT, OpKey::from_u128(1), &budget())
+        .await
+        .unwrap();
+    assert_eq!(text(&first.result), "book ran");
+    assert_eq!(first.state, "settled");
+    // Retried under the same key (say the answer was lost): the same permit, the first
+    // receipt, no second run.
+    let again = mcp
+        .call_budgeted(book("LHR"), CREDIT, OpKey::from_u128(1), &budget())
+        .await
+        .unwrap();
+    assert_eq!(
+        again.receipt.as_ref().map(encode),
+        first.receipt.as_ref().map(encode)
+    );
+    assert_eq!(f.runs.load(Ordering::SeqCst), 1);
+
+    // 100 cents buy four calls at 25; the fifth is refused by the caller's own branch and
+    // never reaches the tool.
+    for k in 2..=4u128 {
+        let c = mcp
+            .call_budgeted(book("CDG"), CREDIT, OpKey::from_u128(k), &budget())
+            .await
+            .unwrap();
+        assert_eq!(c.state, "settled", "call {k}");
+    }
+    let fifth = mcp
+        .call_budgeted(book("CDG"), CREDIT, OpKey::from_u128(5), &budget())
+        .await;
+    assert!(
+        matches!(fifth, Err(BudgetedCallError::Ledger(_))),
+        "{fifth:?}"
+    );
+    assert_eq!(f.runs.load(Ordering::SeqCst), 4);
+    let Ok(LedgerReply::Status(s)) = principal.ledger(LedgerCommand::Status).await else {
+        panic!("status");
+    };
+    let (_, buckets) = &s.roots[0];
+    assert_eq!(buckets[0], Vector::default(), "available");
+    assert_eq!(buckets[3], Vector::default(), "quarantined");
+    assert_eq!(buckets[4], cents(100), "committed");
+    assert_eq!(
+        s.operations.iter().filter(|o| o.state == "settled").count(),
+        4
+    );
 }

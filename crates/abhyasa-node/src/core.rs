@@ -664,6 +664,14 @@ impl Core {
                 };
                 let _ = reply.send(r.map(|()| rx));
             }
+            Command::CarriedPermit(credit, effect, gateway, key, reply) => {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                let r = match &mut self.ledger {
+                    None => Err(NodeError::NoLedger),
+                    Some(l) => l.carried_permit(now(), credit, effect, &gateway, key, tx),
+                };
+                let _ = reply.send(r.map(|()| rx));
+            }
             Command::GatewayExecuted(payer, key, charge, reply) => {
                 let (tx, rx) = tokio::sync::oneshot::channel();
                 let r = match &mut self.ledger {

@@ -93,6 +93,15 @@ pub enum LedgerCommand {
         /// The credit.
         credit: CreditId,
     },
+    /// Evidence that reached this node on a binding rather than on the ledger track (a
+    /// receipt on an MCP tool result), from `gateway`: handled exactly as if the gateway had
+    /// sent it. Answered with the operation's state after the step.
+    Receipt {
+        /// The gateway that signed it (the binding's authenticated peer).
+        gateway: AgentId,
+        /// The receipt.
+        receipt: Box<Signed<Receipt>>,
+    },
     /// Retire a quarantined operation for good: its atoms stay charged (Forfeited); a late
     /// receipt only annotates it.
     Forfeit {
@@ -157,7 +166,20 @@ pub enum LedgerReply {
     Done,
     /// The status.
     Status(Box<LedgerStatus>),
+    /// An operation's state after the step (`settled`, `quarantined`, …).
+    Operation {
+        /// The operation.
+        key: OpKey,
+        /// Its state.
+        state: &'static str,
+    },
 }
+
+/// The start of the operation of every effect a binding carries itself (an MCP tool call):
+/// the permit rides the call and the receipt its result, so its dispatch is never sent on
+/// the ledger track — not at first, not on a resend, not after a restart (fences and
+/// queries still are).
+pub const CARRIED_BY_MCP: &str = "mcp tools/call ";
 
 /// What this node's gateway answered a dispatch handed in by a binding (MCP carries the
 /// permit in the tool call itself, and the effect is the call).
@@ -194,6 +216,8 @@ pub(crate) struct LedgerPart {
     bound: HashMap<(AgentId, OpKey), Bound>,
     /// Gateway messages drained early while answering a bound dispatch; sent first.
     early: Vec<(AgentId, LedgerMessage)>,
+    /// Callers of [`Self::carried_permit`] waiting for their dispatch to be durable.
+    permits: HashMap<OpKey, oneshot::Sender<Signed<Permit>>>,
 }
 
 /// The operation a gateway's reply to a payer is about.
@@ -248,7 +272,42 @@ impl LedgerPart {
             gateway_tokens: Vec::new(),
             bound: HashMap::new(),
             early: Vec::new(),
+            permits: HashMap::new(),
         })
+    }
+
+    /// Reserves `effect` (one a binding carries: [`CARRIED_BY_MCP`]) from `credit` for
+    /// `gateway` under `key` and dispatches it; the signed permit is answered once the
+    /// dispatch is durable, for the caller to carry. The same request again (a retried call)
+    /// is answered with the same permit.
+    pub(crate) fn carried_permit(
+        &mut self,
+        now: UnixMillis,
+        credit: CreditId,
+        effect: Effect,
+        gateway: &AgentId,
+        key: OpKey,
+        reply: oneshot::Sender<Signed<Permit>>,
+    ) -> Result<(), crate::NodeError> {
+        if !effect.operation.starts_with(CARRIED_BY_MCP) {
+            return Err(crate::NodeError::NotCarried);
+        }
+        if self.permits.contains_key(&key) {
+            return Err(crate::NodeError::IssueAgain);
+        }
+        self.branch.reserve(credit, effect, gateway, key)?;
+        let op = self
+            .branch
+            .operation(key)
+            .ok_or(LedgerError::UnknownOperation(key))?;
+        if op.dispatched {
+            // Dispatched by an earlier request whose permit was answered: durable.
+            let _ = reply.send(op.permit.clone());
+            return Ok(());
+        }
+        self.branch.dispatch(now, key)?;
+        self.permits.insert(key, reply);
+        Ok(())
     }
 
     /// A dispatch `from` a binding's authenticated caller: the gateway decides as for one on
@@ -364,6 +423,18 @@ impl LedgerPart {
             }
             LedgerCommand::Reclaim { credit } => self.branch.request_fence(credit)?,
             LedgerCommand::Forfeit { key } => self.branch.forfeit(key)?,
+            LedgerCommand::Receipt { gateway, receipt } => {
+                let key = receipt.peek()?.key;
+                self.branch
+                    .handle_message(now, &gateway, LedgerMessage::Receipt(*receipt));
+                let state = self
+                    .branch
+                    .operation(key)
+                    .ok_or(LedgerError::UnknownOperation(key))?
+                    .state
+                    .name();
+                return Ok(LedgerReply::Operation { key, state });
+            }
             LedgerCommand::Status => return Ok(LedgerReply::Status(Box::new(self.status()))),
         }
         Ok(LedgerReply::Done)
@@ -495,6 +566,21 @@ impl LedgerPart {
                 }
             }
         }
+        // A dispatch a binding carries never goes on the track; its permit goes to the caller
+        // that asked for it, now that it is durable.
+        out.retain(|(_, m)| match m {
+            LedgerMessage::Dispatch { permit, effect }
+                if effect.operation.starts_with(CARRIED_BY_MCP) =>
+            {
+                if let Ok(key) = permit.peek().map(|p| p.binding.key) {
+                    if let Some(tx) = self.permits.remove(&key) {
+                        let _ = tx.send(permit.clone());
+                    }
+                }
+                false
+            }
+            _ => true,
+        });
         // Replies to bound callers go to them, not on the ledger track.
         out.retain_mut(|(to, m)| {
             let Some(key) = reply_key(m) else {

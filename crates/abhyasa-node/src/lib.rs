@@ -35,7 +35,9 @@ use abhyasa_wire::{
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 pub use abhyasa_custody::Admission;
-pub use ledger::{Executor, GatewayAnswer, LedgerCommand, LedgerReply, LedgerSetup, LedgerStatus};
+pub use ledger::{
+    Executor, GatewayAnswer, LedgerCommand, LedgerReply, LedgerSetup, LedgerStatus, CARRIED_BY_MCP,
+};
 
 /// What a node reports.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -96,6 +98,12 @@ pub enum NodeError {
     /// The node was built without a ledger.
     #[error("this node takes no part in the ledger")]
     NoLedger,
+    /// A permit asked for an effect no binding carries.
+    #[error(
+        "a permit for a binding must be for an effect it carries (operation starting with {:?})",
+        ledger::CARRIED_BY_MCP
+    )]
+    NotCarried,
     /// The node is no gateway (its ledger has no executor).
     #[error("this node is no ledger gateway")]
     NotAGateway,
@@ -192,6 +200,15 @@ pub(crate) enum Command {
         Box<abhyasa_ledger::Signed<abhyasa_ledger::Permit>>,
         abhyasa_ledger::Effect,
         oneshot::Sender<Result<oneshot::Receiver<ledger::GatewayAnswer>, NodeError>>,
+    ),
+    CarriedPermit(
+        abhyasa_ledger::CreditId,
+        abhyasa_ledger::Effect,
+        AgentId,
+        abhyasa_ledger::OpKey,
+        oneshot::Sender<
+            Result<oneshot::Receiver<abhyasa_ledger::Signed<abhyasa_ledger::Permit>>, NodeError>,
+        >,
     ),
     GatewayExecuted(
         AgentId,
@@ -445,6 +462,27 @@ impl Node {
         let answer = rx.await.map_err(|_| NodeError::Stopped)??;
         // Dropped only when a commit of unknown outcome made the node rebuild its ledger.
         answer.await.map_err(|_| NodeError::IssueAgain)
+    }
+
+    /// The caller's side of a budget-gated call a binding carries: reserves `effect`'s
+    /// maximum from `credit` for `gateway` under `key`, dispatches it, and answers the signed
+    /// permit once the dispatch is durable, for the caller to put on the call. Settle from
+    /// the receipt on the result with [`LedgerCommand::Receipt`]. Asking again for the same
+    /// key and effect answers the same permit (a retried call).
+    pub async fn carried_permit(
+        &self,
+        credit: abhyasa_ledger::CreditId,
+        effect: abhyasa_ledger::Effect,
+        gateway: AgentId,
+        key: abhyasa_ledger::OpKey,
+    ) -> Result<abhyasa_ledger::Signed<abhyasa_ledger::Permit>, NodeError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Command::CarriedPermit(credit, effect, gateway, key, tx))
+            .await
+            .map_err(|_| NodeError::Stopped)?;
+        let permit = rx.await.map_err(|_| NodeError::Stopped)??;
+        permit.await.map_err(|_| NodeError::IssueAgain)
     }
 
     /// The effect of a [`GatewayAnswer::Run`] ran and charged `charge` (clamped to the
