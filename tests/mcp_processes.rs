@@ -2,32 +2,39 @@
 //! layout), set up with the CLI: the agent serves `[mcp]`, the principal reaches it with
 //! `transport = "mcp"` (obligations ride `abhyasa_deliver` calls, acks return on the results).
 //! The MCP server process is SIGKILLed with obligations in flight and restarted; custody
-//! completes; both are stopped and `abhyasa check` audits their redb files.
+//! completes; both are stopped and `abhyasa check` audits their redb files. The second test
+//! does the same through `abhyasa netem` losing 10% of the packets each way.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 
 mod common;
-use common::{custody_survives_a_sigkill_of_the_agent, free_udp, Pair};
+use common::{custody_survives_a_sigkill_of_the_agent, free_udp, NodeProc, Pair};
 
-#[test]
-fn custody_over_mcp_over_quic_between_two_processes_survives_a_sigkill_of_the_mcp_server() {
-    let dir = tempfile::tempdir().unwrap();
-    let setup = common::Setup::new(dir.path());
+/// Config files for the principal (reaching `agent-1` at `dial`) and the agent (listening on
+/// `a_port`).
+fn configs(
+    dir: &Path,
+    setup: &common::Setup,
+    dial: SocketAddr,
+    a_port: SocketAddr,
+) -> (PathBuf, PathBuf) {
     let c = setup.certs.as_str();
-    let a_port = free_udp();
     let (p_admin, a_admin) = (setup.admin.0.as_str(), setup.admin.1.as_str());
     let (p_state, a_state) = (&setup.state.0, &setup.state.1);
-    let p_cfg = dir.path().join("principal.toml");
+    let p_cfg = dir.join("principal.toml");
     std::fs::write(
         &p_cfg,
         format!(
             "agent = \"principal\"\nlisten = \"{}\"\ncerts = \"{c}\"\nstate = \"{}\"\nadmin = \"{p_admin}\"\n\n\
              [custody]\nresponse_timeout_ms = 300\nbackoff_base_ms = 50\nbackoff_cap_ms = 400\n\n\
-             [[peers]]\nid = \"agent-1\"\naddr = \"{a_port}\"\ntransport = \"mcp\"\n",
+             [[peers]]\nid = \"agent-1\"\naddr = \"{dial}\"\ntransport = \"mcp\"\n",
             free_udp(),
             p_state.display()
         ),
     )
     .unwrap();
-    let a_cfg = dir.path().join("agent.toml");
+    let a_cfg = dir.join("agent.toml");
     std::fs::write(
         &a_cfg,
         format!(
@@ -36,10 +43,43 @@ fn custody_over_mcp_over_quic_between_two_processes_survives_a_sigkill_of_the_mc
         ),
     )
     .unwrap();
+    (p_cfg, a_cfg)
+}
 
+#[test]
+fn custody_over_mcp_over_quic_between_two_processes_survives_a_sigkill_of_the_mcp_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = common::Setup::new(dir.path());
+    let a_port = free_udp();
+    let (p_cfg, a_cfg) = configs(dir.path(), &setup, a_port, a_port);
     custody_survives_a_sigkill_of_the_agent(&Pair {
-        principal: (&p_cfg, p_admin, p_state),
-        agent: (&a_cfg, a_admin, a_state),
+        principal: (&p_cfg, &setup.admin.0, &setup.state.0),
+        agent: (&a_cfg, &setup.admin.1, &setup.state.1),
         over: "MCP",
+    });
+}
+
+#[test]
+fn custody_over_mcp_survives_10_percent_loss_and_a_sigkill_of_the_mcp_server_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = common::Setup::new(dir.path());
+    let (a_port, relay) = (free_udp(), free_udp());
+    let (p_cfg, a_cfg) = configs(dir.path(), &setup, relay, a_port);
+    // The principal dials the relay; the relay loses 10% of the datagrams each way.
+    let _netem = NodeProc::run(&[
+        "netem",
+        "--listen",
+        &relay.to_string(),
+        "--forward",
+        &a_port.to_string(),
+        "--loss",
+        "10%",
+        "--seed",
+        "7",
+    ]);
+    custody_survives_a_sigkill_of_the_agent(&Pair {
+        principal: (&p_cfg, &setup.admin.0, &setup.state.0),
+        agent: (&a_cfg, &setup.admin.1, &setup.state.1),
+        over: "MCP through 10% loss",
     });
 }

@@ -60,6 +60,18 @@ impl NodeProc {
         )
     }
 
+    /// Any other long-running `abhyasa` command (a netem relay, …), killed on drop.
+    pub fn run(args: &[&str]) -> Self {
+        Self(
+            Command::new(env!("CARGO_BIN_EXE_abhyasa"))
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn abhyasa"),
+        )
+    }
+
     /// SIGTERM: the node lands its commits and closes its store.
     pub fn stop(mut self) {
         let _ = Command::new("kill")
