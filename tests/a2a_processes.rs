@@ -59,6 +59,7 @@ fn custody_over_a2a_between_two_processes_survives_a_sigkill_of_the_agent() {
         principal: (&p_cfg, p_admin, p_state),
         agent: (&a_cfg, a_admin, a_state),
         over: "A2A",
+        spawned_by_principal: false,
     });
 }
 

@@ -3,7 +3,9 @@
 //! `transport = "mcp"` (obligations ride `abhyasa_deliver` calls, acks return on the results).
 //! The MCP server process is SIGKILLed with obligations in flight and restarted; custody
 //! completes; both are stopped and `abhyasa check` audits their redb files. The second test
-//! does the same through `abhyasa netem` losing 10% of the packets each way.
+//! does the same through `abhyasa netem` losing 10% of the packets each way. The third has
+//! the principal spawn the agent itself as `abhyasa mcp --stdio` (`command = [...]`), the
+//! child SIGKILLed and spawned again by its principal.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -19,6 +21,16 @@ fn configs(
     dial: SocketAddr,
     a_port: SocketAddr,
 ) -> (PathBuf, PathBuf) {
+    configs_reaching(dir, setup, &format!("addr = \"{dial}\""), a_port)
+}
+
+/// The same, the principal's peer reached by `how` (its `addr` or its `command`).
+fn configs_reaching(
+    dir: &Path,
+    setup: &common::Setup,
+    how: &str,
+    a_port: SocketAddr,
+) -> (PathBuf, PathBuf) {
     let c = setup.certs.as_str();
     let (p_admin, a_admin) = (setup.admin.0.as_str(), setup.admin.1.as_str());
     let (p_state, a_state) = (&setup.state.0, &setup.state.1);
@@ -28,7 +40,7 @@ fn configs(
         format!(
             "agent = \"principal\"\nlisten = \"{}\"\ncerts = \"{c}\"\nstate = \"{}\"\nadmin = \"{p_admin}\"\n\n\
              [custody]\nresponse_timeout_ms = 300\nbackoff_base_ms = 50\nbackoff_cap_ms = 400\n\n\
-             [[peers]]\nid = \"agent-1\"\naddr = \"{dial}\"\ntransport = \"mcp\"\n",
+             [[peers]]\nid = \"agent-1\"\n{how}\ntransport = \"mcp\"\n",
             free_udp(),
             p_state.display()
         ),
@@ -38,7 +50,7 @@ fn configs(
     std::fs::write(
         &a_cfg,
         format!(
-            "agent = \"agent-1\"\nlisten = \"{a_port}\"\ncerts = \"{c}\"\nstate = \"{}\"\nadmin = \"{a_admin}\"\n\n[mcp]\n",
+            "agent = \"agent-1\"\nlisten = \"{a_port}\"\ncerts = \"{c}\"\nstate = \"{}\"\nadmin = \"{a_admin}\"\n\n[mcp]\nprincipal = \"principal\"\n",
             a_state.display()
         ),
     )
@@ -56,6 +68,7 @@ fn custody_over_mcp_over_quic_between_two_processes_survives_a_sigkill_of_the_mc
         principal: (&p_cfg, &setup.admin.0, &setup.state.0),
         agent: (&a_cfg, &setup.admin.1, &setup.state.1),
         over: "MCP",
+        spawned_by_principal: false,
     });
 }
 
@@ -81,5 +94,25 @@ fn custody_over_mcp_survives_10_percent_loss_and_a_sigkill_of_the_mcp_server_tog
         principal: (&p_cfg, &setup.admin.0, &setup.state.0),
         agent: (&a_cfg, &setup.admin.1, &setup.state.1),
         over: "MCP through 10% loss",
+        spawned_by_principal: false,
+    });
+}
+
+#[test]
+fn custody_over_mcp_to_a_server_the_principal_spawns_survives_a_sigkill_of_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = common::Setup::new(dir.path());
+    let a_cfg = dir.path().join("agent.toml");
+    let command = format!(
+        "command = [\"{}\", \"mcp\", \"--config\", \"{}\", \"--stdio\"]",
+        env!("CARGO_BIN_EXE_abhyasa"),
+        a_cfg.display()
+    );
+    let (p_cfg, a_cfg) = configs_reaching(dir.path(), &setup, &command, free_udp());
+    custody_survives_a_sigkill_of_the_agent(&Pair {
+        principal: (&p_cfg, &setup.admin.0, &setup.state.0),
+        agent: (&a_cfg, &setup.admin.1, &setup.state.1),
+        over: "MCP over the stdio of a spawned server",
+        spawned_by_principal: true,
     });
 }

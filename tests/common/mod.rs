@@ -106,6 +106,34 @@ pub struct Pair<'a> {
     pub agent: (&'a Path, &'a str, &'a Path),
     /// The binding's name, for messages.
     pub over: &'a str,
+    /// The principal spawns the agent itself (an MCP server over its stdio): the scenario
+    /// neither starts nor restarts it, it only kills it.
+    pub spawned_by_principal: bool,
+}
+
+/// The pids of processes whose command line has `arg` (read from /proc).
+pub fn pids_with_arg(arg: &str) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| {
+        let e = e.ok()?;
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+        cmdline
+            .split(|&b| b == 0)
+            .any(|a| a == arg.as_bytes())
+            .then_some(pid)
+    })
+    .collect()
+}
+
+fn sigkill_all(pids: &[u32]) {
+    for pid in pids {
+        let _ = Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+    }
 }
 
 /// The SIGKILL scenario every binding must survive: two token revocations applied; the agent
@@ -144,7 +172,9 @@ pub fn custody_survives_a_sigkill_of_the_agent(pair: &Pair<'_>) {
             .filter(|r| r["outcome"] == "Applied")
             .count()
     };
-    let mut agent = NodeProc::start(a_cfg);
+    let a_arg = a_cfg.to_str().unwrap();
+    let start_agent = || (!pair.spawned_by_principal).then(|| NodeProc::start(a_cfg));
+    let mut agent = start_agent();
     let principal = NodeProc::start(p_cfg);
     wait_for("both nodes up", Duration::from_secs(15), || {
         status(p_admin).is_some() && status(a_admin).is_some()
@@ -158,7 +188,14 @@ pub fn custody_survives_a_sigkill_of_the_agent(pair: &Pair<'_>) {
         || status(p_admin).is_some_and(|s| applied(&s) == 2),
     );
     // SIGKILL the agent with obligations in flight, then bring it back.
-    drop(agent);
+    match agent.take() {
+        Some(a) => drop(a),
+        None => {
+            let pids = pids_with_arg(a_arg);
+            assert_eq!(pids.len(), 1, "the principal runs one agent: {pids:?}");
+            sigkill_all(&pids);
+        }
+    }
     for t in ["t3", "t4", "t5", "t6"] {
         revoke(t);
     }
@@ -168,7 +205,7 @@ pub fn custody_survives_a_sigkill_of_the_agent(pair: &Pair<'_>) {
         "nothing in flight"
     );
     std::thread::sleep(Duration::from_millis(500));
-    agent = NodeProc::start(a_cfg);
+    agent = start_agent();
     wait_for(
         "all six applied after the restart",
         Duration::from_secs(20),
@@ -187,7 +224,20 @@ pub fn custody_survives_a_sigkill_of_the_agent(pair: &Pair<'_>) {
     assert_eq!(dropped, ["t1", "t2", "t3", "t4", "t5", "t6"]);
     // Stopped, both are audited from their files alone.
     principal.stop();
-    agent.stop();
+    match agent {
+        Some(a) => a.stop(),
+        // Its stdin closed with the principal: it ends by itself.
+        None => {
+            let gone = (0..100).any(|_| {
+                std::thread::sleep(Duration::from_millis(100));
+                pids_with_arg(a_arg).is_empty()
+            });
+            if !gone {
+                sigkill_all(&pids_with_arg(a_arg));
+            }
+            assert!(gone, "the spawned agent did not end with its principal");
+        }
+    }
     let out = abhyasa(&[
         "check",
         "--state",

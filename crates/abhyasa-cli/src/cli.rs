@@ -479,15 +479,49 @@ impl TransportConfig {
 #[serde(deny_unknown_fields)]
 struct PeerConfig {
     id: String,
-    addr: SocketAddr,
+    /// Where it listens (every transport but an MCP server reached by `command`).
+    #[serde(default)]
+    addr: Option<SocketAddr>,
     /// `"moqt"` (the default: a MOQT session over QUIC), `"mcp"` (an MCP session over QUIC in
-    /// the MCP-over-MOQT layout, to a peer serving `[mcp]`) or `"a2a"` (HTTPS, the peer's card).
+    /// the MCP-over-MOQT layout, to a peer serving `[mcp]`, or over the stdio of `command`) or
+    /// `"a2a"` (HTTPS, the peer's card).
     #[serde(default)]
     transport: Option<String>,
+    /// For `mcp`: an MCP server this node spawns and speaks to over its stdin/stdout, e.g.
+    /// `["abhyasa", "mcp", "--config", "agent.toml", "--stdio"]` (configured with `[mcp]
+    /// principal` = this node). Restarted when it exits.
+    #[serde(default)]
+    command: Option<Vec<String>>,
     /// For `a2a`: the card's URL (default `https://<id>:<addr port>/.well-known/agent-card.json`,
     /// with `<id>` resolved to `addr`).
     #[serde(default)]
     card: Option<String>,
+}
+
+impl PeerConfig {
+    /// The address, which this peer's transport needs.
+    fn addr(&self) -> std::result::Result<SocketAddr, String> {
+        self.addr.ok_or_else(|| {
+            format!(
+                "peer {}: addr is needed for transport {:?}",
+                self.id,
+                self.transport.as_deref().unwrap_or("moqt")
+            )
+        })
+    }
+
+    /// How an `mcp` peer is reached.
+    fn mcp_route(&self) -> std::result::Result<abhyasa_mcp::McpRoute, String> {
+        match (&self.command, self.addr) {
+            (Some(c), _) if c.is_empty() => Err(format!("peer {}: command is empty", self.id)),
+            (Some(c), _) => Ok(abhyasa_mcp::McpRoute::Command(c.clone())),
+            (None, Some(a)) => Ok(abhyasa_mcp::McpRoute::Quic(a)),
+            (None, None) => Err(format!(
+                "peer {}: an mcp peer needs addr (MCP over QUIC) or command (stdio)",
+                self.id
+            )),
+        }
+    }
 }
 
 /// `[a2a]`: the node's HTTPS face (BINDINGS.md § A2A).
@@ -1009,8 +1043,13 @@ async fn build_node(config: &NodeConfig) -> Result<Node> {
         .maintenance(Duration::from_millis(config.custody.maintenance_ms));
     for p in &config.peers {
         match p.transport.as_deref().unwrap_or("moqt") {
-            "moqt" => builder = builder.peer(AgentId::new(p.id.clone())?, p.addr),
-            "a2a" | "mcp" => {} // Reached by `start_bindings` once the node runs.
+            "moqt" => builder = builder.peer(AgentId::new(p.id.clone())?, p.addr()?),
+            "a2a" => {
+                p.addr()?; // Reached by `start_bindings` once the node runs.
+            }
+            "mcp" => {
+                p.mcp_route()?;
+            }
             other => {
                 return Err(format!(
                     "peer {}: transport must be \"moqt\", \"mcp\" or \"a2a\", not {other:?}",
@@ -1131,10 +1170,10 @@ async fn start_bindings(config: &NodeConfig, node: &Node) -> Result<Bindings> {
         .iter()
         .filter(|p| p.transport.as_deref() == Some("mcp"))
     {
-        mcp_links.push(abhyasa_mcp::PrincipalLink::spawn(
+        mcp_links.push(abhyasa_mcp::PrincipalLink::spawn_route(
             node.clone(),
             AgentId::new(p.id.clone())?,
-            p.addr,
+            p.mcp_route()?,
             Duration::from_millis(10),
         ));
     }
@@ -1173,16 +1212,18 @@ async fn start_a2a(
         .filter(|p| p.transport.as_deref() == Some("a2a"))
     {
         let id = AgentId::new(p.id.clone())?;
-        let card_url = p.card.clone().unwrap_or_else(|| {
-            format!("https://{id}:{}/.well-known/agent-card.json", p.addr.port())
-        });
+        let addr = p.addr()?;
+        let card_url = p
+            .card
+            .clone()
+            .unwrap_or_else(|| format!("https://{id}:{}/.well-known/agent-card.json", addr.port()));
         peers.push(abhyasa_a2a::spawn_peer(
             node.clone(),
             &identity,
             abhyasa_a2a::A2aPeer {
                 agent: id,
                 card_url,
-                addr: Some(p.addr),
+                addr: Some(addr),
             },
         )?);
     }

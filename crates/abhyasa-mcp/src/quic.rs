@@ -127,9 +127,57 @@ pub async fn connect_quic(
     Ok((client, service))
 }
 
-/// A principal's MCP session to one agent over QUIC, kept up: when it ends (the agent
-/// restarts, the link drops), a fresh session is opened and custody re-offers what is
-/// pending. Dropping the link stops it.
+/// How a principal reaches an agent's MCP server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum McpRoute {
+    /// Over the node's QUIC endpoint, in the MCP-over-MOQT layout, to the agent at this
+    /// address (mutually authenticated with the deployment's certificates).
+    Quic(std::net::SocketAddr),
+    /// A server this node spawns and speaks to over its stdin/stdout (program and
+    /// arguments), e.g. `abhyasa mcp --config agent.toml --stdio`. The child is the agent;
+    /// it must be configured to act for this node (`[mcp] principal`). It is killed when the
+    /// link is dropped and started again when it exits.
+    Command(Vec<String>),
+}
+
+/// Spawns `command` and opens an MCP session over its stdio, attaching `node`'s custodian.
+/// Keep the returned service and child alive as long as the client is used.
+pub async fn connect_command(
+    node: &Node,
+    agent: &AgentId,
+    command: &[String],
+    linger: Duration,
+) -> Result<
+    (
+        PrincipalClient,
+        RunningService<RoleClient, ()>,
+        tokio::process::Child,
+    ),
+    NodeError,
+> {
+    let program = command
+        .first()
+        .ok_or_else(|| NodeError::Mcp("the server command is empty".into()))?;
+    let mut child = tokio::process::Command::new(program)
+        .args(&command[1..])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| NodeError::Mcp(format!("could not start {program}: {e}")))?;
+    let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
+        return Err(NodeError::Mcp(format!("{program}: no stdio")));
+    };
+    let service = ().serve((stdout, stdin)).await.map_err(|e| NodeError::Mcp(e.to_string()))?;
+    let client =
+        PrincipalClient::attach(node.clone(), agent.clone(), service.peer().clone(), linger)
+            .await?;
+    Ok((client, service, child))
+}
+
+/// A principal's MCP session to one agent, kept up: when it ends (the agent restarts or
+/// exits, the link drops), a fresh session is opened (a fresh child, for a command) and
+/// custody re-offers what is pending. Dropping the link stops it.
 pub struct PrincipalLink {
     current: Arc<Mutex<Option<PrincipalClient>>>,
     task: tokio::task::JoinHandle<()>,
@@ -142,23 +190,37 @@ impl Drop for PrincipalLink {
 }
 
 impl PrincipalLink {
-    /// Starts keeping a session from `node` to `agent` at `addr`.
+    /// Starts keeping a session from `node` to `agent` at `addr` over QUIC.
     pub fn spawn(node: Node, agent: AgentId, addr: std::net::SocketAddr, linger: Duration) -> Self {
+        Self::spawn_route(node, agent, McpRoute::Quic(addr), linger)
+    }
+
+    /// Starts keeping a session from `node` to `agent` by `route`.
+    pub fn spawn_route(node: Node, agent: AgentId, route: McpRoute, linger: Duration) -> Self {
         let current = Arc::new(Mutex::new(None));
         let slot = current.clone();
         let task = tokio::spawn(async move {
             let mut backoff = Duration::from_millis(50);
             loop {
-                match connect_quic(&node, &agent, addr, linger).await {
-                    Ok((client, service)) => {
-                        info!(%agent, "MCP session over QUIC up");
+                let session = match &route {
+                    McpRoute::Quic(addr) => connect_quic(&node, &agent, *addr, linger)
+                        .await
+                        .map(|(c, s)| (c, s, None)),
+                    McpRoute::Command(command) => connect_command(&node, &agent, command, linger)
+                        .await
+                        .map(|(c, s, child)| (c, s, Some(child))),
+                };
+                match session {
+                    Ok((client, service, child)) => {
+                        info!(%agent, ?route, "MCP session up");
                         backoff = Duration::from_millis(50);
                         *slot.lock().await = Some(client);
                         let _ = service.waiting().await;
                         *slot.lock().await = None;
-                        info!(%agent, "MCP session over QUIC down");
+                        drop(child); // Killed if it is still running.
+                        info!(%agent, "MCP session down");
                     }
-                    Err(e) => debug!(%agent, %e, "MCP session over QUIC failed"),
+                    Err(e) => debug!(%agent, %e, "MCP session failed"),
                 }
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));
