@@ -4,7 +4,9 @@
 //! are stopped and `abhyasa check` audits their redb files: nothing lost, nothing applied twice.
 
 mod common;
-use common::{abhyasa, custody_survives_a_sigkill_of_the_agent, free_tcp, free_udp, Pair};
+use common::{
+    abhyasa, custody_survives_a_sigkill_of_the_agent, free_tcp, free_udp, AgentStart, Pair,
+};
 
 #[test]
 fn custody_over_a2a_between_two_processes_survives_a_sigkill_of_the_agent() {
@@ -59,7 +61,7 @@ fn custody_over_a2a_between_two_processes_survives_a_sigkill_of_the_agent() {
         principal: (&p_cfg, p_admin, p_state),
         agent: (&a_cfg, a_admin, a_state),
         over: "A2A",
-        spawned_by_principal: false,
+        start: AgentStart::Node,
     });
 }
 

@@ -5,13 +5,14 @@
 //! completes; both are stopped and `abhyasa check` audits their redb files. The second test
 //! does the same through `abhyasa netem` losing 10% of the packets each way. The third has
 //! the principal spawn the agent itself as `abhyasa mcp --stdio` (`command = [...]`), the
-//! child SIGKILLed and spawned again by its principal.
+//! child SIGKILLed and spawned again by its principal. The fourth reaches the agent as
+//! `abhyasa mcp --http` at a `url` (streamable HTTP).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 mod common;
-use common::{custody_survives_a_sigkill_of_the_agent, free_udp, NodeProc, Pair};
+use common::{custody_survives_a_sigkill_of_the_agent, free_udp, AgentStart, NodeProc, Pair};
 
 /// Config files for the principal (reaching `agent-1` at `dial`) and the agent (listening on
 /// `a_port`).
@@ -68,7 +69,7 @@ fn custody_over_mcp_over_quic_between_two_processes_survives_a_sigkill_of_the_mc
         principal: (&p_cfg, &setup.admin.0, &setup.state.0),
         agent: (&a_cfg, &setup.admin.1, &setup.state.1),
         over: "MCP",
-        spawned_by_principal: false,
+        start: AgentStart::Node,
     });
 }
 
@@ -94,7 +95,7 @@ fn custody_over_mcp_survives_10_percent_loss_and_a_sigkill_of_the_mcp_server_tog
         principal: (&p_cfg, &setup.admin.0, &setup.state.0),
         agent: (&a_cfg, &setup.admin.1, &setup.state.1),
         over: "MCP through 10% loss",
-        spawned_by_principal: false,
+        start: AgentStart::Node,
     });
 }
 
@@ -113,6 +114,23 @@ fn custody_over_mcp_to_a_server_the_principal_spawns_survives_a_sigkill_of_the_s
         principal: (&p_cfg, &setup.admin.0, &setup.state.0),
         agent: (&a_cfg, &setup.admin.1, &setup.state.1),
         over: "MCP over the stdio of a spawned server",
-        spawned_by_principal: true,
+        start: AgentStart::SpawnedByPrincipal,
+    });
+}
+
+#[test]
+fn custody_over_mcp_on_streamable_http_survives_a_sigkill_of_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let setup = common::Setup::new(dir.path());
+    let http = format!("127.0.0.1:{}", common::free_tcp());
+    let how = format!("url = \"http://{http}/mcp\"");
+    let (p_cfg, a_cfg) = configs_reaching(dir.path(), &setup, &how, free_udp());
+    let a = a_cfg.to_str().unwrap();
+    let args = ["mcp", "--config", a, "--http", &http];
+    custody_survives_a_sigkill_of_the_agent(&Pair {
+        principal: (&p_cfg, &setup.admin.0, &setup.state.0),
+        agent: (&a_cfg, &setup.admin.1, &setup.state.1),
+        over: "MCP on streamable HTTP",
+        start: AgentStart::Run(&args),
     });
 }

@@ -106,9 +106,20 @@ pub struct Pair<'a> {
     pub agent: (&'a Path, &'a str, &'a Path),
     /// The binding's name, for messages.
     pub over: &'a str,
-    /// The principal spawns the agent itself (an MCP server over its stdio): the scenario
-    /// neither starts nor restarts it, it only kills it.
-    pub spawned_by_principal: bool,
+    /// How the agent process starts.
+    pub start: AgentStart<'a>,
+}
+
+/// How the scenario starts the agent.
+#[derive(Clone, Copy)]
+pub enum AgentStart<'a> {
+    /// `abhyasa node --config <agent config>`.
+    Node,
+    /// `abhyasa <these args>` (e.g. `mcp --config … --http ADDR`).
+    Run(&'a [&'a str]),
+    /// The principal spawns it itself (an MCP server over its stdio): the scenario neither
+    /// starts nor restarts it, it only kills it.
+    SpawnedByPrincipal,
 }
 
 /// The pids of processes whose command line has `arg` (read from /proc).
@@ -173,7 +184,11 @@ pub fn custody_survives_a_sigkill_of_the_agent(pair: &Pair<'_>) {
             .count()
     };
     let a_arg = a_cfg.to_str().unwrap();
-    let start_agent = || (!pair.spawned_by_principal).then(|| NodeProc::start(a_cfg));
+    let start_agent = || match pair.start {
+        AgentStart::Node => Some(NodeProc::start(a_cfg)),
+        AgentStart::Run(args) => Some(NodeProc::run(args)),
+        AgentStart::SpawnedByPrincipal => None,
+    };
     let mut agent = start_agent();
     let principal = NodeProc::start(p_cfg);
     wait_for("both nodes up", Duration::from_secs(15), || {

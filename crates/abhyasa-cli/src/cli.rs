@@ -492,6 +492,9 @@ struct PeerConfig {
     /// principal` = this node). Restarted when it exits.
     #[serde(default)]
     command: Option<Vec<String>>,
+    /// For `mcp`: a streamable HTTP server's `http://` URL (e.g. `abhyasa mcp --http`).
+    #[serde(default)]
+    url: Option<String>,
     /// For `a2a`: the card's URL (default `https://<id>:<addr port>/.well-known/agent-card.json`,
     /// with `<id>` resolved to `addr`).
     #[serde(default)]
@@ -512,12 +515,20 @@ impl PeerConfig {
 
     /// How an `mcp` peer is reached.
     fn mcp_route(&self) -> std::result::Result<abhyasa_mcp::McpRoute, String> {
-        match (&self.command, self.addr) {
-            (Some(c), _) if c.is_empty() => Err(format!("peer {}: command is empty", self.id)),
-            (Some(c), _) => Ok(abhyasa_mcp::McpRoute::Command(c.clone())),
-            (None, Some(a)) => Ok(abhyasa_mcp::McpRoute::Quic(a)),
-            (None, None) => Err(format!(
-                "peer {}: an mcp peer needs addr (MCP over QUIC) or command (stdio)",
+        match (&self.command, &self.url, self.addr) {
+            (Some(_), Some(_), _) => Err(format!("peer {}: command or url, not both", self.id)),
+            (Some(c), None, _) if c.is_empty() => {
+                Err(format!("peer {}: command is empty", self.id))
+            }
+            (Some(c), None, _) => Ok(abhyasa_mcp::McpRoute::Command(c.clone())),
+            (None, Some(u), _) if !u.starts_with("http://") => Err(format!(
+                "peer {}: url must be http:// (streamable HTTP on loopback), not {u:?}",
+                self.id
+            )),
+            (None, Some(u), _) => Ok(abhyasa_mcp::McpRoute::Url(u.clone())),
+            (None, None, Some(a)) => Ok(abhyasa_mcp::McpRoute::Quic(a)),
+            (None, None, None) => Err(format!(
+                "peer {}: an mcp peer needs addr (MCP over QUIC), command (stdio) or url (HTTP)",
                 self.id
             )),
         }

@@ -138,6 +138,34 @@ pub enum McpRoute {
     /// it must be configured to act for this node (`[mcp] principal`). It is killed when the
     /// link is dropped and started again when it exits.
     Command(Vec<String>),
+    /// A server on streamable HTTP at this `http://` URL (e.g. `abhyasa mcp --http`, which
+    /// acts for its configured `[mcp] principal`; plain HTTP carries no identity, so keep it
+    /// on loopback).
+    Url(String),
+}
+
+/// Opens an MCP session to the streamable HTTP server at `url` (`http://…`), attaching
+/// `node`'s custodian. Keep the returned service alive as long as the client is used.
+pub async fn connect_url(
+    node: &Node,
+    agent: &AgentId,
+    url: &str,
+    linger: Duration,
+) -> Result<(PrincipalClient, RunningService<RoleClient, ()>), NodeError> {
+    if !url.starts_with("http://") {
+        return Err(NodeError::Mcp(format!(
+            "{url}: only http:// URLs (streamable HTTP on loopback) are reached; use addr for MCP over QUIC with certificates"
+        )));
+    }
+    // The HTTP client's TLS stack takes the process's default provider: ring, as everywhere
+    // in Abhyasa (already installed is fine).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let transport = rmcp::transport::StreamableHttpClientTransport::from_uri(url.to_owned());
+    let service = ().serve(transport).await.map_err(|e| NodeError::Mcp(e.to_string()))?;
+    let client =
+        PrincipalClient::attach(node.clone(), agent.clone(), service.peer().clone(), linger)
+            .await?;
+    Ok((client, service))
 }
 
 /// Spawns `command` and opens an MCP session over its stdio, attaching `node`'s custodian.
@@ -209,6 +237,9 @@ impl PrincipalLink {
                     McpRoute::Command(command) => connect_command(&node, &agent, command, linger)
                         .await
                         .map(|(c, s, child)| (c, s, Some(child))),
+                    McpRoute::Url(url) => connect_url(&node, &agent, url, linger)
+                        .await
+                        .map(|(c, s)| (c, s, None)),
                 };
                 match session {
                     Ok((client, service, child)) => {
