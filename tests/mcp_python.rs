@@ -137,7 +137,7 @@ fn the_python_mcp_sdk_drives_the_stdio_server() {
             .lines()
             .filter(|l| l.starts_with(&format!("ok: [{via}] ")))
             .count();
-        assert!(n >= 27, "{n} checks over {via}");
+        assert!(n >= 31, "{n} checks over {via}");
     }
     // The receipts the SDK got back settle the branch: 50 committed, 50 available.
     let gw = id("agent-1");

@@ -87,6 +87,7 @@ def setup(binary, work, certs=None):
         subprocess.run([binary, "certs", "issue", "agent-1", "--dir", certs], check=True,
                        capture_output=True)
     runs = os.path.join(work, "book.runs")
+    admin = f"127.0.0.1:{free_port(socket.SOCK_STREAM)}"
     config = os.path.join(work, "agent-1.toml")
     with open(config, "w") as f:
         f.write(f"""
@@ -94,7 +95,7 @@ agent = "agent-1"
 listen = "127.0.0.1:{free_port(socket.SOCK_DGRAM)}"
 certs = "{certs}"
 state = "{os.path.join(work, 'state')}"
-admin = "127.0.0.1:{free_port(socket.SOCK_STREAM)}"
+admin = "{admin}"
 
 [ledger]
 gateway = true
@@ -121,21 +122,22 @@ description = "Sends mail with the principal's token."
 token = "tok-mail"
 command = ["echo", "sent"]
 """)
-    return config
+    return config, certs, admin
 
 
 async def over_stdio(binary, work, certs, permit):
-    config = setup(binary, work, certs)
+    config, certs, admin = setup(binary, work, certs)
     params = StdioServerParameters(command=binary, args=["mcp", "--config", config, "--stdio"])
     async with stdio_client(params) as (read, write):
         async with ClientSession(read, write) as session:
             await checks(session, binary, "stdio")
+            await ledger_checks(session, binary, certs, admin, "stdio")
             if permit:
                 await budget_checks(session, work, permit, "stdio")
 
 
 async def over_http(binary, work, certs, permit):
-    config = setup(binary, work, certs)
+    config, certs, admin = setup(binary, work, certs)
     port = free_port(socket.SOCK_STREAM)
     server = subprocess.Popen([binary, "mcp", "--config", config, "--http", f"127.0.0.1:{port}"],
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -145,6 +147,7 @@ async def over_http(binary, work, certs, permit):
         async with streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write, *_):
             async with ClientSession(read, write) as session:
                 await checks(session, binary, "http")
+                await ledger_checks(session, binary, certs, admin, "http")
                 if permit:
                     await budget_checks(session, work, permit, "http")
     finally:
@@ -217,6 +220,46 @@ async def checks(session, binary, via):
     check_via(len(acks(r)) == 1, "the old revocation re-sent is acked again")
     r = await session.call_tool("calendar_read", {"n": 2})
     check_via(not r.is_error, "and not applied twice: the grant stands")
+
+
+async def ledger_checks(session, binary, certs, admin, via):
+    """The node's own ledger through `abhyasa_ledger`: a root grant handed in with the CLI,
+    a spend through this node as its own gateway settled at its maximum, an overdraw
+    refused."""
+    def check_via(cond, what):
+        check(cond, f"[{via}] {what}")
+
+    out = subprocess.run(
+        [binary, "ledger", "grant", "--admin", admin, "--certs", certs, "--holder", "agent-1",
+         "--root", "1", "--budget", "cents=100", "--label", "travel"],
+        capture_output=True, text=True)
+    check_via(out.returncode == 0, f"a root grant of 100 cents reaches the node ({out.stdout.strip()})")
+
+    async def ledger(**req):
+        return await session.call_tool("abhyasa_ledger", req)
+
+    r = await ledger(ledger="spend", credit="1", gateway="agent-1", purpose="travel",
+                     operation="python spend", max="cents=30", key="a1")
+    check_via(not r.is_error, f"a spend of at most 30 cents is taken ({text(r)[:80]})")
+
+    root = {}
+    for _ in range(100):
+        r = await ledger(ledger="status")
+        roots = r.structured_content["ledger"]["roots"]
+        root = roots[0] if roots else {}
+        if root.get("committed") == "cents=30":
+            break
+        await asyncio.sleep(0.05)
+    check_via(root.get("committed") == "cents=30" and root.get("available") == "cents=70"
+              and root.get("quarantined") == "0",
+              f"it settles through this node as gateway: 30 committed, 70 available ({root})")
+
+    r = await ledger(ledger="spend", credit="1", gateway="agent-1", purpose="travel",
+                     operation="too much", max="cents=80", key="a2")
+    r2 = await ledger(ledger="status")
+    after = r2.structured_content["ledger"]["roots"][0]
+    check_via(r.is_error and after.get("available") == "cents=70",
+              f"a spend above what is left is refused and changes nothing ({text(r)[:80]})")
 
 
 async def budget_checks(session, work, permit, via):

@@ -983,6 +983,9 @@ async fn mcp(path: PathBuf, stdio: bool, http: Option<SocketAddr>) -> Result<Exi
     let mut tools = mcp_tools(&config)?;
     let node = build_node(&config).await?;
     tools.push(crate::mcp_cli::issue_tool(node.clone()));
+    if config.ledger.is_some() {
+        tools.push(crate::mcp_cli::ledger_tool(node.clone()));
+    }
     let _bindings = start_bindings(&config, &node).await?;
     let admin = tokio::spawn(admin::serve(Arc::new(node.clone()), config.admin));
     let served: Result<()> = match http {

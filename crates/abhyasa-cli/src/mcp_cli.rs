@@ -249,6 +249,67 @@ pub fn issue_tool(node: Node) -> HostTool {
     }
 }
 
+/// The MCP tool that drives this node's ledger.
+pub const TOOL_LEDGER: &str = "abhyasa_ledger";
+
+/// `abhyasa_ledger`: the arguments are a ledger request as JSON, tagged by `"ledger"`
+/// (`grant`, `delegate`, `spend`, `reclaim`, `forfeit`, `status`; ids in hex, amounts as
+/// `dim=n,…`), as on the admin interface; answers with the node's reply.
+pub fn ledger_tool(node: Node) -> HostTool {
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "ledger": {"type": "string", "enum": ["grant", "delegate", "spend", "reclaim", "forfeit", "status"]},
+            "grant": {"type": "string", "description": "Signed<RootGrant> as hex CBOR (grant)"},
+            "credit": {"type": "string", "description": "credit id, hex"},
+            "transfer": {"type": "string"},
+            "amount": {"type": "string"},
+            "to": {"type": "string"},
+            "label": {"type": "array", "items": {"type": "string"}},
+            "gateway": {"type": "string"},
+            "purpose": {"type": "string"},
+            "operation": {"type": "string"},
+            "max": {"type": "string", "description": "dim=n,…"},
+            "key": {"type": "string", "description": "operation key, hex"}
+        },
+        "required": ["ledger"]
+    });
+    HostTool {
+        tool: Tool::new(
+            TOOL_LEDGER,
+            "This node's budget ledger: status, or grant / delegate / spend (reserve, then dispatch to the gateway) / reclaim / forfeit; answered once the step is durable.",
+            Arc::new(schema.as_object().cloned().unwrap_or_default()),
+        ),
+        governance: Governance::default(),
+        run: Arc::new(move |args| {
+            let node = node.clone();
+            Box::pin(async move {
+                let fail = |what: String| CallToolResult::error(vec![ContentBlock::text(what)]);
+                let req: crate::ledger_cli::LedgerRequest =
+                    match serde_json::from_value(Value::Object(args)) {
+                        Ok(r) => r,
+                        Err(e) => return fail(format!("arguments: {e}")),
+                    };
+                let cmd = match req.command() {
+                    Ok(c) => c,
+                    Err(e) => return fail(format!("arguments: {e}")),
+                };
+                match node.ledger(cmd).await {
+                    Ok(reply) => {
+                        let v = crate::ledger_cli::reply_json(&reply);
+                        let mut r = CallToolResult::success(vec![ContentBlock::text(
+                            serde_json::to_string_pretty(&v).unwrap_or_default(),
+                        )]);
+                        r.structured_content = Some(v);
+                        r
+                    }
+                    Err(e) => fail(e.to_string()),
+                }
+            })
+        }),
+    }
+}
+
 /// Serves MCP over this process's stdin/stdout until the client closes it.
 pub async fn serve_stdio(
     node: Node,
