@@ -29,7 +29,9 @@ pub use envelope::{
     acks_from_meta, acks_to_meta, obligations_from_meta, obligations_to_meta, EnvelopeError,
     META_ACKS, META_OBLIGATIONS, META_PERMIT, META_RECEIPT,
 };
-pub use quic::{connect_command, connect_quic, serve_quic, McpRoute, PrincipalLink, QuicTransport};
+pub use quic::{
+    connect_command, connect_quic, connect_url, serve_quic, McpRoute, PrincipalLink, QuicTransport,
+};
 pub use server::{
     AgentServer, Governance, HostTool, ToolFn, ToolFuture, RESOURCE_HONOURS, RESOURCE_WEIGHTS,
     TOOL_CUSTODY_STATUS, TOOL_DELIVER,
