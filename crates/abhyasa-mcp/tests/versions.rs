@@ -1,6 +1,7 @@
 //! The MCP protocol versions the agent's server speaks: a client that asks for 2025-11-25
 //! (or an older revision rmcp knows) gets that revision, and the custody envelope works on it;
-//! one that names 2026-07-28 in an `initialize` gets 2025-11-25.
+//! one that names 2026-07-28 in an `initialize` gets 2025-11-25, and a 2026-07-28 client that
+//! discovers the server (`server/discover`, self-contained requests) gets 2026-07-28.
 
 use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
@@ -19,6 +20,13 @@ mod common;
 use common::{calendar, consent, id};
 
 async fn negotiated(version: ProtocolVersion) -> (ProtocolVersion, usize) {
+    negotiated_by(version, None).await
+}
+
+async fn negotiated_by(
+    version: ProtocolVersion,
+    discover: Option<rmcp::ClientLifecycleMode>,
+) -> (ProtocolVersion, usize) {
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::generate("t").unwrap();
     let node = Node::builder(ca.issue(&id("agent-1")).unwrap())
@@ -41,7 +49,13 @@ async fn negotiated(version: ProtocolVersion) -> (ProtocolVersion, usize) {
         Implementation::new("versions-test", "1"),
     );
     config.protocol_version = version;
-    let client = config.serve((br, bw)).await.unwrap();
+    let client = match discover {
+        None => config.serve((br, bw)).await.unwrap(),
+        Some(mode) => {
+            use rmcp::ClientServiceExt as _;
+            config.serve_with_lifecycle((br, bw), mode).await.unwrap()
+        }
+    };
     let got = client.peer_info().unwrap().protocol_version.clone();
     let o = consent(1, ConsentDecision::Revoke, "files.write", 60_000);
     let mut p = CallToolRequestParams::new("abhyasa_deliver");
@@ -77,5 +91,16 @@ async fn a_client_asking_for_2026_07_28_in_an_initialize_is_answered_2025_11_25(
     let (got, acks) = negotiated(ProtocolVersion::V_2026_07_28).await;
     assert_eq!(got, ProtocolVersion::LATEST_WITH_INITIALIZE);
     assert_eq!(got, ProtocolVersion::V_2025_11_25);
+    assert_eq!(acks, 1);
+}
+
+/// 2026-07-28 proper: `server/discover`, then self-contained requests; the envelope rides them.
+#[tokio::test]
+async fn a_2026_07_28_client_discovers_the_server_and_the_envelope_works() {
+    let mode = rmcp::ClientLifecycleMode::Discover {
+        preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+    };
+    let (got, acks) = negotiated_by(ProtocolVersion::V_2026_07_28, Some(mode)).await;
+    assert_eq!(got, ProtocolVersion::V_2026_07_28);
     assert_eq!(acks, 1);
 }
