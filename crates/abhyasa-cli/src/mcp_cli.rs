@@ -157,7 +157,6 @@ pub fn command_tool(cfg: &McpToolConfig) -> Result<HostTool, McpConfigError> {
 }
 
 async fn run_command(command: &[String], args: &JsonObject) -> CallToolResult {
-    let fail = |what: String| CallToolResult::error(vec![ContentBlock::text(what)]);
     let child = tokio::process::Command::new(&command[0])
         .args(&command[1..])
         .stdin(Stdio::piped())
@@ -209,17 +208,12 @@ pub fn issue_tool(node: Node) -> HostTool {
         },
         "required": ["target", "kind"]
     });
-    HostTool {
-        tool: Tool::new(
-            TOOL_ISSUE,
-            "Issue an obligation under custody as this node's principal; it ends applied, declined or escalated with its safe action.",
-            Arc::new(schema.as_object().cloned().unwrap_or_default()),
-        ),
-        governance: Governance::default(),
-        run: Arc::new(move |args| {
-            let node = node.clone();
-            Box::pin(async move {
-                let fail = |what: String| CallToolResult::error(vec![ContentBlock::text(what)]);
+    node_tool(
+        node,
+        TOOL_ISSUE,
+        "Issue an obligation under custody as this node's principal; it ends applied, declined or escalated with its safe action.",
+        schema,
+        |node, args| async move {
                 let spec: IssueSpec = match serde_json::from_value(Value::Object(args)) {
                     Ok(s) => s,
                     Err(e) => return fail(format!("arguments: {e}")),
@@ -244,7 +238,38 @@ pub fn issue_tool(node: Node) -> HostTool {
                     }
                     Err(e) => fail(e.to_string()),
                 }
-            })
+        },
+    )
+}
+
+/// A tool's failure, in its words.
+fn fail(what: String) -> CallToolResult {
+    CallToolResult::error(vec![ContentBlock::text(what)])
+}
+
+/// A host tool that runs `f` with the node and the call's arguments.
+fn node_tool<F, Fut>(
+    node: Node,
+    name: &'static str,
+    description: &'static str,
+    schema: Value,
+    f: F,
+) -> HostTool
+where
+    F: Fn(Node, JsonObject) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = CallToolResult> + Send + 'static,
+{
+    let f = Arc::new(f);
+    HostTool {
+        tool: Tool::new(
+            name,
+            description,
+            Arc::new(schema.as_object().cloned().unwrap_or_default()),
+        ),
+        governance: Governance::default(),
+        run: Arc::new(move |args| {
+            let (node, f) = (node.clone(), f.clone());
+            Box::pin(async move { f(node, args).await })
         }),
     }
 }
@@ -274,17 +299,12 @@ pub fn ledger_tool(node: Node) -> HostTool {
         },
         "required": ["ledger"]
     });
-    HostTool {
-        tool: Tool::new(
-            TOOL_LEDGER,
-            "This node's budget ledger: status, or grant / delegate / spend (reserve, then dispatch to the gateway) / reclaim / forfeit; answered once the step is durable.",
-            Arc::new(schema.as_object().cloned().unwrap_or_default()),
-        ),
-        governance: Governance::default(),
-        run: Arc::new(move |args| {
-            let node = node.clone();
-            Box::pin(async move {
-                let fail = |what: String| CallToolResult::error(vec![ContentBlock::text(what)]);
+    node_tool(
+        node,
+        TOOL_LEDGER,
+        "This node's budget ledger: status, or grant / delegate / spend (reserve, then dispatch to the gateway) / reclaim / forfeit; answered once the step is durable.",
+        schema,
+        |node, args| async move {
                 let req: crate::ledger_cli::LedgerRequest =
                     match serde_json::from_value(Value::Object(args)) {
                         Ok(r) => r,
@@ -305,9 +325,8 @@ pub fn ledger_tool(node: Node) -> HostTool {
                     }
                     Err(e) => fail(e.to_string()),
                 }
-            })
-        }),
-    }
+        },
+    )
 }
 
 /// Serves MCP over this process's stdin/stdout until the client closes it.

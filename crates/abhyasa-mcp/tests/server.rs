@@ -14,11 +14,11 @@ use abhyasa_wire::{
 };
 use rmcp::model::{CallToolRequestParams, CallToolResult, RequestMetaObject};
 use rmcp::service::{RunningService, ServiceError};
-use rmcp::{RoleClient, ServiceExt};
+use rmcp::RoleClient;
 use serde_json::{json, Value};
 
 mod common;
-use common::{consent, host_tool, id, obligation, revoke_token};
+use common::{connect, consent, host_tool, id, obligation, revoke_token};
 
 fn token_revoke(n: u128, token: &str) -> Obligation {
     revoke_token(n, token, 60_000)
@@ -59,15 +59,7 @@ async fn fixture() -> Fixture {
             },
             Arc::new(Default::default()),
         ));
-    let (a, b) = tokio::io::duplex(1 << 16);
-    let (ar, aw) = tokio::io::split(a);
-    let (br, bw) = tokio::io::split(b);
-    tokio::spawn(async move {
-        if let Ok(running) = server.serve((ar, aw)).await {
-            let _ = running.waiting().await;
-        }
-    });
-    let client = ().serve((br, bw)).await.unwrap();
+    let (client, _server) = connect(server).await;
     Fixture {
         _dir: dir,
         node,

@@ -17,7 +17,7 @@ use rmcp::model::{
 use rmcp::ServiceExt;
 
 mod common;
-use common::{calendar, consent, id};
+use common::{calendar, consent, id, serve_on_pipe};
 
 async fn negotiated(version: ProtocolVersion) -> (ProtocolVersion, usize) {
     negotiated_by(version, None).await
@@ -36,24 +36,17 @@ async fn negotiated_by(
         .unwrap();
     let server =
         AgentServer::new(node, id("principal")).tool(calendar(Arc::new(AtomicU32::new(0))));
-    let (a, b) = tokio::io::duplex(1 << 16);
-    let (ar, aw) = tokio::io::split(a);
-    let (br, bw) = tokio::io::split(b);
-    tokio::spawn(async move {
-        if let Ok(running) = server.serve((ar, aw)).await {
-            let _ = running.waiting().await;
-        }
-    });
+    let (end, _server) = serve_on_pipe(server);
     let mut config = ClientConfig::new(
         ClientCapabilities::default(),
         Implementation::new("versions-test", "1"),
     );
     config.protocol_version = version;
     let client = match discover {
-        None => config.serve((br, bw)).await.unwrap(),
+        None => config.serve(end).await.unwrap(),
         Some(mode) => {
             use rmcp::ClientServiceExt as _;
-            config.serve_with_lifecycle((br, bw), mode).await.unwrap()
+            config.serve_with_lifecycle(end, mode).await.unwrap()
         }
     };
     let got = client.peer_info().unwrap().protocol_version.clone();

@@ -122,17 +122,28 @@ pub fn calendar(runs: Arc<AtomicU32>) -> HostTool {
     )
 }
 
-/// Serves `handler` to a new rmcp client over an in-process pipe.
-pub async fn connect<S: ServerHandler>(
-    handler: S,
-) -> (RunningService<RoleClient, ()>, tokio::task::JoinHandle<()>) {
+/// The client's end of an in-process pipe.
+pub type PipeEnd = (
+    tokio::io::ReadHalf<tokio::io::DuplexStream>,
+    tokio::io::WriteHalf<tokio::io::DuplexStream>,
+);
+
+/// Serves `handler` on one end of an in-process pipe; the other end is for a client.
+pub fn serve_on_pipe<S: ServerHandler>(handler: S) -> (PipeEnd, tokio::task::JoinHandle<()>) {
     let (a, b) = tokio::io::duplex(1 << 16);
     let (ar, aw) = tokio::io::split(a);
-    let (br, bw) = tokio::io::split(b);
     let server = tokio::spawn(async move {
         if let Ok(running) = handler.serve((ar, aw)).await {
             let _ = running.waiting().await;
         }
     });
-    (().serve((br, bw)).await.unwrap(), server)
+    (tokio::io::split(b), server)
+}
+
+/// Serves `handler` to a new rmcp client over an in-process pipe.
+pub async fn connect<S: ServerHandler>(
+    handler: S,
+) -> (RunningService<RoleClient, ()>, tokio::task::JoinHandle<()>) {
+    let (end, server) = serve_on_pipe(handler);
+    (().serve(end).await.unwrap(), server)
 }
