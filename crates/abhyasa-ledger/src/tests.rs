@@ -1504,3 +1504,59 @@ fn a_refusal_of_a_tampered_copy_does_not_stop_the_genuine_permit() {
     ));
     assert_eq!(n.violations(), vec![]);
 }
+
+#[test]
+fn timeouts_resend_only_what_is_still_undecided() {
+    let mut n = Net::new(&[("cents", 100)], None);
+    let root = RootId::from_u128(7);
+    // Decided for good: a settled operation and an accepted transfer.
+    let one = n.effect("one", &[("cents", 10)]);
+    n.r.reserve(ROOT_CREDIT, one, &id("g"), key(1)).unwrap();
+    n.r.dispatch(UnixMillis(0), key(1)).unwrap();
+    n.r.transfer(
+        ROOT_CREDIT,
+        TransferId::from_u128(1),
+        &v(&[("cents", 20)]),
+        &id("c"),
+        Label::of(&["tools"]).unwrap(),
+    )
+    .unwrap();
+    n.run(&v(&[("cents", 10)]), &mut |_, _| false);
+    // Undecided: operation 2, whose dispatch never reaches the gateway.
+    let two = n.effect("two", &[("cents", 5)]);
+    n.r.reserve(ROOT_CREDIT, two, &id("g"), key(2)).unwrap();
+    n.r.dispatch(UnixMillis(0), key(2)).unwrap();
+    n.run(&Vector::zero(), &mut |to, _| to == &id("g"));
+    assert!(matches!(
+        n.r.operation(key(1)).unwrap().state,
+        OpState::Settled { .. }
+    ));
+    assert_eq!(n.r.operation(key(2)).unwrap().state, OpState::Quarantined);
+    assert_eq!(
+        n.r.buckets(root)[1],
+        Vector::zero(),
+        "the transfer is decided"
+    );
+    // Each timeout resends operation 2's dispatch and nothing else.
+    for t in [1_000, 2_000, 3_000] {
+        n.r.handle_timeout(UnixMillis(t));
+        let sent: Vec<(AgentId, LedgerMessage)> =
+            std::iter::from_fn(|| n.r.poll_transmit()).collect();
+        assert_eq!(sent.len(), 1, "at {t} ms: {sent:?}");
+        let (to, LedgerMessage::Dispatch { permit, .. }) = &sent[0] else {
+            panic!("at {t} ms: {:?}", sent[0]);
+        };
+        assert_eq!(to, &id("g"));
+        assert_eq!(permit.peek().unwrap().binding.key, key(2));
+    }
+    // Once it is decided too, a timeout sends nothing at all.
+    n.r.handle_timeout(UnixMillis(4_000));
+    n.run(&v(&[("cents", 5)]), &mut |_, _| false);
+    assert!(matches!(
+        n.r.operation(key(2)).unwrap().state,
+        OpState::Settled { .. }
+    ));
+    n.r.handle_timeout(UnixMillis(10_000));
+    assert_eq!(n.r.poll_transmit(), None);
+    assert_eq!(n.violations(), vec![]);
+}
