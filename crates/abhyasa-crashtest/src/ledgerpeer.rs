@@ -130,10 +130,15 @@ fn parse_mutant(s: &str) -> Result<LedgerMutation, String> {
 pub const OPS_PER_BRANCH: u128 = 600;
 /// The root grant, in cents.
 pub const BUDGET: u64 = 14_000;
-/// Transfers root → child.
-pub const TRANSFERS: u128 = 5;
-/// Cents per transfer.
-pub const TRANSFER_CENTS: u64 = 1_500;
+/// Transfers root → child: one every `TRANSFER_EVERY` of the root's operations, so that one
+/// arrives within a second or so of any moment of the run (the test kills the child while it
+/// accepts one, many times over).
+pub const TRANSFERS: u128 = 25;
+/// Root operations between two transfers.
+pub const TRANSFER_EVERY: u128 = 24;
+/// Cents per transfer (25 × 300 = 7,500: the child's 600 operations reserve 10 each and
+/// commit 5 on average).
+pub const TRANSFER_CENTS: u64 = 300;
 /// At most one new operation per this many ms per branch (keeps the run long enough to be
 /// killed at every cut many times).
 pub const PACE_MS: u64 = 25;
@@ -298,7 +303,7 @@ fn run_branch(
             let spent = b.operations().count() as u128;
             for t in 0..TRANSFERS {
                 let id = TransferId::from_u128(500 + t);
-                if spent < t * 100 {
+                if spent < t * TRANSFER_EVERY {
                     break; // Spread over the run.
                 }
                 if !b.outgoing().any(|o| o.body.transfer == id) {
