@@ -503,6 +503,11 @@ impl Gateway {
         self.transmits.pop_front()
     }
 
+    /// What this gateway accepted for `payer`'s `key`.
+    pub fn acceptance(&self, payer: &AgentId, key: OpKey) -> Option<&Acceptance> {
+        self.log.get(&(payer.clone(), key))
+    }
+
     /// The acceptance log, keyed by (payer, key).
     pub fn log(&self) -> impl Iterator<Item = (&(AgentId, OpKey), &Acceptance)> {
         self.log.iter()

@@ -170,6 +170,12 @@ async fn fixture() -> Fixture {
     }
 }
 
+impl Fixture {
+    async fn call(&self, params: CallToolRequestParams) -> CallToolResult {
+        self.client.call_tool(params).await.unwrap()
+    }
+}
+
 fn args(to: &str) -> Map<String, Value> {
     json!({"to": to, "class": "economy"})
         .as_object()
@@ -199,11 +205,7 @@ async fn a_priced_tool_runs_once_per_permit_and_its_receipt_settles_the_callers_
         "dispatched: quarantined until evidence"
     );
 
-    let r = f
-        .client
-        .call_tool(call(&lhr, Some(permit_to_meta(&p))))
-        .await
-        .unwrap();
+    let r = f.call(call(&lhr, Some(permit_to_meta(&p)))).await;
     assert_ne!(r.is_error, Some(true), "{}", text(&r));
     assert_eq!(text(&r), "book ran");
     assert_eq!(f.runs.load(Ordering::SeqCst), 1);
@@ -234,11 +236,7 @@ async fn a_priced_tool_runs_once_per_permit_and_its_receipt_settles_the_callers_
 
     // A replay (a new JSON-RPC request, the same permit) gets the first receipt and runs
     // nothing.
-    let r = f
-        .client
-        .call_tool(call(&lhr, Some(permit_to_meta(&p))))
-        .await
-        .unwrap();
+    let r = f.call(call(&lhr, Some(permit_to_meta(&p)))).await;
     assert_ne!(r.is_error, Some(true), "{}", text(&r));
     assert!(text(&r).contains("does not run again"), "{}", text(&r));
     let again = receipt_from_meta(&r.meta.as_ref().unwrap().0)
@@ -248,31 +246,19 @@ async fn a_priced_tool_runs_once_per_permit_and_its_receipt_settles_the_callers_
     assert_eq!(f.runs.load(Ordering::SeqCst), 1);
 
     // The same permit for other arguments does not bind that call.
-    let r = f
-        .client
-        .call_tool(call(&args("CDG"), Some(permit_to_meta(&p))))
-        .await
-        .unwrap();
+    let r = f.call(call(&args("CDG"), Some(permit_to_meta(&p)))).await;
     assert_eq!(r.is_error, Some(true));
     assert!(text(&r).contains("does not bind this call"), "{}", text(&r));
 
     // A permit signed by another member, presented in the principal's session.
     let mut m = branch("mallory");
     let foreign = permit(&mut m, &lhr, 2);
-    let r = f
-        .client
-        .call_tool(call(&lhr, Some(permit_to_meta(&foreign))))
-        .await
-        .unwrap();
+    let r = f.call(call(&lhr, Some(permit_to_meta(&foreign)))).await;
     assert_eq!(r.is_error, Some(true));
     assert!(text(&r).contains("not signed by you"), "{}", text(&r));
 
     // Not a permit at all.
-    let r = f
-        .client
-        .call_tool(call(&lhr, Some(json!("AAEC"))))
-        .await
-        .unwrap();
+    let r = f.call(call(&lhr, Some(json!("AAEC")))).await;
     assert_eq!(r.is_error, Some(true));
     assert!(text(&r).contains(META_PERMIT), "{}", text(&r));
 
@@ -312,10 +298,8 @@ async fn a_second_permit_is_a_second_run_and_a_reused_key_for_another_call_is_re
     let mut other = branch("principal");
     let conflicting = permit(&mut other, &args("CDG"), 1);
     let r = f
-        .client
-        .call_tool(call(&args("CDG"), Some(permit_to_meta(&conflicting))))
-        .await
-        .unwrap();
+        .call(call(&args("CDG"), Some(permit_to_meta(&conflicting))))
+        .await;
     assert_eq!(r.is_error, Some(true));
     assert!(
         text(&r).contains("already used for another call"),

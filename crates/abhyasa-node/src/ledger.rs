@@ -360,7 +360,7 @@ impl LedgerPart {
         reply: oneshot::Sender<Signed<Receipt>>,
     ) -> Result<(), crate::NodeError> {
         let g = self.gateway.as_mut().ok_or(crate::NodeError::NotAGateway)?;
-        let Some((_, a)) = g.log().find(|((p, k), _)| p == payer && *k == key) else {
+        let Some(a) = g.acceptance(payer, key) else {
             return Err(crate::NodeError::NotAccepted(key));
         };
         match &a.state {
