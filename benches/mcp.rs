@@ -68,10 +68,9 @@ fn agent_process_config(dir: &std::path::Path) -> std::path::PathBuf {
     std::fs::write(
         &cfg,
         format!(
-            "agent = \"agent-1\"\nlisten = \"127.0.0.1:{}\"\ncerts = \"{certs}\"\nstate = \"{}\"\nadmin = \"127.0.0.1:{}\"\n\n[mcp]\nprincipal = \"principal\"\n",
+            "agent = \"agent-1\"\nlisten = \"127.0.0.1:{}\"\ncerts = \"{certs}\"\nstate = \"{}\"\n\n[mcp]\nprincipal = \"principal\"\n",
             free_port(true),
             dir.join("a").display(),
-            free_port(false)
         ),
     )
     .unwrap();

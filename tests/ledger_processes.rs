@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{abhyasa, free_tcp, free_udp, wait_for, NodeProc as Proc};
+use common::{abhyasa, free_udp, wait_for, NodeProc as Proc};
 
 fn ok(args: &[&str]) -> String {
     let out = abhyasa(args);
@@ -41,10 +41,16 @@ fn grant_delegate_spend_and_check_across_three_node_processes() {
     assert!(certs.join("issuer.ledger.key").exists() && certs.join("gw.ledger.pub").exists());
 
     let ports: Vec<u16> = (0..3).map(|_| free_udp().port()).collect();
-    let admins: Vec<String> = (0..3)
-        .map(|_| format!("127.0.0.1:{}", free_tcp()))
-        .collect();
     let names = ["root", "child", "gw"];
+    let admins: Vec<String> = names
+        .iter()
+        .map(|n| {
+            dir.path()
+                .join(format!("{n}-admin.sock"))
+                .display()
+                .to_string()
+        })
+        .collect();
     let state = |i: usize| dir.path().join(format!("state-{}", names[i]));
     let peers = [
         "[[peers]]\nid = \"child\"\naddr = \"127.0.0.1:{child}\"\n",

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 mod common;
-use common::{abhyasa, free_tcp, free_udp, wait_for, NodeProc};
+use common::{abhyasa, free_udp, wait_for, NodeProc};
 
 fn free_port() -> u16 {
     free_udp().port()
@@ -63,8 +63,8 @@ fn two_node_processes_with_a_receiver_killed_and_restarted() {
 
     let (p_port, a_port) = (free_port(), free_port());
     let (p_admin, a_admin) = (
-        format!("127.0.0.1:{}", free_tcp()),
-        format!("127.0.0.1:{}", free_tcp()),
+        dir.path().join("p-admin.sock").display().to_string(),
+        dir.path().join("a-admin.sock").display().to_string(),
     );
     let p_cfg = dir.path().join("principal.toml");
     std::fs::write(

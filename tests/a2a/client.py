@@ -57,13 +57,13 @@ def main():
     run("certs", "init", "--dir", certs)
     run("certs", "issue", "agent-1", "--dir", certs)
     run("certs", "issue", "principal", "--dir", certs)
-    https, admin = free_port(), free_port()
+    https, admin = free_port(), os.path.join(work, "admin.sock")
     config = os.path.join(work, "agent.toml")
     with open(config, "w") as f:
         f.write(
             f'agent = "agent-1"\nlisten = "127.0.0.1:{free_port(socket.SOCK_DGRAM)}"\n'
             f'certs = "{certs}"\nstate = "{os.path.join(work, "state")}"\n'
-            f'admin = "127.0.0.1:{admin}"\n\n[a2a]\nlisten = "127.0.0.1:{https}"\n'
+            f'admin = "{admin}"\n\n[a2a]\nlisten = "127.0.0.1:{https}"\n'
         )
     node = subprocess.Popen([abhyasa, "node", "--config", config],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -162,7 +162,7 @@ def check(abhyasa, certs, https, admin):
     assert status == 403, status
     ok("an ack in another agent's name is refused with 403")
 
-    out = subprocess.run([abhyasa, "status", "--admin", f"127.0.0.1:{admin}", "--json"],
+    out = subprocess.run([abhyasa, "status", "--admin", admin, "--json"],
                          check=True, capture_output=True)
     s = json.loads(out.stdout)
     assert s["honours"]["withheld"] == [["principal", "calendar.read"]], s["honours"]

@@ -304,12 +304,12 @@ pub fn python_client_with(env: &str, what: &str, script: &str, more: &[&str]) ->
     Some(stdout)
 }
 
-/// A CA and certificates for `principal` and `agent-1` made with the CLI in `dir/certs`, free
-/// admin addresses and state directories: what both process tests of a binding start from.
+/// A CA and certificates for `principal` and `agent-1` made with the CLI in `dir/certs`, admin
+/// socket paths and state directories: what both process tests of a binding start from.
 pub struct Setup {
     /// The certs directory.
     pub certs: String,
-    /// Admin addresses (principal, agent).
+    /// Admin socket paths (principal, agent).
     pub admin: (String, String),
     /// State directories (principal, agent).
     pub state: (std::path::PathBuf, std::path::PathBuf),
@@ -330,8 +330,8 @@ impl Setup {
         Self {
             certs,
             admin: (
-                format!("127.0.0.1:{}", free_tcp()),
-                format!("127.0.0.1:{}", free_tcp()),
+                dir.join("p-admin.sock").to_str().unwrap().to_owned(),
+                dir.join("a-admin.sock").to_str().unwrap().to_owned(),
             ),
             state: (dir.join("state-p"), dir.join("state-a")),
         }

@@ -87,7 +87,7 @@ def setup(binary, work, certs=None):
         subprocess.run([binary, "certs", "issue", "agent-1", "--dir", certs], check=True,
                        capture_output=True)
     runs = os.path.join(work, "book.runs")
-    admin = f"127.0.0.1:{free_port(socket.SOCK_STREAM)}"
+    admin = os.path.join(work, "admin.sock")
     config = os.path.join(work, "agent-1.toml")
     with open(config, "w") as f:
         f.write(f"""

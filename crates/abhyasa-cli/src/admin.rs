@@ -1,7 +1,12 @@
-//! The node's local admin interface: JSON lines over TCP on a loopback address, used by
-//! `abhyasa issue`, `abhyasa status` and `abhyasa ledger …`. One request per connection.
+//! The node's local admin interface, used by `abhyasa issue`, `abhyasa status` and
+//! `abhyasa ledger …`: one JSON line per connection, `{"request": …}` (and `"token"` over
+//! TCP), one JSON line back. By default a Unix domain socket in the state directory that only
+//! the node's own user may open; over TCP only on loopback (unless allowed) and only with the
+//! token the node keeps in its state directory. Whoever passes holds the principal's authority:
+//! it may issue obligations and spend the node's budget.
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use abhyasa_node::{Admission, Node, Status};
@@ -11,7 +16,7 @@ use abhyasa_wire::{
     WeightKey,
 };
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 /// An obligation as the command line describes it; the node fills in issuer, id and times.
 /// As JSON (the admin protocol, the MCP `abhyasa_issue` tool) the same fields, snake_case;
@@ -334,64 +339,379 @@ impl From<Status> for StatusJson {
     }
 }
 
-/// Serves admin requests for `node` on `addr` until the listener fails.
-pub async fn serve(node: std::sync::Arc<Node>, addr: SocketAddr) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    loop {
-        let (stream, _) = listener.accept().await?;
-        let node = node.clone();
-        tokio::spawn(async move {
-            let (r, mut w) = stream.into_split();
-            let mut line = String::new();
-            if BufReader::new(r).read_line(&mut line).await.is_err() {
-                return;
-            }
-            let reply = match serde_json::from_str::<Request>(&line) {
-                Ok(Request::Issue(spec)) => {
-                    match spec.build(node.agent(), |span| node.default_retries(span)) {
-                        Ok(o) => {
-                            let id = o.id;
-                            match node.issue(o).await.map(|h| h.admission()) {
-                                Ok(a) => {
-                                    serde_json::json!({"ok": true, "id": id.to_string(), "admission": match a {
-                                        Admission::Custody => "custody",
-                                        Admission::BestEffort => "best_effort",
-                                    }})
-                                }
-                                Err(e) => serde_json::json!({"ok": false, "error": e.to_string()}),
-                            }
-                        }
-                        Err(e) => serde_json::json!({"ok": false, "error": e}),
-                    }
-                }
-                Ok(Request::Ledger(req)) => match req.command() {
-                    Ok(cmd) => match node.ledger(cmd).await {
-                        Ok(r) => crate::ledger_cli::reply_json(&r),
-                        Err(e) => serde_json::json!({"ok": false, "error": e.to_string()}),
-                    },
-                    Err(e) => serde_json::json!({"ok": false, "error": e.to_string()}),
-                },
-                Ok(Request::Status) => match node.status().await {
-                    Ok(s) => serde_json::json!({"ok": true, "status": StatusJson::from(s)}),
-                    Err(e) => serde_json::json!({"ok": false, "error": e.to_string()}),
-                },
-                Err(e) => serde_json::json!({"ok": false, "error": format!("bad request: {e}")}),
-            };
-            let _ = w.write_all(format!("{reply}\n").as_bytes()).await;
-        });
+/// Where a node's admin interface listens: a Unix domain socket (the default,
+/// `<state>/admin.sock`, mode 0600, only the node's own user may connect) or a TCP address
+/// (every request must carry the token the node writes to `<state>/admin.token`, mode 0600).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AdminAddr {
+    /// A Unix domain socket at this path.
+    Unix(PathBuf),
+    /// A TCP address.
+    Tcp(SocketAddr),
+}
+
+impl AdminAddr {
+    /// Parses `host:port` as TCP; anything else is a socket path, and an existing directory
+    /// (a node's state directory) stands for the `admin.sock` inside it.
+    pub fn parse(s: &str) -> Self {
+        if let Ok(a) = s.parse::<SocketAddr>() {
+            return Self::Tcp(a);
+        }
+        let path = PathBuf::from(s.strip_prefix("unix:").unwrap_or(s));
+        if path.is_dir() {
+            Self::Unix(path.join(SOCKET_FILE))
+        } else {
+            Self::Unix(path)
+        }
     }
 }
 
-/// Sends one request to a node's admin address and returns its JSON reply.
-pub async fn request(
-    addr: SocketAddr,
-    req: &Request,
-) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
-    let stream = tokio::net::TcpStream::connect(addr).await?;
-    let (r, mut w) = stream.into_split();
-    w.write_all(format!("{}\n", serde_json::to_string(req)?).as_bytes())
-        .await?;
+impl std::fmt::Display for AdminAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Unix(p) => write!(f, "unix:{}", p.display()),
+            Self::Tcp(a) => write!(f, "{a}"),
+        }
+    }
+}
+
+impl std::str::FromStr for AdminAddr {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Self::parse(s))
+    }
+}
+
+/// The admin socket's file name in a state directory.
+pub const SOCKET_FILE: &str = "admin.sock";
+/// The admin token's file name in a state directory.
+pub const TOKEN_FILE: &str = "admin.token";
+
+/// Why the admin interface would not start, or a request was not sent.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// A TCP admin address that is not loopback, without `admin_allow_remote = true`.
+    #[error("admin address {0} is not a loopback address; anyone who can reach it could issue obligations as this node (set admin_allow_remote = true to allow it; a token is still required)")]
+    NotLoopback(SocketAddr),
+    /// Another process already serves the socket.
+    #[error("{0}: another process is serving this admin socket")]
+    InUse(PathBuf),
+    /// Something that is not a socket is in the way.
+    #[error("{0}: exists and is not a socket; not removing it")]
+    NotASocket(PathBuf),
+    /// The token file can be read by other users.
+    #[error("{path}: admin token is readable by other users (mode {mode:o}); chmod 600 it")]
+    TokenExposed {
+        /// The token file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// The token file does not hold a token.
+    #[error("{0}: not an admin token (expected 64 hex digits)")]
+    BadToken(PathBuf),
+    /// A TCP admin address without a token to send.
+    #[error(
+        "a TCP admin address needs --admin-token FILE (the node writes it to <state>/{TOKEN_FILE})"
+    )]
+    NoToken,
+    /// I/O on the socket, the token or the connection.
+    #[error("{0}: {1}")]
+    Io(String, std::io::Error),
+}
+
+/// One request on the wire: the token (TCP only) and the request.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Envelope {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    token: Option<String>,
+    request: Request,
+}
+
+enum Listener {
+    Unix {
+        listener: tokio::net::UnixListener,
+        owner: u32,
+    },
+    Tcp {
+        listener: tokio::net::TcpListener,
+        token: [u8; 32],
+    },
+}
+
+/// A bound admin interface, not yet serving.
+pub struct AdminServer {
+    listener: Listener,
+    addr: AdminAddr,
+}
+
+impl AdminServer {
+    /// Binds the admin interface at `addr` for the node whose state directory is `state`.
+    /// A Unix socket replaces a stale socket file (one nobody answers on) and is made 0600;
+    /// a TCP address must be loopback unless `allow_remote`, and gets the state directory's
+    /// token (created, 0600, when absent).
+    pub fn bind(addr: &AdminAddr, state: &Path, allow_remote: bool) -> Result<Self, AdminError> {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+        let io = |what: &Path| {
+            let what = what.display().to_string();
+            move |e| AdminError::Io(what, e)
+        };
+        let listener = match addr {
+            AdminAddr::Unix(path) => {
+                if let Ok(meta) = std::fs::symlink_metadata(path) {
+                    if !meta.file_type().is_socket() {
+                        return Err(AdminError::NotASocket(path.clone()));
+                    }
+                    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                        return Err(AdminError::InUse(path.clone()));
+                    }
+                    std::fs::remove_file(path).map_err(io(path))?;
+                }
+                let listener = tokio::net::UnixListener::bind(path).map_err(io(path))?;
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+                    .map_err(io(path))?;
+                // The file's owner is this process's user; connections from anyone else are
+                // refused even in the moment before the mode was set.
+                let owner = std::fs::metadata(path).map_err(io(path))?.uid();
+                Listener::Unix { listener, owner }
+            }
+            AdminAddr::Tcp(a) => {
+                if !a.ip().is_loopback() && !allow_remote {
+                    return Err(AdminError::NotLoopback(*a));
+                }
+                let token = load_or_create_token(&state.join(TOKEN_FILE))?;
+                let listener = std::net::TcpListener::bind(a)
+                    .and_then(|l| {
+                        l.set_nonblocking(true)?;
+                        tokio::net::TcpListener::from_std(l)
+                    })
+                    .map_err(|e| AdminError::Io(a.to_string(), e))?;
+                Listener::Tcp { listener, token }
+            }
+        };
+        Ok(Self {
+            listener,
+            addr: addr.clone(),
+        })
+    }
+
+    /// Where it listens (a TCP port 0 resolved).
+    pub fn addr(&self) -> AdminAddr {
+        match &self.listener {
+            Listener::Tcp { listener, .. } => listener
+                .local_addr()
+                .map_or_else(|_| self.addr.clone(), AdminAddr::Tcp),
+            Listener::Unix { .. } => self.addr.clone(),
+        }
+    }
+
+    /// Serves admin requests for `node` until the listener fails.
+    pub async fn serve(self, node: std::sync::Arc<Node>) -> std::io::Result<()> {
+        match self.listener {
+            Listener::Unix { listener, owner } => loop {
+                let (stream, _) = listener.accept().await?;
+                let uid = stream.peer_cred().map(|c| c.uid()).ok();
+                let node = node.clone();
+                tokio::spawn(async move {
+                    let (r, w) = stream.into_split();
+                    let allowed = if uid == Some(owner) {
+                        Ok(())
+                    } else {
+                        Err(format!(
+                            "unauthorized: uid {uid:?} is not the node's user ({owner})"
+                        ))
+                    };
+                    answer(&node, r, w, |_| allowed).await;
+                });
+            },
+            Listener::Tcp { listener, token } => loop {
+                let (stream, peer) = listener.accept().await?;
+                let node = node.clone();
+                tokio::spawn(async move {
+                    let (r, w) = stream.into_split();
+                    answer(&node, r, w, |given| {
+                        if given.is_some_and(|g| token_matches(g, &token)) {
+                            Ok(())
+                        } else {
+                            tracing::warn!(%peer, "admin request without a valid token refused");
+                            Err(format!(
+                                "unauthorized: this admin interface needs the token in <state>/{TOKEN_FILE}"
+                            ))
+                        }
+                    })
+                    .await;
+                });
+            },
+        }
+    }
+}
+
+/// Reads the token at `path`, or creates one (32 random bytes as hex, mode 0600, never
+/// overwriting) when absent. A token other users can read is refused.
+fn load_or_create_token(path: &Path) -> Result<[u8; 32], AdminError> {
+    use std::io::Write as _;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let io = |e| AdminError::Io(path.display().to_string(), e);
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(mut f) => {
+            let mut token = [0u8; 32];
+            rand::Rng::fill(&mut rand::rng(), &mut token);
+            f.write_all(format!("{}\n", hex::encode(token)).as_bytes())
+                .and_then(|()| f.sync_all())
+                .map_err(io)?;
+            Ok(token)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let mode = std::fs::metadata(path).map_err(io)?.permissions().mode();
+            if mode & 0o077 != 0 {
+                return Err(AdminError::TokenExposed {
+                    path: path.to_owned(),
+                    mode: mode & 0o777,
+                });
+            }
+            read_token(path)
+        }
+        Err(e) => Err(io(e)),
+    }
+}
+
+/// Reads a token file (64 hex digits).
+pub fn read_token(path: &Path) -> Result<[u8; 32], AdminError> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| AdminError::Io(path.display().to_string(), e))?;
+    hex::decode(text.trim())
+        .ok()
+        .and_then(|b| <[u8; 32]>::try_from(b).ok())
+        .ok_or_else(|| AdminError::BadToken(path.to_owned()))
+}
+
+/// Compares a presented token with the node's in time independent of where they differ.
+fn token_matches(given: &str, token: &[u8; 32]) -> bool {
+    use subtle::ConstantTimeEq as _;
+    hex::decode(given)
+        .ok()
+        .and_then(|b| <[u8; 32]>::try_from(b).ok())
+        .is_some_and(|g| bool::from(g.ct_eq(token)))
+}
+
+/// Reads one request line, checks `authorize` with its token, answers one line.
+async fn answer<R, W>(
+    node: &Node,
+    r: R,
+    mut w: W,
+    authorize: impl FnOnce(Option<&str>) -> Result<(), String>,
+) where
+    R: tokio::io::AsyncRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
     let mut line = String::new();
-    BufReader::new(r).read_line(&mut line).await?;
-    Ok(serde_json::from_str(&line)?)
+    // One request per connection, bounded: a line longer than this is refused unread.
+    if BufReader::new(r.take(MAX_REQUEST_BYTES))
+        .read_line(&mut line)
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let reply = match serde_json::from_str::<Envelope>(&line) {
+        Err(_) if !line.ends_with('\n') && line.len() as u64 >= MAX_REQUEST_BYTES => {
+            serde_json::json!({"ok": false, "error": format!("request longer than {MAX_REQUEST_BYTES} bytes")})
+        }
+        Err(e) => serde_json::json!({"ok": false, "error": format!("bad request: {e}")}),
+        Ok(env) => match authorize(env.token.as_deref()) {
+            Err(e) => serde_json::json!({"ok": false, "error": e}),
+            Ok(()) => handle(node, env.request).await,
+        },
+    };
+    let _ = w.write_all(format!("{reply}\n").as_bytes()).await;
+}
+
+/// The longest admin request line accepted.
+pub const MAX_REQUEST_BYTES: u64 = 64 * 1024;
+
+async fn handle(node: &Node, request: Request) -> serde_json::Value {
+    match request {
+        Request::Issue(spec) => match spec.build(node.agent(), |span| node.default_retries(span)) {
+            Ok(o) => {
+                let id = o.id;
+                match node.issue(o).await.map(|h| h.admission()) {
+                    Ok(a) => {
+                        serde_json::json!({"ok": true, "id": id.to_string(), "admission": match a {
+                            Admission::Custody => "custody",
+                            Admission::BestEffort => "best_effort",
+                        }})
+                    }
+                    Err(e) => serde_json::json!({"ok": false, "error": e.to_string()}),
+                }
+            }
+            Err(e) => serde_json::json!({"ok": false, "error": e}),
+        },
+        Request::Ledger(req) => match req.command() {
+            Ok(cmd) => match node.ledger(cmd).await {
+                Ok(r) => crate::ledger_cli::reply_json(&r),
+                Err(e) => serde_json::json!({"ok": false, "error": e.to_string()}),
+            },
+            Err(e) => serde_json::json!({"ok": false, "error": e.to_string()}),
+        },
+        Request::Status => match node.status().await {
+            Ok(s) => serde_json::json!({"ok": true, "status": StatusJson::from(s)}),
+            Err(e) => serde_json::json!({"ok": false, "error": e.to_string()}),
+        },
+    }
+}
+
+/// How a client reaches a node's admin interface.
+#[derive(Clone, Debug, clap::Args)]
+pub struct AdminTarget {
+    /// The node's admin interface: its state directory or socket path (Unix socket), or
+    /// `host:port` (TCP; then --admin-token is needed).
+    #[arg(long, default_value = "state")]
+    pub admin: AdminAddr,
+    /// The node's admin token file (`<state>/admin.token`), for a TCP admin address.
+    #[arg(long)]
+    pub admin_token: Option<PathBuf>,
+}
+
+/// Sends one request to a node's admin interface and returns its JSON reply.
+pub async fn request(
+    target: &AdminTarget,
+    req: Request,
+) -> Result<serde_json::Value, Box<dyn std::error::Error>> {
+    let line = |token| -> Result<String, serde_json::Error> {
+        Ok(format!(
+            "{}\n",
+            serde_json::to_string(&Envelope {
+                token,
+                request: req,
+            })?
+        ))
+    };
+    let mut reply = String::new();
+    match &target.admin {
+        AdminAddr::Unix(path) => {
+            let stream = tokio::net::UnixStream::connect(path)
+                .await
+                .map_err(|e| AdminError::Io(format!("admin socket {}", path.display()), e))?;
+            let (r, mut w) = stream.into_split();
+            w.write_all(line(None)?.as_bytes()).await?;
+            BufReader::new(r).read_line(&mut reply).await?;
+        }
+        AdminAddr::Tcp(addr) => {
+            let token = read_token(target.admin_token.as_deref().ok_or(AdminError::NoToken)?)?;
+            let stream = tokio::net::TcpStream::connect(addr)
+                .await
+                .map_err(|e| AdminError::Io(format!("admin address {addr}"), e))?;
+            let (r, mut w) = stream.into_split();
+            w.write_all(line(Some(hex::encode(token)))?.as_bytes())
+                .await?;
+            BufReader::new(r).read_line(&mut reply).await?;
+        }
+    }
+    Ok(serde_json::from_str(&reply)?)
 }

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::admin::{self, IssueSpec, Request, StatusJson};
+use crate::admin::{self, AdminAddr, AdminTarget, IssueSpec, Request, StatusJson};
 use crate::demo::{self, DemoConfig};
 use crate::ledger_cli;
 use crate::sweep;
@@ -117,17 +117,15 @@ enum Command {
     },
     /// Submit an obligation to a running node.
     Issue {
-        /// The node's admin address.
-        #[arg(long, default_value = "127.0.0.1:7701")]
-        admin: SocketAddr,
+        #[command(flatten)]
+        admin: AdminTarget,
         #[command(flatten)]
         spec: Box<IssueSpec>,
     },
     /// Show a running node's pending set, outcomes, escalations and principal state.
     Status {
-        /// The node's admin address.
-        #[arg(long, default_value = "127.0.0.1:7701")]
-        admin: SocketAddr,
+        #[command(flatten)]
+        admin: AdminTarget,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -152,9 +150,8 @@ enum Command {
 enum LedgerCli {
     /// Sign a root grant with the issuer's key and hand it to its holder node.
     Grant {
-        /// The holder node's admin address.
-        #[arg(long, default_value = "127.0.0.1:7701")]
-        admin: SocketAddr,
+        #[command(flatten)]
+        admin: AdminTarget,
         /// Directory with the ledger key files.
         #[arg(long, default_value = "certs")]
         certs: PathBuf,
@@ -179,9 +176,8 @@ enum LedgerCli {
     },
     /// Delegate part of a credit to a child branch (a sealed transfer).
     Delegate {
-        /// The delegating node's admin address.
-        #[arg(long, default_value = "127.0.0.1:7701")]
-        admin: SocketAddr,
+        #[command(flatten)]
+        admin: AdminTarget,
         /// The paying credit (hex).
         #[arg(long)]
         credit: String,
@@ -200,9 +196,8 @@ enum LedgerCli {
     },
     /// Reserve an effect's maximum charge and dispatch it through a gateway.
     Spend {
-        /// The spending node's admin address.
-        #[arg(long, default_value = "127.0.0.1:7701")]
-        admin: SocketAddr,
+        #[command(flatten)]
+        admin: AdminTarget,
         /// The paying credit (hex).
         #[arg(long)]
         credit: String,
@@ -224,27 +219,24 @@ enum LedgerCli {
     },
     /// Fence a credit's epoch at its gateways to reclaim dispatches that never got an answer.
     Reclaim {
-        /// The node's admin address.
-        #[arg(long, default_value = "127.0.0.1:7701")]
-        admin: SocketAddr,
+        #[command(flatten)]
+        admin: AdminTarget,
         /// The credit (hex).
         #[arg(long)]
         credit: String,
     },
     /// Retire a quarantined operation for good: its atoms stay charged (Forfeited).
     Forfeit {
-        /// The node's admin address.
-        #[arg(long, default_value = "127.0.0.1:7701")]
-        admin: SocketAddr,
+        #[command(flatten)]
+        admin: AdminTarget,
         /// The operation key (hex).
         #[arg(long)]
         key: String,
     },
     /// All six buckets per root, credits, operations, transfers.
     Status {
-        /// The node's admin address.
-        #[arg(long, default_value = "127.0.0.1:7701")]
-        admin: SocketAddr,
+        #[command(flatten)]
+        admin: AdminTarget,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -388,7 +380,11 @@ struct NodeConfig {
     listen: SocketAddr,
     certs: PathBuf,
     state: PathBuf,
-    admin: SocketAddr,
+    /// The admin interface: a socket path or `host:port`; default `<state>/admin.sock`.
+    admin: Option<String>,
+    /// Allow a TCP admin address that is not loopback (a token is still required).
+    #[serde(default)]
+    admin_allow_remote: bool,
     #[serde(default)]
     peers: Vec<PeerConfig>,
     #[serde(default)]
@@ -782,7 +778,7 @@ async fn run(command: Command) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Issue { admin, spec } => {
-            let reply = admin::request(admin, &Request::Issue(spec)).await?;
+            let reply = admin::request(&admin, Request::Issue(spec)).await?;
             println!("{reply}");
             Ok(if reply["ok"] == true {
                 ExitCode::SUCCESS
@@ -792,7 +788,7 @@ async fn run(command: Command) -> Result<ExitCode> {
         }
         Command::Ledger { command } => ledger(command).await,
         Command::Status { admin, json } => {
-            let reply = admin::request(admin, &Request::Status).await?;
+            let reply = admin::request(&admin, Request::Status).await?;
             if reply["ok"] != true {
                 eprintln!("{reply}");
                 return Ok(ExitCode::FAILURE);
@@ -918,7 +914,7 @@ async fn ledger(command: LedgerCli) -> Result<ExitCode> {
         LedgerCli::Forfeit { admin, key } => (admin, R::Forfeit { key }, false),
         LedgerCli::Status { admin, json } => (admin, R::Status, json),
     };
-    let reply = admin::request(admin, &Request::Ledger(req)).await?;
+    let reply = admin::request(&admin, Request::Ledger(req)).await?;
     if reply["ok"] != true {
         eprintln!("{}", reply["error"].as_str().unwrap_or("request failed"));
         return Ok(ExitCode::FAILURE);
@@ -944,13 +940,14 @@ async fn node(path: PathBuf) -> Result<ExitCode> {
     let config = read_config(&path)?;
     let agent = AgentId::new(config.agent.clone())?;
     let node = Arc::new(build_node(&config).await?);
+    let admin = bind_admin(&config)?;
     println!(
         "node {agent} listening on {} (admin {})",
         node.local_addr(),
-        config.admin
+        admin.addr()
     );
     let _bindings = start_bindings(&config, &node).await?;
-    let admin = tokio::spawn(admin::serve(node.clone(), config.admin));
+    let admin = tokio::spawn(admin.serve(node.clone()));
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
@@ -986,8 +983,10 @@ async fn mcp(path: PathBuf, stdio: bool, http: Option<SocketAddr>) -> Result<Exi
     if config.ledger.is_some() {
         tools.push(crate::mcp_cli::ledger_tool(node.clone()));
     }
+    let admin = bind_admin(&config)?;
+    let admin_addr = admin.addr();
     let _bindings = start_bindings(&config, &node).await?;
-    let admin = tokio::spawn(admin::serve(Arc::new(node.clone()), config.admin));
+    let admin = tokio::spawn(admin.serve(Arc::new(node.clone())));
     let served: Result<()> = match http {
         Some(addr) => {
             let server =
@@ -1013,7 +1012,7 @@ async fn mcp(path: PathBuf, stdio: bool, http: Option<SocketAddr>) -> Result<Exi
                 "node {} listening on {} (admin {}); MCP on stdio for {principal}",
                 node.agent(),
                 node.local_addr(),
-                config.admin
+                admin_addr
             );
             crate::mcp_cli::serve_stdio(node.clone(), principal, tools).await
         }
@@ -1023,6 +1022,19 @@ async fn mcp(path: PathBuf, stdio: bool, http: Option<SocketAddr>) -> Result<Exi
     node.shutdown().await;
     served?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Binds the node's admin interface: `admin` from the config, or `<state>/admin.sock`.
+fn bind_admin(config: &NodeConfig) -> Result<admin::AdminServer> {
+    let addr = config.admin.as_deref().map_or_else(
+        || AdminAddr::Unix(config.state.join(admin::SOCKET_FILE)),
+        AdminAddr::parse,
+    );
+    Ok(admin::AdminServer::bind(
+        &addr,
+        &config.state,
+        config.admin_allow_remote,
+    )?)
 }
 
 async fn build_node(config: &NodeConfig) -> Result<Node> {

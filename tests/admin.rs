@@ -1,0 +1,268 @@
+//! The admin interface grants the principal's authority (issue obligations, spend the node's
+//! budget), so it must refuse whoever is not the node's operator: a Unix socket only its user
+//! may open by default; over TCP only on loopback and only with the node's token. Each refusal
+//! is driven against a real `abhyasa node` process.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{abhyasa, free_tcp, free_udp, wait_for, NodeProc};
+
+/// Certificates for `agent-1` under `dir/certs`; returns the directory.
+fn certs(dir: &Path) -> String {
+    let c = dir.join("certs").display().to_string();
+    assert!(abhyasa(&["certs", "init", "--dir", &c]).status.success());
+    assert!(abhyasa(&["certs", "issue", "agent-1", "--dir", &c])
+        .status
+        .success());
+    c
+}
+
+/// A node config for `agent-1` with `extra` lines (an `admin = …`, …) and one peer that never
+/// answers (obligations to it stay pending).
+fn config(dir: &Path, certs: &str, extra: &str) -> (PathBuf, PathBuf) {
+    let state = dir.join("state");
+    let cfg = dir.join("node.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "agent = \"agent-1\"\nlisten = \"{}\"\ncerts = \"{certs}\"\nstate = \"{}\"\n{extra}\n\n\
+             [[peers]]\nid = \"agent-2\"\naddr = \"{}\"\n",
+            free_udp(),
+            state.display(),
+            free_udp()
+        ),
+    )
+    .unwrap();
+    (cfg, state)
+}
+
+/// Runs a node that must refuse to start; returns what it printed.
+fn refused(cfg: &Path) -> String {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_abhyasa"))
+        .args(["node", "--config"])
+        .arg(cfg)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > until {
+            let _ = child.kill();
+            panic!(
+                "the node started with {}",
+                std::fs::read_to_string(cfg).unwrap()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success());
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// One raw request line to a TCP admin address; the reply line as JSON.
+fn raw_tcp(addr: &str, line: &str) -> serde_json::Value {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(format!("{line}\n").as_bytes()).unwrap();
+    let mut reply = String::new();
+    BufReader::new(s).read_line(&mut reply).unwrap();
+    serde_json::from_str(&reply).unwrap()
+}
+
+/// One raw request to a Unix admin socket; the reply line as JSON.
+fn raw_unix(path: &Path, bytes: &[u8]) -> serde_json::Value {
+    let mut s = std::os::unix::net::UnixStream::connect(path).unwrap();
+    s.write_all(bytes).unwrap();
+    let mut reply = String::new();
+    BufReader::new(s).read_line(&mut reply).unwrap();
+    serde_json::from_str(&reply).unwrap()
+}
+
+fn status(args: &[&str]) -> Option<serde_json::Value> {
+    let mut all = vec!["status", "--json"];
+    all.extend_from_slice(args);
+    let out = abhyasa(&all);
+    out.status
+        .success()
+        .then(|| serde_json::from_slice(&out.stdout).unwrap())
+}
+
+/// Obligations the node knows of, in any state.
+fn known(s: &serde_json::Value) -> usize {
+    ["pending", "recent", "escalations"]
+        .iter()
+        .map(|k| s[k].as_array().map_or(0, Vec::len))
+        .sum()
+}
+
+const ISSUE: &str =
+    r#"{"op":"issue","target":"agent-2","kind":"oauth.token","action":"revoke","token":"tok-1"}"#;
+
+#[test]
+fn the_default_admin_interface_is_a_socket_only_its_user_may_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = certs(dir.path());
+    let (cfg, state) = config(dir.path(), &c, "");
+    let st = state.display().to_string();
+    let node = NodeProc::start(&cfg);
+    wait_for("the admin socket", Duration::from_secs(20), || {
+        status(&["--admin", &st]).is_some()
+    });
+    let sock = state.join("admin.sock");
+    let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "admin socket mode {mode:o}");
+    assert_eq!(status(&["--admin", &st]).unwrap()["agent"], "agent-1");
+
+    // Bad requests are refused with a reason and change nothing.
+    let r = raw_unix(&sock, b"{\"op\":\"status\"}\n");
+    assert_eq!(r["ok"], false);
+    assert!(r["error"].as_str().unwrap().contains("bad request"), "{r}");
+    let long = format!("{{\"request\":{ISSUE},\"x\":\"{}\"}}\n", "a".repeat(70_000));
+    let r = raw_unix(&sock, long.as_bytes());
+    assert!(
+        r["error"].as_str().unwrap().contains("longer than 65536"),
+        "{r}"
+    );
+    assert_eq!(known(&status(&["--admin", &st]).unwrap()), 0);
+    let r = raw_unix(&sock, format!("{{\"request\":{ISSUE}}}\n").as_bytes());
+    assert_eq!(r["ok"], true, "{r}");
+    assert_eq!(known(&status(&["--admin", &st]).unwrap()), 1);
+
+    // SIGKILL leaves the socket file behind; the next start replaces it (nobody answers on it).
+    drop(node);
+    assert!(sock.exists());
+    let _node = NodeProc::start(&cfg);
+    wait_for(
+        "the admin socket after a SIGKILL",
+        Duration::from_secs(20),
+        || status(&["--admin", &st]).is_some(),
+    );
+    assert_eq!(known(&status(&["--admin", &st]).unwrap()), 1);
+}
+
+#[test]
+fn a_tcp_admin_interface_answers_only_with_the_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = certs(dir.path());
+    let addr = format!("127.0.0.1:{}", free_tcp());
+    let (cfg, state) = config(dir.path(), &c, &format!("admin = \"{addr}\""));
+    let _node = NodeProc::start(&cfg);
+    let token_file = state.join("admin.token");
+    let tf = token_file.display().to_string();
+    wait_for("the TCP admin interface", Duration::from_secs(20), || {
+        status(&["--admin", &addr, "--admin-token", &tf]).is_some()
+    });
+    let mode = std::fs::metadata(&token_file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "token file mode {mode:o}");
+    let token = std::fs::read_to_string(&token_file).unwrap();
+    let token = token.trim();
+    assert!(token.len() == 64 && token.bytes().all(|b| b.is_ascii_hexdigit()));
+
+    // The client refuses to go without a token; the server refuses every wrong one.
+    let out = abhyasa(&["status", "--admin", &addr]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--admin-token"));
+    let mut wrong = token.as_bytes().to_vec();
+    wrong[0] = if wrong[0] == b'0' { b'1' } else { b'0' };
+    let wrong = String::from_utf8(wrong).unwrap();
+    for envelope in [
+        format!("{{\"request\":{ISSUE}}}"),
+        format!("{{\"token\":\"{wrong}\",\"request\":{ISSUE}}}"),
+        format!("{{\"token\":\"{}\",\"request\":{ISSUE}}}", &token[..62]),
+        format!("{{\"token\":\"\",\"request\":{ISSUE}}}"),
+    ] {
+        let r = raw_tcp(&addr, &envelope);
+        assert_eq!(r["ok"], false, "{envelope} → {r}");
+        assert!(
+            r["error"].as_str().unwrap().starts_with("unauthorized"),
+            "{r}"
+        );
+    }
+    let s = status(&["--admin", &addr, "--admin-token", &tf]).unwrap();
+    assert_eq!(
+        known(&s),
+        0,
+        "an unauthorized request issued something: {s}"
+    );
+
+    // With the token, the same request is issued.
+    let r = raw_tcp(
+        &addr,
+        &format!("{{\"token\":\"{token}\",\"request\":{ISSUE}}}"),
+    );
+    assert_eq!(r["ok"], true, "{r}");
+    let out = abhyasa(&[
+        "issue",
+        "--admin",
+        &addr,
+        "--admin-token",
+        &tf,
+        "--target",
+        "agent-2",
+        "--kind",
+        "oauth.token",
+        "--action",
+        "revoke",
+        "--token",
+        "tok-2",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let s = status(&["--admin", &addr, "--admin-token", &tf]).unwrap();
+    assert_eq!(known(&s), 2, "{s}");
+}
+
+#[test]
+fn a_node_refuses_an_exposed_or_remote_admin_interface() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = certs(dir.path());
+
+    let (cfg, _) = config(
+        dir.path(),
+        &c,
+        &format!("admin = \"0.0.0.0:{}\"", free_tcp()),
+    );
+    let out = refused(&cfg);
+    assert!(out.contains("not a loopback address"), "{out}");
+
+    let (cfg, state) = config(
+        dir.path(),
+        &c,
+        &format!("admin = \"127.0.0.1:{}\"", free_tcp()),
+    );
+    std::fs::create_dir_all(&state).unwrap();
+    let token = state.join("admin.token");
+    std::fs::write(&token, format!("{}\n", "ab".repeat(32))).unwrap();
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = refused(&cfg);
+    assert!(
+        out.contains("readable by other users") && out.contains("chmod 600"),
+        "{out}"
+    );
+
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::write(&token, "not hex\n").unwrap();
+    let out = refused(&cfg);
+    assert!(out.contains("not an admin token"), "{out}");
+
+    let squatter = dir.path().join("not-a-socket");
+    std::fs::write(&squatter, "keep me").unwrap();
+    let (cfg, _) = config(
+        dir.path(),
+        &c,
+        &format!("admin = \"{}\"", squatter.display()),
+    );
+    let out = refused(&cfg);
+    assert!(out.contains("is not a socket"), "{out}");
+    assert_eq!(std::fs::read_to_string(&squatter).unwrap(), "keep me");
+}
