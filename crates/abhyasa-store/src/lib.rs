@@ -147,7 +147,7 @@ pub enum StoreError {
     #[error("opening the database: {0}")]
     Open(#[from] redb::DatabaseError),
     /// The file was written by an incompatible layout.
-    #[error("schema version {found} is not {expected}")]
+    #[error("schema version {found} is not {expected} (written by another version of abhyasa; this build does not convert it)")]
     Schema {
         /// Found in the file.
         found: u64,
@@ -157,6 +157,14 @@ pub enum StoreError {
     /// A file-system operation around the database failed.
     #[error("file system: {0}")]
     Io(#[from] std::io::Error),
+    /// Opening the database file at `path` failed.
+    #[error("{}: {source}", path.display())]
+    File {
+        /// The database file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: Box<StoreError>,
+    },
     /// A read or write inside a transaction failed.
     #[error("storage: {0}")]
     Storage(String),
@@ -204,7 +212,8 @@ pub struct CustodianRecovery {
     pub principal: PrincipalState,
     /// The most recent escalations (for reconciling late acks).
     pub escalated: Vec<EscalatedRecord>,
-    /// Pending rows that could not be read (reported, never trusted).
+    /// Pending rows that could not be read ([`Store::recover_custodian`] refuses to recover
+    /// past them).
     pub corrupt: Vec<StoreError>,
 }
 
@@ -244,8 +253,16 @@ impl Store {
     ///
     /// Creation is atomic: a new database is initialized under `<path>.creating`, synced, and
     /// renamed into place, so a crash during creation leaves no half-made file at `path`.
+    /// Errors name the file: `<path>: <what is wrong>`.
     pub fn open(path: impl AsRef<Path>, config: StoreConfig) -> Result<Self, StoreError> {
         let path = path.as_ref();
+        Self::open_at(path, config).map_err(|e| StoreError::File {
+            path: path.to_owned(),
+            source: Box::new(e),
+        })
+    }
+
+    fn open_at(path: &Path, config: StoreConfig) -> Result<Self, StoreError> {
         if !path.exists() {
             let mut creating = path.as_os_str().to_owned();
             creating.push(".creating");
@@ -262,7 +279,11 @@ impl Store {
                 std::fs::File::open(dir)?.sync_all()?;
             }
         }
-        let db = Database::builder().create(path)?;
+        // Every page's checksum is verified on open: a file damaged outside redb is refused as
+        // corrupted instead of being trusted (a plain open may panic on it).
+        let db = Database::builder()
+            .set_check_integrity_on_open(true)
+            .create(path)?;
         Self::init(db, config)
     }
 
@@ -276,6 +297,21 @@ impl Store {
     }
 
     fn init(db: Database, config: StoreConfig) -> Result<Self, StoreError> {
+        // A file from another layout is refused before anything is written to it.
+        {
+            let read = db.begin_read()?;
+            let found = match read.open_table(META) {
+                Ok(meta) => meta.get("schema")?.map(|v| v.value()),
+                Err(redb::TableError::TableDoesNotExist(_)) => None,
+                Err(e) => return Err(e.into()),
+            };
+            if let Some(found) = found.filter(|v| *v != SCHEMA_VERSION) {
+                return Err(StoreError::Schema {
+                    found,
+                    expected: SCHEMA_VERSION,
+                });
+            }
+        }
         let mut txn = db.begin_write()?;
         txn.set_durability(Durability::Immediate)?;
         {
@@ -664,6 +700,11 @@ impl Store {
         now: UnixMillis,
     ) -> Result<Custodian, StoreError> {
         let r = self.custodian_recovery(config.escalation_memory)?;
+        // Fail closed: a pending row that does not read is an obligation under custody that
+        // would otherwise vanish without an outcome.
+        if let Some(e) = r.corrupt.into_iter().next() {
+            return Err(e);
+        }
         Ok(Custodian::recover(
             agent,
             config,

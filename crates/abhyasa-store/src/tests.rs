@@ -525,3 +525,39 @@ fn the_apply_log_keeps_each_apply_and_is_pruned_with_its_id() {
         .unwrap();
     assert_eq!(store.apply_log().unwrap(), vec![]);
 }
+
+#[test]
+fn a_pending_row_that_does_not_read_stops_recovery() {
+    let (mut store, mut backend) = memory_store();
+    let mut c = Custodian::new(p(), CustodianConfig::default(), 1);
+    for o in [revoke_scope(1), revoke_token(2)] {
+        c.issue(UnixMillis(0), o).unwrap();
+    }
+    persist_custodian(&mut c, &mut store, 0);
+    // A row whose bytes are intact for redb but are not a pending record (written by a bug,
+    // or another build): the obligation under custody must not vanish without an outcome.
+    {
+        let txn = store.db.begin_write().unwrap();
+        txn.open_table(PENDING)
+            .unwrap()
+            .insert(2u128, [0xfbu8, 0x3f, 0xc0, 0, 0, 0, 0, 0, 0].as_slice())
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    drop(store);
+    let store = reopen(&mut backend);
+    let err = store
+        .recover_custodian(p(), CustodianConfig::default(), 2, UnixMillis(10))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::Corrupt {
+                table: "custodian.pending",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("custodian.pending"), "{err}");
+}
