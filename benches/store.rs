@@ -173,18 +173,30 @@ fn recovery(c: &mut Criterion) {
             started.elapsed()
         );
         drop(store);
-        g.bench_function(
-            format!("open_and_recover_1k_pending_{terminal}_terminal"),
-            |b| {
-                b.iter(|| {
-                    let store = Store::open(&path, StoreConfig::default()).unwrap();
-                    let c = store
-                        .recover_custodian(p.clone(), CustodianConfig::default(), 2, UnixMillis(1))
-                        .unwrap();
-                    assert_eq!(c.pending_len(), 1_000);
-                })
-            },
-        );
+        // Verified (every page's checksum read: the default) and trusted as redb finds it.
+        for (how, verify) in [("", true), ("_unverified", false)] {
+            let config = StoreConfig {
+                verify_on_open: verify,
+                ..StoreConfig::default()
+            };
+            g.bench_function(
+                format!("open_and_recover_1k_pending_{terminal}_terminal{how}"),
+                |b| {
+                    b.iter(|| {
+                        let store = Store::open(&path, config.clone()).unwrap();
+                        let c = store
+                            .recover_custodian(
+                                p.clone(),
+                                CustodianConfig::default(),
+                                2,
+                                UnixMillis(1),
+                            )
+                            .unwrap();
+                        assert_eq!(c.pending_len(), 1_000);
+                    })
+                },
+            );
+        }
     }
     g.finish();
 }

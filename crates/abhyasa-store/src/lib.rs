@@ -123,6 +123,9 @@ pub struct StoreConfig {
     pub compact_after_pruned: u64,
     /// redb quick-repair: slower commits, near-instant reopen after a crash.
     pub quick_repair: bool,
+    /// Verify every page's checksum when a file is opened (one read of the whole file): a file
+    /// damaged outside redb is refused as corrupted instead of trusted. Default on.
+    pub verify_on_open: bool,
 }
 
 impl Default for StoreConfig {
@@ -135,6 +138,7 @@ impl Default for StoreConfig {
             max_prune_per_call: 10_000,
             compact_after_pruned: 100_000,
             quick_repair: false,
+            verify_on_open: true,
         }
     }
 }
@@ -282,7 +286,7 @@ impl Store {
         // Every page's checksum is verified on open: a file damaged outside redb is refused as
         // corrupted instead of being trusted (a plain open may panic on it).
         let db = Database::builder()
-            .set_check_integrity_on_open(true)
+            .set_check_integrity_on_open(config.verify_on_open)
             .create(path)?;
         Self::init(db, config)
     }
