@@ -15,6 +15,10 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 mod common;
 use common::obligation;
 
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const BATCH: u64 = 500;
 
 fn throughput(c: &mut Criterion) {
