@@ -168,10 +168,12 @@ async fn pair(ca: &Ca, dir: &std::path::Path, path: &str) -> (Arc<Node>, Option<
                 .await
                 .unwrap();
             assert!(line.starts_with("MCP on http://"), "{line}");
+            let token = std::fs::read_to_string(dir.join("a").join("mcp.token")).unwrap();
             let (client, service) = connect_url(
                 &principal,
                 &a,
                 &format!("http://{addr}/mcp"),
+                Some(token.trim()),
                 Duration::ZERO,
             )
             .await

@@ -123,7 +123,11 @@ fn custody_over_mcp_on_streamable_http_survives_a_sigkill_of_the_server() {
     let dir = tempfile::tempdir().unwrap();
     let setup = common::Setup::new(dir.path());
     let http = format!("127.0.0.1:{}", common::free_tcp());
-    let how = format!("url = \"http://{http}/mcp\"");
+    // The server makes its bearer token at start; the principal reads it at each attempt.
+    let how = format!(
+        "url = \"http://{http}/mcp\"\ntoken_file = \"{}\"",
+        setup.state.1.join("mcp.token").display()
+    );
     let (p_cfg, a_cfg) = configs_reaching(dir.path(), &setup, &how, free_udp());
     let a = a_cfg.to_str().unwrap();
     let args = ["mcp", "--config", a, "--http", &http];

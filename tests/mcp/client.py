@@ -28,6 +28,8 @@ import sys
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+import httpx2
 from mcp.shared.exceptions import MCPError
 
 OBLIGATIONS = "org.abhyasa/obligations"
@@ -144,7 +146,25 @@ async def over_http(binary, work, certs, permit):
     try:
         line = server.stdout.readline()
         check(line.startswith("MCP on http://"), f"the HTTP server says where: {line.strip()}")
-        async with streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write, *_):
+        url = f"http://127.0.0.1:{port}/mcp"
+        token_file = os.path.join(work, "state", "mcp.token")
+        with open(token_file) as f:
+            token = f.read().strip()
+        check(os.stat(token_file).st_mode & 0o777 == 0o600, "the bearer token file is mode 0600")
+        initialize = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "0"}}})
+        plain = {"Content-Type": "application/json",
+                 "Accept": "application/json, text/event-stream"}
+        async with httpx2.AsyncClient() as raw:
+            r = await raw.post(url, content=initialize, headers=plain)
+            check(r.status_code == 401, f"a request without the bearer token is 401 ({r.status_code})")
+            r = await raw.post(url, content=initialize,
+                               headers={**plain, "Authorization": f"Bearer {token}",
+                                        "Origin": "http://attacker.example"})
+            check(r.status_code == 403, f"a browser's request (Origin) is 403 ({r.status_code})")
+        http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
+        async with http, streamable_http_client(url, http_client=http) as (read, write, *_):
             async with ClientSession(read, write) as session:
                 await checks(session, binary, "http")
                 await ledger_checks(session, binary, certs, admin, "http")

@@ -549,7 +549,7 @@ impl AdminServer {
 
 /// Reads the token at `path`, or creates one (32 random bytes as hex, mode 0600, never
 /// overwriting) when absent. A token other users can read is refused.
-fn load_or_create_token(path: &Path) -> Result<[u8; 32], AdminError> {
+pub(crate) fn load_or_create_token(path: &Path) -> Result<[u8; 32], AdminError> {
     use std::io::Write as _;
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let io = |e| AdminError::Io(path.display().to_string(), e);

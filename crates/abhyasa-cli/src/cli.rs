@@ -491,6 +491,10 @@ struct PeerConfig {
     /// For `mcp`: a streamable HTTP server's `http://` URL (e.g. `abhyasa mcp --http`).
     #[serde(default)]
     url: Option<String>,
+    /// For `mcp` with `url`: the server's bearer token file (`abhyasa mcp --http` writes
+    /// `<its state>/mcp.token`).
+    #[serde(default)]
+    token_file: Option<PathBuf>,
     /// For `a2a`: the card's URL (default `https://<id>:<addr port>/.well-known/agent-card.json`,
     /// with `<id>` resolved to `addr`).
     #[serde(default)]
@@ -521,7 +525,10 @@ impl PeerConfig {
                 "peer {}: url must be http:// (streamable HTTP on loopback), not {u:?}",
                 self.id
             )),
-            (None, Some(u), _) => Ok(abhyasa_mcp::McpRoute::Url(u.clone())),
+            (None, Some(u), _) => Ok(abhyasa_mcp::McpRoute::Url {
+                url: u.clone(),
+                token_file: self.token_file.clone(),
+            }),
             (None, None, Some(a)) => Ok(abhyasa_mcp::McpRoute::Quic(a)),
             (None, None, None) => Err(format!(
                 "peer {}: an mcp peer needs addr (MCP over QUIC), command (stdio) or url (HTTP)",
@@ -990,12 +997,17 @@ async fn mcp(path: PathBuf, stdio: bool, http: Option<SocketAddr>) -> Result<Exi
     let served: Result<()> = match http {
         Some(addr) => {
             let server =
-                abhyasa_mcp::http::serve_http(node.clone(), principal.clone(), tools, addr).await?;
+                abhyasa_mcp::http::serve_http(node.clone(), principal.clone(), tools, addr, {
+                    let path = config.state.join(MCP_TOKEN_FILE);
+                    Some(hex::encode(admin::load_or_create_token(&path)?))
+                })
+                .await?;
             // Stdout says where, once; the node's logs go to stderr.
             println!(
-                "MCP on http://{}{} for {principal}",
+                "MCP on http://{}{} for {principal} (bearer token in {})",
                 server.local_addr(),
-                abhyasa_mcp::http::HTTP_PATH
+                abhyasa_mcp::http::HTTP_PATH,
+                config.state.join(MCP_TOKEN_FILE).display()
             );
             let mut term =
                 tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -1023,6 +1035,9 @@ async fn mcp(path: PathBuf, stdio: bool, http: Option<SocketAddr>) -> Result<Exi
     served?;
     Ok(ExitCode::SUCCESS)
 }
+
+/// The bearer token of `abhyasa mcp --http`, in the state directory.
+const MCP_TOKEN_FILE: &str = "mcp.token";
 
 /// Binds the node's admin interface: `admin` from the config, or `<state>/admin.sock`.
 fn bind_admin(config: &NodeConfig) -> Result<admin::AdminServer> {

@@ -1,7 +1,11 @@
 //! MCP over streamable HTTP (rmcp's server transport), for hosts that speak HTTP locally.
 //!
-//! Plain HTTP authenticates no one: every session acts as the one configured `principal`, as
-//! over stdio. So it listens on loopback only; agents reach each other over QUIC, where the
+//! Every session acts as the one configured `principal`, as over stdio: whoever reaches the
+//! server may deliver obligations in the principal's name and call its budget-gated tools. So
+//! it listens on loopback only, every request must carry the bearer token the server was given
+//! (`Authorization: Bearer …`; `abhyasa mcp --http` keeps it in `<state>/mcp.token`, mode 0600),
+//! and a request with an `Origin` header (a browser page) is refused, so a web page cannot
+//! drive it through the user's browser. Agents reach each other over QUIC, where the
 //! certificate names the peer.
 
 use std::net::SocketAddr;
@@ -60,12 +64,15 @@ impl Drop for HttpServer {
 }
 
 /// Serves MCP for `node` at `http://<listen>/mcp`, every session acting as `principal`, with
-/// `tools` governed.
+/// `tools` governed. With `bearer`, a request without `Authorization: Bearer <bearer>` is
+/// answered 401 and reaches nothing (`None` only where every local user is trusted: tests
+/// and benchmarks).
 pub async fn serve_http(
     node: Node,
     principal: AgentId,
     tools: Vec<HostTool>,
     listen: SocketAddr,
+    bearer: Option<String>,
 ) -> Result<HttpServer, HttpError> {
     if !listen.ip().is_loopback() {
         return Err(HttpError::NotLoopback(listen));
@@ -80,9 +87,16 @@ pub async fn serve_http(
             Ok(s)
         },
         Arc::new(LocalSessionManager::default()),
-        StreamableHttpServerConfig::default(),
+        // An empty allow-list, enforced: any request with an Origin header is refused.
+        StreamableHttpServerConfig::default().enforce_origin_validation(),
     );
-    let app = axum::Router::new().nest_service(HTTP_PATH, service);
+    let mut app = axum::Router::new().nest_service(HTTP_PATH, service);
+    if let Some(token) = bearer {
+        app = app.layer(axum::middleware::from_fn_with_state(
+            Arc::<str>::from(token),
+            require_bearer,
+        ));
+    }
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|source| HttpError::Bind {
@@ -97,4 +111,31 @@ pub async fn serve_http(
         let _ = axum::serve(listener, app).await;
     });
     Ok(HttpServer { local_addr, task })
+}
+
+/// Lets a request through only with `Authorization: Bearer <token>` (compared in time that does
+/// not depend on where it differs); otherwise 401, and the MCP service never sees it.
+async fn require_bearer(
+    axum::extract::State(token): axum::extract::State<Arc<str>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    use subtle::ConstantTimeEq as _;
+    let given = request
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if given.is_some_and(|g| bool::from(g.as_bytes().ct_eq(token.as_bytes()))) {
+        next.run(request).await
+    } else {
+        tracing::warn!("MCP request without a valid bearer token refused");
+        (
+            axum::http::StatusCode::UNAUTHORIZED,
+            [(axum::http::header::WWW_AUTHENTICATE, "Bearer")],
+            "missing or wrong bearer token",
+        )
+            .into_response()
+    }
 }

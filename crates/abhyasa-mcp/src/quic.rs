@@ -140,16 +140,24 @@ pub enum McpRoute {
     Command(Vec<String>),
     /// A server on streamable HTTP at this `http://` URL (e.g. `abhyasa mcp --http`, which
     /// acts for its configured `[mcp] principal`; plain HTTP carries no identity, so keep it
-    /// on loopback).
-    Url(String),
+    /// on loopback). `token_file`: the server's bearer token (64 hex digits on one line; read at
+    /// each connection attempt, so a server that starts later or makes a new one is followed).
+    Url {
+        /// `http://host:port/mcp`.
+        url: String,
+        /// The bearer token's file.
+        token_file: Option<std::path::PathBuf>,
+    },
 }
 
-/// Opens an MCP session to the streamable HTTP server at `url` (`http://…`), attaching
-/// `node`'s custodian. Keep the returned service alive as long as the client is used.
+/// Opens an MCP session to the streamable HTTP server at `url` (`http://…`), presenting
+/// `bearer` (`Authorization: Bearer …`) when given, attaching `node`'s custodian. Keep the
+/// returned service alive as long as the client is used.
 pub async fn connect_url(
     node: &Node,
     agent: &AgentId,
     url: &str,
+    bearer: Option<&str>,
     linger: Duration,
 ) -> Result<(PrincipalClient, RunningService<RoleClient, ()>), NodeError> {
     if !url.starts_with("http://") {
@@ -160,12 +168,33 @@ pub async fn connect_url(
     // The HTTP client's TLS stack takes the process's default provider: ring, as everywhere
     // in Abhyasa (already installed is fine).
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let transport = rmcp::transport::StreamableHttpClientTransport::from_uri(url.to_owned());
+    let mut config =
+        rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
+            url.to_owned(),
+        );
+    if let Some(token) = bearer {
+        config = config.auth_header(token.to_owned());
+    }
+    let transport = rmcp::transport::StreamableHttpClientTransport::from_config(config);
     let service = ().serve(transport).await.map_err(|e| NodeError::Mcp(e.to_string()))?;
     let client =
         PrincipalClient::attach(node.clone(), agent.clone(), service.peer().clone(), linger)
             .await?;
     Ok((client, service))
+}
+
+/// Reads a bearer token file: one line, the token.
+fn read_bearer(path: &std::path::Path) -> Result<String, NodeError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| NodeError::Mcp(format!("bearer token {}: {e}", path.display())))?;
+    let token = text.trim();
+    if token.is_empty() || token.lines().count() != 1 {
+        return Err(NodeError::Mcp(format!(
+            "bearer token {}: expected one line",
+            path.display()
+        )));
+    }
+    Ok(token.to_owned())
 }
 
 /// Spawns `command` and opens an MCP session over its stdio, attaching `node`'s custodian.
@@ -237,9 +266,16 @@ impl PrincipalLink {
                     McpRoute::Command(command) => connect_command(&node, &agent, command, linger)
                         .await
                         .map(|(c, s, child)| (c, s, Some(child))),
-                    McpRoute::Url(url) => connect_url(&node, &agent, url, linger)
-                        .await
-                        .map(|(c, s)| (c, s, None)),
+                    McpRoute::Url { url, token_file } => {
+                        match token_file.as_deref().map(read_bearer).transpose() {
+                            Ok(bearer) => {
+                                connect_url(&node, &agent, url, bearer.as_deref(), linger)
+                                    .await
+                                    .map(|(c, s)| (c, s, None))
+                            }
+                            Err(e) => Err(e),
+                        }
+                    }
                 };
                 match session {
                     Ok((client, service, child)) => {

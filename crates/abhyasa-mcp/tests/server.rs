@@ -371,6 +371,7 @@ async fn plain_http_is_served_on_loopback_only() {
         id("principal"),
         vec![],
         "0.0.0.0:0".parse().unwrap(),
+        None,
     )
     .await
     .err()
@@ -384,8 +385,74 @@ async fn plain_http_is_served_on_loopback_only() {
         id("principal"),
         vec![],
         "127.0.0.1:0".parse().unwrap(),
+        None,
     )
     .await
     .unwrap();
     assert!(server.local_addr().ip().is_loopback());
+}
+
+/// One raw HTTP/1.1 POST of an MCP `initialize` with `headers`; the status code.
+async fn post_initialize(addr: std::net::SocketAddr, headers: &[(&str, &str)]) -> u16 {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#;
+    let mut req = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).await.unwrap();
+    std::str::from_utf8(&head[9..12]).unwrap().parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_http_needs_the_bearer_token_and_refuses_browsers() {
+    let f = fixture().await;
+    let token = "5ec2e7".repeat(8);
+    let server = abhyasa_mcp::http::serve_http(
+        f.node.clone(),
+        id("principal"),
+        vec![],
+        "127.0.0.1:0".parse().unwrap(),
+        Some(token.clone()),
+    )
+    .await
+    .unwrap();
+    let addr = server.local_addr();
+    let bearer = format!("Bearer {token}");
+    let mut wrong = token.clone().into_bytes();
+    wrong[47] ^= 1;
+    let wrong = format!("Bearer {}", String::from_utf8(wrong).unwrap());
+    assert_eq!(post_initialize(addr, &[]).await, 401, "no token");
+    assert_eq!(
+        post_initialize(addr, &[("Authorization", &wrong)]).await,
+        401
+    );
+    assert_eq!(
+        post_initialize(addr, &[("Authorization", &token)]).await,
+        401,
+        "the token without the Bearer scheme"
+    );
+    assert_eq!(
+        post_initialize(addr, &[("Authorization", &bearer)]).await,
+        200
+    );
+    // A browser page (it sends Origin) is refused even with the token.
+    let refused = post_initialize(
+        addr,
+        &[
+            ("Authorization", &bearer),
+            ("Origin", "http://attacker.example"),
+        ],
+    )
+    .await;
+    assert_eq!(refused, 403, "a request with an Origin header");
 }
