@@ -266,3 +266,73 @@ fn a_node_refuses_an_exposed_or_remote_admin_interface() {
     assert!(out.contains("is not a socket"), "{out}");
     assert_eq!(std::fs::read_to_string(&squatter).unwrap(), "keep me");
 }
+
+/// The socket's mode keeps other users out; behind it the node checks the connecting process's
+/// uid (SO_PEERCRED) itself. With the mode opened up, another user connects and is refused.
+/// Needs root and `setpriv` to act as another user; says plainly when it skipped.
+#[test]
+fn another_user_is_refused_even_where_the_socket_mode_lets_it_connect() {
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout == b"0\n");
+    let setpriv = Command::new("setpriv").arg("--version").output().is_ok();
+    if !root || !setpriv {
+        println!("SKIPPED: needs root and setpriv to connect as another user");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let c = certs(dir.path());
+    let (cfg, state) = config(dir.path(), &c, "");
+    let st = state.display().to_string();
+    let _node = NodeProc::start(&cfg);
+    wait_for("the admin socket", Duration::from_secs(20), || {
+        status(&["--admin", &st]).is_some()
+    });
+    let sock = state.join("admin.sock");
+    let as_nobody = |args: &[&str]| {
+        Command::new("setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                env!("CARGO_BIN_EXE_abhyasa"),
+            ])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let sock_s = sock.display().to_string();
+    // With the mode as the node set it, the kernel refuses the connection.
+    let out = as_nobody(&["status", "--admin", &sock_s]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("ermission denied"),
+        "{out:?}"
+    );
+    // Opened up, the connection is made and the node itself refuses the request.
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let spec = [
+        "issue",
+        "--admin",
+        &sock_s,
+        "--target",
+        "agent-2",
+        "--kind",
+        "oauth.token",
+        "--action",
+        "revoke",
+        "--token",
+        "tok-x",
+    ];
+    let out = as_nobody(&spec);
+    assert!(!out.status.success(), "{out:?}");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("unauthorized: uid Some(65534)"),
+        "{said} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(known(&status(&["--admin", &st]).unwrap()), 0);
+}
