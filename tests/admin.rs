@@ -8,10 +8,12 @@ mod common;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-use common::{abhyasa, free_tcp, free_udp, wait_for, NodeProc};
+use common::{
+    abhyasa, free_tcp, free_udp, issue_revocation, output_text, refused_start, wait_for, NodeProc,
+};
 
 /// Certificates for `agent-1` under `dir/certs`; returns the directory.
 fn certs(dir: &Path) -> String {
@@ -44,31 +46,18 @@ fn config(dir: &Path, certs: &str, extra: &str) -> (PathBuf, PathBuf) {
 
 /// Runs a node that must refuse to start; returns what it printed.
 fn refused(cfg: &Path) -> String {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_abhyasa"))
-        .args(["node", "--config"])
-        .arg(cfg)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let until = Instant::now() + Duration::from_secs(20);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > until {
-            let _ = child.kill();
-            panic!(
-                "the node started with {}",
-                std::fs::read_to_string(cfg).unwrap()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let out = child.wait_with_output().unwrap();
+    let out = refused_start(cfg);
     assert!(!out.status.success());
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+    output_text(&out)
+}
+
+/// Starts a node from `cfg` and waits until its admin interface at `admin` answers.
+fn start(cfg: &Path, admin: &[&str]) -> NodeProc {
+    let node = NodeProc::start(cfg);
+    wait_for("the admin interface", Duration::from_secs(20), || {
+        status(admin).is_some()
+    });
+    node
 }
 
 /// One raw request line to a TCP admin address; the reply line as JSON.
@@ -115,10 +104,7 @@ fn the_default_admin_interface_is_a_socket_only_its_user_may_open() {
     let c = certs(dir.path());
     let (cfg, state) = config(dir.path(), &c, "");
     let st = state.display().to_string();
-    let node = NodeProc::start(&cfg);
-    wait_for("the admin socket", Duration::from_secs(20), || {
-        status(&["--admin", &st]).is_some()
-    });
+    let node = start(&cfg, &["--admin", &st]);
     let sock = state.join("admin.sock");
     let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "admin socket mode {mode:o}");
@@ -142,12 +128,7 @@ fn the_default_admin_interface_is_a_socket_only_its_user_may_open() {
     // SIGKILL leaves the socket file behind; the next start replaces it (nobody answers on it).
     drop(node);
     assert!(sock.exists());
-    let _node = NodeProc::start(&cfg);
-    wait_for(
-        "the admin socket after a SIGKILL",
-        Duration::from_secs(20),
-        || status(&["--admin", &st]).is_some(),
-    );
+    let _node = start(&cfg, &["--admin", &st]);
     assert_eq!(known(&status(&["--admin", &st]).unwrap()), 1);
 }
 
@@ -157,12 +138,9 @@ fn a_tcp_admin_interface_answers_only_with_the_token() {
     let c = certs(dir.path());
     let addr = format!("127.0.0.1:{}", free_tcp());
     let (cfg, state) = config(dir.path(), &c, &format!("admin = \"{addr}\""));
-    let _node = NodeProc::start(&cfg);
     let token_file = state.join("admin.token");
     let tf = token_file.display().to_string();
-    wait_for("the TCP admin interface", Duration::from_secs(20), || {
-        status(&["--admin", &addr, "--admin-token", &tf]).is_some()
-    });
+    let _node = start(&cfg, &["--admin", &addr, "--admin-token", &tf]);
     let mode = std::fs::metadata(&token_file).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "token file mode {mode:o}");
     let token = std::fs::read_to_string(&token_file).unwrap();
@@ -202,21 +180,7 @@ fn a_tcp_admin_interface_answers_only_with_the_token() {
         &format!("{{\"token\":\"{token}\",\"request\":{ISSUE}}}"),
     );
     assert_eq!(r["ok"], true, "{r}");
-    let out = abhyasa(&[
-        "issue",
-        "--admin",
-        &addr,
-        "--admin-token",
-        &tf,
-        "--target",
-        "agent-2",
-        "--kind",
-        "oauth.token",
-        "--action",
-        "revoke",
-        "--token",
-        "tok-2",
-    ]);
+    let out = issue_revocation(&["--admin", &addr, "--admin-token", &tf], "tok-2", &[]);
     assert!(out.status.success(), "{out:?}");
     let s = status(&["--admin", &addr, "--admin-token", &tf]).unwrap();
     assert_eq!(known(&s), 2, "{s}");
@@ -286,10 +250,7 @@ fn another_user_is_refused_even_where_the_socket_mode_lets_it_connect() {
     let c = certs(dir.path());
     let (cfg, state) = config(dir.path(), &c, "");
     let st = state.display().to_string();
-    let _node = NodeProc::start(&cfg);
-    wait_for("the admin socket", Duration::from_secs(20), || {
-        status(&["--admin", &st]).is_some()
-    });
+    let _node = start(&cfg, &["--admin", &st]);
     let sock = state.join("admin.sock");
     let as_nobody = |args: &[&str]| {
         Command::new("setpriv")

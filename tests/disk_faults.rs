@@ -5,10 +5,13 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
-use common::{abhyasa, free_udp, wait_for, NodeProc};
+use common::{
+    abhyasa, free_udp, issue_revocation, output_text, refused_start, spawn_node_piped, wait_for,
+    NodeProc,
+};
 
 struct Fixture {
     _dir: tempfile::TempDir,
@@ -34,6 +37,25 @@ impl Fixture {
             certs,
             peer: free_udp().to_string(),
         }
+    }
+
+    /// A node's state (`original`) holding three obligations acked under custody (pending:
+    /// their target never answers), the node stopped; with its config.
+    fn three_pending(&self) -> (PathBuf, PathBuf) {
+        let original = self.root.join("original");
+        let cfg = self.config(&original);
+        let node = NodeProc::start(&cfg);
+        wait_for("the node", Duration::from_secs(20), || {
+            pending(&original).is_some()
+        });
+        for t in ["t1", "t2", "t3"] {
+            let admin = original.display().to_string();
+            let out = issue_revocation(&["--admin", &admin], t, &["--deadline-ms", "3600000"]);
+            assert!(out.status.success(), "{}", output_text(&out));
+        }
+        assert_eq!(pending(&original), Some(3));
+        node.stop();
+        (original, cfg)
     }
 
     /// A config for `agent-1` keeping its state in `state` (one peer that never answers).
@@ -63,34 +85,6 @@ fn pending(state: &Path) -> Option<usize> {
     })
 }
 
-/// Runs a node that must refuse to start; returns its output.
-fn refused(cfg: &Path) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_abhyasa"))
-        .args(["node", "--config"])
-        .arg(cfg)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let until = Instant::now() + Duration::from_secs(20);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > until {
-            let _ = child.kill();
-            panic!("the node started on damaged state ({})", cfg.display());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child.wait_with_output().unwrap()
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
 /// Every table of a database that redb can open, with its number of rows.
 fn tables(db: &Path) -> Vec<(String, u64)> {
     use redb::{ReadableDatabase as _, ReadableTableMetadata as _, TableHandle as _};
@@ -112,8 +106,8 @@ fn assert_refused(fx: &Fixture, state: &Path, says: &str, opens: bool) {
     let db = state.join("node.redb");
     let before = std::fs::read(&db).unwrap();
     let rows = opens.then(|| tables(&db));
-    let out = refused(&fx.config(state));
-    let t = text(&out);
+    let out = refused_start(&fx.config(state));
+    let t = output_text(&out);
     assert!(
         !out.status.success() && out.status.code() != Some(101),
         "{t}"
@@ -129,7 +123,7 @@ fn assert_refused(fx: &Fixture, state: &Path, says: &str, opens: bool) {
         ),
     }
     let check = abhyasa(&["check", "--state", &format!("agent-1={}", state.display())]);
-    let c = text(&check);
+    let c = output_text(&check);
     assert!(!check.status.success(), "check passed damaged state: {c}");
     assert!(!c.contains("panicked"), "{c}");
     assert!(c.contains(says), "check: expected {says:?} in: {c}");
@@ -143,32 +137,7 @@ fn copy_state(from: &Path, to: &Path) {
 #[test]
 fn damaged_or_foreign_state_is_refused_clearly_and_left_as_it_was() {
     let fx = Fixture::new();
-    let original = fx.root.join("original");
-    let cfg = fx.config(&original);
-    let node = NodeProc::start(&cfg);
-    wait_for("the node", Duration::from_secs(20), || {
-        pending(&original).is_some()
-    });
-    for t in ["t1", "t2", "t3"] {
-        let out = abhyasa(&[
-            "issue",
-            "--admin",
-            &original.display().to_string(),
-            "--target",
-            "agent-2",
-            "--kind",
-            "oauth.token",
-            "--action",
-            "revoke",
-            "--token",
-            t,
-            "--deadline-ms",
-            "3600000",
-        ]);
-        assert!(out.status.success(), "{}", text(&out));
-    }
-    assert_eq!(pending(&original), Some(3));
-    node.stop();
+    let (original, cfg) = fx.three_pending();
     let len = std::fs::metadata(original.join("node.redb")).unwrap().len();
 
     // Truncated to half its length (a copy cut short, a file system that lost its tail).
@@ -226,13 +195,7 @@ enum Start {
 }
 
 fn start_or_refuse(cfg: &Path, state: &Path) -> Start {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_abhyasa"))
-        .args(["node", "--config"])
-        .arg(cfg)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_node_piped(cfg);
     let until = Instant::now() + Duration::from_secs(20);
     loop {
         if child.try_wait().unwrap().is_some() {
@@ -257,31 +220,7 @@ fn start_or_refuse(cfg: &Path, state: &Path) -> Start {
 #[test]
 fn every_damaged_page_is_refused_or_harmless() {
     let fx = Fixture::new();
-    let original = fx.root.join("original");
-    let cfg = fx.config(&original);
-    let node = NodeProc::start(&cfg);
-    wait_for("the node", Duration::from_secs(20), || {
-        pending(&original).is_some()
-    });
-    for t in ["t1", "t2", "t3"] {
-        let out = abhyasa(&[
-            "issue",
-            "--admin",
-            &original.display().to_string(),
-            "--target",
-            "agent-2",
-            "--kind",
-            "oauth.token",
-            "--action",
-            "revoke",
-            "--token",
-            t,
-            "--deadline-ms",
-            "3600000",
-        ]);
-        assert!(out.status.success(), "{}", text(&out));
-    }
-    node.stop();
+    let (original, _) = fx.three_pending();
     let clean = std::fs::read(original.join("node.redb")).unwrap();
     let (mut refusals, mut harmless) = (0, 0);
     for page in 1..clean.len() / 4096 {
@@ -294,7 +233,7 @@ fn every_damaged_page_is_refused_or_harmless() {
         let db = state.join("node.redb");
         std::fs::write(&db, &bytes).unwrap();
         let check = abhyasa(&["check", "--state", &format!("agent-1={}", state.display())]);
-        let c = text(&check);
+        let c = output_text(&check);
         assert!(!c.contains("panicked"), "page {page}: check: {c}");
         match start_or_refuse(&fx.config(&state), &state) {
             Start::Serving(n) => {
@@ -303,7 +242,7 @@ fn every_damaged_page_is_refused_or_harmless() {
                 harmless += 1;
             }
             Start::Refused(out) => {
-                let t = text(&out);
+                let t = output_text(&out);
                 assert_eq!(out.status.code(), Some(1), "page {page}: {t}");
                 assert!(
                     t.contains("node.redb: opening the database"),

@@ -89,6 +89,63 @@ impl Drop for NodeProc {
     }
 }
 
+/// stdout and stderr of a finished command, as one text.
+pub fn output_text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// `abhyasa node --config cfg` with its stdout and stderr piped to this process.
+pub fn spawn_node_piped(cfg: &Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_abhyasa"))
+        .args(["node", "--config"])
+        .arg(cfg)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn node")
+}
+
+/// `abhyasa issue` of a custody token revocation (`tok`) to `agent-2` through the admin
+/// interface `admin` (`--admin …` and any `--admin-token …`), with `extra` arguments.
+pub fn issue_revocation(admin: &[&str], tok: &str, extra: &[&str]) -> Output {
+    let mut args = vec!["issue"];
+    args.extend_from_slice(admin);
+    args.extend_from_slice(&[
+        "--target",
+        "agent-2",
+        "--kind",
+        "oauth.token",
+        "--action",
+        "revoke",
+        "--token",
+        tok,
+    ]);
+    args.extend_from_slice(extra);
+    abhyasa(&args)
+}
+
+/// Runs `abhyasa node --config cfg`, which must refuse to start (panics if it is still running
+/// after 20 s); returns its output.
+pub fn refused_start(cfg: &Path) -> Output {
+    let mut child = spawn_node_piped(cfg);
+    let until = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > until {
+            let _ = child.kill();
+            panic!(
+                "the node started with {}",
+                std::fs::read_to_string(cfg).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
 /// `abhyasa status --json` of the node at `admin`, once it answers.
 pub fn status(admin: &str) -> Option<serde_json::Value> {
     let out = abhyasa(&["status", "--admin", admin, "--json"]);
