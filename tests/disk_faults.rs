@@ -262,3 +262,196 @@ fn every_damaged_page_is_refused_or_harmless() {
     println!("damaged pages: {refusals} refused, {harmless} not in use");
     assert!(refusals > 0, "no damaged page was detected");
 }
+
+/// The ids of the obligations pending at the node whose state is `state`.
+fn pending_ids(state: &Path) -> Option<std::collections::BTreeSet<String>> {
+    let out = abhyasa(&["status", "--json", "--admin", &state.display().to_string()]);
+    out.status.success().then(|| {
+        let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        s["pending"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["id"].as_str().unwrap().to_owned())
+            .collect()
+    })
+}
+
+/// A full disk, emulated without root or a small filesystem: the node runs under a file-size
+/// limit (`ulimit -f`, with SIGXFSZ ignored so a write past it fails with EFBIG as it would
+/// with ENOSPC) equal to its store's size, so every commit that needs a new page fails.
+/// Issues the store cannot take are refused, each naming the cause; the node keeps running
+/// and answering; and after a SIGKILL and a restart without the limit, what is pending is
+/// exactly what was acked: nothing acked is lost, nothing refused slipped in.
+#[test]
+fn a_full_disk_refuses_issues_with_the_cause_and_loses_nothing_acked() {
+    let fx = Fixture::new();
+    let state = fx.root.join("full");
+    let cfg = fx.config(&state);
+    let node = NodeProc::start(&cfg);
+    wait_for("the node", Duration::from_secs(20), || {
+        pending(&state).is_some()
+    });
+    node.stop();
+    let size = std::fs::metadata(state.join("node.redb")).unwrap().len();
+    let mut limited = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "trap '' XFSZ; ulimit -f {}; exec \"$0\" node --config \"$1\"",
+            size / 1024
+        ))
+        .arg(env!("CARGO_BIN_EXE_abhyasa"))
+        .arg(&cfg)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the limited node", Duration::from_secs(20), || {
+        pending(&state).is_some()
+    });
+    let admin = state.display().to_string();
+    let (mut acked, mut refused) = (std::collections::BTreeSet::new(), Vec::new());
+    for i in 0..400 {
+        let out = issue_revocation(
+            &["--admin", &admin],
+            &format!("tok-{i}"),
+            &["--deadline-ms", "3600000"],
+        );
+        let reply: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", output_text(&out)));
+        if reply["ok"] == true {
+            assert!(out.status.success());
+            acked.insert(reply["id"].as_str().unwrap().to_owned());
+        } else {
+            assert!(!out.status.success(), "{reply}");
+            refused.push(reply["error"].as_str().unwrap().to_owned());
+            if refused.len() == 5 {
+                break;
+            }
+        }
+    }
+    assert!(
+        !refused.is_empty(),
+        "the limit never bit: {} acked",
+        acked.len()
+    );
+    println!(
+        "full disk: {} acked, then {} refused, first: {}",
+        acked.len(),
+        refused.len(),
+        refused[0]
+    );
+    for e in &refused {
+        assert!(
+            e.contains("File too large") && e.contains("issue it again"),
+            "a refusal that does not say why: {e}"
+        );
+    }
+    // Still running and answering; what it holds is what it acked.
+    assert!(limited.try_wait().unwrap().is_none(), "the node exited");
+    assert_eq!(pending_ids(&state).as_ref(), Some(&acked));
+    limited.kill().unwrap();
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(limited.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    limited.wait().unwrap();
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(
+        stderr.contains("File too large"),
+        "the log names the cause: {stderr}"
+    );
+
+    let _node = NodeProc::start(&cfg);
+    wait_for("the restarted node", Duration::from_secs(20), || {
+        pending(&state).is_some()
+    });
+    assert_eq!(
+        pending_ids(&state),
+        Some(acked.clone()),
+        "after a SIGKILL and a restart: exactly what was acked ({} of them)",
+        acked.len()
+    );
+}
+
+/// A state directory the node may read but not write (a read-only mount, or another user's
+/// files): it refuses to start, naming the file and the cause, and leaves it as it was; the
+/// obligations in it are all there for a node that may write. Needs root and `setpriv` to
+/// run the node as another user (root writes through any mode); says plainly when it skipped.
+#[test]
+fn a_state_directory_the_node_cannot_write_is_refused_clearly() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let root = std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout == b"0\n");
+    let setpriv = std::process::Command::new("setpriv")
+        .arg("--version")
+        .output()
+        .is_ok();
+    if !root || !setpriv {
+        println!("SKIPPED: needs root and setpriv to run the node as a user who may not write");
+        return;
+    }
+    let fx = Fixture::new();
+    std::fs::set_permissions(&fx.root, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (original, _) = fx.three_pending();
+    // The node's certificates, readable by the user it runs as; the state, root's.
+    let certs = fx.root.join("certs-nobody");
+    std::fs::create_dir_all(&certs).unwrap();
+    std::os::unix::fs::chown(&certs, Some(65534), Some(65534)).unwrap();
+    for f in std::fs::read_dir(&fx.certs).unwrap() {
+        let f = f.unwrap().path();
+        let to = certs.join(f.file_name().unwrap());
+        std::fs::copy(&f, &to).unwrap();
+        std::os::unix::fs::chown(&to, Some(65534), Some(65534)).unwrap();
+    }
+    let ro = fx.root.join("read-only");
+    copy_state(&original, &ro);
+    let cfg = fx.root.join("read-only.toml");
+    let text = std::fs::read_to_string(fx.config(&ro))
+        .unwrap()
+        .replace(&fx.certs, &certs.display().to_string());
+    std::fs::write(&cfg, text).unwrap();
+    let db = ro.join("node.redb");
+    let before = std::fs::read(&db).unwrap();
+    let mut child = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_abhyasa"))
+        .args(["node", "--config"])
+        .arg(&cfg)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < until,
+            "the node started on a state it cannot write"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    let t = output_text(&out);
+    assert!(
+        !out.status.success() && out.status.code() != Some(101),
+        "{t}"
+    );
+    assert!(!t.contains("panicked"), "{t}");
+    assert!(
+        t.contains(&db.display().to_string()) && t.contains("Permission denied"),
+        "the refusal names the file and the cause: {t}"
+    );
+    println!("read-only state: {}", t.trim());
+    assert!(
+        std::fs::read(&db).unwrap() == before,
+        "the refused start changed the file"
+    );
+    // Where it may write, all three are there.
+    std::fs::remove_dir_all(&original).unwrap();
+    copy_state(&ro, &original);
+    let _node = NodeProc::start(&fx.config(&original));
+    wait_for("the node", Duration::from_secs(20), || {
+        pending(&original).is_some()
+    });
+    assert_eq!(pending(&original), Some(3));
+}

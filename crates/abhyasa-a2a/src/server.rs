@@ -161,7 +161,7 @@ fn is_cbor(headers: &HeaderMap) -> Option<bool> {
 fn node_error(e: NodeError) -> Response {
     match e {
         // The commit's outcome is unknown or the node is going down: the custodian retries.
-        NodeError::IssueAgain | NodeError::Stopped => {
+        NodeError::IssueAgain { .. } | NodeError::Stopped => {
             error(StatusCode::SERVICE_UNAVAILABLE, format!("try again: {e}"))
         }
         e => error(StatusCode::INTERNAL_SERVER_ERROR, e),

@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::admin::{self, AdminAddr, AdminTarget, IssueSpec, Request, StatusJson};
 use crate::demo::{self, DemoConfig};
 use crate::ledger_cli;
+use crate::soak;
 use crate::sweep;
 use abhyasa_custody::{Channel, CustodianConfig};
 use abhyasa_moq::{Ca, Congestion, Identity, TransportSettings};
@@ -40,6 +41,36 @@ enum Command {
         /// Impair the principal ↔ agent-0 link (both directions) through the userspace netem relay.
         #[command(flatten)]
         impair: ImpairmentArgs,
+    },
+    /// One principal and many agents (node processes) under a steady mix of obligations while
+    /// links are partitioned and agents SIGKILLed; samples the principal's memory and open
+    /// files, and audits every store at the end (docs/SOAK.md).
+    Soak {
+        /// How long to issue and inject faults: `90s`, `10m`, `1h` (a plain number: seconds).
+        #[arg(long, default_value = "10m", value_parser = parse_duration)]
+        duration: Duration,
+        /// Agents.
+        #[arg(long, default_value_t = 8)]
+        agents: usize,
+        /// Obligations issued per second.
+        #[arg(long, default_value_t = 50.0)]
+        rate: f64,
+        /// Deadline of each obligation, ms.
+        #[arg(long, default_value_t = 20_000)]
+        deadline_ms: u64,
+        /// A partition or a SIGKILL of an agent every this many ms.
+        #[arg(long, default_value_t = 2_000)]
+        fault_every_ms: u64,
+        /// Seed of the workload and the faults.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Where to write soak.csv, soak-latency.csv and soak.svg.
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// Working directory for certificates, configs, states and node logs (default: a
+        /// temporary one, removed at the end).
+        #[arg(long)]
+        dir: Option<PathBuf>,
     },
     /// A UDP relay that impairs traffic like `tc netem`, to put between two nodes.
     Netem {
@@ -607,6 +638,54 @@ pub async fn main() -> ExitCode {
 
 async fn run(command: Command) -> Result<ExitCode> {
     match command {
+        Command::Soak {
+            duration,
+            agents,
+            rate,
+            deadline_ms,
+            fault_every_ms,
+            seed,
+            out,
+            dir,
+        } => {
+            let tmp = tempfile::tempdir()?;
+            let report = soak::run(&soak::SoakConfig {
+                exe: std::env::current_exe()?,
+                duration,
+                agents: agents.max(1),
+                rate,
+                deadline_ms,
+                fault_every: Duration::from_millis(fault_every_ms.max(100)),
+                dir: dir.unwrap_or_else(|| tmp.path().to_owned()),
+                seed,
+            })
+            .await?;
+            for m in &report.latency {
+                println!(
+                    "minute {}: {} obligations, latency p50 {} ms, p99 {} ms, max {} ms",
+                    m.minute, m.n, m.p50_ms, m.p99_ms, m.max_ms
+                );
+            }
+            for (why, n) in &report.refused {
+                println!("refused {n}: {why}");
+            }
+            for v in &report.audit.violations {
+                println!("violation: {v}");
+            }
+            if let Some(out) = out {
+                soak::write(&report, &out).map_err(|e| e.to_string())?;
+                println!(
+                    "wrote soak.csv, soak-latency.csv and soak.svg under {}",
+                    out.display()
+                );
+            }
+            println!("{}", report.summary());
+            Ok(if report.clean() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
         Command::Sweep { which, out } => {
             let r = match which {
                 SweepCommand::Partition {
@@ -938,9 +1017,77 @@ async fn ledger(command: LedgerCli) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `90s`, `10m`, `1h` or a plain number of seconds.
+fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
+    let (n, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("{s:?}: expected e.g. 90s, 10m or 1h"))?;
+    let secs = match unit {
+        "s" => n,
+        "m" => n.saturating_mul(60),
+        "h" => n.saturating_mul(3600),
+        _ => return Err(format!("{s:?}: the unit must be s, m or h")),
+    };
+    Ok(Duration::from_secs(secs))
+}
+
 fn read_config(path: &std::path::Path) -> Result<NodeConfig> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()).into())
+}
+
+/// Reads a node config as `abhyasa node` does and makes every check that needs neither the
+/// disk nor the network (names, transport and custody settings, each peer's route). The
+/// config fuzz target (`fuzz/fuzz_targets/config.rs`) drives it with arbitrary text.
+pub fn check_config_text(text: &str) -> std::result::Result<(), String> {
+    let config: NodeConfig = toml::from_str(text).map_err(|e| e.to_string())?;
+    config.check().map_err(|e| e.to_string())
+}
+
+impl NodeConfig {
+    /// What can be checked without the disk or the network.
+    fn check(&self) -> Result<()> {
+        AgentId::new(self.agent.clone())?;
+        self.transport.settings()?;
+        self.custody.channel()?;
+        for p in &self.peers {
+            AgentId::new(p.id.clone())?;
+            match p.transport.as_deref().unwrap_or("moqt") {
+                "moqt" | "a2a" => {
+                    p.addr()?;
+                }
+                "mcp" => {
+                    p.mcp_route()?;
+                }
+                other => {
+                    return Err(format!(
+                        "peer {}: transport must be \"moqt\", \"mcp\" or \"a2a\", not {other:?}",
+                        p.id
+                    )
+                    .into())
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl CustodyConfig {
+    /// How the first attempt travels.
+    fn channel(&self) -> Result<Channel> {
+        match self.first_attempt.as_str() {
+            "stream" => Ok(Channel::Stream),
+            "datagram" => Ok(Channel::Datagram),
+            other => Err(format!(
+                "custody.first_attempt must be \"stream\" or \"datagram\", not {other:?}"
+            )
+            .into()),
+        }
+    }
 }
 
 async fn node(path: PathBuf) -> Result<ExitCode> {
@@ -1063,16 +1210,7 @@ async fn build_node(config: &NodeConfig) -> Result<Node> {
             response_timeout_ms: config.custody.response_timeout_ms,
             backoff_base_ms: config.custody.backoff_base_ms,
             backoff_cap_ms: config.custody.backoff_cap_ms,
-            first_attempt: match config.custody.first_attempt.as_str() {
-                "stream" => Channel::Stream,
-                "datagram" => Channel::Datagram,
-                other => {
-                    return Err(format!(
-                        "custody.first_attempt must be \"stream\" or \"datagram\", not {other:?}"
-                    )
-                    .into())
-                }
-            },
+            first_attempt: config.custody.channel()?,
             require_spanning_budget: config
                 .custody
                 .require_spanning_budget
@@ -1082,22 +1220,11 @@ async fn build_node(config: &NodeConfig) -> Result<Node> {
             ..CustodianConfig::default()
         })
         .maintenance(Duration::from_millis(config.custody.maintenance_ms));
+    config.check()?;
     for p in &config.peers {
-        match p.transport.as_deref().unwrap_or("moqt") {
-            "moqt" => builder = builder.peer(AgentId::new(p.id.clone())?, p.addr()?),
-            "a2a" => {
-                p.addr()?; // Reached by `start_bindings` once the node runs.
-            }
-            "mcp" => {
-                p.mcp_route()?;
-            }
-            other => {
-                return Err(format!(
-                    "peer {}: transport must be \"moqt\", \"mcp\" or \"a2a\", not {other:?}",
-                    p.id
-                )
-                .into())
-            }
+        // `a2a` and `mcp` peers are reached by `start_bindings` once the node runs.
+        if p.transport.as_deref().unwrap_or("moqt") == "moqt" {
+            builder = builder.peer(AgentId::new(p.id.clone())?, p.addr()?);
         }
     }
     if let Some(l) = &config.ledger {

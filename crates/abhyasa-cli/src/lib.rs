@@ -10,6 +10,7 @@ mod cli;
 pub mod demo;
 pub mod ledger_cli;
 pub mod mcp_cli;
+pub mod soak;
 pub mod sweep;
 
-pub use cli::main;
+pub use cli::{check_config_text, main};

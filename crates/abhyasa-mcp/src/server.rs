@@ -151,7 +151,7 @@ impl AgentServer {
                 .await
             {
                 Ok(acks) => return Ok(acks),
-                Err(NodeError::IssueAgain) => last = Some(NodeError::IssueAgain),
+                Err(e @ NodeError::IssueAgain { .. }) => last = Some(e),
                 Err(e) => return Err(McpError::internal_error(e.to_string(), None)),
             }
         }

@@ -445,7 +445,7 @@ impl Core {
             }
             Err(GroupError::Unknown(e)) => {
                 warn!(%e, "maintenance outcome unknown: recovering from the store");
-                self.recover()
+                self.recover(&e.to_string())
             }
             Err(_) => false,
         }
@@ -824,7 +824,7 @@ impl Core {
                     }
                     Err(GroupError::Unknown(e)) => {
                         warn!(%e, "commit outcome unknown: recovering from the store");
-                        if !self.recover() {
+                        if !self.recover(&e.to_string()) {
                             return false;
                         }
                         continue;
@@ -860,7 +860,12 @@ impl Core {
         }
     }
 
-    fn recover(&mut self) -> bool {
+    /// Reloads the machines from the store after a commit of unknown outcome; everything
+    /// that waited on that commit is answered "issue again", with `cause`.
+    fn recover(&mut self, cause: &str) -> bool {
+        let again = || NodeError::IssueAgain {
+            cause: cause.to_owned(),
+        };
         let (agent, cc, rc, t) = (
             self.agent.clone(),
             self.custodian_config.clone(),
@@ -885,12 +890,12 @@ impl Core {
                 // Ledger commands waiting on that commit: unknown, ask again (each is
                 // idempotent on its id).
                 for (reply, _) in self.ledger_replies.drain(..) {
-                    let _ = reply.send(Err(NodeError::IssueAgain));
+                    let _ = reply.send(Err(again()));
                 }
                 // Deliveries whose applies may not be durable: deliver again (idempotent on
                 // the obligation id; an applied one is acked as a duplicate).
                 for d in self.deliveries.drain(..) {
-                    let _ = d.reply.send(Err(NodeError::IssueAgain));
+                    let _ = d.reply.send(Err(again()));
                 }
                 // Issues waiting on a commit of unknown outcome: the store decides.
                 for (id, reply) in std::mem::take(&mut self.awaiting) {
@@ -900,7 +905,7 @@ impl Core {
                         .map(|r| r.unwrap_or(false));
                     let answer = match known {
                         Ok(true) => Ok(abhyasa_custody::Admission::Custody),
-                        _ => Err(NodeError::IssueAgain),
+                        _ => Err(again()),
                     };
                     let _ = reply.send(answer);
                 }

@@ -293,7 +293,9 @@ impl LedgerPart {
             return Err(crate::NodeError::NotCarried);
         }
         if self.permits.contains_key(&key) {
-            return Err(crate::NodeError::IssueAgain);
+            return Err(crate::NodeError::IssueAgain {
+                cause: "this operation's permit is still being made".into(),
+            });
         }
         self.branch.reserve(credit, effect, gateway, key)?;
         let op = self

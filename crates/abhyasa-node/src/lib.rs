@@ -89,9 +89,13 @@ pub enum NodeError {
     #[error("issue: {0}")]
     Issue(#[from] abhyasa_custody::IssueError),
     /// The commit carrying the obligation had an unknown outcome and it is not on disk:
-    /// issue it again (issuing is idempotent on the id).
-    #[error("not durable after a failed commit; issue it again")]
-    IssueAgain,
+    /// issue it again (issuing is idempotent on the id). `cause` says why the commit failed
+    /// (a full disk, a file over its size limit, an I/O error) or that the node stopped.
+    #[error("not durable ({cause}); issue it again")]
+    IssueAgain {
+        /// Why.
+        cause: String,
+    },
     /// The ledger refused the request.
     #[error("ledger: {0}")]
     Ledger(#[from] abhyasa_ledger::LedgerError),
@@ -461,7 +465,9 @@ impl Node {
             .map_err(|_| NodeError::Stopped)?;
         let answer = rx.await.map_err(|_| NodeError::Stopped)??;
         // Dropped only when a commit of unknown outcome made the node rebuild its ledger.
-        answer.await.map_err(|_| NodeError::IssueAgain)
+        answer.await.map_err(|_| NodeError::IssueAgain {
+            cause: "the node stopped before answering".into(),
+        })
     }
 
     /// The caller's side of a budget-gated call a binding carries: reserves `effect`'s
@@ -482,7 +488,9 @@ impl Node {
             .await
             .map_err(|_| NodeError::Stopped)?;
         let permit = rx.await.map_err(|_| NodeError::Stopped)??;
-        permit.await.map_err(|_| NodeError::IssueAgain)
+        permit.await.map_err(|_| NodeError::IssueAgain {
+            cause: "the node stopped before answering".into(),
+        })
     }
 
     /// The effect of a [`GatewayAnswer::Run`] ran and charged `charge` (clamped to the
@@ -499,7 +507,9 @@ impl Node {
             .await
             .map_err(|_| NodeError::Stopped)?;
         let receipt = rx.await.map_err(|_| NodeError::Stopped)??;
-        receipt.await.map_err(|_| NodeError::IssueAgain)
+        receipt.await.map_err(|_| NodeError::IssueAgain {
+            cause: "the node stopped before answering".into(),
+        })
     }
 
     /// The address the node listens on.

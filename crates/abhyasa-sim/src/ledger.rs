@@ -35,6 +35,7 @@
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
+use crate::rng::SimRng;
 use abhyasa_ledger::check::{audit, check, EffectInstance, World};
 use abhyasa_ledger::{
     signing_key, Branch, BranchConfig, CreditId, Dim, Effect, Gateway, GatewayRecord, Keyring,
@@ -44,8 +45,6 @@ use abhyasa_ledger::{
 use abhyasa_wire::ledger::{Fence, Fenced, NoEffect, Receipt, TransferDecision};
 use abhyasa_wire::{AgentId, UnixMillis};
 use rand::Rng;
-use rand::SeedableRng;
-use rand_chacha::ChaCha8Rng;
 
 /// Every ledger mutant, by its command-line name.
 pub const LEDGER_MUTANTS: [(&str, LedgerMutation); LedgerMutation::ALL.len()] = LedgerMutation::ALL;
@@ -180,7 +179,7 @@ struct Params {
 }
 
 struct Sim {
-    rng: ChaCha8Rng,
+    rng: SimRng,
     p: Params,
     keys: Keyring,
     mutation: Option<LedgerMutation>,
@@ -200,8 +199,7 @@ struct Sim {
 }
 
 impl Sim {
-    fn new(seed: u64, mutation: Option<LedgerMutation>) -> Self {
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    fn new(mut rng: SimRng, mutation: Option<LedgerMutation>) -> Self {
         let duration = rng.random_range(2_000..6_000);
         let partitions = (0..rng.random_range(0..=2))
             .map(|_| {
@@ -436,7 +434,7 @@ impl Sim {
     fn with_branch<T>(
         &mut self,
         name: &str,
-        f: impl FnOnce(&mut Branch, &mut ChaCha8Rng) -> Result<T, abhyasa_ledger::LedgerError>,
+        f: impl FnOnce(&mut Branch, &mut SimRng) -> Result<T, abhyasa_ledger::LedgerError>,
     ) -> Option<T> {
         let node = self.branches.get_mut(name)?;
         let b = node.machine.as_mut()?;
@@ -1139,7 +1137,7 @@ fn open_ops(b: &Branch) -> (Vec<OpKey>, Vec<(OpKey, CreditId)>) {
 }
 
 /// A random non-zero part of `avail` (at least one dimension, each at most what is there).
-fn random_part(rng: &mut ChaCha8Rng, avail: &Vector) -> Vector {
+fn random_part(rng: &mut SimRng, avail: &Vector) -> Vector {
     let pairs: Vec<(String, u64)> = avail
         .iter()
         .map(|(d, n)| {
@@ -1159,7 +1157,7 @@ fn random_part(rng: &mut ChaCha8Rng, avail: &Vector) -> Vector {
 }
 
 /// An effect that asks for more than its maximum: every dimension above it.
-fn overdrawn(rng: &mut ChaCha8Rng, max: &Vector) -> Vector {
+fn overdrawn(rng: &mut SimRng, max: &Vector) -> Vector {
     let pairs: Vec<(String, u64)> = max
         .iter()
         .map(|(d, n)| (d.as_str().to_owned(), n + rng.random_range(1..=n.max(1))))
@@ -1190,7 +1188,7 @@ fn doubled(v: &Vector) -> Vector {
 
 /// A purpose from `label` most of the time; now and then any purpose (which the ledger
 /// refuses when the label does not allow it).
-fn random_purpose(rng: &mut ChaCha8Rng, label: &Label) -> Dim {
+fn random_purpose(rng: &mut SimRng, label: &Label) -> Dim {
     let inside: Vec<&Dim> = label.0.iter().collect();
     if inside.is_empty() || rng.random_bool(0.1) {
         Dim::new(PURPOSES[rng.random_range(0..PURPOSES.len())]).expect("valid purpose")
@@ -1202,7 +1200,7 @@ fn random_purpose(rng: &mut ChaCha8Rng, label: &Label) -> Dim {
 /// A label for a split or transfer from a credit labelled `parent`: a non-empty subset of its
 /// purposes most of the time; now and then one with a purpose added (which must be refused
 /// when it broadens the parent's).
-fn random_label(rng: &mut ChaCha8Rng, parent: &Label) -> Label {
+fn random_label(rng: &mut SimRng, parent: &Label) -> Label {
     let mut out: std::collections::BTreeSet<Dim> = parent
         .0
         .iter()
@@ -1221,7 +1219,7 @@ fn random_label(rng: &mut ChaCha8Rng, parent: &Label) -> Label {
 }
 
 /// What an effect charges: anywhere from nothing to its maximum.
-fn random_charge(rng: &mut ChaCha8Rng, max: &Vector) -> Vector {
+fn random_charge(rng: &mut SimRng, max: &Vector) -> Vector {
     let pairs: Vec<(String, u64)> = max
         .iter()
         .map(|(d, n)| {
@@ -1239,5 +1237,11 @@ fn random_charge(rng: &mut ChaCha8Rng, max: &Vector) -> Vector {
 
 /// Runs one seed of the ledger simulation.
 pub fn run_ledger(seed: u64, mutation: Option<LedgerMutation>) -> LedgerReport {
-    Sim::new(seed, mutation).run()
+    Sim::new(SimRng::seeded(seed), mutation).run()
+}
+
+/// One run of the ledger simulation whose every choice is read from `bytes` first (the
+/// structure-aware fuzz target; see [`SimRng::from_bytes`]).
+pub fn run_ledger_bytes(bytes: &[u8], mutation: Option<LedgerMutation>) -> LedgerReport {
+    Sim::new(SimRng::from_bytes(bytes), mutation).run()
 }

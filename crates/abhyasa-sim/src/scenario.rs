@@ -4,6 +4,7 @@
 
 use std::collections::BTreeSet;
 
+use crate::rng::SimRng;
 use abhyasa_custody::{Channel, CustodianConfig, ReceiverConfig};
 use abhyasa_wire::{
     AgentId, BeliefUpdatePayload, ClientId, ConsentDecision, ConsentPayload, Kind, Obligation,
@@ -11,7 +12,6 @@ use abhyasa_wire::{
     WeightKey,
 };
 use rand::Rng;
-use rand_chacha::ChaCha8Rng;
 
 /// Network impairment of one run.
 #[derive(Clone, Debug)]
@@ -91,7 +91,7 @@ pub(crate) const MAX_REPLAY: u64 = 3_000;
 
 impl Scenario {
     /// Draws a scenario.
-    pub fn generate(rng: &mut ChaCha8Rng) -> Self {
+    pub fn generate(rng: &mut SimRng) -> Self {
         let epoch = 1_700_000_000_000;
         let skew_limit = 50;
         let targets: Vec<TargetParams> = (0..rng.random_range(1..=3))
@@ -300,7 +300,7 @@ impl Scenario {
     }
 }
 
-fn payload(rng: &mut ChaCha8Rng, admissible: bool) -> Payload {
+fn payload(rng: &mut SimRng, admissible: bool) -> Payload {
     let key = rng.random_range(0..3u32);
     let kind = rng.random_range(0..3u32);
     let decision = if admissible {

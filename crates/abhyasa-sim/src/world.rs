@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::rng::SimRng;
 use abhyasa_custody::{
     AckTransmit, AppliedRecord, Custodian, CustodianConfig, CustodianEvent, CustodianRecord,
     EscalatedRecord, GovernedKey, Mutation, PendingRecord, Persist, PersistToken, PrincipalState,
@@ -13,7 +14,6 @@ use abhyasa_wire::{
     Kind, LastObserved, Obligation, ObligationId, Outcome, Payload, TerminalRecord, UnixMillis,
 };
 use rand::Rng;
-use rand_chacha::ChaCha8Rng;
 
 use crate::oracle::{self, PrincipalOracle, ReceiverOracle};
 use crate::scenario::{Scenario, MAX_REPLAY};
@@ -142,7 +142,7 @@ const PRINCIPAL: usize = 0;
 /// One deterministic run of a scenario.
 pub(crate) struct World {
     scenario: Scenario,
-    rng: ChaCha8Rng,
+    rng: SimRng,
     now: u64,
     seq: u64,
     events: BTreeMap<(u64, u64), Event>,
@@ -176,7 +176,7 @@ pub(crate) struct World {
 }
 
 impl World {
-    pub(crate) fn new(scenario: Scenario, rng: ChaCha8Rng) -> Self {
+    pub(crate) fn new(scenario: Scenario, rng: SimRng) -> Self {
         let mut nodes = vec![Node::new(AgentId::new("principal").expect("valid"), 0)];
         for (i, t) in scenario.targets.iter().enumerate() {
             let mut node = Node::new(AgentId::new(format!("agent-{i}")).expect("valid"), t.skew);

@@ -1150,6 +1150,7 @@ mod tests {
         let g = AgentId::new("g").unwrap();
         let s = Signed::sign(&fenced(), &g, &k);
         assert_eq!(s.open(&k.verifying_key()).unwrap(), fenced());
+        crate::tests::fuzz_seed("ledger", &encode(&LedgerMessage::Fenced(s.clone())));
         // Through the wire and back.
         let back: Signed<Fenced> = decode(&encode(&s)).unwrap();
         assert_eq!(back.open(&k.verifying_key()).unwrap(), fenced());

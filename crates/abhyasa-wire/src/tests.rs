@@ -48,6 +48,29 @@ fn token() -> Obligation {
     }
 }
 
+/// Every golden vector is also a seed of the fuzz target that reads its kind of bytes:
+/// `fuzz/seeds/<target>/golden-<FNV-1a of the bytes>`. The test checks the file is there with
+/// these bytes; `ABHYASA_WRITE_FUZZ_SEEDS=1 cargo test -p abhyasa-wire` writes it.
+pub(crate) fn fuzz_seed(target: &str, bytes: &[u8]) {
+    let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fuzz/seeds")
+        .join(target);
+    let path = dir.join(format!("golden-{hash:016x}"));
+    if std::env::var_os("ABHYASA_WRITE_FUZZ_SEEDS").is_some() {
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(&path, bytes).unwrap();
+    }
+    assert_eq!(
+        std::fs::read(&path).ok().as_deref(),
+        Some(bytes),
+        "{} is not this golden vector: run ABHYASA_WRITE_FUZZ_SEEDS=1 cargo test -p abhyasa-wire",
+        path.display()
+    );
+}
+
 /// Checks `value` encodes to exactly `hex` and decodes back to itself.
 fn golden<T>(value: &T, hex: &str)
 where
@@ -55,6 +78,15 @@ where
 {
     let bytes = encode(value);
     assert_eq!(hex::encode(&bytes), hex, "encoding of {value:?} changed");
+    let name = std::any::type_name::<T>();
+    let target = if name.ends_with("::Obligation") {
+        "obligation"
+    } else if name.ends_with("::CustodyAck") {
+        "ack"
+    } else {
+        "escalation"
+    };
+    fuzz_seed(target, &bytes);
     let back: T = decode(&hex::decode(hex).unwrap()).unwrap();
     assert_eq!(&back, value);
 }
@@ -116,6 +148,7 @@ fn golden_obligations_of_every_kind() {
         assert_eq!(hex::encode(&bytes), hex, "encoding of {o:?} changed");
         assert_eq!(decode_obligation(&bytes).unwrap(), o);
         assert_eq!(decode::<Obligation>(&bytes).unwrap(), o);
+        fuzz_seed("obligation", &bytes);
     }
 }
 

@@ -15,6 +15,7 @@ fn control_golden(msg: Control, bytes: &str) {
     msg.encode(&mut got);
     assert_eq!(hex::encode(&got), hex::encode(&want), "encoding of {msg:?}");
     assert_eq!(Control::decode(&want).unwrap(), Some((msg, want.len())));
+    crate::tests::fuzz_seed("moqt_control", &want);
     // Every strict prefix is "not yet".
     for cut in 0..want.len() {
         assert_eq!(Control::decode(&want[..cut]).unwrap(), None, "prefix {cut}");
@@ -353,6 +354,8 @@ fn golden_stream_objects() {
     o.encode(false, &mut got);
     assert_eq!(hex::encode(&got), "00026869");
     assert_eq!(StreamObject::decode(&got, false).unwrap(), Some((o, 4)));
+    // The subgroup target reads a whole stream: a header, then objects.
+    crate::tests::fuzz_seed("moqt_subgroup", &[h("10 01 07 80"), got.clone()].concat());
     // With one even extension (type 2 = 5) and one odd (type 3 = "z"): block is 02 05 03 01 7a.
     let o = StreamObject {
         object_id_delta: 1,
@@ -373,6 +376,7 @@ fn golden_stream_objects() {
         StreamObject::decode(&want, true).unwrap(),
         Some((o, want.len()))
     );
+    crate::tests::fuzz_seed("moqt_subgroup", &[h("11 01 07 80"), want.clone()].concat());
     // End of group as a status; unknown extensions on a stream with extensions but none here.
     let o = StreamObject {
         object_id_delta: 0,
@@ -443,6 +447,7 @@ fn golden_datagrams_every_type() {
         let want = h(bytes);
         assert_eq!(hex::encode(dg.encode()), hex::encode(&want));
         assert_eq!(ObjectDatagram::decode(&want).unwrap(), dg);
+        crate::tests::fuzz_seed("moqt_datagram", &want);
     }
     assert!(matches!(
         ObjectDatagram::decode(&h("08 02 09 40")),

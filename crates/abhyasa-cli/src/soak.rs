@@ -1,0 +1,564 @@
+//! `abhyasa soak`: one principal and many agents, each an `abhyasa node` process, under a
+//! steady mix of obligations of every kind while links are partitioned and healed and agents
+//! are SIGKILLed and restarted. Each agent is reached through a userspace relay
+//! (`abhyasa_netem::relay`) that the soak stops for a partition and starts again to heal it.
+//!
+//! Every second it samples the principal's resident memory and open files (from `/proc`) and
+//! its pending count; at the end it heals everything, waits for the pending set to drain,
+//! stops the nodes and audits their stores: every issue the principal acked must be terminal
+//! (nothing lost), no receiver may have applied an id twice, and the audit's checks
+//! (`abhyasa check`) must pass. Latency (ack of the issue → terminal record) is reported per
+//! minute of issuing.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use abhyasa_moq::Ca;
+use abhyasa_netem::relay::{Relay, RelayConfig};
+use abhyasa_netem::Impairment;
+use abhyasa_wire::{AgentId, ObligationId};
+use rand::{Rng, SeedableRng};
+
+use crate::admin::{self, AdminAddr, AdminTarget, IssueSpec, Request};
+use crate::audit::{self, AuditReport, NodeRows};
+use crate::sweep::{self, Axes, Series};
+
+type Error = Box<dyn std::error::Error>;
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct SoakConfig {
+    /// The `abhyasa` binary to run the nodes with.
+    pub exe: PathBuf,
+    /// How long to issue and inject faults.
+    pub duration: Duration,
+    /// Agents.
+    pub agents: usize,
+    /// Obligations issued per second.
+    pub rate: f64,
+    /// Deadline of each obligation, ms.
+    pub deadline_ms: u64,
+    /// A fault (partition or SIGKILL of an agent) every this long.
+    pub fault_every: Duration,
+    /// Working directory (certificates, configs, states).
+    pub dir: PathBuf,
+    /// Seed of the workload and the faults.
+    pub seed: u64,
+}
+
+/// One sample of the principal process.
+#[derive(Clone, Copy, Debug)]
+pub struct Sample {
+    /// Seconds since the start.
+    pub t_s: f64,
+    /// Resident memory, KiB.
+    pub rss_kib: u64,
+    /// Open file descriptors.
+    pub fds: u64,
+    /// Obligations pending at the principal.
+    pub pending: u64,
+    /// Issues acked so far.
+    pub acked: u64,
+}
+
+/// Latency of the obligations whose issue was acked in one minute.
+#[derive(Clone, Copy, Debug)]
+pub struct MinuteLatency {
+    /// Minute of the soak (0-based).
+    pub minute: u64,
+    /// Obligations.
+    pub n: usize,
+    /// Median, ms.
+    pub p50_ms: u64,
+    /// 99th percentile, ms.
+    pub p99_ms: u64,
+    /// Largest, ms.
+    pub max_ms: u64,
+}
+
+/// What a soak found.
+#[derive(Debug)]
+pub struct SoakReport {
+    /// Samples, one a second.
+    pub samples: Vec<Sample>,
+    /// Latency per minute.
+    pub latency: Vec<MinuteLatency>,
+    /// Issues acked (under custody) by the principal.
+    pub acked: u64,
+    /// Issues refused (with the reason counted by text).
+    pub refused: BTreeMap<String, u64>,
+    /// Agents SIGKILLed and restarted.
+    pub kills: u64,
+    /// Links partitioned and healed.
+    pub partitions: u64,
+    /// Acked issues with neither a terminal record nor a pending row at the end.
+    pub lost: u64,
+    /// Acked issues still pending after the drain.
+    pub still_pending: u64,
+    /// Outcomes of the acked issues, by name.
+    pub outcomes: BTreeMap<String, u64>,
+    /// The audit of every store.
+    pub audit: AuditReport,
+}
+
+impl SoakReport {
+    /// The last line of `abhyasa soak`: ends `lost=0 double_applied=0 violations=0` when clean.
+    pub fn summary(&self) -> String {
+        let (first, last) = (self.samples.first(), self.samples.last());
+        format!(
+            "soak: acked={} refused={} kills={} partitions={} outcomes={:?} rss_kib first={} last={} max={} fds first={} last={} still_pending={} lost={} double_applied={} violations={}",
+            self.acked,
+            self.refused.values().sum::<u64>(),
+            self.kills,
+            self.partitions,
+            self.outcomes,
+            first.map_or(0, |s| s.rss_kib),
+            last.map_or(0, |s| s.rss_kib),
+            self.samples.iter().map(|s| s.rss_kib).max().unwrap_or(0),
+            first.map_or(0, |s| s.fds),
+            last.map_or(0, |s| s.fds),
+            self.still_pending,
+            self.lost,
+            self.audit.double_applied,
+            self.audit.violations.len(),
+        )
+    }
+
+    /// Whether nothing was lost, applied twice or left pending, and the audit passed.
+    pub fn clean(&self) -> bool {
+        self.lost == 0
+            && self.still_pending == 0
+            && self.audit.double_applied == 0
+            && self.audit.violations.is_empty()
+    }
+}
+
+struct Proc {
+    child: Child,
+    config: PathBuf,
+}
+
+impl Proc {
+    fn start(exe: &Path, config: &Path, log: &Path) -> Result<Self, Error> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)?;
+        let child = Command::new(exe)
+            .args(["node", "--config"])
+            .arg(config)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()?;
+        Ok(Self {
+            child,
+            config: config.to_owned(),
+        })
+    }
+
+    fn sigkill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn sigterm(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_udp() -> Result<SocketAddr, Error> {
+    Ok(std::net::UdpSocket::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Resident memory (KiB) and open files of a process, from `/proc`.
+fn proc_usage(pid: u32) -> (u64, u64) {
+    let rss = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0);
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count() as u64);
+    (rss, fds)
+}
+
+async fn start_relay(listen: SocketAddr, forward: SocketAddr) -> Result<Relay, Error> {
+    // The port was just released by the relay being replaced: retry while it frees up.
+    let mut tries = 0;
+    loop {
+        let config = RelayConfig {
+            listen,
+            forward,
+            up: Impairment::default(),
+            down: Impairment::default(),
+            seed: 0,
+        };
+        match Relay::start(config).await {
+            Ok(r) => return Ok(r),
+            Err(e) if tries < 50 => {
+                tries += 1;
+                tracing::debug!(%e, "relay port not free yet");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => return Err(format!("relay on {listen}: {e}").into()),
+        }
+    }
+}
+
+fn target(state: &Path) -> AdminTarget {
+    AdminTarget {
+        admin: AdminAddr::Unix(state.join(admin::SOCKET_FILE)),
+        admin_token: None,
+    }
+}
+
+async fn pending_count(state: &Path) -> Option<u64> {
+    let reply = admin::request(&target(state), Request::Status).await.ok()?;
+    Some(reply["status"]["pending"].as_array()?.len() as u64)
+}
+
+/// One obligation of the mix: consent (grant or revoke), belief update, token revocation.
+fn spec(rng: &mut impl Rng, agent: &str, n: u64, deadline_ms: u64) -> IssueSpec {
+    let mut s = IssueSpec {
+        target: agent.to_owned(),
+        kind: String::new(),
+        decision: None,
+        scope: None,
+        weight_key: None,
+        delta: None,
+        action: None,
+        token: None,
+        client: "client".into(),
+        deadline_ms,
+        max_retries: None,
+        sequence: None,
+    };
+    match rng.random_range(0..3) {
+        0 => {
+            s.kind = "anumati.consent".into();
+            s.decision = Some(
+                if rng.random_bool(0.5) {
+                    "grant"
+                } else {
+                    "revoke"
+                }
+                .into(),
+            );
+            s.scope = Some(format!("scope-{}", rng.random_range(0..8)));
+            s.sequence = Some(n);
+        }
+        1 => {
+            s.kind = "phala.belief_update".into();
+            s.weight_key = Some(format!("supplier/{}", rng.random_range(0..8)));
+            s.delta = Some(-0.1);
+        }
+        _ => {
+            s.kind = "oauth.token".into();
+            s.action = Some("revoke".into());
+            s.token = Some(format!("tok-{n}"));
+        }
+    }
+    s
+}
+
+/// Runs a soak in `config.dir` (created; certificates, configs, states and node logs there).
+pub async fn run(config: &SoakConfig) -> Result<SoakReport, Error> {
+    let dir = &config.dir;
+    std::fs::create_dir_all(dir)?;
+    let certs = dir.join("certs");
+    std::fs::create_dir_all(&certs)?;
+    let ca = Ca::generate("abhyasa soak CA")?;
+    ca.save(&certs)?;
+    let names: Vec<String> = (0..config.agents).map(|i| format!("agent-{i}")).collect();
+    for n in std::iter::once("principal").chain(names.iter().map(String::as_str)) {
+        ca.issue(&AgentId::new(n)?)?.save(&certs)?;
+    }
+    // Agents listen on their own ports; the principal reaches each through its relay.
+    let mut agents = Vec::new();
+    let mut relays = Vec::new();
+    let mut peers = String::new();
+    for name in &names {
+        let (listen, relay) = (free_udp()?, free_udp()?);
+        let state = dir.join(format!("state-{name}"));
+        let cfg = dir.join(format!("{name}.toml"));
+        std::fs::write(
+            &cfg,
+            format!(
+                "agent = \"{name}\"\nlisten = \"{listen}\"\ncerts = \"{}\"\nstate = \"{}\"\n",
+                certs.display(),
+                state.display()
+            ),
+        )?;
+        agents.push((
+            Proc::start(&config.exe, &cfg, &dir.join(format!("{name}.log")))?,
+            state,
+        ));
+        relays.push((Some(start_relay(relay, listen).await?), relay, listen));
+        peers.push_str(&format!(
+            "\n[[peers]]\nid = \"{name}\"\naddr = \"{relay}\"\n"
+        ));
+    }
+    let p_state = dir.join("state-principal");
+    let p_cfg = dir.join("principal.toml");
+    std::fs::write(
+        &p_cfg,
+        format!(
+            "agent = \"principal\"\nlisten = \"{}\"\ncerts = \"{}\"\nstate = \"{}\"\n\n[custody]\nmaintenance_ms = 5000\n{peers}",
+            free_udp()?,
+            certs.display(),
+            p_state.display()
+        ),
+    )?;
+    let mut principal = Proc::start(&config.exe, &p_cfg, &dir.join("principal.log"))?;
+    let ready = Instant::now() + Duration::from_secs(30);
+    while pending_count(&p_state).await.is_none() {
+        if Instant::now() > ready {
+            return Err("the principal did not start within 30 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let mut rng = rand::rngs::StdRng::seed_from_u64(config.seed);
+    let start = Instant::now();
+    let mut acked: Vec<(ObligationId, u64, u64)> = Vec::new(); // id, acked at (unix ms), second
+    let mut refused: BTreeMap<String, u64> = BTreeMap::new();
+    let mut samples = Vec::new();
+    let (mut kills, mut partitions) = (0u64, 0u64);
+    // Faults in progress: (when it heals, agent index, kind).
+    let mut healing: Vec<(Instant, usize, bool)> = Vec::new();
+    let mut next_issue = start;
+    let mut next_fault = start + config.fault_every;
+    let mut next_sample = start;
+    let issue_every = Duration::from_secs_f64(1.0 / config.rate.max(0.001));
+    let mut n = 0u64;
+    while start.elapsed() < config.duration {
+        let now = Instant::now();
+        if now >= next_sample {
+            let (rss_kib, fds) = proc_usage(principal.child.id());
+            samples.push(Sample {
+                t_s: start.elapsed().as_secs_f64(),
+                rss_kib,
+                fds,
+                pending: pending_count(&p_state).await.unwrap_or(0),
+                acked: acked.len() as u64,
+            });
+            next_sample += Duration::from_secs(1);
+        }
+        // Heal what is due.
+        let mut i = 0;
+        while i < healing.len() {
+            if healing[i].0 <= now {
+                let (_, a, partition) = healing.swap_remove(i);
+                if partition {
+                    let (_, listen, forward) = relays[a];
+                    relays[a].0 = Some(start_relay(listen, forward).await?);
+                } else {
+                    let (proc, _) = &mut agents[a];
+                    let cfg = proc.config.clone();
+                    *proc = Proc::start(&config.exe, &cfg, &dir.join(format!("{}.log", names[a])))?;
+                }
+            } else {
+                i += 1;
+            }
+        }
+        if now >= next_fault {
+            next_fault += config.fault_every;
+            let a = rng.random_range(0..config.agents);
+            if !healing.iter().any(|h| h.1 == a) {
+                let partition = rng.random_bool(0.5);
+                let back = now + Duration::from_millis(rng.random_range(1_000..6_000));
+                if partition {
+                    if let Some(r) = relays[a].0.take() {
+                        r.stop();
+                    }
+                    partitions += 1;
+                } else {
+                    agents[a].0.sigkill();
+                    kills += 1;
+                }
+                healing.push((back, a, partition));
+            }
+        }
+        if now >= next_issue {
+            next_issue += issue_every;
+            n += 1;
+            let agent = &names[rng.random_range(0..config.agents)];
+            let reply = admin::request(
+                &target(&p_state),
+                Request::Issue(Box::new(spec(&mut rng, agent, n, config.deadline_ms))),
+            )
+            .await?;
+            if reply["ok"] == true {
+                let id = reply["id"]
+                    .as_str()
+                    .and_then(|s| u128::from_str_radix(s, 16).ok())
+                    .ok_or_else(|| format!("an issue acked without an id: {reply}"))?;
+                acked.push((
+                    ObligationId::from_u128(id),
+                    unix_ms(),
+                    start.elapsed().as_secs(),
+                ));
+            } else {
+                let why = reply["error"].as_str().unwrap_or("?").to_owned();
+                *refused.entry(why).or_default() += 1;
+            }
+        }
+        let wake = next_issue.min(next_sample).min(next_fault);
+        tokio::time::sleep(wake.saturating_duration_since(Instant::now())).await;
+    }
+
+    // Heal everything and let the pending set drain (at most one deadline and a margin).
+    for (_, a, partition) in std::mem::take(&mut healing) {
+        if partition {
+            let (_, listen, forward) = relays[a];
+            relays[a].0 = Some(start_relay(listen, forward).await?);
+        } else {
+            let cfg = agents[a].0.config.clone();
+            agents[a].0 = Proc::start(&config.exe, &cfg, &dir.join(format!("{}.log", names[a])))?;
+        }
+    }
+    let drain = Instant::now() + Duration::from_millis(config.deadline_ms + 10_000);
+    while Instant::now() < drain && pending_count(&p_state).await != Some(0) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    principal.sigterm();
+    for (a, _) in &mut agents {
+        a.sigterm();
+    }
+    for (r, _, _) in relays {
+        if let Some(r) = r {
+            r.stop();
+        }
+    }
+
+    // The audit, from the stores.
+    let open = |name: &str, state: &Path| -> Result<NodeRows, Error> {
+        let store = abhyasa_store::Store::open(
+            state.join("node.redb"),
+            abhyasa_store::StoreConfig::default(),
+        )
+        .map_err(|e| format!("{name}: {e}"))?;
+        Ok(NodeRows::read(AgentId::new(name)?, &store).map_err(|e| format!("{name}: {e}"))?)
+    };
+    let mut rows = vec![open("principal", &p_state)?];
+    for (name, (_, state)) in names.iter().zip(&agents) {
+        rows.push(open(name, state)?);
+    }
+    let report = audit::audit(&rows, None, abhyasa_wire::UnixMillis(unix_ms()));
+    let p = &rows[0];
+    let (mut lost, mut still_pending) = (0, 0);
+    let mut outcomes: BTreeMap<String, u64> = BTreeMap::new();
+    let mut per_minute: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    for (id, at, second) in &acked {
+        match p.terminal(*id) {
+            Some(t) => {
+                let name = format!("{:?}", t.outcome);
+                let name = name.split(['(', ' ', '{']).next().unwrap_or("?").to_owned();
+                *outcomes.entry(name).or_default() += 1;
+                per_minute
+                    .entry(second / 60)
+                    .or_default()
+                    .push(t.at.0.saturating_sub(*at));
+            }
+            None if p.is_pending(*id) => still_pending += 1,
+            None => lost += 1,
+        }
+    }
+    let latency = per_minute
+        .into_iter()
+        .map(|(minute, mut v)| {
+            v.sort_unstable();
+            let q = |f: f64| v[((v.len() - 1) as f64 * f).round() as usize];
+            MinuteLatency {
+                minute,
+                n: v.len(),
+                p50_ms: q(0.5),
+                p99_ms: q(0.99),
+                max_ms: *v.last().unwrap_or(&0),
+            }
+        })
+        .collect();
+    Ok(SoakReport {
+        samples,
+        latency,
+        acked: acked.len() as u64,
+        refused,
+        kills,
+        partitions,
+        lost,
+        still_pending,
+        outcomes,
+        audit: report,
+    })
+}
+
+/// Writes `soak.csv` (samples), `soak-latency.csv` and `soak.svg` (memory and open files over
+/// time) under `out`.
+pub fn write(report: &SoakReport, out: &Path) -> Result<(), sweep::Error> {
+    let mut csv = String::from("t_s,rss_kib,fds,pending,acked\n");
+    for s in &report.samples {
+        csv.push_str(&format!(
+            "{:.1},{},{},{},{}\n",
+            s.t_s, s.rss_kib, s.fds, s.pending, s.acked
+        ));
+    }
+    sweep::write(out, "soak.csv", &csv)?;
+    let mut lat = String::from("minute,n,p50_ms,p99_ms,max_ms\n");
+    for m in &report.latency {
+        lat.push_str(&format!(
+            "{},{},{},{},{}\n",
+            m.minute, m.n, m.p50_ms, m.p99_ms, m.max_ms
+        ));
+    }
+    sweep::write(out, "soak-latency.csv", &lat)?;
+    let series = vec![
+        Series {
+            label: "principal RSS, MiB".into(),
+            points: report
+                .samples
+                .iter()
+                .map(|s| (s.t_s, s.rss_kib as f64 / 1024.0))
+                .collect(),
+        },
+        Series {
+            label: "principal open files".into(),
+            points: report
+                .samples
+                .iter()
+                .map(|s| (s.t_s, s.fds as f64))
+                .collect(),
+        },
+        Series {
+            label: "pending".into(),
+            points: report
+                .samples
+                .iter()
+                .map(|s| (s.t_s, s.pending as f64))
+                .collect(),
+        },
+    ];
+    sweep::plot(
+        &out.join("soak.svg"),
+        &Axes {
+            title: "soak: the principal over time (agents partitioned and SIGKILLed)",
+            x: "seconds",
+            y: "MiB / files / obligations",
+            log_x: false,
+        },
+        &series,
+    )
+}
