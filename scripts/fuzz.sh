@@ -44,7 +44,7 @@ for t in "${targets[@]}"; do
       > "$log" 2>&1; then
     tail -n 60 "$log" >&2
     for a in "artifacts/$t"/*; do
-      [ -f "$a" ] && { echo "crashing input $a:" >&2; xxd "$a" | head -n 40 >&2; }
+      [ -f "$a" ] && { echo "crashing input $a:" >&2; od -A x -t x1z "$a" | head -n 40 >&2; }
     done
     echo "$t,$secs,,,,,,1"
     exit 1

@@ -68,6 +68,11 @@ impl NodeRows {
         self.terminal.get(&id)
     }
 
+    /// How many terminal records the principal holds.
+    pub fn terminal_count(&self) -> usize {
+        self.terminal.len()
+    }
+
     /// Whether the principal holds `id` pending.
     pub fn is_pending(&self, id: ObligationId) -> bool {
         self.pending.contains(&id)

@@ -475,7 +475,15 @@ pub async fn run(config: &SoakConfig) -> Result<SoakReport, Error> {
                     .push(t.at.0.saturating_sub(*at));
             }
             None if p.is_pending(*id) => still_pending += 1,
-            None => lost += 1,
+            None => {
+                if lost < 3 {
+                    eprintln!(
+                        "lost: {id} (the principal holds {} terminal records)",
+                        p.terminal_count()
+                    );
+                }
+                lost += 1;
+            }
         }
     }
     let latency = per_minute
