@@ -47,6 +47,8 @@ fn a_short_soak_loses_nothing_and_keeps_its_samples() {
         assert_eq!(field(zero), 0, "{zero}: {last}");
     }
     assert!(last.contains("\"Applied\""), "{last}");
+    // Every agent killed or cut off came back: the principal has a session with all three.
+    assert!(last.contains(" peers_up=3/3 "), "{last}");
     // One sample a second, each with the principal's memory and open files.
     let csv = std::fs::read_to_string(out.path().join("soak.csv")).unwrap();
     let rows: Vec<Vec<u64>> = csv

@@ -79,7 +79,8 @@ fn now() -> u64 {
         .as_millis() as u64
 }
 
-fn free_addr() -> std::io::Result<SocketAddr> {
+/// A free loopback UDP address.
+pub(crate) fn free_addr() -> std::io::Result<SocketAddr> {
     UdpSocket::bind("127.0.0.1:0")?.local_addr()
 }
 

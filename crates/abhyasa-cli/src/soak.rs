@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use abhyasa_moq::Ca;
 use abhyasa_netem::relay::{Relay, RelayConfig};
@@ -94,6 +94,10 @@ pub struct SoakReport {
     pub kills: u64,
     /// Links partitioned and healed.
     pub partitions: u64,
+    /// Agents the principal had a session with after the heal (all of them when healing works).
+    pub peers_up: usize,
+    /// Agents.
+    pub agents: usize,
     /// Acked issues with neither a terminal record nor a pending row at the end.
     pub lost: u64,
     /// Acked issues still pending after the drain.
@@ -109,7 +113,7 @@ impl SoakReport {
     pub fn summary(&self) -> String {
         let (first, last) = (self.samples.first(), self.samples.last());
         format!(
-            "soak: acked={} refused={} kills={} partitions={} outcomes={:?} rss_kib first={} last={} max={} fds first={} last={} still_pending={} lost={} double_applied={} violations={}",
+            "soak: acked={} refused={} kills={} partitions={} outcomes={:?} rss_kib first={} last={} max={} fds first={} last={} peers_up={}/{} still_pending={} lost={} double_applied={} violations={}",
             self.acked,
             self.refused.values().sum::<u64>(),
             self.kills,
@@ -120,6 +124,8 @@ impl SoakReport {
             self.samples.iter().map(|s| s.rss_kib).max().unwrap_or(0),
             first.map_or(0, |s| s.fds),
             last.map_or(0, |s| s.fds),
+            self.peers_up,
+            self.agents,
             self.still_pending,
             self.lost,
             self.audit.double_applied,
@@ -130,6 +136,7 @@ impl SoakReport {
     /// Whether nothing was lost, applied twice or left pending, and the audit passed.
     pub fn clean(&self) -> bool {
         self.lost == 0
+            && self.peers_up == self.agents
             && self.still_pending == 0
             && self.audit.double_applied == 0
             && self.audit.violations.is_empty()
@@ -138,25 +145,37 @@ impl SoakReport {
 
 struct Proc {
     child: Child,
+    exe: PathBuf,
     config: PathBuf,
+    log: PathBuf,
 }
 
 impl Proc {
+    /// `exe node --config config`, its stderr appended to `log`.
     fn start(exe: &Path, config: &Path, log: &Path) -> Result<Self, Error> {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)?;
         let child = Command::new(exe)
             .args(["node", "--config"])
             .arg(config)
             .stdout(Stdio::null())
-            .stderr(log)
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(log)?,
+            )
             .spawn()?;
         Ok(Self {
             child,
+            exe: exe.to_owned(),
             config: config.to_owned(),
+            log: log.to_owned(),
         })
+    }
+
+    /// The same node started again (after a SIGKILL).
+    fn restart(&mut self) -> Result<(), Error> {
+        *self = Self::start(&self.exe, &self.config, &self.log)?;
+        Ok(())
     }
 
     fn sigkill(&mut self) {
@@ -173,13 +192,7 @@ impl Proc {
 }
 
 fn free_udp() -> Result<SocketAddr, Error> {
-    Ok(std::net::UdpSocket::bind("127.0.0.1:0")?.local_addr()?)
-}
-
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    Ok(crate::demo::free_addr()?)
 }
 
 /// Resident memory (KiB) and open files of a process, from `/proc`.
@@ -194,6 +207,20 @@ fn proc_usage(pid: u32) -> (u64, u64) {
         .unwrap_or(0);
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count() as u64);
     (rss, fds)
+}
+
+/// A relay to stop for a partition and start again to heal it.
+struct Link {
+    relay: Option<Relay>,
+    listen: SocketAddr,
+    forward: SocketAddr,
+}
+
+impl Link {
+    async fn heal(&mut self) -> Result<(), Error> {
+        self.relay = Some(start_relay(self.listen, self.forward).await?);
+        Ok(())
+    }
 }
 
 async fn start_relay(listen: SocketAddr, forward: SocketAddr) -> Result<Relay, Error> {
@@ -224,6 +251,12 @@ fn target(state: &Path) -> AdminTarget {
         admin: AdminAddr::Unix(state.join(admin::SOCKET_FILE)),
         admin_token: None,
     }
+}
+
+/// Peers the node at `state` has a live session with.
+async fn peers_up(state: &Path) -> Option<usize> {
+    let reply = admin::request(&target(state), Request::Status).await.ok()?;
+    Some(reply["status"]["peers"].as_array()?.len())
 }
 
 async fn pending_count(state: &Path) -> Option<u64> {
@@ -307,7 +340,11 @@ pub async fn run(config: &SoakConfig) -> Result<SoakReport, Error> {
             Proc::start(&config.exe, &cfg, &dir.join(format!("{name}.log")))?,
             state,
         ));
-        relays.push((Some(start_relay(relay, listen).await?), relay, listen));
+        relays.push(Link {
+            relay: Some(start_relay(relay, listen).await?),
+            listen: relay,
+            forward: listen,
+        });
         peers.push_str(&format!(
             "\n[[peers]]\nid = \"{name}\"\naddr = \"{relay}\"\n"
         ));
@@ -359,20 +396,13 @@ pub async fn run(config: &SoakConfig) -> Result<SoakReport, Error> {
             next_sample += Duration::from_secs(1);
         }
         // Heal what is due.
-        let mut i = 0;
-        while i < healing.len() {
-            if healing[i].0 <= now {
-                let (_, a, partition) = healing.swap_remove(i);
-                if partition {
-                    let (_, listen, forward) = relays[a];
-                    relays[a].0 = Some(start_relay(listen, forward).await?);
-                } else {
-                    let (proc, _) = &mut agents[a];
-                    let cfg = proc.config.clone();
-                    *proc = Proc::start(&config.exe, &cfg, &dir.join(format!("{}.log", names[a])))?;
-                }
+        let due;
+        (due, healing) = healing.into_iter().partition(|h| h.0 <= now);
+        for (_, a, partition) in due {
+            if partition {
+                relays[a].heal().await?;
             } else {
-                i += 1;
+                agents[a].0.restart()?;
             }
         }
         if now >= next_fault {
@@ -382,7 +412,7 @@ pub async fn run(config: &SoakConfig) -> Result<SoakReport, Error> {
                 let partition = rng.random_bool(0.5);
                 let back = now + Duration::from_millis(rng.random_range(1_000..6_000));
                 if partition {
-                    if let Some(r) = relays[a].0.take() {
+                    if let Some(r) = relays[a].relay.take() {
                         r.stop();
                     }
                     partitions += 1;
@@ -409,7 +439,7 @@ pub async fn run(config: &SoakConfig) -> Result<SoakReport, Error> {
                     .ok_or_else(|| format!("an issue acked without an id: {reply}"))?;
                 acked.push((
                     ObligationId::from_u128(id),
-                    unix_ms(),
+                    crate::sweep::unix_ms(),
                     start.elapsed().as_secs(),
                 ));
             } else {
@@ -422,27 +452,30 @@ pub async fn run(config: &SoakConfig) -> Result<SoakReport, Error> {
     }
 
     // Heal everything and let the pending set drain (at most one deadline and a margin).
-    for (_, a, partition) in std::mem::take(&mut healing) {
+    for (_, a, partition) in healing {
         if partition {
-            let (_, listen, forward) = relays[a];
-            relays[a].0 = Some(start_relay(listen, forward).await?);
+            relays[a].heal().await?;
         } else {
-            let cfg = agents[a].0.config.clone();
-            agents[a].0 = Proc::start(&config.exe, &cfg, &dir.join(format!("{}.log", names[a])))?;
+            agents[a].0.restart()?;
         }
     }
     let drain = Instant::now() + Duration::from_millis(config.deadline_ms + 10_000);
     while Instant::now() < drain && pending_count(&p_state).await != Some(0) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // Every agent back: the principal holds a session with each (at most 10 s more).
+    let back = Instant::now() + Duration::from_secs(10);
+    let mut up = peers_up(&p_state).await.unwrap_or(0);
+    while Instant::now() < back && up < config.agents {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        up = peers_up(&p_state).await.unwrap_or(0);
+    }
     principal.sigterm();
     for (a, _) in &mut agents {
         a.sigterm();
     }
-    for (r, _, _) in relays {
-        if let Some(r) = r {
-            r.stop();
-        }
+    for r in relays.into_iter().filter_map(|l| l.relay) {
+        r.stop();
     }
 
     // The audit, from the stores.
@@ -458,7 +491,11 @@ pub async fn run(config: &SoakConfig) -> Result<SoakReport, Error> {
     for (name, (_, state)) in names.iter().zip(&agents) {
         rows.push(open(name, state)?);
     }
-    let report = audit::audit(&rows, None, abhyasa_wire::UnixMillis(unix_ms()));
+    let report = audit::audit(
+        &rows,
+        None,
+        abhyasa_wire::UnixMillis(crate::sweep::unix_ms()),
+    );
     let p = &rows[0];
     let (mut lost, mut still_pending) = (0, 0);
     let mut outcomes: BTreeMap<String, u64> = BTreeMap::new();
@@ -504,6 +541,8 @@ pub async fn run(config: &SoakConfig) -> Result<SoakReport, Error> {
         samples,
         latency,
         acked: acked.len() as u64,
+        peers_up: up,
+        agents: config.agents,
         refused,
         kills,
         partitions,

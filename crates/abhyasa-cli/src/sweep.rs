@@ -92,7 +92,8 @@ impl Pair {
     }
 }
 
-fn unix_ms() -> u64 {
+/// Wall-clock time, ms since the Unix epoch.
+pub(crate) fn unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
