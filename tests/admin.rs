@@ -7,42 +7,14 @@ mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use common::{
-    abhyasa, free_tcp, free_udp, issue_revocation, output_text, refused_start, wait_for, NodeProc,
+    abhyasa, certs, config, free_tcp, issue_revocation, output_text, refused_start, wait_for,
+    NodeProc,
 };
-
-/// Certificates for `agent-1` under `dir/certs`; returns the directory.
-fn certs(dir: &Path) -> String {
-    let c = dir.join("certs").display().to_string();
-    assert!(abhyasa(&["certs", "init", "--dir", &c]).status.success());
-    assert!(abhyasa(&["certs", "issue", "agent-1", "--dir", &c])
-        .status
-        .success());
-    c
-}
-
-/// A node config for `agent-1` with `extra` lines (an `admin = …`, …) and one peer that never
-/// answers (obligations to it stay pending).
-fn config(dir: &Path, certs: &str, extra: &str) -> (PathBuf, PathBuf) {
-    let state = dir.join("state");
-    let cfg = dir.join("node.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "agent = \"agent-1\"\nlisten = \"{}\"\ncerts = \"{certs}\"\nstate = \"{}\"\n{extra}\n\n\
-             [[peers]]\nid = \"agent-2\"\naddr = \"{}\"\n",
-            free_udp(),
-            state.display(),
-            free_udp()
-        ),
-    )
-    .unwrap();
-    (cfg, state)
-}
 
 /// Runs a node that must refuse to start; returns what it printed.
 fn refused(cfg: &Path) -> String {

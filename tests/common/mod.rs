@@ -2,7 +2,7 @@
 #![allow(dead_code)] // Each test binary uses its own subset.
 
 use std::net::{SocketAddr, UdpSocket};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -393,4 +393,33 @@ impl Setup {
             state: (dir.join("state-p"), dir.join("state-a")),
         }
     }
+}
+
+/// Certificates for `agent-1` under `dir/certs`; returns the directory.
+pub fn certs(dir: &Path) -> String {
+    let c = dir.join("certs").display().to_string();
+    assert!(abhyasa(&["certs", "init", "--dir", &c]).status.success());
+    assert!(abhyasa(&["certs", "issue", "agent-1", "--dir", &c])
+        .status
+        .success());
+    c
+}
+
+/// A node config for `agent-1` with `extra` lines (an `admin = …`, …) and one peer that never
+/// answers (obligations to it stay pending).
+pub fn config(dir: &Path, certs: &str, extra: &str) -> (PathBuf, PathBuf) {
+    let state = dir.join("state");
+    let cfg = dir.join("node.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "agent = \"agent-1\"\nlisten = \"{}\"\ncerts = \"{certs}\"\nstate = \"{}\"\n{extra}\n\n\
+             [[peers]]\nid = \"agent-2\"\naddr = \"{}\"\n",
+            free_udp(),
+            state.display(),
+            free_udp()
+        ),
+    )
+    .unwrap();
+    (cfg, state)
 }

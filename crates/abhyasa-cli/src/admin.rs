@@ -157,6 +157,10 @@ pub struct StatusJson {
     pub agent: String,
     /// Peers with a live session.
     pub peers: Vec<String>,
+    /// Obligation objects dropped unread per peer by the rate limit
+    /// (`[limits] obligations_per_second_per_peer`).
+    #[serde(default)]
+    pub slowed: std::collections::BTreeMap<String, u64>,
     /// The pending set.
     pub pending: Vec<PendingJson>,
     /// Recent outcomes.
@@ -248,6 +252,7 @@ impl From<Status> for StatusJson {
         Self {
             agent: s.agent.to_string(),
             peers: s.peers.iter().map(ToString::to_string).collect(),
+            slowed: s.slowed.iter().map(|(p, n)| (p.to_string(), *n)).collect(),
             pending: s
                 .pending
                 .iter()

@@ -422,6 +422,8 @@ struct NodeConfig {
     custody: CustodyConfig,
     #[serde(default)]
     transport: TransportConfig,
+    #[serde(default)]
+    limits: LimitsConfig,
     /// Present: the node takes part in the budget ledger.
     ledger: Option<LedgerConfig>,
     /// Present: `abhyasa mcp` serves these tools for this principal.
@@ -437,6 +439,8 @@ struct LedgerConfig {
     gateway: bool,
     /// Resend period of undecided transfers and dispatches, ms.
     resend_ms: u64,
+    /// Journal steps past which the branch takes no new work (`docs/LIMITS.md`).
+    max_journal_steps: u64,
     /// Who may sign root grants (their `<name>.ledger.pub` is in the certs directory).
     issuers: Vec<String>,
 }
@@ -446,6 +450,7 @@ impl Default for LedgerConfig {
         Self {
             gateway: false,
             resend_ms: 500,
+            max_journal_steps: abhyasa_ledger::BranchConfig::default().max_journal_steps,
             issuers: vec!["issuer".into()],
         }
     }
@@ -584,6 +589,86 @@ struct A2aConfig {
     /// The deadline each kind's profile is made for, seconds (default 3600), by kind name.
     #[serde(default)]
     deadline_seconds: std::collections::BTreeMap<String, u64>,
+}
+
+/// `[limits]`: what the node holds its peers and itself to (`docs/LIMITS.md`). Each past its
+/// limit ends in an error that names it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct LimitsConfig {
+    /// Obligations under custody at once, in all.
+    max_pending: usize,
+    /// Obligations under custody at once for one target.
+    max_pending_per_target: usize,
+    /// Principal-side entries (authorizations, keyed adjustments, revoked tokens).
+    max_principal_entries: usize,
+    /// Applied ids this node, as agent, retains (each until its deadline plus the clock
+    /// skew); past it new obligations are deferred.
+    max_applied: usize,
+    /// Sessions one peer may hold with this node; a newer one closes its oldest.
+    sessions_per_peer: usize,
+    /// Requests (subscriptions among them) one peer may make on one session.
+    requests_per_session: u64,
+    /// Objects taken from one group of a peer's; the rest is ignored.
+    objects_per_group: usize,
+    /// Obligation objects one peer may hand in per second; 0: no limit.
+    obligations_per_second_per_peer: u32,
+    /// How long terminal records, escalations and notes are kept, ms.
+    history_retention_ms: u64,
+    /// Most terminal records kept (the oldest go first).
+    max_terminal_records: u64,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        let (c, r, n, s) = (
+            CustodianConfig::default(),
+            abhyasa_custody::ReceiverConfig::default(),
+            abhyasa_node::Limits::default(),
+            abhyasa_store::StoreConfig::default(),
+        );
+        Self {
+            max_pending: c.max_pending,
+            max_pending_per_target: c.max_pending_per_target,
+            max_principal_entries: c.max_principal_entries,
+            max_applied: r.max_applied,
+            sessions_per_peer: n.sessions_per_peer,
+            requests_per_session: n.session.max_requests,
+            objects_per_group: n.session.max_objects_per_group,
+            obligations_per_second_per_peer: n.obligations_per_second_per_peer,
+            history_retention_ms: s.retention_ms,
+            max_terminal_records: s.max_terminal,
+        }
+    }
+}
+
+impl LimitsConfig {
+    /// Every limit must let something through: a zero would refuse all work (the rate, where
+    /// 0 means no limit, aside). An Abhyasa peer makes four requests per session.
+    fn check(&self) -> Result<()> {
+        let counts = [
+            ("max_pending", self.max_pending as u64),
+            ("max_pending_per_target", self.max_pending_per_target as u64),
+            ("max_principal_entries", self.max_principal_entries as u64),
+            ("max_applied", self.max_applied as u64),
+            ("sessions_per_peer", self.sessions_per_peer as u64),
+            ("objects_per_group", self.objects_per_group as u64),
+            ("max_terminal_records", self.max_terminal_records),
+        ];
+        for (name, value) in counts {
+            if value == 0 {
+                return Err(format!("[limits] {name} must be at least 1").into());
+            }
+        }
+        if self.requests_per_session < 4 {
+            return Err(format!(
+                "[limits] requests_per_session must be at least 4 (a session makes four), not {}",
+                self.requests_per_session
+            )
+            .into());
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -1054,6 +1139,7 @@ impl NodeConfig {
         AgentId::new(self.agent.clone())?;
         self.transport.settings()?;
         self.custody.channel()?;
+        self.limits.check()?;
         for p in &self.peers {
             AgentId::new(p.id.clone())?;
             match p.transport.as_deref().unwrap_or("moqt") {
@@ -1217,7 +1303,27 @@ async fn build_node(config: &NodeConfig) -> Result<Node> {
                 .iter()
                 .copied()
                 .collect(),
+            max_pending: config.limits.max_pending,
+            max_pending_per_target: config.limits.max_pending_per_target,
+            max_principal_entries: config.limits.max_principal_entries,
             ..CustodianConfig::default()
+        })
+        .receiver(abhyasa_custody::ReceiverConfig {
+            max_applied: config.limits.max_applied,
+            ..abhyasa_custody::ReceiverConfig::default()
+        })
+        .store(abhyasa_store::StoreConfig {
+            retention_ms: config.limits.history_retention_ms,
+            max_terminal: config.limits.max_terminal_records,
+            ..abhyasa_store::StoreConfig::default()
+        })
+        .limits(abhyasa_node::Limits {
+            sessions_per_peer: config.limits.sessions_per_peer,
+            session: abhyasa_moq::SessionLimits {
+                max_requests: config.limits.requests_per_session,
+                max_objects_per_group: config.limits.objects_per_group,
+            },
+            obligations_per_second_per_peer: config.limits.obligations_per_second_per_peer,
         })
         .maintenance(Duration::from_millis(config.custody.maintenance_ms));
     config.check()?;
@@ -1242,6 +1348,7 @@ async fn build_node(config: &NodeConfig) -> Result<Node> {
             keys: ledger_cli::load_keyring(&config.certs, &l.issuers).map_err(|e| e.to_string())?,
             executor,
             resend_ms: l.resend_ms,
+            max_journal_steps: l.max_journal_steps,
         });
     }
     Ok(builder.build().await?)
@@ -1400,6 +1507,9 @@ async fn start_a2a(
 
 fn print_status(s: &StatusJson) {
     println!("agent {}   peers: {}", s.agent, s.peers.join(", "));
+    for (peer, n) in &s.slowed {
+        println!("slowed: {n} obligation object(s) from {peer} dropped by the per-peer rate limit");
+    }
     println!("\nas principal — pending ({}):", s.pending.len());
     for p in &s.pending {
         let says = if p.says.is_empty() {

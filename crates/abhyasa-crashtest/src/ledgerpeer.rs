@@ -250,6 +250,7 @@ fn recover_branch(
     let config = BranchConfig {
         resend_ms: 200,
         mutation,
+        ..BranchConfig::default()
     };
     let (b, rejected) = Branch::recover(agent(role), key(role.name()), keyring(), config, journal);
     if !rejected.is_empty() {

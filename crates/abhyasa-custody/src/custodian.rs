@@ -38,6 +38,9 @@ pub struct CustodianConfig {
     pub backoff_cap_ms: u64,
     /// Most obligations under custody at once.
     pub max_pending: usize,
+    /// Most obligations under custody for one target at once: a target that stops answering
+    /// fills at most this much of the pending set, so issues to the others go on.
+    pub max_pending_per_target: usize,
     /// Most principal-side entries (authorizations, keyed adjustments, revoked tokens).
     pub max_principal_entries: usize,
     /// Largest clock difference assumed between agents, in ms.
@@ -77,6 +80,7 @@ impl Default for CustodianConfig {
             backoff_base_ms: 250,
             backoff_cap_ms: 30_000,
             max_pending: 100_000,
+            max_pending_per_target: 50_000,
             max_principal_entries: 1_000_000,
             max_clock_skew_ms: 5_000,
             escalation_memory: 10_000,
@@ -397,6 +401,8 @@ pub struct Custodian {
     stats: CustodianStats,
     /// Obligations in `Phase::InFlight` per target.
     inflight: BTreeMap<AgentId, usize>,
+    /// Obligations under custody per target (entries at zero are removed).
+    pending_per_target: BTreeMap<AgentId, usize>,
     /// Obligations waiting for room per target, oldest first (stale entries are skipped).
     queued: BTreeMap<AgentId, VecDeque<ObligationId>>,
     /// Ended obligations, until a receiver may forget them: id → forget time.
@@ -424,6 +430,7 @@ impl Custodian {
             events: VecDeque::new(),
             stats: CustodianStats::default(),
             inflight: BTreeMap::new(),
+            pending_per_target: BTreeMap::new(),
             queued: BTreeMap::new(),
             ended: BTreeMap::new(),
             ended_order: BTreeSet::new(),
@@ -466,6 +473,10 @@ impl Custodian {
                 obligation.deadline = now.saturating_add(span);
             }
             let id = obligation.id;
+            *this
+                .pending_per_target
+                .entry(obligation.target.clone())
+                .or_default() += 1;
             this.pending.insert(
                 id,
                 Pending {
@@ -538,6 +549,13 @@ impl Custodian {
                     limit: self.config.max_pending,
                 });
             }
+            let for_target = self.pending_for(&obligation.target);
+            if for_target >= self.config.max_pending_per_target {
+                return Err(IssueError::Full {
+                    what: "pending obligations for one target",
+                    limit: self.config.max_pending_per_target,
+                });
+            }
             let kind = obligation.kind();
             if self.config.require_spanning_budget.contains(&kind) {
                 let span = obligation.deadline.saturating_since(obligation.created_at);
@@ -566,6 +584,10 @@ impl Custodian {
             principal,
         });
         let deadline = obligation.deadline;
+        *self
+            .pending_per_target
+            .entry(obligation.target.clone())
+            .or_default() += 1;
         self.pending.insert(
             id,
             Pending {
@@ -938,6 +960,12 @@ impl Custodian {
         let Some(p) = self.pending.remove(&id) else {
             return;
         };
+        if let Some(n) = self.pending_per_target.get_mut(&p.obligation.target) {
+            *n -= 1;
+            if *n == 0 {
+                self.pending_per_target.remove(&p.obligation.target);
+            }
+        }
         self.timers.remove(&(p.wake, id));
         self.remember_ended(id, p.obligation.deadline);
         if let Some(update) = &principal {
@@ -1104,6 +1132,11 @@ impl Custodian {
     /// Number of obligations under custody.
     pub fn pending_len(&self) -> usize {
         self.pending.len()
+    }
+
+    /// Number of obligations under custody for `target`.
+    pub fn pending_for(&self, target: &AgentId) -> usize {
+        self.pending_per_target.get(target).copied().unwrap_or(0)
     }
 
     /// The obligations under custody with their attempt counts, in id order.

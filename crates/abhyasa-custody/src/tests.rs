@@ -954,3 +954,106 @@ fn attempts_beyond_the_window_wait_for_room_and_deadlines_still_run() {
         .iter()
         .all(|(o, _)| *o == Outcome::Escalated(EscalationCause::Deadline)));
 }
+
+/// `max_pending_per_target`: at the limit every issue is taken; one past it is refused with
+/// the limit named, and nothing changes; other targets go on; an ended obligation frees its
+/// place; a recovered pending set counts.
+#[test]
+fn pending_per_target_is_bounded_and_other_targets_go_on() {
+    const LIMIT: usize = 3;
+    let limited = CustodianConfig {
+        max_pending_per_target: LIMIT,
+        ..config()
+    };
+    let mut c = Custodian::new(p(), limited.clone(), 9);
+    for id in 1..=LIMIT as u128 {
+        assert_eq!(
+            c.issue(UnixMillis(0), revoke_token(id, 3, 10_000)),
+            Ok(Admission::Custody),
+            "issue {id} of {LIMIT} is within the limit"
+        );
+    }
+    let past = c.clone();
+    assert_eq!(
+        c.issue(UnixMillis(0), revoke_token(10, 3, 10_000)),
+        Err(IssueError::Full {
+            what: "pending obligations for one target",
+            limit: LIMIT,
+        })
+    );
+    assert_eq!(c, past, "a refused issue changes nothing");
+    // Another target is not affected by a's share.
+    let mut to_b = revoke_token(11, 3, 10_000);
+    to_b.target = AgentId::new("b").unwrap();
+    assert_eq!(c.issue(UnixMillis(0), to_b), Ok(Admission::Custody));
+    assert_eq!(c.pending_for(&a()), LIMIT);
+    assert_eq!(c.pending_for(&AgentId::new("b").unwrap()), 1);
+    // One of a's ends (applied): its place is free again.
+    persist_all(&mut c, 0);
+    c.handle_ack(UnixMillis(5), &a(), ack(1, AckStatus::Applied));
+    persist_all(&mut c, 5);
+    assert_eq!(c.pending_for(&a()), LIMIT - 1);
+    assert_eq!(
+        c.issue(UnixMillis(5), revoke_token(12, 3, 10_000)),
+        Ok(Admission::Custody)
+    );
+    // A recovered pending set counts against the limit too.
+    let records: Vec<_> = (20..20 + LIMIT as u128)
+        .map(|id| PendingRecord {
+            obligation: revoke_token(id, 3, 10_000),
+            attempts: 1,
+            last_observed: LastObserved::NoAck,
+        })
+        .collect();
+    let mut r = Custodian::recover(
+        p(),
+        limited,
+        9,
+        PrincipalState::default(),
+        records,
+        [],
+        UnixMillis(10),
+    );
+    assert!(matches!(
+        r.issue(UnixMillis(10), revoke_token(30, 3, 10_000)),
+        Err(IssueError::Full { limit: LIMIT, .. })
+    ));
+}
+
+/// `max_applied`: at the limit every obligation applies; one past it is deferred (acked
+/// `deferred`, nothing applied), so its custodian retries; once applied ids expire (deadline +
+/// skew) the same obligation applies.
+#[test]
+fn applied_ids_retained_are_bounded_and_past_the_limit_obligations_wait() {
+    const LIMIT: usize = 2;
+    let config = ReceiverConfig {
+        max_applied: LIMIT,
+        max_clock_skew_ms: 100,
+        ..ReceiverConfig::default()
+    };
+    let mut r = Receiver::new(a(), config);
+    for id in 1..=LIMIT as u128 {
+        assert_eq!(
+            receive(&mut r, 0, revoke_token(id, 3, 1_000)),
+            (Disposition::Applying, vec![AckStatus::Applied]),
+            "obligation {id} of {LIMIT} is within the limit"
+        );
+    }
+    let late = revoke_token(3, 3, 10_000);
+    assert_eq!(
+        receive(&mut r, 10, late.clone()),
+        (Disposition::Deferred, vec![AckStatus::Deferred])
+    );
+    assert_eq!(r.stats().deferred, 1);
+    // Not applied: asked again it is deferred again, never a duplicate.
+    assert_eq!(
+        receive(&mut r, 20, late.clone()),
+        (Disposition::Deferred, vec![AckStatus::Deferred])
+    );
+    // The first two expire at 1,000 + 100; after that there is room.
+    r.handle_timeout(UnixMillis(1_101));
+    assert_eq!(
+        receive(&mut r, 1_101, late),
+        (Disposition::Applying, vec![AckStatus::Applied])
+    );
+}

@@ -13,6 +13,11 @@ use crate::{Keyring, LedgerError, LedgerMutation, PersistToken};
 pub struct BranchConfig {
     /// How often undecided transfers and unsettled dispatches are sent again, in ms.
     pub resend_ms: u64,
+    /// Journal steps past which the branch takes no new work: grants, splits, transfers,
+    /// reservations and joins are refused with [`LedgerError::JournalFull`], and incoming
+    /// transfers are refused (their rights go back to the source). Steps that end work
+    /// already started (dispatch, settlement, forfeit, decisions) still go in.
+    pub max_journal_steps: u64,
     /// A deliberately broken rule (simulation only).
     #[doc(hidden)]
     pub mutation: Option<LedgerMutation>,
@@ -22,6 +27,7 @@ impl Default for BranchConfig {
     fn default() -> Self {
         Self {
             resend_ms: 500,
+            max_journal_steps: 1_000_000,
             mutation: None,
         }
     }
@@ -395,6 +401,7 @@ impl Branch {
 
     /// Takes a root grant: its full atoms become the credit `credit`.
     pub fn grant(&mut self, grant: Signed<RootGrant>, credit: CreditId) -> Result<(), LedgerError> {
+        self.room()?;
         self.commit(Step::Grant { grant, credit }, Vec::new())
     }
 
@@ -422,6 +429,7 @@ impl Branch {
         amount: Vector,
         label: Label,
     ) -> Result<(), LedgerError> {
+        self.room()?;
         self.commit(
             Step::Split {
                 parent,
@@ -454,6 +462,7 @@ impl Branch {
                 Err(LedgerError::IdInUse("transfer"))
             };
         }
+        self.room()?;
         let c = self.live_credit(credit)?;
         if !label.within(&c.label) {
             return Err(LedgerError::LabelNotAttenuated);
@@ -497,6 +506,7 @@ impl Branch {
                 Err(LedgerError::IdInUse("operation key"))
             };
         }
+        self.room()?;
         let c = self.live_credit(credit)?;
         if !c.label.allows(&effect.purpose) {
             return Err(LedgerError::PurposeNotAllowed);
@@ -554,6 +564,7 @@ impl Branch {
 
     /// Joins pairwise-disjoint, operation-free credits of one root into `output`.
     pub fn join(&mut self, inputs: Vec<CreditId>, output: CreditId) -> Result<(), LedgerError> {
+        self.room()?;
         self.commit(Step::Join { inputs, output }, Vec::new())
     }
 
@@ -783,7 +794,7 @@ impl Branch {
             }
         }
         let credit = derive_credit_id(&self.me, body.root, body.transfer, self.journal_len);
-        let refuse = self.refusing;
+        let refuse = self.refusing || self.room().is_err();
         let d = TransferDecision {
             root: body.root,
             transfer: body.transfer,
@@ -1010,6 +1021,15 @@ impl Branch {
         } else {
             Err(LedgerError::IdInUse(what))
         }
+    }
+
+    /// Whether the journal has room for new work (`BranchConfig::max_journal_steps`).
+    fn room(&self) -> Result<(), LedgerError> {
+        let limit = self.config.max_journal_steps;
+        if self.journal_len >= limit {
+            return Err(LedgerError::JournalFull { limit });
+        }
+        Ok(())
     }
 
     fn live_credit(&self, id: CreditId) -> Result<&Credit, LedgerError> {

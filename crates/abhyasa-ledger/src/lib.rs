@@ -161,6 +161,12 @@ pub enum LedgerError {
     /// An id that is already in use for something else.
     #[error("id already used: {0}")]
     IdInUse(&'static str),
+    /// The journal is at its limit (`BranchConfig::max_journal_steps`): no new work.
+    #[error("the ledger journal is full ({limit} steps): no new work until it is compacted")]
+    JournalFull {
+        /// The limit.
+        limit: u64,
+    },
     /// The transition does not apply in the current state.
     #[error("not allowed in this state: {0}")]
     WrongState(&'static str),

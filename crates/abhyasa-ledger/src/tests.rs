@@ -45,6 +45,7 @@ impl Net {
         let config = BranchConfig {
             resend_ms: 100,
             mutation,
+            ..BranchConfig::default()
         };
         let mut n = Self {
             r: Branch::new(id("r"), sk(2), keys.clone(), config.clone()),
@@ -1457,6 +1458,19 @@ fn an_amount_too_fragmented_for_the_wire_is_refused_before_anything_is_signed() 
         ),
         Err(LedgerError::Fragmented { .. })
     ));
+    // One past the limit: the lowest 257 atoms are 257 single-atom ranges. Refused.
+    let past = n.effect("past", &[("units", MAX_RANGES as u64 + 1)]);
+    assert_eq!(
+        n.r.reserve(ROOT_CREDIT, past, &id("g"), key(11)),
+        Err(LedgerError::Fragmented {
+            dim: "units".into(),
+            ranges: MAX_RANGES + 1,
+            limit: MAX_RANGES
+        })
+    );
+    // At the limit: the lowest 256 atoms, 256 ranges, are taken.
+    let at = n.effect("at", &[("units", MAX_RANGES as u64)]);
+    n.r.reserve(ROOT_CREDIT, at, &id("g"), key(12)).unwrap();
     let small = n.effect("small", &[("units", 50)]);
     n.r.reserve(ROOT_CREDIT, small, &id("g"), key(10)).unwrap();
     assert_eq!(n.violations(), vec![]);
@@ -1559,4 +1573,112 @@ fn timeouts_resend_only_what_is_still_undecided() {
     n.r.handle_timeout(UnixMillis(10_000));
     assert_eq!(n.r.poll_transmit(), None);
     assert_eq!(n.violations(), vec![]);
+}
+
+/// `max_journal_steps`: the step that reaches the limit is taken; past it new work is refused
+/// with the limit named and nothing changes, an incoming transfer is refused (its rights go
+/// back to the source), and work already started still ends (dispatch, settlement). A journal
+/// longer than the limit still recovers whole.
+#[test]
+fn a_full_journal_takes_no_new_work_but_ends_what_was_started() {
+    let mut n = Net::new(&[("cents", 100)], None);
+    let root = RootId::from_u128(7);
+    let tools = Label::of(&["tools"]).unwrap();
+    // Before the limit: 40 cents go to c (so c can send some back later).
+    n.r.transfer(
+        ROOT_CREDIT,
+        TransferId::from_u128(1),
+        &v(&[("cents", 40)]),
+        &id("c"),
+        tools.clone(),
+    )
+    .unwrap();
+    n.run(&Vector::zero(), &mut |_, _| false);
+    n.persist_all();
+    // r again, from its journal, with room for exactly one more step.
+    let used = n.journal_r.len() as u64;
+    let limit = used + 1;
+    let config = BranchConfig {
+        resend_ms: 100,
+        max_journal_steps: limit,
+        ..BranchConfig::default()
+    };
+    let (r, rejected) = Branch::recover(
+        id("r"),
+        sk(2),
+        n.keys.clone(),
+        config.clone(),
+        n.journal_r.clone(),
+    );
+    assert!(rejected.is_empty(), "{rejected:?}");
+    assert_eq!(r.journal_len(), used);
+    n.r = r;
+    // At the limit: the reservation that reaches it is taken.
+    let e = n.effect("call", &[("cents", 10)]);
+    n.r.reserve(ROOT_CREDIT, e, &id("g"), key(1)).unwrap();
+    n.persist_all();
+    assert_eq!(n.r.journal_len(), limit);
+    // Past it: each kind of new work is refused naming the limit, and nothing changes.
+    let full = Err(LedgerError::JournalFull { limit });
+    let before = n.r.buckets(root);
+    let e2 = n.effect("call-2", &[("cents", 10)]);
+    assert_eq!(n.r.reserve(ROOT_CREDIT, e2, &id("g"), key(2)), full);
+    assert_eq!(
+        n.r.transfer(
+            ROOT_CREDIT,
+            TransferId::from_u128(2),
+            &v(&[("cents", 5)]),
+            &id("c"),
+            tools.clone()
+        ),
+        full
+    );
+    assert_eq!(
+        n.r.split(
+            ROOT_CREDIT,
+            CreditId::from_u128(50),
+            v(&[("cents", 5)]),
+            tools.clone()
+        ),
+        full
+    );
+    assert_eq!(n.r.buckets(root), before);
+    assert_eq!(n.r.journal_len(), limit);
+    assert!(n.r.operation(key(2)).is_none());
+    // An incoming transfer is refused: c's 15 cents come back to c.
+    let c_credit = n.c.credits().next().map(|c| c.id).unwrap();
+    n.c.transfer(
+        c_credit,
+        TransferId::from_u128(3),
+        &v(&[("cents", 15)]),
+        &id("r"),
+        tools,
+    )
+    .unwrap();
+    // Work started before the limit ends: the dispatch goes out and settles at 7.
+    n.r.dispatch(UnixMillis(0), key(1)).unwrap();
+    n.run(&v(&[("cents", 7)]), &mut |_, _| false);
+    assert_eq!(
+        n.c.buckets(root)[0],
+        v(&[("cents", 40)]),
+        "the refused 15 are back at c"
+    );
+    assert!(n.c.buckets(root)[1].is_zero());
+    assert!(matches!(
+        n.r.operation(key(1)).map(|o| &o.state),
+        Some(OpState::Settled { .. })
+    ));
+    assert_eq!(
+        n.r.buckets(root)[0],
+        v(&[("cents", 53)]),
+        "60 less the 7 charged"
+    );
+    assert_eq!(n.violations(), vec![]);
+    // The journal, now past its limit, recovers whole under the same limit.
+    n.persist_all();
+    let (again, rejected) =
+        Branch::recover(id("r"), sk(2), n.keys.clone(), config, n.journal_r.clone());
+    assert!(rejected.is_empty(), "{rejected:?}");
+    assert!(again.journal_len() > limit);
+    assert_eq!(again.buckets(root), n.r.buckets(root));
 }

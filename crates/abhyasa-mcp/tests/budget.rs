@@ -147,6 +147,7 @@ async fn fixture() -> Fixture {
             keys: keyring(),
             executor: Some(Arc::new(NoResumes(executor_runs.clone()))),
             resend_ms: 500,
+            max_journal_steps: abhyasa_ledger::BranchConfig::default().max_journal_steps,
         })
         .build()
         .await
@@ -321,6 +322,7 @@ async fn the_callers_node_reserves_carries_the_permit_and_settles_from_the_recei
             keys: keyring(),
             executor: None,
             resend_ms: 50,
+            max_journal_steps: abhyasa_ledger::BranchConfig::default().max_journal_steps,
         })
         .build()
         .await

@@ -22,4 +22,6 @@ pub use endpoint::{
 pub use identity::{agent_of, Ca, Identity, IdentityError};
 pub use impaired::ImpairmentHandle;
 pub use mcp::{McpChannel, McpRole, McpSender};
-pub use session::{namespace, Accepted, SendError, Session, SessionError, SessionEvent, Track};
+pub use session::{
+    namespace, Accepted, SendError, Session, SessionError, SessionEvent, SessionLimits, Track,
+};

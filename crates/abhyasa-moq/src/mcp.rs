@@ -124,7 +124,10 @@ impl McpChannel {
         addr: std::net::SocketAddr,
         expected: &AgentId,
     ) -> Result<McpChannel, SessionError> {
-        let s = client_setup(endpoint, addr, expected, Some(MCP_PATH)).await?;
+        let grant = crate::SessionLimits::default()
+            .max_requests
+            .saturating_mul(2);
+        let s = client_setup(endpoint, addr, expected, Some(MCP_PATH), grant).await?;
         let id = format!("{:016x}", rand_u64(&s.conn));
         let ns = mcp_namespace(&id);
         let channel = Self::start(McpRole::Client, s.peer, s.conn, s.send, s.recv, s.buf);
@@ -191,6 +194,11 @@ impl McpChannel {
     /// The authenticated peer.
     pub fn peer(&self) -> &AgentId {
         &self.shared.peer
+    }
+
+    /// The QUIC connection the session rides.
+    pub fn connection(&self) -> &quinn::Connection {
+        &self.shared.conn
     }
 
     /// This end's role.

@@ -183,12 +183,40 @@ fn max_request_id(params: &[KeyValue]) -> u64 {
         .unwrap_or(0)
 }
 
-/// The Maximum Request ID we grant the peer.
-const OUR_MAX_REQUEST_ID: u64 = 1 << 20;
+/// What a session holds its peer to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SessionLimits {
+    /// Requests (SUBSCRIBE, PUBLISH_NAMESPACE, SUBSCRIBE_NAMESPACE, ...) the peer may make on
+    /// one session, which bounds its subscriptions: the Maximum Request ID granted in the
+    /// setup, never raised. A request past it closes the session with `TOO_MANY_REQUESTS`
+    /// (0x7). An Abhyasa peer makes four per session.
+    pub max_requests: u64,
+    /// Objects taken from one subgroup stream (one group); the rest of the stream is ignored
+    /// (custody re-offers what it carried). An Abhyasa node sends one object per group.
+    pub max_objects_per_group: usize,
+}
+
+impl Default for SessionLimits {
+    fn default() -> Self {
+        Self {
+            max_requests: 64,
+            max_objects_per_group: 64,
+        }
+    }
+}
+
+impl SessionLimits {
+    /// The MAX_REQUEST_ID value that lets the peer make `max_requests` requests: ids step by
+    /// two from its parity (0 for a client, 1 for a server), and each must be below it.
+    fn max_request_id(&self) -> u64 {
+        self.max_requests.saturating_mul(2)
+    }
+}
 
 struct Inner {
     me: AgentId,
     peer: AgentId,
+    limits: SessionLimits,
     conn: quinn::Connection,
     control: Mutex<quinn::SendStream>,
     state: std::sync::Mutex<State>,
@@ -224,7 +252,18 @@ impl Session {
         expected: &AgentId,
         me: &AgentId,
     ) -> Result<(Session, mpsc::Receiver<SessionEvent>), SessionError> {
-        let setup = client_setup(endpoint, addr, expected, None).await?;
+        Self::connect_with(endpoint, addr, expected, me, SessionLimits::default()).await
+    }
+
+    /// [`Session::connect`], holding the peer to `limits`.
+    pub async fn connect_with(
+        endpoint: &quinn::Endpoint,
+        addr: std::net::SocketAddr,
+        expected: &AgentId,
+        me: &AgentId,
+        limits: SessionLimits,
+    ) -> Result<(Session, mpsc::Receiver<SessionEvent>), SessionError> {
+        let setup = client_setup(endpoint, addr, expected, None, limits.max_request_id()).await?;
         Ok(Self::start(
             me.clone(),
             setup.peer,
@@ -232,6 +271,7 @@ impl Session {
             (setup.send, setup.recv, setup.buf),
             0,
             setup.peer_max,
+            limits,
         ))
     }
 
@@ -258,6 +298,15 @@ impl Session {
         incoming: quinn::Incoming,
         me: &AgentId,
     ) -> Result<Accepted, SessionError> {
+        Self::accept_any_with(incoming, me, SessionLimits::default()).await
+    }
+
+    /// [`Session::accept_any`], holding the peer to `limits`.
+    pub async fn accept_any_with(
+        incoming: quinn::Incoming,
+        me: &AgentId,
+        limits: SessionLimits,
+    ) -> Result<Accepted, SessionError> {
         let conn = incoming.await?;
         let peer = peer_agent(&conn)
             .ok_or_else(|| SessionError::Identity("no agent id in certificate".into()))?;
@@ -276,7 +325,7 @@ impl Session {
             version: DRAFT_14,
             params: vec![KeyValue::Int {
                 key: 0x02,
-                value: OUR_MAX_REQUEST_ID,
+                value: limits.max_request_id(),
             }],
         }
         .encode(&mut out);
@@ -287,7 +336,15 @@ impl Session {
             let c = crate::mcp::McpChannel::serve(peer, conn, send, recv, buf);
             return Ok(Accepted::Mcp(c));
         }
-        let (s, rx) = Self::start(me.clone(), peer, conn, (send, recv, buf), 1, peer_max);
+        let (s, rx) = Self::start(
+            me.clone(),
+            peer,
+            conn,
+            (send, recv, buf),
+            1,
+            peer_max,
+            limits,
+        );
         Ok(Accepted::Custody(s, rx))
     }
 
@@ -298,18 +355,20 @@ impl Session {
         control: (quinn::SendStream, quinn::RecvStream, Vec<u8>),
         parity: u64,
         peer_max: u64,
+        limits: SessionLimits,
     ) -> (Session, mpsc::Receiver<SessionEvent>) {
         let (send, recv, buf) = control;
         let state = State {
             next_request: parity,
             peer_next_request: 1 - parity,
             peer_max_request: peer_max,
-            our_max_request: OUR_MAX_REQUEST_ID,
+            our_max_request: limits.max_request_id(),
             ..State::default()
         };
         let session = Session(Arc::new(Inner {
             me,
             peer,
+            limits,
             conn,
             control: Mutex::new(send),
             state: std::sync::Mutex::new(state),
@@ -504,6 +563,11 @@ impl Session {
             let msg = match read_control(&mut recv, &mut buf).await {
                 Ok(Some(m)) => m,
                 Ok(None) => {
+                    // The connection was closed (by the peer, or by a limit here): keep its
+                    // reason rather than overwrite it with a local close.
+                    if let Some(reason) = self.0.conn.close_reason() {
+                        return format!("closed: {reason}");
+                    }
                     self.0
                         .conn
                         .close(code::NO_ERROR.into(), b"control stream ended");
@@ -524,9 +588,9 @@ impl Session {
     fn check_request_id(&self, id: u64) -> Result<(), MoqtError> {
         let mut st = self.state();
         if id >= st.our_max_request {
-            return Err(MoqtError::ProtocolViolation(
-                "request id at or above our maximum",
-            ));
+            return Err(MoqtError::TooManyRequests {
+                limit: self.0.limits.max_requests,
+            });
         }
         if id != st.peer_next_request {
             return Err(MoqtError::ProtocolViolation("unexpected request id"));
@@ -548,11 +612,15 @@ impl Session {
                 name,
                 ..
             } => {
-                if self.check_request_id(request_id).is_err() {
-                    self.0
-                        .conn
-                        .close(code::INVALID_REQUEST_ID.into(), b"unexpected request id");
-                    return Err(MoqtError::ProtocolViolation("unexpected request id"));
+                match self.check_request_id(request_id) {
+                    Ok(()) => {}
+                    Err(e @ MoqtError::TooManyRequests { .. }) => return Err(e),
+                    Err(_) => {
+                        self.0
+                            .conn
+                            .close(code::INVALID_REQUEST_ID.into(), b"unexpected request id");
+                        return Err(MoqtError::ProtocolViolation("unexpected request id"));
+                    }
                 }
                 let ours = ns == namespace(&self.0.me);
                 let grant = match Track::parse(&name) {
@@ -694,14 +762,9 @@ impl Session {
                 self.0.conn.close(code::NO_ERROR.into(), b"goaway");
             }
             Control::RequestsBlocked { .. } => {
-                let raised = {
-                    let mut st = self.state();
-                    st.our_max_request += OUR_MAX_REQUEST_ID;
-                    st.our_max_request
-                };
-                self.write_control(Control::MaxRequestId { request_id: raised })
-                    .await
-                    .map_err(io)?;
+                // The grant is the session's limit (`SessionLimits::max_requests`): it is not
+                // raised. A peer that needs more opens a new session.
+                tracing::info!(peer = %self.0.peer, limit = self.0.limits.max_requests, "peer is blocked on the request limit");
             }
             Control::ClientSetup { .. } | Control::ServerSetup { .. } => {
                 return Err(MoqtError::ProtocolViolation("setup after setup"));
@@ -781,7 +844,18 @@ impl Session {
             ));
         };
         let track = self.state().inbound.get(&header.track_alias).copied();
+        let mut taken = 0usize;
         while at < bytes.len() {
+            if taken == self.0.limits.max_objects_per_group {
+                tracing::warn!(
+                    peer = %self.0.peer,
+                    limit = self.0.limits.max_objects_per_group,
+                    ignored_bytes = bytes.len() - at,
+                    "objects per group limit: the rest of the group is ignored"
+                );
+                break;
+            }
+            taken += 1;
             let Some((object, used)) = StreamObject::decode(&bytes[at..], header.extensions)?
             else {
                 return Err(MoqtError::ProtocolViolation(
@@ -831,6 +905,7 @@ pub(crate) async fn client_setup(
     addr: std::net::SocketAddr,
     expected: &AgentId,
     path: Option<&[u8]>,
+    max_request_id: u64,
 ) -> Result<ClientSetup, SessionError> {
     let conn = endpoint.connect(addr, expected.as_str())?.await?;
     let peer = peer_agent(&conn)
@@ -851,7 +926,7 @@ pub(crate) async fn client_setup(
     }
     params.push(KeyValue::Int {
         key: 0x02,
-        value: OUR_MAX_REQUEST_ID,
+        value: max_request_id,
     });
     let mut out = Vec::new();
     Control::ClientSetup {

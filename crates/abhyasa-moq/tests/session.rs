@@ -3,7 +3,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use abhyasa_moq::{endpoint, Ca, Session, SessionEvent, Track, TransportSettings};
+use abhyasa_moq::{
+    endpoint, Accepted, Ca, Session, SessionEvent, SessionLimits, Track, TransportSettings,
+};
 use abhyasa_wire::moqt::{Control, Filter, KeyValue, DRAFT_14};
 use abhyasa_wire::AgentId;
 use tokio::sync::mpsc;
@@ -47,14 +49,25 @@ fn serve(
     ep: quinn::Endpoint,
     me: AgentId,
 ) -> mpsc::Receiver<(Session, mpsc::Receiver<SessionEvent>)> {
+    serve_with(ep, me, SessionLimits::default())
+}
+
+/// [`serve`], holding each peer to `limits`.
+fn serve_with(
+    ep: quinn::Endpoint,
+    me: AgentId,
+    limits: SessionLimits,
+) -> mpsc::Receiver<(Session, mpsc::Receiver<SessionEvent>)> {
     let (tx, rx) = mpsc::channel(16);
     tokio::spawn(async move {
         while let Some(incoming) = ep.accept().await {
             let tx = tx.clone();
             let me = me.clone();
             tokio::spawn(async move {
-                if let Ok(s) = Session::accept(incoming, &me).await {
-                    let _ = tx.send(s).await;
+                if let Ok(Accepted::Custody(s, r)) =
+                    Session::accept_any_with(incoming, &me, limits).await
+                {
+                    let _ = tx.send((s, r)).await;
                 }
             });
         }
@@ -382,4 +395,147 @@ async fn an_impaired_socket_delays_and_drops_what_its_endpoint_sends() {
     assert_eq!(got, (0..20).collect::<Vec<u8>>());
     let stats = impairment.stats();
     assert!(stats.lost > 0 && stats.offered > stats.lost, "{stats:?}");
+}
+
+/// `SessionLimits::max_requests`: the setup grants exactly that many requests (MAX_REQUEST_ID
+/// = 2 × the limit, ids stepping by two); the last request within it is answered, the next
+/// closes the session with TOO_MANY_REQUESTS (0x7) and a reason naming the limit.
+#[tokio::test]
+async fn a_request_past_the_session_limit_closes_it_with_too_many_requests() {
+    const LIMIT: u64 = 4;
+    let ca = Ca::generate("t").unwrap();
+    let (a, b) = (id("agent-a"), id("agent-b"));
+    let ea = ep(&ca, &a);
+    let limits = SessionLimits {
+        max_requests: LIMIT,
+        ..SessionLimits::default()
+    };
+    let _accepted = serve_with(ea.clone(), a.clone(), limits);
+    let eb = ep(&ca, &b);
+    let conn = eb
+        .connect(ea.local_addr().unwrap(), a.as_str())
+        .unwrap()
+        .await
+        .unwrap();
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    let mut out = Vec::new();
+    Control::ClientSetup {
+        versions: vec![DRAFT_14],
+        params: vec![KeyValue::Int { key: 2, value: 100 }],
+    }
+    .encode(&mut out);
+    send.write_all(&out).await.unwrap();
+    let mut buf = Vec::new();
+    let Control::ServerSetup { params, .. } = read_one(&mut recv, &mut buf).await else {
+        panic!("no SERVER_SETUP");
+    };
+    assert!(
+        params.contains(&KeyValue::Int {
+            key: 2,
+            value: 2 * LIMIT
+        }),
+        "{params:?}"
+    );
+    let subscribe = |request_id| Control::Subscribe {
+        request_id,
+        namespace: abhyasa_moq::namespace(&a),
+        name: b"to/agent-b".to_vec(),
+        priority: 0,
+        group_order: 1,
+        forward: 1,
+        filter: Filter::LargestObject,
+        params: vec![],
+    };
+    // At the limit: requests 0, 2, 4, 6 are all answered.
+    let mut out = Vec::new();
+    for n in 0..LIMIT {
+        subscribe(2 * n).encode(&mut out);
+    }
+    send.write_all(&out).await.unwrap();
+    let mut answered = Vec::new();
+    while answered.len() < LIMIT as usize {
+        if let Control::SubscribeOk { request_id, .. } = read_one(&mut recv, &mut buf).await {
+            answered.push(request_id);
+        }
+    }
+    assert_eq!(answered, vec![0, 2, 4, 6]);
+    assert!(conn.close_reason().is_none(), "{:?}", conn.close_reason());
+    // One past it.
+    let mut out = Vec::new();
+    subscribe(2 * LIMIT).encode(&mut out);
+    send.write_all(&out).await.unwrap();
+    let closed = tokio::time::timeout(Duration::from_secs(5), conn.closed())
+        .await
+        .expect("closed in time");
+    match closed {
+        quinn::ConnectionError::ApplicationClosed(c) => {
+            assert_eq!(c.error_code, quinn::VarInt::from_u32(0x7));
+            let reason = String::from_utf8_lossy(&c.reason);
+            assert!(reason.contains("limit is 4 per session"), "{reason}");
+        }
+        other => panic!("closed otherwise: {other:?}"),
+    }
+}
+
+/// `SessionLimits::max_objects_per_group`: a group at the limit arrives whole; of a group past
+/// it only the first objects are taken and the session goes on.
+#[tokio::test]
+async fn objects_past_the_group_limit_are_ignored_and_the_session_goes_on() {
+    let ca = Ca::generate("t").unwrap();
+    let (a, b) = (id("agent-a"), id("agent-b"));
+    let ea = ep(&ca, &a);
+    let eb = ep(&ca, &b);
+    let limits = SessionLimits {
+        max_objects_per_group: 3,
+        ..SessionLimits::default()
+    };
+    let mut accepted = serve_with(ea.clone(), a.clone(), limits);
+    let (sb, mut rb) = Session::connect(&eb, ea.local_addr().unwrap(), &a, &b)
+        .await
+        .unwrap();
+    let (_sa, mut ra) = tokio::time::timeout(Duration::from_secs(5), accepted.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    for rx in [&mut ra, &mut rb] {
+        for t in [Track::Obligations, Track::Acks, Track::Ledger] {
+            next(rx, |e| *e == SessionEvent::PeerSubscribed(t)).await;
+        }
+    }
+    let objects = |tag: &str, n: usize| -> Vec<Vec<u8>> {
+        (0..n).map(|i| format!("{tag}{i}").into_bytes()).collect()
+    };
+    sb.send_group(Track::Obligations, &objects("at", 3), false)
+        .await
+        .unwrap();
+    sb.send_group(Track::Obligations, &objects("past", 5), false)
+        .await
+        .unwrap();
+    sb.send_group(Track::Obligations, &objects("after", 1), false)
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    while got.len() < 7 {
+        if let SessionEvent::Object { payload, .. } =
+            next(&mut ra, |e| matches!(e, SessionEvent::Object { .. })).await
+        {
+            got.push(String::from_utf8(payload).unwrap());
+        }
+    }
+    // Streams may be read in any order; within each, order is kept.
+    got.sort();
+    assert_eq!(
+        got,
+        ["after0", "at0", "at1", "at2", "past0", "past1", "past2"]
+    );
+    // Nothing more: past3 and past4 were not taken.
+    let more = tokio::time::timeout(Duration::from_millis(300), async {
+        loop {
+            if let Some(SessionEvent::Object { payload, .. }) = ra.recv().await {
+                return payload;
+            }
+        }
+    })
+    .await;
+    assert!(more.is_err(), "an object past the limit: {more:?}");
 }

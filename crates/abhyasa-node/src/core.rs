@@ -17,6 +17,63 @@ use crate::{Command, Node, NodeBuilder, NodeError, NodeEvent, Status};
 
 type Blocked = Arc<Mutex<HashMap<AgentId, Instant>>>;
 
+/// Live accepted sessions per peer, oldest first, for `Limits::sessions_per_peer`.
+#[derive(Clone, Default)]
+struct SessionsPerPeer(Arc<Mutex<HashMap<AgentId, Vec<quinn::Connection>>>>);
+
+impl SessionsPerPeer {
+    /// Counts a new session of `peer`; at the limit, that peer's oldest sessions are closed
+    /// with a reason naming it. The entry goes when the connection closes.
+    fn admit(&self, peer: &AgentId, conn: &quinn::Connection, limit: usize) {
+        {
+            let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
+            let live = map.entry(peer.clone()).or_default();
+            live.retain(|c| c.close_reason().is_none());
+            let excess = (live.len() + 1).saturating_sub(limit.max(1));
+            for old in live.drain(..excess) {
+                info!(%peer, limit, "sessions per peer limit: closing the oldest");
+                let reason = format!("sessions per peer limit ({limit}): replaced by a newer one");
+                old.close(0u32.into(), reason.as_bytes());
+            }
+            live.push(conn.clone());
+        }
+        let (this, peer, conn) = (self.clone(), peer.clone(), conn.clone());
+        tokio::spawn(async move {
+            conn.closed().await;
+            let mut map = this.0.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(live) = map.get_mut(&peer) {
+                live.retain(|c| c.stable_id() != conn.stable_id());
+                if live.is_empty() {
+                    map.remove(&peer);
+                }
+            }
+        });
+    }
+}
+
+/// A token bucket per peer for `Limits::obligations_per_second_per_peer`, holding one
+/// second's worth.
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    /// Takes one token if there is one, after refilling at `rate` per second.
+    fn take(&mut self, rate: u32, now: Instant) -> bool {
+        let rate = f64::from(rate);
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * rate).min(rate);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
 pub(crate) enum Internal {
     Up(Session),
     Event(AgentId, usize, SessionEvent),
@@ -80,21 +137,27 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
             agent.clone(),
             blocked.clone(),
         );
+        let limits = b.limits;
+        let per_peer = SessionsPerPeer::default();
         tokio::spawn(async move {
             while let Some(incoming) = endpoint.accept().await {
                 let (itx, me, blocked) = (itx.clone(), me.clone(), blocked.clone());
-                let mcp_tx = mcp_tx.clone();
+                let (mcp_tx, per_peer) = (mcp_tx.clone(), per_peer.clone());
                 tokio::spawn(async move {
-                    match Session::accept_any(incoming, &me).await {
+                    match Session::accept_any_with(incoming, &me, limits.session).await {
                         Ok(Accepted::Custody(s, rx)) if is_blocked(&blocked, s.peer()) => {
                             drop(rx);
                             s.close("blocked");
                         }
-                        Ok(Accepted::Custody(s, rx)) => forward(s, rx, itx).await,
+                        Ok(Accepted::Custody(s, rx)) => {
+                            per_peer.admit(s.peer(), s.connection(), limits.sessions_per_peer);
+                            forward(s, rx, itx).await
+                        }
                         Ok(Accepted::Mcp(c)) if is_blocked(&blocked, c.peer()) => {
                             c.close("blocked");
                         }
                         Ok(Accepted::Mcp(c)) => {
+                            per_peer.admit(c.peer(), c.connection(), limits.sessions_per_peer);
                             info!(peer = %c.peer(), "MCP session up");
                             if let Err(e) = mcp_tx.try_send(c) {
                                 let c = match e {
@@ -119,6 +182,7 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
             blocked.clone(),
         );
         let stall = b.transport.stall_redial;
+        let session_limits = b.limits.session;
         tokio::spawn(async move {
             let mut backoff = Duration::from_millis(50);
             let mut failures = 0u32;
@@ -134,7 +198,7 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
                         };
                         match tokio::time::timeout(
                             attempt,
-                            Session::connect(&endpoint, addr, &peer, &me),
+                            Session::connect_with(&endpoint, addr, &peer, &me, session_limits),
                         )
                         .await
                         {
@@ -205,6 +269,9 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         itx: itx.clone(),
         maintenance: b.maintenance,
         next_maintenance: tokio::time::Instant::now() + b.maintenance,
+        rate: b.limits.obligations_per_second_per_peer,
+        buckets: HashMap::new(),
+        slowed: std::collections::BTreeMap::new(),
     };
     tokio::spawn(core.run(rx, irx));
     Ok(Node {
@@ -313,6 +380,11 @@ struct Core {
     /// How often maintenance runs, and when next.
     maintenance: Duration,
     next_maintenance: tokio::time::Instant,
+    /// Obligation objects each peer may hand in per second (0: no limit), its bucket, and
+    /// how many were dropped for it.
+    rate: u32,
+    buckets: HashMap<AgentId, Bucket>,
+    slowed: std::collections::BTreeMap<AgentId, u64>,
 }
 
 /// Obligations delivered through [`Node::deliver`], waiting for their acks.
@@ -575,6 +647,7 @@ impl Core {
                     honours,
                     applied,
                     peers: self.sessions.keys().cloned().collect(),
+                    slowed: self.slowed.clone(),
                 });
             }
             Command::Honours(reply) => {
@@ -707,6 +780,22 @@ impl Core {
         peer: &AgentId,
         payload: &[u8],
     ) -> Option<abhyasa_wire::ObligationId> {
+        if self.rate > 0 {
+            let rate = self.rate;
+            let now = Instant::now();
+            let bucket = self.buckets.entry(peer.clone()).or_insert(Bucket {
+                tokens: f64::from(rate),
+                at: now,
+            });
+            if !bucket.take(rate, now) {
+                let n = self.slowed.entry(peer.clone()).or_default();
+                *n += 1;
+                if *n == 1 || n.is_power_of_two() {
+                    warn!(%peer, limit = rate, dropped = *n, "obligations per second per peer limit: dropped unread, the peer's custody retries");
+                }
+                return None;
+            }
+        }
         match decode_obligation(payload) {
             Ok(o) => {
                 let id = o.id;

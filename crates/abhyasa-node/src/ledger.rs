@@ -43,6 +43,9 @@ pub struct LedgerSetup {
     pub executor: Option<Arc<dyn Executor>>,
     /// How often undecided transfers and dispatches are sent again, in ms.
     pub resend_ms: u64,
+    /// Journal steps past which the branch takes no new work
+    /// ([`BranchConfig::max_journal_steps`](abhyasa_ledger::BranchConfig)).
+    pub max_journal_steps: u64,
 }
 
 impl std::fmt::Debug for LedgerSetup {
@@ -237,6 +240,7 @@ impl LedgerPart {
     ) -> Result<Self, crate::NodeError> {
         let config = BranchConfig {
             resend_ms: setup.resend_ms,
+            max_journal_steps: setup.max_journal_steps,
             mutation: None,
         };
         let (branch, rejected) = Branch::recover(

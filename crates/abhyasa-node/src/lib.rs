@@ -160,6 +160,9 @@ pub struct Status {
     pub applied: Vec<abhyasa_store::AppliedEntry>,
     /// Peers with a live session.
     pub peers: Vec<AgentId>,
+    /// Obligation objects dropped unread per peer by the rate limit
+    /// ([`Limits::obligations_per_second_per_peer`]) since the node started.
+    pub slowed: BTreeMap<AgentId, u64>,
 }
 
 /// Where the core sends an obligation's terminal record, keyed by its id (no broadcast).
@@ -260,6 +263,35 @@ impl PeerProfile {
     }
 }
 
+/// Limits at the node's boundary with its peers (`docs/LIMITS.md`). The custody machines'
+/// own limits — obligations pending in all and per target, applied ids retained — are in
+/// [`CustodianConfig`] and [`ReceiverConfig`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Sessions (custody and MCP) one peer may hold with this node at once. A session past
+    /// it closes that peer's oldest, with a reason naming the limit: a peer re-dialing after
+    /// a partition replaces its stale sessions and cannot pile up more than this.
+    pub sessions_per_peer: usize,
+    /// What each session holds its peer to: requests (so subscriptions) per session, objects
+    /// per group.
+    pub session: abhyasa_moq::SessionLimits,
+    /// Obligation objects one peer may hand in per second, on any binding (a token bucket
+    /// holding one second's worth). Past it they are dropped unread and unacked, so the
+    /// peer's custody retries them after its response timeout: that peer is slowed, the
+    /// others are not. 0: no limit.
+    pub obligations_per_second_per_peer: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            sessions_per_peer: 4,
+            session: abhyasa_moq::SessionLimits::default(),
+            obligations_per_second_per_peer: 50_000,
+        }
+    }
+}
+
 /// An issued obligation: how it was taken, and a way to wait for how custody ends.
 #[derive(Debug)]
 pub struct IssueHandle {
@@ -301,9 +333,16 @@ pub struct NodeBuilder {
     impairment: Option<(abhyasa_netem::Impairment, u64)>,
     ledger: Option<ledger::LedgerSetup>,
     maintenance: Duration,
+    limits: Limits,
 }
 
 impl NodeBuilder {
+    /// Limits at the boundary with peers (default [`Limits::default`]).
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
     /// How often the node runs maintenance (default every minute): principal down-weights
     /// past their `fold_after` fold into base weights, in memory and on disk, and terminal
     /// records, escalations and notes older than the store's retention are pruned, at most
@@ -420,6 +459,7 @@ impl Node {
             impairment: None,
             ledger: None,
             maintenance: Duration::from_secs(60),
+            limits: Limits::default(),
         }
     }
 

@@ -62,6 +62,7 @@ fn setup(n: &str, executor: Option<Arc<dyn Executor>>) -> LedgerSetup {
         keys: keys(),
         executor,
         resend_ms: 100,
+        max_journal_steps: abhyasa_ledger::BranchConfig::default().max_journal_steps,
     }
 }
 

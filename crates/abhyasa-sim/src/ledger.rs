@@ -273,6 +273,7 @@ impl Sim {
         let config = BranchConfig {
             resend_ms: p.resend_ms,
             mutation,
+            ..BranchConfig::default()
         };
         let branches = BRANCHES
             .iter()
@@ -636,6 +637,7 @@ impl Sim {
         let config = BranchConfig {
             resend_ms: self.p.resend_ms,
             mutation: self.mutation,
+            ..BranchConfig::default()
         };
         for (name, node) in &mut self.branches {
             if node.machine.is_none() && self.now >= node.up_at {
@@ -795,6 +797,7 @@ impl Sim {
         let config = BranchConfig {
             resend_ms: self.p.resend_ms,
             mutation: self.mutation,
+            ..BranchConfig::default()
         };
         self.branches
             .iter()

@@ -461,3 +461,74 @@ proptest! {
         prop_assert!(decode_obligation(&bytes[..cut]).is_err());
     }
 }
+
+/// The object size limit at and one past it: an object of exactly `MAX_OBJECT_SIZE` bytes is
+/// read (what it holds decides), one byte more is refused for its size alone.
+#[test]
+fn an_object_at_the_size_limit_is_read_and_one_past_it_is_refused() {
+    let mut at = encode(&revoke());
+    // A CBOR-valid obligation padded to the limit would need fields it may not have; a byte
+    // string of the right total size shows the size check lets it through to the decoder.
+    at.resize(MAX_OBJECT_SIZE, 0);
+    assert!(!matches!(
+        decode_obligation(&at),
+        Err(WireError::TooLarge { .. })
+    ));
+    assert!(!matches!(
+        decode::<CustodyAck>(&at),
+        Err(WireError::TooLarge { .. })
+    ));
+    at.push(0);
+    assert_eq!(
+        decode_obligation(&at),
+        Err(WireError::TooLarge {
+            len: MAX_OBJECT_SIZE + 1,
+            limit: MAX_OBJECT_SIZE
+        })
+    );
+}
+
+/// Every bounded name at its limit and one past it, directly and inside a decoded obligation.
+#[test]
+fn names_at_their_length_limit_are_taken_and_one_past_is_refused_naming_it() {
+    fn check<T: std::fmt::Debug>(
+        what: &str,
+        limit: usize,
+        new: impl Fn(String) -> Result<T, NameError>,
+    ) {
+        assert!(new("a".repeat(limit)).is_ok(), "{what} of {limit} bytes");
+        match new("a".repeat(limit + 1)) {
+            Err(NameError::TooLong { len, limit: l, .. }) => {
+                assert_eq!((len, l), (limit + 1, limit), "{what}");
+            }
+            other => panic!("{what} of {} bytes: {other:?}", limit + 1),
+        }
+    }
+    check("agent id", 64, AgentId::new);
+    check("scope", 256, Scope::new);
+    check("weight key", 256, WeightKey::new);
+    check("token id", 256, TokenId::new);
+    check("client id", 256, ClientId::new);
+    // On the wire: a scope one past its limit makes the obligation unreadable, and the error
+    // says which limit.
+    let bytes = encode(&revoke());
+    let name = b"cal";
+    let pos = bytes.windows(3).position(|w| w == name).unwrap();
+    assert_eq!(bytes[pos - 1], 0x63, "a 3-byte CBOR text string");
+    // The same text string, 257 bytes long (a 3-byte head).
+    let mut long = bytes[..pos - 1].to_vec();
+    long.extend_from_slice(&[0x79, 0x01, 0x01]);
+    long.extend_from_slice(&[b'a'; 257]);
+    long.extend_from_slice(&bytes[pos + name.len()..]);
+    let err = decode_obligation(&long).unwrap_err().to_string();
+    assert!(
+        err.contains("scope is 257 bytes, over the limit of 256"),
+        "{err}"
+    );
+    // At the limit it reads.
+    let mut at = bytes[..pos - 1].to_vec();
+    at.extend_from_slice(&[0x79, 0x01, 0x00]);
+    at.extend_from_slice(&[b'a'; 256]);
+    at.extend_from_slice(&bytes[pos + name.len()..]);
+    assert!(decode_obligation(&at).is_ok());
+}

@@ -55,6 +55,12 @@ pub enum MoqtError {
     /// An object over this implementation's size limit.
     #[error("object over {MAX_OBJECT_PAYLOAD} bytes")]
     TooLarge,
+    /// A request at or past the Maximum Request ID granted: the session's request limit.
+    #[error("too many requests: the limit is {limit} per session")]
+    TooManyRequests {
+        /// Requests allowed on the session.
+        limit: u64,
+    },
 }
 
 impl MoqtError {
@@ -62,6 +68,7 @@ impl MoqtError {
     pub fn to_code(&self) -> u64 {
         match self {
             MoqtError::KeyValueFormatting(_) => 0x6,
+            MoqtError::TooManyRequests { .. } => 0x7,
             MoqtError::VersionNegotiationFailed => 0x15,
             MoqtError::Truncated
             | MoqtError::ProtocolViolation(_)

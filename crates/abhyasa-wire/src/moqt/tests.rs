@@ -560,3 +560,25 @@ proptest! {
         let _ = ObjectDatagram::decode(&bytes);
     }
 }
+
+/// The object payload limit, at it and one past it: the length field alone decides.
+#[test]
+fn an_object_payload_at_the_limit_reads_and_one_past_it_is_too_large() {
+    let at = StreamObject {
+        object_id_delta: 0,
+        extensions: vec![],
+        body: ObjectBody::Payload(vec![7; MAX_OBJECT_PAYLOAD]),
+    };
+    let mut bytes = Vec::new();
+    at.encode(false, &mut bytes);
+    let used = bytes.len();
+    assert_eq!(
+        StreamObject::decode(&bytes, false).unwrap(),
+        Some((at, used))
+    );
+    // One byte more: the declared length is refused before any payload is read.
+    let mut past = Vec::new();
+    put_varint(&mut past, 0);
+    put_varint(&mut past, MAX_OBJECT_PAYLOAD as u64 + 1);
+    assert_eq!(StreamObject::decode(&past, false), Err(MoqtError::TooLarge));
+}

@@ -1,0 +1,197 @@
+//! The node's limits at its boundary with peers (`Limits`), each at the limit and one past it:
+//! sessions per peer, and obligations per second per peer. (Requests per session and objects
+//! per group are tested on the session itself, in `abhyasa-moq`; pending obligations and
+//! applied ids in `abhyasa-custody`.)
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use abhyasa_custody::CustodianConfig;
+use abhyasa_moq::{Ca, Session, SessionEvent};
+use abhyasa_node::{Limits, Node};
+use abhyasa_wire::{AgentId, Outcome};
+use common::{free_addr, id, revoke};
+
+/// Waits until `conn` closes and returns its reason, or `None` if it is still open after
+/// `wait`.
+async fn closed_within(conn: &quinn::Connection, wait: Duration) -> Option<String> {
+    match tokio::time::timeout(wait, conn.closed()).await {
+        Ok(quinn::ConnectionError::ApplicationClosed(c)) => {
+            Some(String::from_utf8_lossy(&c.reason).into_owned())
+        }
+        Ok(other) => Some(format!("{other:?}")),
+        Err(_) => None,
+    }
+}
+
+/// A custody session of `who` with the node, set up (its subscriptions granted).
+async fn session(ca: &Ca, who: &AgentId, node: &Node) -> (Session, quinn::Endpoint) {
+    let ep = abhyasa_moq::endpoint(
+        &ca.issue(who).unwrap(),
+        "127.0.0.1:0".parse().unwrap(),
+        &abhyasa_moq::TransportSettings::default(),
+    )
+    .unwrap();
+    let (s, mut rx) = Session::connect(&ep, node.local_addr(), node.agent(), who)
+        .await
+        .unwrap();
+    // The node has subscribed to what is addressed to it: the session is up on its side.
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(e) = rx.recv().await {
+            if matches!(e, SessionEvent::PeerSubscribed(_)) {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("the node subscribed");
+    tokio::spawn(async move { while rx.recv().await.is_some() {} });
+    (s, ep)
+}
+
+/// `sessions_per_peer`: at the limit every session of the peer stays up; one more closes that
+/// peer's oldest with a reason naming the limit, and another peer's session is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_past_the_per_peer_limit_replaces_the_oldest_and_others_stay() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate("t").unwrap();
+    let node = Node::builder(ca.issue(&id("agent-a")).unwrap())
+        .state_dir(dir.path())
+        .limits(Limits {
+            sessions_per_peer: 2,
+            ..Limits::default()
+        })
+        .build()
+        .await
+        .unwrap();
+    let (b, c) = (id("agent-b"), id("agent-c"));
+    let (other, _ec) = session(&ca, &c, &node).await;
+    let (first, _e1) = session(&ca, &b, &node).await;
+    let (second, _e2) = session(&ca, &b, &node).await;
+    // At the limit: both of b's sessions are up.
+    let settle = Duration::from_millis(300);
+    assert_eq!(closed_within(first.connection(), settle).await, None);
+    assert_eq!(closed_within(second.connection(), settle).await, None);
+    // One past it: the oldest goes, naming the limit.
+    let (third, _e3) = session(&ca, &b, &node).await;
+    let reason = closed_within(first.connection(), Duration::from_secs(5))
+        .await
+        .expect("the oldest session is closed");
+    assert!(reason.contains("sessions per peer limit (2)"), "{reason}");
+    assert_eq!(closed_within(second.connection(), settle).await, None);
+    assert_eq!(closed_within(third.connection(), settle).await, None);
+    assert_eq!(closed_within(other.connection(), settle).await, None);
+    node.shutdown().await;
+}
+
+/// Waits for the outcomes of `handles`; returns when the last ended.
+async fn outcomes(handles: Vec<abhyasa_node::IssueHandle>) -> Vec<Outcome> {
+    let mut out = Vec::new();
+    for h in handles {
+        let (record, _) = tokio::time::timeout(Duration::from_secs(30), h.outcome())
+            .await
+            .expect("an outcome in time")
+            .expect("the node runs");
+        out.push(record.outcome);
+    }
+    out
+}
+
+const RATE: u32 = 20;
+
+/// `obligations_per_second_per_peer`: a burst at the limit is taken whole; past it the peer is
+/// slowed (its objects dropped unread until its bucket refills, its custody retrying them),
+/// never refused: everything is applied, and not faster than the rate allows. Another peer
+/// sending meanwhile loses nothing to the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_past_its_rate_is_slowed_and_another_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate("t").unwrap();
+    let a = id("agent-a");
+    let a_addr = free_addr();
+    let agent = Node::builder(ca.issue(&a).unwrap())
+        .listen(a_addr)
+        .state_dir(dir.path().join("a"))
+        .limits(Limits {
+            obligations_per_second_per_peer: RATE,
+            ..Limits::default()
+        })
+        .build()
+        .await
+        .unwrap();
+    // A response timeout well above an ack's round trip on a busy machine: each obligation is
+    // sent once unless the limit drops it.
+    let patient = CustodianConfig {
+        response_timeout_ms: 1_500,
+        backoff_base_ms: 50,
+        backoff_cap_ms: 300,
+        ..CustodianConfig::default()
+    };
+    let principal = |name: &str| {
+        Node::builder(ca.issue(&id(name)).unwrap())
+            .peer(a.clone(), a_addr)
+            .state_dir(dir.path().join(name))
+            .custodian(patient.clone())
+            .build()
+    };
+    let (p, q) = (
+        principal("principal").await.unwrap(),
+        principal("principal-2").await.unwrap(),
+    );
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while agent.status().await.unwrap().peers.len() < 2 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("both principals connect");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    // At the limit: one second's worth at once, all taken, none dropped.
+    let mut handles = Vec::new();
+    for n in 0..u128::from(RATE) {
+        handles.push(p.issue(revoke(n, &a, 30_000)).await.unwrap());
+    }
+    assert!(outcomes(handles)
+        .await
+        .iter()
+        .all(|o| *o == Outcome::Applied));
+    assert!(agent.status().await.unwrap().slowed.is_empty());
+
+    // Past it: three seconds' worth at once from one principal, a few from the other.
+    tokio::time::sleep(Duration::from_millis(1_100)).await; // the bucket is full again
+    let start = Instant::now();
+    let mut handles = Vec::new();
+    for n in 100..100 + 3 * u128::from(RATE) {
+        handles.push(p.issue(revoke(n, &a, 30_000)).await.unwrap());
+    }
+    let mut others = Vec::new();
+    for n in 1_000..1_010 {
+        let mut o = revoke(n, &a, 30_000);
+        o.issuer = id("principal-2");
+        others.push(q.issue(o).await.unwrap());
+    }
+    let fast = outcomes(handles).await;
+    let took = start.elapsed();
+    assert!(fast.iter().all(|o| *o == Outcome::Applied), "{fast:?}");
+    assert!(outcomes(others)
+        .await
+        .iter()
+        .all(|o| *o == Outcome::Applied));
+    // 3 × RATE with RATE in the bucket: the other 2 × RATE wait for two seconds of refill.
+    assert!(
+        took >= Duration::from_millis(1_900),
+        "{} obligations past a rate of {RATE}/s applied in {took:?}",
+        3 * RATE
+    );
+    let slowed = agent.status().await.unwrap().slowed;
+    assert!(
+        slowed.get(&id("principal")).is_some_and(|n| *n > 0),
+        "{slowed:?}"
+    );
+    assert_eq!(slowed.get(&id("principal-2")), None, "{slowed:?}");
+    for n in [p, q, agent] {
+        n.shutdown().await;
+    }
+}
