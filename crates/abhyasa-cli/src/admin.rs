@@ -157,8 +157,8 @@ pub struct StatusJson {
     pub agent: String,
     /// Peers with a live session.
     pub peers: Vec<String>,
-    /// Obligation objects dropped unread per peer by the rate limit
-    /// (`[limits] obligations_per_second_per_peer`).
+    /// Objects (obligations, ledger messages) dropped unread per peer by the rate limit
+    /// (`[limits] requests_per_second_per_peer`).
     #[serde(default)]
     pub slowed: std::collections::BTreeMap<String, u64>,
     /// The pending set.

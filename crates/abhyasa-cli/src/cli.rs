@@ -71,6 +71,10 @@ enum Command {
         /// temporary one, removed at the end).
         #[arg(long)]
         dir: Option<PathBuf>,
+        /// Each node's store page cache, MiB (`[limits] store_cache_bytes`; default the
+        /// node's own, 64).
+        #[arg(long)]
+        store_cache_mib: Option<usize>,
     },
     /// A UDP relay that impairs traffic like `tc netem`, to put between two nodes.
     Netem {
@@ -611,12 +615,15 @@ struct LimitsConfig {
     requests_per_session: u64,
     /// Objects taken from one group of a peer's; the rest is ignored.
     objects_per_group: usize,
-    /// Obligation objects one peer may hand in per second; 0: no limit.
-    obligations_per_second_per_peer: u32,
+    /// Objects (obligations on any binding, ledger messages) one peer may hand in per
+    /// second; past it they are dropped unread and sent again later. 0: no limit.
+    requests_per_second_per_peer: u32,
     /// How long terminal records, escalations and notes are kept, ms.
     history_retention_ms: u64,
     /// Most terminal records kept (the oldest go first).
     max_terminal_records: u64,
+    /// The store's page cache, bytes: with the in-memory state, what bounds resident memory.
+    store_cache_bytes: usize,
 }
 
 impl Default for LimitsConfig {
@@ -635,9 +642,10 @@ impl Default for LimitsConfig {
             sessions_per_peer: n.sessions_per_peer,
             requests_per_session: n.session.max_requests,
             objects_per_group: n.session.max_objects_per_group,
-            obligations_per_second_per_peer: n.obligations_per_second_per_peer,
+            requests_per_second_per_peer: n.requests_per_second_per_peer,
             history_retention_ms: s.retention_ms,
             max_terminal_records: s.max_terminal,
+            store_cache_bytes: s.cache_bytes,
         }
     }
 }
@@ -732,6 +740,7 @@ async fn run(command: Command) -> Result<ExitCode> {
             seed,
             out,
             dir,
+            store_cache_mib,
         } => {
             let tmp = tempfile::tempdir()?;
             let report = soak::run(&soak::SoakConfig {
@@ -743,6 +752,7 @@ async fn run(command: Command) -> Result<ExitCode> {
                 fault_every: Duration::from_millis(fault_every_ms.max(100)),
                 dir: dir.unwrap_or_else(|| tmp.path().to_owned()),
                 seed,
+                store_cache_bytes: store_cache_mib.map(|m| m << 20),
             })
             .await?;
             for m in &report.latency {
@@ -1315,6 +1325,7 @@ async fn build_node(config: &NodeConfig) -> Result<Node> {
         .store(abhyasa_store::StoreConfig {
             retention_ms: config.limits.history_retention_ms,
             max_terminal: config.limits.max_terminal_records,
+            cache_bytes: config.limits.store_cache_bytes,
             ..abhyasa_store::StoreConfig::default()
         })
         .limits(abhyasa_node::Limits {
@@ -1323,7 +1334,7 @@ async fn build_node(config: &NodeConfig) -> Result<Node> {
                 max_requests: config.limits.requests_per_session,
                 max_objects_per_group: config.limits.objects_per_group,
             },
-            obligations_per_second_per_peer: config.limits.obligations_per_second_per_peer,
+            requests_per_second_per_peer: config.limits.requests_per_second_per_peer,
         })
         .maintenance(Duration::from_millis(config.custody.maintenance_ms));
     config.check()?;
@@ -1508,7 +1519,7 @@ async fn start_a2a(
 fn print_status(s: &StatusJson) {
     println!("agent {}   peers: {}", s.agent, s.peers.join(", "));
     for (peer, n) in &s.slowed {
-        println!("slowed: {n} obligation object(s) from {peer} dropped by the per-peer rate limit");
+        println!("slowed: {n} object(s) from {peer} dropped by the per-peer rate limit");
     }
     println!("\nas principal — pending ({}):", s.pending.len());
     for p in &s.pending {

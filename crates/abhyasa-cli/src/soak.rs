@@ -47,6 +47,8 @@ pub struct SoakConfig {
     pub dir: PathBuf,
     /// Seed of the workload and the faults.
     pub seed: u64,
+    /// Each node's store page cache (`[limits] store_cache_bytes`); `None`: the default.
+    pub store_cache_bytes: Option<usize>,
 }
 
 /// One sample of the principal process.
@@ -324,6 +326,10 @@ pub async fn run(config: &SoakConfig) -> Result<SoakReport, Error> {
     let mut agents = Vec::new();
     let mut relays = Vec::new();
     let mut peers = String::new();
+    let limits = config
+        .store_cache_bytes
+        .map(|b| format!("\n[limits]\nstore_cache_bytes = {b}\n"))
+        .unwrap_or_default();
     for name in &names {
         let (listen, relay) = (free_udp()?, free_udp()?);
         let state = dir.join(format!("state-{name}"));
@@ -331,7 +337,7 @@ pub async fn run(config: &SoakConfig) -> Result<SoakReport, Error> {
         std::fs::write(
             &cfg,
             format!(
-                "agent = \"{name}\"\nlisten = \"{listen}\"\ncerts = \"{}\"\nstate = \"{}\"\n",
+                "agent = \"{name}\"\nlisten = \"{listen}\"\ncerts = \"{}\"\nstate = \"{}\"\n{limits}",
                 certs.display(),
                 state.display()
             ),
@@ -354,7 +360,7 @@ pub async fn run(config: &SoakConfig) -> Result<SoakReport, Error> {
     std::fs::write(
         &p_cfg,
         format!(
-            "agent = \"principal\"\nlisten = \"{}\"\ncerts = \"{}\"\nstate = \"{}\"\n\n[custody]\nmaintenance_ms = 5000\n{peers}",
+            "agent = \"principal\"\nlisten = \"{}\"\ncerts = \"{}\"\nstate = \"{}\"\n{limits}\n[custody]\nmaintenance_ms = 5000\n{peers}",
             free_udp()?,
             certs.display(),
             p_state.display()

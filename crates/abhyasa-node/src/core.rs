@@ -51,7 +51,7 @@ impl SessionsPerPeer {
     }
 }
 
-/// A token bucket per peer for `Limits::obligations_per_second_per_peer`, holding one
+/// A token bucket per peer for `Limits::requests_per_second_per_peer`, holding one
 /// second's worth.
 struct Bucket {
     tokens: f64,
@@ -269,7 +269,7 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         itx: itx.clone(),
         maintenance: b.maintenance,
         next_maintenance: tokio::time::Instant::now() + b.maintenance,
-        rate: b.limits.obligations_per_second_per_peer,
+        rate: b.limits.requests_per_second_per_peer,
         buckets: HashMap::new(),
         slowed: std::collections::BTreeMap::new(),
     };
@@ -380,8 +380,8 @@ struct Core {
     /// How often maintenance runs, and when next.
     maintenance: Duration,
     next_maintenance: tokio::time::Instant,
-    /// Obligation objects each peer may hand in per second (0: no limit), its bucket, and
-    /// how many were dropped for it.
+    /// Objects (obligations, ledger messages) each peer may hand in per second (0: no
+    /// limit), its bucket, and how many were dropped for it.
     rate: u32,
     buckets: HashMap<AgentId, Bucket>,
     slowed: std::collections::BTreeMap<AgentId, u64>,
@@ -557,14 +557,11 @@ impl Core {
                     ids.into_iter()
                         .filter(|id| s.knows(*id).unwrap_or(false))
                         .map(|id| {
-                            let ended = s.terminal(id).ok().flatten().map(|r| {
-                                let e = s
-                                    .escalations()
-                                    .unwrap_or_default()
-                                    .into_iter()
-                                    .find(|e| e.obligation_id == id);
-                                (r, e)
-                            });
+                            let ended = s
+                                .terminal(id)
+                                .ok()
+                                .flatten()
+                                .map(|r| (r, s.escalation(id).ok().flatten()));
                             (id, ended)
                         })
                         .collect()
@@ -620,20 +617,17 @@ impl Core {
                 }
             }
             Command::Status(reply) => {
+                // Bounded reads: a status costs the same with a million records kept.
                 let stored = self.group.read(|s| {
                     (
-                        s.terminal_records().unwrap_or_default(),
-                        s.escalations().unwrap_or_default(),
+                        s.recent_terminal(crate::STATUS_RECENT).unwrap_or_default(),
+                        s.recent_escalations(crate::STATUS_RECENT)
+                            .unwrap_or_default(),
                         s.receiver_state().clone(),
-                        s.apply_log().unwrap_or_default(),
+                        s.recent_applied(crate::STATUS_APPLIED).unwrap_or_default(),
                     )
                 });
-                let (mut recent, escalations, honours, mut applied) = stored.unwrap_or_default();
-                let keep = applied.len().saturating_sub(50);
-                applied.drain(..keep);
-                recent.sort_by_key(|r| r.at);
-                let keep = recent.len().saturating_sub(200);
-                recent.drain(..keep);
+                let (recent, escalations, honours, applied) = stored.unwrap_or_default();
                 let _ = reply.send(Status {
                     agent: self.agent.clone(),
                     pending: self
@@ -780,21 +774,8 @@ impl Core {
         peer: &AgentId,
         payload: &[u8],
     ) -> Option<abhyasa_wire::ObligationId> {
-        if self.rate > 0 {
-            let rate = self.rate;
-            let now = Instant::now();
-            let bucket = self.buckets.entry(peer.clone()).or_insert(Bucket {
-                tokens: f64::from(rate),
-                at: now,
-            });
-            if !bucket.take(rate, now) {
-                let n = self.slowed.entry(peer.clone()).or_default();
-                *n += 1;
-                if *n == 1 || n.is_power_of_two() {
-                    warn!(%peer, limit = rate, dropped = *n, "obligations per second per peer limit: dropped unread, the peer's custody retries");
-                }
-                return None;
-            }
+        if !self.within_rate(peer) {
+            return None;
         }
         match decode_obligation(payload) {
             Ok(o) => {
@@ -814,6 +795,29 @@ impl Core {
                 }
             },
         }
+    }
+
+    /// Whether `peer` may hand in one more object now (`Limits::requests_per_second_per_peer`).
+    /// Past it the object is dropped unread and counted: the peer's custody (or the ledger's
+    /// resend) sends it again later.
+    fn within_rate(&mut self, peer: &AgentId) -> bool {
+        if self.rate == 0 {
+            return true;
+        }
+        let (rate, now) = (self.rate, Instant::now());
+        let bucket = self.buckets.entry(peer.clone()).or_insert(Bucket {
+            tokens: f64::from(rate),
+            at: now,
+        });
+        if bucket.take(rate, now) {
+            return true;
+        }
+        let n = self.slowed.entry(peer.clone()).or_default();
+        *n += 1;
+        if *n == 1 || n.is_power_of_two() {
+            warn!(%peer, limit = rate, dropped = *n, "requests per second per peer limit: dropped unread, to be sent again");
+        }
+        false
     }
 
     fn internal(&mut self, msg: Internal) {
@@ -854,8 +858,10 @@ impl Core {
                     track: Track::Ledger,
                     payload,
                 } => {
-                    if let Some(l) = &mut self.ledger {
-                        l.on_object(t, &peer, &payload);
+                    if self.within_rate(&peer) {
+                        if let Some(l) = &mut self.ledger {
+                            l.on_object(t, &peer, &payload);
+                        }
                     }
                 }
                 SessionEvent::PeerSubscribed(Track::Obligations) => {

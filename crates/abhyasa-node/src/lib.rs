@@ -140,6 +140,11 @@ pub enum NodeError {
     Stopped,
 }
 
+/// Terminal records and escalations a [`Status`] carries at most (the most recent).
+pub const STATUS_RECENT: usize = 200;
+/// Applies a [`Status`] carries at most (the most recent).
+pub const STATUS_APPLIED: usize = 50;
+
 /// A snapshot for `status`.
 #[derive(Clone, Debug)]
 pub struct Status {
@@ -147,21 +152,21 @@ pub struct Status {
     pub agent: AgentId,
     /// Obligations under custody with their attempts.
     pub pending: Vec<(Obligation, u32)>,
-    /// Kept terminal records (most recent last, up to a bound).
+    /// The most recent terminal records, oldest first (up to [`STATUS_RECENT`]).
     pub recent: Vec<TerminalRecord>,
-    /// Kept escalations.
+    /// The most recent escalations, oldest first (up to [`STATUS_RECENT`]).
     pub escalations: Vec<Escalation>,
     /// Principal-side state.
     pub principal: PrincipalState,
     /// What this node, as an agent, honours (its receiver's durable state).
     pub honours: abhyasa_custody::ReceiverState,
-    /// What this node, as an agent, applied most recently (oldest first, up to 50), with
-    /// each obligation as applied.
+    /// What this node, as an agent, applied most recently (oldest first, up to
+    /// [`STATUS_APPLIED`]), with each obligation as applied.
     pub applied: Vec<abhyasa_store::AppliedEntry>,
     /// Peers with a live session.
     pub peers: Vec<AgentId>,
-    /// Obligation objects dropped unread per peer by the rate limit
-    /// ([`Limits::obligations_per_second_per_peer`]) since the node started.
+    /// Objects dropped unread per peer by the rate limit
+    /// ([`Limits::requests_per_second_per_peer`]) since the node started.
     pub slowed: BTreeMap<AgentId, u64>,
 }
 
@@ -275,11 +280,12 @@ pub struct Limits {
     /// What each session holds its peer to: requests (so subscriptions) per session, objects
     /// per group.
     pub session: abhyasa_moq::SessionLimits,
-    /// Obligation objects one peer may hand in per second, on any binding (a token bucket
-    /// holding one second's worth). Past it they are dropped unread and unacked, so the
-    /// peer's custody retries them after its response timeout: that peer is slowed, the
+    /// Objects one peer may hand in per second — obligations on any binding, and ledger
+    /// messages — from one token bucket per peer holding one second's worth. Past it they are
+    /// dropped unread and unacked: the peer's custody retries an obligation after its
+    /// response timeout, a ledger branch resends on its period. That peer is slowed, the
     /// others are not. 0: no limit.
-    pub obligations_per_second_per_peer: u32,
+    pub requests_per_second_per_peer: u32,
 }
 
 impl Default for Limits {
@@ -287,7 +293,7 @@ impl Default for Limits {
         Self {
             sessions_per_peer: 4,
             session: abhyasa_moq::SessionLimits::default(),
-            obligations_per_second_per_peer: 50_000,
+            requests_per_second_per_peer: 50_000,
         }
     }
 }

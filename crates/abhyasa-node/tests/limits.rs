@@ -36,11 +36,15 @@ async fn session(ca: &Ca, who: &AgentId, node: &Node) -> (Session, quinn::Endpoi
     let (s, mut rx) = Session::connect(&ep, node.local_addr(), node.agent(), who)
         .await
         .unwrap();
-    // The node has subscribed to what is addressed to it: the session is up on its side.
+    // The node has subscribed to all that is addressed to it: the session is up on its side.
     tokio::time::timeout(Duration::from_secs(5), async {
+        let mut tracks = std::collections::BTreeSet::new();
         while let Some(e) = rx.recv().await {
-            if matches!(e, SessionEvent::PeerSubscribed(_)) {
-                return;
+            if let SessionEvent::PeerSubscribed(t) = e {
+                tracks.insert(format!("{t:?}"));
+                if tracks.len() == 3 {
+                    return;
+                }
             }
         }
     })
@@ -100,7 +104,7 @@ async fn outcomes(handles: Vec<abhyasa_node::IssueHandle>) -> Vec<Outcome> {
 
 const RATE: u32 = 20;
 
-/// `obligations_per_second_per_peer`: a burst at the limit is taken whole; past it the peer is
+/// `requests_per_second_per_peer`: a burst at the limit is taken whole; past it the peer is
 /// slowed (its objects dropped unread until its bucket refills, its custody retrying them),
 /// never refused: everything is applied, and not faster than the rate allows. Another peer
 /// sending meanwhile loses nothing to the limit.
@@ -114,7 +118,7 @@ async fn a_peer_past_its_rate_is_slowed_and_another_is_not() {
         .listen(a_addr)
         .state_dir(dir.path().join("a"))
         .limits(Limits {
-            obligations_per_second_per_peer: RATE,
+            requests_per_second_per_peer: RATE,
             ..Limits::default()
         })
         .build()
@@ -194,4 +198,67 @@ async fn a_peer_past_its_rate_is_slowed_and_another_is_not() {
     for n in [p, q, agent] {
         n.shutdown().await;
     }
+}
+
+/// Ledger messages draw from the same bucket: of three seconds' worth sent at once, one
+/// second's worth is taken (the bucket) and the rest is dropped unread and counted (a branch
+/// resends on its period).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ledger_messages_past_the_rate_are_dropped_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate("t").unwrap();
+    let node = Node::builder(ca.issue(&id("agent-a")).unwrap())
+        .state_dir(dir.path())
+        .limits(Limits {
+            requests_per_second_per_peer: RATE,
+            ..Limits::default()
+        })
+        .build()
+        .await
+        .unwrap();
+    let b = id("agent-b");
+    let (s, _e) = session(&ca, &b, &node).await;
+    for n in 0..3 * RATE {
+        s.send_group(
+            abhyasa_moq::Track::Ledger,
+            &[format!("m{n}").into_bytes()],
+            false,
+        )
+        .await
+        .unwrap();
+    }
+    // Sending takes milliseconds: at most a token or two refill meanwhile.
+    let (low, high) = (u64::from(2 * RATE) - 2, u64::from(2 * RATE));
+    let mut slowed = 0;
+    let until = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < until {
+        slowed = node
+            .status()
+            .await
+            .unwrap()
+            .slowed
+            .get(&b)
+            .copied()
+            .unwrap_or(0);
+        if slowed >= low {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Whatever was still on its way has arrived.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let slowed = node
+        .status()
+        .await
+        .unwrap()
+        .slowed
+        .get(&b)
+        .copied()
+        .unwrap_or(slowed);
+    assert!(
+        (low..=high).contains(&slowed),
+        "{slowed} of {} dropped at {RATE}/s",
+        3 * RATE
+    );
+    node.shutdown().await;
 }

@@ -126,6 +126,9 @@ pub struct StoreConfig {
     /// Verify every page's checksum when a file is opened (one read of the whole file): a file
     /// damaged outside redb is refused as corrupted instead of trusted. Default on.
     pub verify_on_open: bool,
+    /// redb's page cache, in bytes (redb's own default is 1 GiB, which a long-running node
+    /// fills as its file grows: resident memory then follows the file).
+    pub cache_bytes: usize,
 }
 
 impl Default for StoreConfig {
@@ -139,6 +142,7 @@ impl Default for StoreConfig {
             compact_after_pruned: 100_000,
             quick_repair: false,
             verify_on_open: true,
+            cache_bytes: 64 << 20,
         }
     }
 }
@@ -287,6 +291,7 @@ impl Store {
         // corrupted instead of being trusted (a plain open may panic on it).
         let db = Database::builder()
             .set_check_integrity_on_open(config.verify_on_open)
+            .set_cache_size(config.cache_bytes)
             .create(path)?;
         Self::init(db, config)
     }
@@ -296,7 +301,9 @@ impl Store {
         backend: impl StorageBackend,
         config: StoreConfig,
     ) -> Result<Self, StoreError> {
-        let db = Database::builder().create_with_backend(backend)?;
+        let db = Database::builder()
+            .set_cache_size(config.cache_bytes)
+            .create_with_backend(backend)?;
         Self::init(db, config)
     }
 
@@ -938,6 +945,89 @@ impl Store {
         let row = txn.open_table(TERMINAL)?.get(key)?;
         row.map(|v| rows::decode("custodian.terminal", key, v.value()))
             .transpose()
+    }
+
+    /// The `n` most recent terminal records, oldest first: read through the time index, so
+    /// the cost is `n` rows however long the history (a status request must not read it all).
+    pub fn recent_terminal(&self, n: usize) -> Result<Vec<TerminalRecord>, StoreError> {
+        self.recent(TERMINAL_BY_TIME, TERMINAL, "custodian.terminal", n)
+    }
+
+    /// The `n` most recent escalations, oldest first (as [`Store::recent_terminal`]).
+    pub fn recent_escalations(&self, n: usize) -> Result<Vec<Escalation>, StoreError> {
+        self.recent(ESCALATIONS_BY_TIME, ESCALATIONS, "custodian.escalations", n)
+    }
+
+    /// The escalation of `id`, if kept.
+    pub fn escalation(&self, id: ObligationId) -> Result<Option<Escalation>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let key = id.to_u128();
+        let row = txn.open_table(ESCALATIONS)?.get(key)?;
+        row.map(|v| rows::decode("custodian.escalations", key, v.value()))
+            .transpose()
+    }
+
+    /// The `n` most recent applies this receiver remembers, oldest first (as
+    /// [`Store::apply_log`]): every row's time is read, but only those `n` are decoded and held.
+    pub fn recent_applied(&self, n: usize) -> Result<Vec<AppliedEntry>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let table = match txn.open_table(RECV_APPLY_LOG) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(e.into()),
+        };
+        // The newest `n` keys by (at, id): a min-heap of the best so far.
+        let mut newest = std::collections::BinaryHeap::new();
+        for row in table.iter()? {
+            let (k, v) = row?;
+            let (id, seq) = k.value();
+            newest.push(std::cmp::Reverse((v.value().0, id, seq)));
+            if newest.len() > n {
+                newest.pop();
+            }
+        }
+        let mut keys: Vec<_> = newest.into_iter().map(|r| r.0).collect();
+        keys.sort_unstable();
+        let mut out = Vec::with_capacity(keys.len());
+        for (at, id, seq) in keys {
+            let Some(row) = table.get((id, seq))? else {
+                continue;
+            };
+            let bytes = row.value().1;
+            let obligation =
+                abhyasa_wire::decode_obligation(bytes).map_err(|e| StoreError::Corrupt {
+                    table: "receiver.apply_log",
+                    key: format!("{id:032x}/{seq}"),
+                    detail: e.to_string(),
+                })?;
+            out.push(AppliedEntry {
+                obligation,
+                at: UnixMillis(at),
+                earlier: seq,
+            });
+        }
+        Ok(out)
+    }
+
+    fn recent<T: serde::de::DeserializeOwned>(
+        &self,
+        by_time: redb::TableDefinition<'_, (u64, u128), ()>,
+        rows_table: redb::TableDefinition<'_, u128, &[u8]>,
+        name: &'static str,
+        n: usize,
+    ) -> Result<Vec<T>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let index = txn.open_table(by_time)?;
+        let table = txn.open_table(rows_table)?;
+        let mut out = Vec::new();
+        for entry in index.iter()?.rev().take(n) {
+            let (_, id) = entry?.0.value();
+            if let Some(v) = table.get(id)? {
+                out.push(rows::decode(name, id, v.value())?);
+            }
+        }
+        out.reverse();
+        Ok(out)
     }
 
     /// Every terminal record kept, in id order.

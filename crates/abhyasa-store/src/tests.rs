@@ -561,3 +561,92 @@ fn a_pending_row_that_does_not_read_stops_recovery() {
     );
     assert!(err.to_string().contains("custodian.pending"), "{err}");
 }
+
+/// `recent_terminal`, `recent_escalations` and `recent_applied` return the newest `n` by time
+/// (not by id), oldest first — the expected sets computed here from what was written.
+#[test]
+fn the_most_recent_history_is_read_by_time_without_reading_it_all() {
+    let (mut store, _) = memory_store();
+    // Times scrambled against ids: at = 37·id mod 101 (distinct for ids 1..=100).
+    let at = |id: u128| ((id * 37) % 101) as u64;
+    let mut ops = Vec::new();
+    for id in 1..=100u128 {
+        let record = TerminalRecord {
+            obligation_id: ObligationId::from_u128(id),
+            kind: abhyasa_wire::Kind::OauthToken,
+            target: a(),
+            outcome: Outcome::Escalated(EscalationCause::Deadline),
+            attempts: 1,
+            at: UnixMillis(at(id)),
+        };
+        // Every third one escalated.
+        let escalation = (id % 3 == 0).then(|| Escalation {
+            obligation_id: ObligationId::from_u128(id),
+            kind: abhyasa_wire::Kind::OauthToken,
+            target: a(),
+            attempts: 1,
+            cause: EscalationCause::Deadline,
+            last_observed: abhyasa_wire::LastObserved::NoAck,
+            safe_action: SafeAction::StopHonouringToken {
+                token_id: TokenId::new(format!("t{id}")).unwrap(),
+            },
+            at: UnixMillis(at(id)),
+        });
+        ops.push(Op::Custodian(abhyasa_custody::CustodianRecord::Terminal {
+            record,
+            escalation,
+            principal: None,
+        }));
+    }
+    store.commit(&ops).unwrap();
+    let newest = |ids: Vec<u128>, n: usize| -> Vec<u128> {
+        let mut by_time: Vec<(u64, u128)> = ids.into_iter().map(|id| (at(id), id)).collect();
+        by_time.sort_unstable();
+        by_time[by_time.len().saturating_sub(n)..]
+            .iter()
+            .map(|&(_, id)| id)
+            .collect()
+    };
+    let got: Vec<u128> = store
+        .recent_terminal(7)
+        .unwrap()
+        .iter()
+        .map(|r| r.obligation_id.to_u128())
+        .collect();
+    assert_eq!(got, newest((1..=100).collect(), 7));
+    let got: Vec<u128> = store
+        .recent_escalations(5)
+        .unwrap()
+        .iter()
+        .map(|e| e.obligation_id.to_u128())
+        .collect();
+    assert_eq!(got, newest((1..=100).filter(|id| id % 3 == 0).collect(), 5));
+    // More than there are: all of them, in time order.
+    assert_eq!(store.recent_terminal(1_000).unwrap().len(), 100);
+    assert_eq!(
+        store
+            .escalation(ObligationId::from_u128(9))
+            .unwrap()
+            .map(|e| e.at),
+        Some(UnixMillis(at(9)))
+    );
+    assert_eq!(store.escalation(ObligationId::from_u128(10)).unwrap(), None);
+
+    // Applies at scrambled times; the newest 4, oldest first.
+    let mut r = Receiver::new(a(), ReceiverConfig::default());
+    for id in 1..=20u128 {
+        r.handle_obligation(UnixMillis(at(id)), &p(), revoke_token(id));
+    }
+    persist_receiver(&mut r, &mut store);
+    let got: Vec<(u128, u64)> = store
+        .recent_applied(4)
+        .unwrap()
+        .iter()
+        .map(|e| (e.obligation.id.to_u128(), e.at.0))
+        .collect();
+    let want: Vec<(u128, u64)> = newest((1..=20).collect(), 4)
+        .into_iter()
+        .map(|id| (id, at(id)))
+        .collect();
+    assert_eq!(got, want);
+}
