@@ -75,13 +75,16 @@ fn serve_with(
     rx
 }
 
-#[tokio::test]
-async fn two_agents_exchange_objects_on_streams_and_datagrams() {
+type Side = (Session, mpsc::Receiver<SessionEvent>);
+
+/// Agent A serving with `limits` and agent B connected to it, each subscribed to all three
+/// tracks the other addresses to it. The endpoints are returned to keep them open.
+async fn pair(limits: SessionLimits) -> (Side, Side, [quinn::Endpoint; 2]) {
     let ca = Ca::generate("t").unwrap();
     let (a, b) = (id("agent-a"), id("agent-b"));
     let ea = ep(&ca, &a);
     let eb = ep(&ca, &b);
-    let mut accepted = serve(ea.clone(), a.clone());
+    let mut accepted = serve_with(ea.clone(), a.clone(), limits);
     let (sb, mut rb) = Session::connect(&eb, ea.local_addr().unwrap(), &a, &b)
         .await
         .unwrap();
@@ -91,12 +94,17 @@ async fn two_agents_exchange_objects_on_streams_and_datagrams() {
         .unwrap();
     assert_eq!(sa.peer(), &b);
     assert_eq!(sb.peer(), &a);
-    // Each side subscribes to all three tracks the other addresses to it.
     for rx in [&mut ra, &mut rb] {
         for t in [Track::Obligations, Track::Acks, Track::Ledger] {
             next(rx, |e| *e == SessionEvent::PeerSubscribed(t)).await;
         }
     }
+    ((sa, ra), (sb, rb), [ea, eb])
+}
+
+#[tokio::test]
+async fn two_agents_exchange_objects_on_streams_and_datagrams() {
+    let ((sa, mut ra), (sb, mut rb), _eps) = pair(SessionLimits::default()).await;
     // Obligations from B to A on a subgroup stream, two objects in one group.
     sb.send_group(
         Track::Obligations,
@@ -337,14 +345,21 @@ async fn a_client_without_draft_14_fails_version_negotiation() {
     }
     .encode(&mut out);
     send.write_all(&out).await.unwrap();
-    let err = tokio::time::timeout(Duration::from_secs(5), conn.closed())
+    closed_with(&conn, 0x15, "").await;
+}
+
+/// Waits for `conn` to be closed by its peer with `code` and a reason containing `says`.
+async fn closed_with(conn: &quinn::Connection, code: u32, says: &str) {
+    let closed = tokio::time::timeout(Duration::from_secs(5), conn.closed())
         .await
-        .unwrap();
-    match err {
-        quinn::ConnectionError::ApplicationClosed(close) => {
-            assert_eq!(close.error_code, quinn::VarInt::from_u32(0x15), "{close:?}");
+        .expect("closed in time");
+    match closed {
+        quinn::ConnectionError::ApplicationClosed(c) => {
+            assert_eq!(c.error_code, quinn::VarInt::from_u32(code), "{c:?}");
+            let reason = String::from_utf8_lossy(&c.reason);
+            assert!(reason.contains(says), "{reason}");
         }
-        other => panic!("closed otherwise: {other}"),
+        other => panic!("closed otherwise: {other:?}"),
     }
 }
 
@@ -464,44 +479,18 @@ async fn a_request_past_the_session_limit_closes_it_with_too_many_requests() {
     let mut out = Vec::new();
     subscribe(2 * LIMIT).encode(&mut out);
     send.write_all(&out).await.unwrap();
-    let closed = tokio::time::timeout(Duration::from_secs(5), conn.closed())
-        .await
-        .expect("closed in time");
-    match closed {
-        quinn::ConnectionError::ApplicationClosed(c) => {
-            assert_eq!(c.error_code, quinn::VarInt::from_u32(0x7));
-            let reason = String::from_utf8_lossy(&c.reason);
-            assert!(reason.contains("limit is 4 per session"), "{reason}");
-        }
-        other => panic!("closed otherwise: {other:?}"),
-    }
+    closed_with(&conn, 0x7, "limit is 4 per session").await;
 }
 
 /// `SessionLimits::max_objects_per_group`: a group at the limit arrives whole; of a group past
 /// it only the first objects are taken and the session goes on.
 #[tokio::test]
 async fn objects_past_the_group_limit_are_ignored_and_the_session_goes_on() {
-    let ca = Ca::generate("t").unwrap();
-    let (a, b) = (id("agent-a"), id("agent-b"));
-    let ea = ep(&ca, &a);
-    let eb = ep(&ca, &b);
     let limits = SessionLimits {
         max_objects_per_group: 3,
         ..SessionLimits::default()
     };
-    let mut accepted = serve_with(ea.clone(), a.clone(), limits);
-    let (sb, mut rb) = Session::connect(&eb, ea.local_addr().unwrap(), &a, &b)
-        .await
-        .unwrap();
-    let (_sa, mut ra) = tokio::time::timeout(Duration::from_secs(5), accepted.recv())
-        .await
-        .unwrap()
-        .unwrap();
-    for rx in [&mut ra, &mut rb] {
-        for t in [Track::Obligations, Track::Acks, Track::Ledger] {
-            next(rx, |e| *e == SessionEvent::PeerSubscribed(t)).await;
-        }
-    }
+    let ((_sa, mut ra), (sb, _rb), _eps) = pair(limits).await;
     let objects = |tag: &str, n: usize| -> Vec<Vec<u8>> {
         (0..n).map(|i| format!("{tag}{i}").into_bytes()).collect()
     };

@@ -1124,3 +1124,34 @@ impl Core {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::Bucket;
+
+    /// The bucket holds one second's worth: at the rate, a burst of exactly that many is
+    /// taken and the next refused; it refills at the rate, and never above one second's worth.
+    #[test]
+    fn a_bucket_takes_a_seconds_worth_then_refills_at_the_rate() {
+        const RATE: u32 = 20;
+        let t0 = Instant::now();
+        let mut b = Bucket {
+            tokens: f64::from(RATE),
+            at: t0,
+        };
+        for n in 0..RATE {
+            assert!(b.take(RATE, t0), "token {n} of {RATE}");
+        }
+        assert!(!b.take(RATE, t0), "one past the burst");
+        // A quarter second later: a quarter of the rate.
+        let t1 = t0 + Duration::from_millis(250);
+        let taken = (0..RATE).take_while(|_| b.take(RATE, t1)).count();
+        assert_eq!(taken, 5);
+        // Ten seconds idle: full again, but not more than a second's worth.
+        let t2 = t1 + Duration::from_secs(10);
+        let taken = (0..10 * RATE).take_while(|_| b.take(RATE, t2)).count();
+        assert_eq!(taken, RATE as usize);
+    }
+}
