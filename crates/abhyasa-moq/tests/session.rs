@@ -177,12 +177,18 @@ async fn dialing_one_agent_and_reaching_another_is_refused() {
     assert!(r.is_err());
 }
 
-/// A hand-driven MOQT client: setup, then whatever the test writes.
+/// A hand-driven MOQT client: setup, then whatever the test writes. Also returns the
+/// SERVER_SETUP's parameters.
 async fn raw_client(
     ep: &quinn::Endpoint,
     addr: SocketAddr,
     server: &AgentId,
-) -> (quinn::Connection, quinn::SendStream, quinn::RecvStream) {
+) -> (
+    quinn::Connection,
+    quinn::SendStream,
+    quinn::RecvStream,
+    Vec<KeyValue>,
+) {
     let conn = ep.connect(addr, server.as_str()).unwrap().await.unwrap();
     let (mut send, mut recv) = conn.open_bi().await.unwrap();
     let mut out = Vec::new();
@@ -193,18 +199,13 @@ async fn raw_client(
     .encode(&mut out);
     send.write_all(&out).await.unwrap();
     let mut buf = Vec::new();
-    let setup = read_one(&mut recv, &mut buf).await;
-    assert!(
-        matches!(
-            setup,
-            Control::ServerSetup {
-                version: DRAFT_14,
-                ..
-            }
-        ),
-        "{setup:?}"
-    );
-    (conn, send, recv)
+    match read_one(&mut recv, &mut buf).await {
+        Control::ServerSetup {
+            version: DRAFT_14,
+            params,
+        } => (conn, send, recv, params),
+        other => panic!("{other:?}"),
+    }
 }
 
 async fn read_one(recv: &mut quinn::RecvStream, buf: &mut Vec<u8>) -> Control {
@@ -230,7 +231,7 @@ async fn subscribing_to_another_agents_track_is_refused() {
     let ea = ep(&ca, &a);
     let _accepted = serve(ea.clone(), a.clone());
     let eb = ep(&ca, &b);
-    let (_conn, mut send, mut recv) = raw_client(&eb, ea.local_addr().unwrap(), &a).await;
+    let (_conn, mut send, mut recv, _) = raw_client(&eb, ea.local_addr().unwrap(), &a).await;
     let subscribe = |request_id, name: &str| Control::Subscribe {
         request_id,
         namespace: abhyasa_moq::namespace(&a),
@@ -291,7 +292,7 @@ async fn garbage_on_the_control_stream_closes_only_that_session() {
     next(&mut rc, |e| *e == SessionEvent::PeerSubscribed(Track::Acks)).await;
     // B sends an unknown message type after setup.
     let eb = ep(&ca, &b);
-    let (conn, mut send, _recv) = raw_client(&eb, ea.local_addr().unwrap(), &a).await;
+    let (conn, mut send, _recv, _) = raw_client(&eb, ea.local_addr().unwrap(), &a).await;
     send.write_all(&[0x3f, 0x00, 0x00]).await.unwrap();
     let err = tokio::time::timeout(Duration::from_secs(5), conn.closed())
         .await
@@ -427,23 +428,8 @@ async fn a_request_past_the_session_limit_closes_it_with_too_many_requests() {
     };
     let _accepted = serve_with(ea.clone(), a.clone(), limits);
     let eb = ep(&ca, &b);
-    let conn = eb
-        .connect(ea.local_addr().unwrap(), a.as_str())
-        .unwrap()
-        .await
-        .unwrap();
-    let (mut send, mut recv) = conn.open_bi().await.unwrap();
-    let mut out = Vec::new();
-    Control::ClientSetup {
-        versions: vec![DRAFT_14],
-        params: vec![KeyValue::Int { key: 2, value: 100 }],
-    }
-    .encode(&mut out);
-    send.write_all(&out).await.unwrap();
+    let (conn, mut send, mut recv, params) = raw_client(&eb, ea.local_addr().unwrap(), &a).await;
     let mut buf = Vec::new();
-    let Control::ServerSetup { params, .. } = read_one(&mut recv, &mut buf).await else {
-        panic!("no SERVER_SETUP");
-    };
     assert!(
         params.contains(&KeyValue::Int {
             key: 2,
