@@ -260,6 +260,15 @@ enum LedgerCli {
         #[arg(long)]
         credit: String,
     },
+    /// Close a credit's generation (every operation ended, nothing in transit) and move its
+    /// available atoms into a fresh generation; prints the new credit.
+    Reissue {
+        #[command(flatten)]
+        admin: AdminTarget,
+        /// The credit (hex).
+        #[arg(long)]
+        credit: String,
+    },
     /// Retire a quarantined operation for good: its atoms stay charged (Forfeited).
     Forfeit {
         #[command(flatten)]
@@ -1092,6 +1101,7 @@ async fn ledger(command: LedgerCli) -> Result<ExitCode> {
             )
         }
         LedgerCli::Reclaim { admin, credit } => (admin, R::Reclaim { credit }, false),
+        LedgerCli::Reissue { admin, credit } => (admin, R::Reissue { credit }, false),
         LedgerCli::Forfeit { admin, key } => (admin, R::Forfeit { key }, false),
         LedgerCli::Status { admin, json } => (admin, R::Status, json),
     };
@@ -1106,6 +1116,8 @@ async fn ledger(command: LedgerCli) -> Result<ExitCode> {
         } else {
             ledger_cli::print_status(&reply);
         }
+    } else if let Some(credit) = reply["credit"].as_str() {
+        println!("ok (durable): credit {credit}");
     } else {
         println!("ok (durable)");
     }

@@ -12,7 +12,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use abhyasa_ledger::check::{audit, check, EffectInstance, Violation, World};
+use abhyasa_ledger::check::{audit, audit_gateway, check, EffectInstance, Violation, World};
 use abhyasa_ledger::{
     signing_key, Branch, CreditId, Dim, Effect, Gateway, Keyring, Label, LedgerSigningKey,
     LedgerVerifyingKey, OpKey, RootGrant, RootId, Signed, TransferId, Vector,
@@ -160,6 +160,11 @@ pub enum LedgerRequest {
         /// The credit.
         credit: String,
     },
+    /// Close a credit's generation (nothing in progress) into a fresh one.
+    Reissue {
+        /// The credit.
+        credit: String,
+    },
     /// Retire a quarantined operation (its atoms stay charged).
     Forfeit {
         /// The operation key.
@@ -210,6 +215,9 @@ impl LedgerRequest {
             LedgerRequest::Reclaim { credit } => LedgerCommand::Reclaim {
                 credit: CreditId::from_u128(id128(credit)?),
             },
+            LedgerRequest::Reissue { credit } => LedgerCommand::Reissue {
+                credit: CreditId::from_u128(id128(credit)?),
+            },
             LedgerRequest::Forfeit { key } => LedgerCommand::Forfeit {
                 key: OpKey::from_u128(id128(key)?),
             },
@@ -252,6 +260,9 @@ pub fn reply_json(r: &LedgerReply) -> serde_json::Value {
     match r {
         LedgerReply::Done => serde_json::json!({"ok": true}),
         LedgerReply::Status(s) => serde_json::json!({"ok": true, "ledger": status_json(s)}),
+        LedgerReply::Credit { credit } => {
+            serde_json::json!({"ok": true, "credit": format!("{:x}", credit.to_u128())})
+        }
         LedgerReply::Operation { key, state } => {
             serde_json::json!({"ok": true, "operation": format!("{:x}", key.to_u128()), "state": state})
         }
@@ -278,7 +289,9 @@ fn status_json(s: &LedgerStatus) -> serde_json::Value {
         }).collect::<Vec<_>>(),
         "credits": s.credits.iter().map(|c| serde_json::json!({
             "id": format!("{}", c.id), "root": format!("{}", c.root),
-            "available": show_vector(&c.available), "epoch": c.epoch, "closed": c.closed,
+            "available": show_vector(&c.available), "generation": c.generation, "epoch": c.epoch,
+            "fenced": c.fenced, "closed": c.closed,
+            "successor": c.successor.map(|s| format!("{s}")),
         })).collect::<Vec<_>>(),
         "operations": s.operations.iter().map(|o| serde_json::json!({
             "key": format!("{}", o.key), "credit": format!("{}", o.credit),
@@ -487,11 +500,10 @@ pub fn check_dirs(
     for (agent, dir) in gateways {
         let store = Store::open(dir.join("node.redb"), StoreConfig::default())?;
         let me = AgentId::new(agent.clone())?;
-        gs.push(Gateway::replay(
-            me.clone(),
-            keys.clone(),
-            store.gateway_log()?,
-        ));
+        let log = store.gateway_log()?;
+        // Each record of the log in order: fences before the acceptances they govern.
+        history.extend(audit_gateway(&me, &log, &keys));
+        gs.push(Gateway::replay(me.clone(), keys.clone(), log));
         effects.extend(read_effects_at(&dir.join("effects.log"), Some(&me))?);
     }
     let brefs: Vec<&Branch> = bs.iter().collect();

@@ -278,13 +278,13 @@ where
 pub const TOOL_LEDGER: &str = "abhyasa_ledger";
 
 /// `abhyasa_ledger`: the arguments are a ledger request as JSON, tagged by `"ledger"`
-/// (`grant`, `delegate`, `spend`, `reclaim`, `forfeit`, `status`; ids in hex, amounts as
+/// (`grant`, `delegate`, `spend`, `reclaim`, `reissue`, `forfeit`, `status`; ids in hex, amounts as
 /// `dim=n,…`), as on the admin interface; answers with the node's reply.
 pub fn ledger_tool(node: Node) -> HostTool {
     let schema = json!({
         "type": "object",
         "properties": {
-            "ledger": {"type": "string", "enum": ["grant", "delegate", "spend", "reclaim", "forfeit", "status"]},
+            "ledger": {"type": "string", "enum": ["grant", "delegate", "spend", "reclaim", "reissue", "forfeit", "status"]},
             "grant": {"type": "string", "description": "Signed<RootGrant> as hex CBOR (grant)"},
             "credit": {"type": "string", "description": "credit id, hex"},
             "transfer": {"type": "string"},
@@ -302,7 +302,7 @@ pub fn ledger_tool(node: Node) -> HostTool {
     node_tool(
         node,
         TOOL_LEDGER,
-        "This node's budget ledger: status, or grant / delegate / spend (reserve, then dispatch to the gateway) / reclaim / forfeit; answered once the step is durable.",
+        "This node's budget ledger: status, or grant / delegate / spend (reserve, then dispatch to the gateway) / reclaim / reissue / forfeit; answered once the step is durable.",
         schema,
         |node, args| async move {
                 let req: crate::ledger_cli::LedgerRequest =

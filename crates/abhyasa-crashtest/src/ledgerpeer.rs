@@ -307,9 +307,11 @@ fn run_branch(
                 if spent < t * TRANSFER_EVERY {
                     break; // Spread over the run.
                 }
+                // From the root credit's live generation (a fence closes one and reissues it).
+                let source = b.current(ROOT_CREDIT).unwrap_or(ROOT_CREDIT);
                 if !b.outgoing().any(|o| o.body.transfer == id) {
                     let _ = b.transfer(
-                        ROOT_CREDIT,
+                        source,
                         id,
                         &cents(TRANSFER_CENTS),
                         &agent(LedgerRole::Child),
@@ -328,7 +330,9 @@ fn run_branch(
             let credit = b
                 .credits()
                 .filter(|c| {
-                    !c.closed && c.available.size().get(&Dim::new("cents").expect("valid")) >= 10
+                    !c.closed
+                        && !c.fenced
+                        && c.available.size().get(&Dim::new("cents").expect("valid")) >= 10
                 })
                 .map(|c| c.id)
                 .next();

@@ -50,14 +50,21 @@ pub struct Credit {
     pub root: RootId,
     /// What it may be spent on.
     pub label: Label,
-    /// Bumped by each reissue (a join's output starts a new lineage at 0).
+    /// One more than its predecessor's when it is a reissue (paper §5.7); 0 for a grant, a
+    /// split, an accepted transfer or a join's output.
     pub generation: u32,
     /// The epoch permits are bound to; raised by a confirmed fence.
     pub epoch: u64,
     /// Atoms it owns and may reserve, split or transfer.
     pub available: Footprint,
-    /// Consumed by a join (its atoms moved to the output).
+    /// A gateway confirmed a fence: this generation takes no new work (no reservation, split,
+    /// transfer or join); once its last operation ends it closes and its available atoms
+    /// move to a fresh generation ([`Step::Reissue`]).
+    pub fenced: bool,
+    /// Closed: consumed by a join (its atoms moved to the output) or reissued.
     pub closed: bool,
+    /// The fresh generation this one was reissued to (written once).
+    pub successor: Option<CreditId>,
 }
 
 /// Where an operation's reserved atoms are.
@@ -244,10 +251,25 @@ pub enum Step {
         /// The output.
         output: CreditId,
     },
-    /// A gateway confirmed a fence: the credit's permits now use a higher epoch.
+    /// A gateway confirmed a fence: the credit's generation takes no new work; it closes
+    /// (and is reissued) once its last operation ends.
     Fenced {
         /// The gateway's confirmation.
         fenced: Signed<Fenced>,
+    },
+    /// Terminal rollover (paper §5.7): `credit`'s generation closes and its available atoms
+    /// become `successor`, one generation up, same root, label and epoch. Only a generation
+    /// with nothing in progress (every operation ended, nothing in transit) closes; written
+    /// once: the same step again is a replay, another successor is refused. With `last`, the
+    /// fused terminal transition: the fenced generation's final open operation ends (a
+    /// `Settle` or `NoEffect`) in the same commit, its remainder moving with the rest.
+    Reissue {
+        /// The closing generation.
+        credit: CreditId,
+        /// The fresh generation.
+        successor: CreditId,
+        /// The final operation's settlement or no-effect proof, fused into this step.
+        last: Option<Box<Step>>,
     },
     /// Quarantined → Available with no evidence (the `RefundOnTimeout` mutant only).
     #[doc(hidden)]
@@ -293,6 +315,13 @@ pub enum LedgerEvent {
     CreditReceived {
         /// The new credit.
         credit: CreditId,
+    },
+    /// A generation closed and its available atoms moved to a fresh one.
+    Reissued {
+        /// The closed generation.
+        credit: CreditId,
+        /// The fresh generation.
+        successor: CreditId,
     },
     /// A message that could not be used (bad signature, unknown object, mismatch).
     Rejected(LedgerError),
@@ -463,7 +492,7 @@ impl Branch {
             };
         }
         self.room()?;
-        let c = self.live_credit(credit)?;
+        let c = self.working_credit(credit)?;
         if !label.within(&c.label) {
             return Err(LedgerError::LabelNotAttenuated);
         }
@@ -507,7 +536,7 @@ impl Branch {
             };
         }
         self.room()?;
-        let c = self.live_credit(credit)?;
+        let c = self.working_credit(credit)?;
         if !c.label.allows(&effect.purpose) {
             return Err(LedgerError::PurposeNotAllowed);
         }
@@ -554,12 +583,100 @@ impl Branch {
 
     /// Reserved → Available: allowed only while the permit was never dispatchable.
     pub fn release_unsent(&mut self, key: OpKey) -> Result<(), LedgerError> {
-        self.commit(Step::ReleaseUnsent { key }, Vec::new())
+        self.commit(Step::ReleaseUnsent { key }, Vec::new())?;
+        self.roll_if_done_for(key)
     }
 
     /// Quarantined → Forfeited: the atoms stay charged for good.
     pub fn forfeit(&mut self, key: OpKey) -> Result<(), LedgerError> {
-        self.commit(Step::Forfeit { key }, Vec::new())
+        self.commit(Step::Forfeit { key }, Vec::new())?;
+        self.roll_if_done_for(key)
+    }
+
+    /// Terminal rollover (paper §5.7): closes `credit`'s generation and moves its available
+    /// atoms into a fresh generation — a new credit, one generation up, same root, label and
+    /// epoch — in one durable step. Only a generation with nothing in progress rolls over:
+    /// every operation ended (settled, no effect, released or forfeited: committed and
+    /// forfeited atoms stay where they are) and no transfer of it undecided. The decision is
+    /// written once: asking again returns the same successor. A fenced generation (after
+    /// [`Branch::request_fence`]) rolls over by itself once its last operation ends.
+    pub fn reissue(&mut self, credit: CreditId) -> Result<CreditId, LedgerError> {
+        let c = self
+            .credits
+            .get(&credit)
+            .ok_or(LedgerError::UnknownCredit(credit))?;
+        if let Some(successor) = c.successor {
+            return Ok(successor);
+        }
+        let successor = derive_successor(&self.me, credit, c.generation);
+        self.commit(
+            Step::Reissue {
+                credit,
+                successor,
+                last: None,
+            },
+            Vec::new(),
+        )?;
+        Ok(successor)
+    }
+
+    /// Returns `credit`'s unused rights to the agent they came from (paper §6.9): a sealed
+    /// transfer of everything available in `credit` to the source of the transfer that
+    /// created its lineage (followed back through reissues), labelled with `credit`'s own
+    /// label — never broader than what was received. `transfer` is the stable return id: the
+    /// same return asked again is answered as done and sends nothing new (the certificate is
+    /// resent until the source decides, like any transfer). Operations still in progress stay
+    /// charged where they are; their remainders can be returned later under another id.
+    pub fn return_rights(
+        &mut self,
+        credit: CreditId,
+        transfer: TransferId,
+    ) -> Result<(), LedgerError> {
+        let source = self.lineage_source(credit)?;
+        if let Some(out) = self.outgoing.get(&transfer) {
+            return if out.body.source_credit == credit && out.body.destination == source {
+                Ok(())
+            } else {
+                Err(LedgerError::IdInUse("transfer"))
+            };
+        }
+        let c = self.working_credit(credit)?;
+        if c.available.is_empty() {
+            return Err(LedgerError::WrongState("nothing available to return"));
+        }
+        let (amount, label) = (c.available.size(), c.label.clone());
+        self.transfer(credit, transfer, &amount, &source, label)
+    }
+
+    /// The agent whose transfer started `credit`'s lineage (through reissues).
+    fn lineage_source(&self, credit: CreditId) -> Result<AgentId, LedgerError> {
+        let mut id = credit;
+        for _ in 0..=self.origins.len() {
+            match self.origins.get(&id) {
+                Some(Step::Accept { cert, .. }) => return Ok(cert.peek()?.source),
+                Some(Step::Reissue { credit, .. }) => id = *credit,
+                Some(_) => break,
+                None => return Err(LedgerError::UnknownCredit(credit)),
+            }
+        }
+        Err(LedgerError::WrongState(
+            "only rights received by transfer return to their source",
+        ))
+    }
+
+    /// The live generation of `credit`'s lineage: `credit` itself, or the generation it was
+    /// reissued to (followed to the end). `None` for an unknown credit or one joined away.
+    pub fn current(&self, credit: CreditId) -> Option<CreditId> {
+        let mut id = credit;
+        // Each step moves to a credit made after it, so the chain ends; bounded anyway.
+        for _ in 0..=self.credits.len() {
+            let c = self.credits.get(&id)?;
+            match c.successor {
+                Some(next) => id = next,
+                None => return (!c.closed).then_some(id),
+            }
+        }
+        None
     }
 
     /// Joins pairwise-disjoint, operation-free credits of one root into `output`.
@@ -572,10 +689,7 @@ impl Branch {
     /// fence the credit's current epoch. Once confirmed, permits at older epochs are refused
     /// and queries about never-accepted ones come back as no-effect proofs.
     pub fn request_fence(&mut self, credit: CreditId) -> Result<(), LedgerError> {
-        let c = self
-            .credits
-            .get(&credit)
-            .ok_or(LedgerError::UnknownCredit(credit))?;
+        let c = self.live_credit(credit)?;
         let fence = Fence {
             root: c.root,
             credit,
@@ -626,7 +740,9 @@ impl Branch {
                 if out.state != OutgoingState::Sealed {
                     return Ok(()); // Already decided: a repeat.
                 }
-                self.commit(Step::Decided { decision }, Vec::new())
+                let credit = out.body.source_credit;
+                self.commit(Step::Decided { decision }, Vec::new())?;
+                self.roll_if_done(credit)
             }
             LedgerMessage::Receipt(receipt) => {
                 let r = receipt.peek()?;
@@ -636,12 +752,12 @@ impl Branch {
                     .ok_or(LedgerError::UnknownOperation(r.key))?;
                 self.party("a receipt", from, &op.binding.receiver)?;
                 match op.state {
-                    OpState::Quarantined => self.commit(
+                    OpState::Quarantined => self.end_operation(
+                        r.key,
                         Step::Settle {
                             key: r.key,
                             receipt,
                         },
-                        Vec::new(),
                     ),
                     OpState::Forfeited { annotation: None }
                         if self.config.mutation
@@ -675,7 +791,7 @@ impl Branch {
                 if op.state != OpState::Quarantined {
                     return Ok(());
                 }
-                self.commit(Step::NoEffect { key: p.key, proof }, Vec::new())
+                self.end_operation(p.key, Step::NoEffect { key: p.key, proof })
             }
             LedgerMessage::Refused { key, reason } => {
                 // Only an event: a refusal is unsigned and names a key, not the dispatch it
@@ -714,7 +830,9 @@ impl Branch {
                         )
                     })
                     .collect();
-                self.commit(Step::Fenced { fenced }, queries)
+                let credit = f.credit;
+                self.commit(Step::Fenced { fenced }, queries)?;
+                self.roll_if_done(credit)
             }
             LedgerMessage::Dispatch { .. }
             | LedgerMessage::Query { .. }
@@ -829,6 +947,17 @@ impl Branch {
             return;
         }
         self.last_resend = now;
+        // A fenced generation whose last operation ended before a crash (the reissue not yet
+        // written) closes now.
+        let fenced: Vec<CreditId> = self
+            .credits
+            .values()
+            .filter(|c| c.fenced && !c.closed)
+            .map(|c| c.id)
+            .collect();
+        for credit in fenced {
+            let _ = self.roll_if_done(credit);
+        }
         let mut give_up = Vec::new();
         for out in self.outgoing.values() {
             if out.state == OutgoingState::Sealed {
@@ -1039,6 +1168,85 @@ impl Branch {
             .ok_or(LedgerError::UnknownCredit(id))
     }
 
+    /// A live credit that may take new work: not fenced (a fenced generation only ends).
+    fn working_credit(&self, id: CreditId) -> Result<&Credit, LedgerError> {
+        let c = self.live_credit(id)?;
+        if c.fenced {
+            return Err(LedgerError::Fenced(id));
+        }
+        Ok(c)
+    }
+
+    /// Keys of `credit`'s operations still in progress (reserved or quarantined), and
+    /// whether a transfer of it is undecided.
+    fn in_progress(&self, credit: CreditId) -> (Vec<OpKey>, bool) {
+        let open = self
+            .ops
+            .values()
+            .filter(|o| {
+                o.binding.credit == credit
+                    && matches!(o.state, OpState::Reserved | OpState::Quarantined)
+            })
+            .map(|o| o.binding.key)
+            .collect();
+        let sealed = self
+            .outgoing
+            .values()
+            .any(|o| o.body.source_credit == credit && o.state == OutgoingState::Sealed);
+        (open, sealed)
+    }
+
+    /// Ends operation `key` with `step` (a settlement or a no-effect proof). When it is the
+    /// final open operation of a fenced generation, the fused terminal transition: the step
+    /// and the generation's reissue are one commit.
+    fn end_operation(&mut self, key: OpKey, step: Step) -> Result<(), LedgerError> {
+        let Some(op) = self.ops.get(&key) else {
+            return self.commit(step, Vec::new());
+        };
+        let credit = op.binding.credit;
+        let fused = self.credits.get(&credit).is_some_and(|c| {
+            c.fenced && !c.closed && c.epoch > op.binding.epoch && {
+                let (open, sealed) = self.in_progress(credit);
+                !sealed && open == [key]
+            }
+        });
+        if !fused {
+            return self.commit(step, Vec::new());
+        }
+        let generation = self.credits[&credit].generation;
+        let successor = derive_successor(&self.me, credit, generation);
+        self.commit(
+            Step::Reissue {
+                credit,
+                successor,
+                last: Some(Box::new(step)),
+            },
+            Vec::new(),
+        )
+    }
+
+    fn roll_if_done_for(&mut self, key: OpKey) -> Result<(), LedgerError> {
+        match self.ops.get(&key) {
+            Some(op) => self.roll_if_done(op.binding.credit),
+            None => Ok(()),
+        }
+    }
+
+    /// Reissues `credit` if it is a fenced, live generation with nothing left in progress.
+    fn roll_if_done(&mut self, credit: CreditId) -> Result<(), LedgerError> {
+        let Some(c) = self.credits.get(&credit) else {
+            return Ok(());
+        };
+        if !c.fenced || c.closed {
+            return Ok(());
+        }
+        let (open, sealed) = self.in_progress(credit);
+        if open.is_empty() && !sealed {
+            self.reissue(credit)?;
+        }
+        Ok(())
+    }
+
     /// Applies `step` and hands it out for persistence, with `msgs` released after it.
     fn commit(
         &mut self,
@@ -1081,7 +1289,9 @@ impl Branch {
                         generation: 0,
                         epoch: 0,
                         available: Footprint::full(&g.budget),
+                        fenced: false,
                         closed: false,
+                        successor: None,
                     },
                 );
                 self.roots.insert(g.root, g);
@@ -1095,7 +1305,7 @@ impl Branch {
                 if self.credits.contains_key(child) {
                     return self.replayed(child, step, "credit");
                 }
-                let p = self.live_credit(*parent)?;
+                let p = self.working_credit(*parent)?;
                 if !label.within(&p.label) {
                     return Err(LedgerError::LabelNotAttenuated);
                 }
@@ -1107,7 +1317,9 @@ impl Branch {
                     generation: 0,
                     epoch: 0,
                     available: taken,
+                    fenced: false,
                     closed: false,
+                    successor: None,
                 };
                 self.credits.get_mut(parent).expect("checked").available = rest;
                 self.credits.insert(*child, c);
@@ -1122,7 +1334,7 @@ impl Branch {
                         Err(LedgerError::IdInUse("transfer"))
                     };
                 }
-                let c = self.live_credit(body.source_credit)?;
+                let c = self.working_credit(body.source_credit)?;
                 let rest =
                     c.available
                         .subtract(&body.footprint)
@@ -1172,7 +1384,9 @@ impl Branch {
                         generation: 0,
                         epoch: 0,
                         available: body.footprint.clone(),
+                        fenced: false,
                         closed: false,
+                        successor: None,
                     },
                 );
                 self.incoming
@@ -1240,7 +1454,12 @@ impl Branch {
                 {
                     return Err(LedgerError::Mismatch("permit for another effect"));
                 }
-                let c = self.live_credit(p.binding.credit)?;
+                let c = self.working_credit(p.binding.credit)?;
+                if p.binding.generation != c.generation || p.binding.epoch != c.epoch {
+                    return Err(LedgerError::Mismatch(
+                        "permit for another generation or epoch of its credit",
+                    ));
+                }
                 let rest = c
                     .available
                     .subtract(&p.footprint)
@@ -1422,7 +1641,9 @@ impl Branch {
                         generation: 0,
                         epoch: 0,
                         available: footprint,
+                        fenced: false,
                         closed: false,
+                        successor: None,
                     },
                 );
             }
@@ -1447,8 +1668,93 @@ impl Branch {
                 if f.epoch <= c.epoch {
                     return Ok(false);
                 }
+                // The generation is fenced, not bumped in place: it takes no new work, and
+                // closes into a fresh one (`Reissue`) once its last operation ends.
                 c.epoch = f.epoch;
-                c.generation = c.generation.checked_add(1).ok_or(LedgerError::Overflow)?;
+                c.fenced = true;
+            }
+            Step::Reissue {
+                credit,
+                successor,
+                last,
+            } => {
+                if self.credits.contains_key(successor) {
+                    return self.replayed(successor, step, "reissue target");
+                }
+                let c = self
+                    .credits
+                    .get(credit)
+                    .ok_or(LedgerError::UnknownCredit(*credit))?;
+                if c.successor.is_some() {
+                    return Err(LedgerError::IdInUse(
+                        "a generation already reissued to another credit",
+                    ));
+                }
+                if c.closed {
+                    return Err(LedgerError::UnknownCredit(*credit));
+                }
+                let fused = match last.as_deref() {
+                    None => None,
+                    Some(Step::Settle { key, .. } | Step::NoEffect { key, .. }) => Some(*key),
+                    Some(_) => {
+                        return Err(LedgerError::WrongState(
+                            "a reissue fuses only a settlement or a no-effect proof",
+                        ))
+                    }
+                };
+                if let Some(key) = fused {
+                    // Only the fenced generation's own final operation, fenced above its epoch.
+                    let op = self
+                        .ops
+                        .get(&key)
+                        .ok_or(LedgerError::UnknownOperation(key))?;
+                    if op.binding.credit != *credit
+                        || op.state != OpState::Quarantined
+                        || !c.fenced
+                        || c.epoch <= op.binding.epoch
+                    {
+                        return Err(LedgerError::WrongState(
+                            "a fused reissue ends the fenced generation's own last operation",
+                        ));
+                    }
+                }
+                let (open, sealed) = self.in_progress(*credit);
+                let lax = self.config.mutation == Some(LedgerMutation::ReissueWithWorkInProgress);
+                if (sealed || open.iter().any(|k| Some(*k) != fused)) && !lax {
+                    return Err(LedgerError::WrongState(
+                        "reissue of a generation with work in progress",
+                    ));
+                }
+                let generation = c.generation.checked_add(1).ok_or(LedgerError::Overflow)?;
+                if let Some(last) = last {
+                    if !self.apply(last)? {
+                        return Err(LedgerError::WrongState("the fused step had already ended"));
+                    }
+                }
+                let c = self.credits.get_mut(credit).expect("checked");
+                let available = std::mem::take(&mut c.available);
+                c.closed = true;
+                c.successor = Some(*successor);
+                let (root, label, epoch) = (c.root, c.label.clone(), c.epoch);
+                self.credits.insert(
+                    *successor,
+                    Credit {
+                        id: *successor,
+                        root,
+                        label,
+                        generation,
+                        epoch,
+                        available,
+                        fenced: false,
+                        closed: false,
+                        successor: None,
+                    },
+                );
+                self.origins.insert(*successor, step.clone());
+                self.events.push_back(LedgerEvent::Reissued {
+                    credit: *credit,
+                    successor: *successor,
+                });
             }
             Step::Refund { key } => {
                 let op = self.op_mut(*key)?;
@@ -1479,7 +1785,7 @@ impl Branch {
         let mut root = None;
         let mut out = Footprint::default();
         for i in inputs {
-            let c = self.live_credit(*i)?;
+            let c = self.working_credit(*i)?;
             if checked && !seen.insert(*i) {
                 return Err(LedgerError::Join("an input appears twice"));
             }
@@ -1569,6 +1875,20 @@ fn take(c: &Credit, amount: &Vector) -> Result<(Footprint, Footprint), LedgerErr
         }
     }
     Ok((taken, rest))
+}
+
+/// The successor of `credit`'s generation `generation`: a function of the two, so a repeated
+/// reissue request names the same credit (and a replayed step the same one).
+fn derive_successor(me: &AgentId, credit: CreditId, generation: u32) -> CreditId {
+    let d = Digest::of(&[
+        b"abhyasa/v1/successor",
+        me.as_str().as_bytes(),
+        &credit.to_u128().to_be_bytes(),
+        &generation.to_be_bytes(),
+    ]);
+    let mut b = [0u8; 16];
+    b.copy_from_slice(&d.0[..16]);
+    CreditId::from_u128(u128::from_be_bytes(b))
 }
 
 /// The destination's credit id for an accepted transfer: a function of who accepted what,

@@ -12,7 +12,7 @@ use std::fmt;
 use abhyasa_wire::ledger::*;
 use abhyasa_wire::AgentId;
 
-use crate::{Branch, Gateway, Keyring, OpState, OutgoingState, Step};
+use crate::{Branch, Gateway, GatewayRecord, Keyring, OpState, OutgoingState, Step};
 
 /// One effect that really happened at a gateway (the executor's own record).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -173,6 +173,17 @@ pub fn check(w: &World<'_>) -> Vec<Violation> {
         };
         for c in b.credits() {
             put(c.root, &c.available, 0, None);
+            // A closed credit (joined or reissued) is in no bucket: atoms there are stranded.
+            if c.closed && !c.available.is_empty() {
+                bad(
+                    "L1",
+                    format!(
+                        "{me}: closed credit {} holds atoms, in no bucket: {:?}",
+                        c.id,
+                        c.available.size()
+                    ),
+                );
+            }
         }
         for o in b.outgoing() {
             if o.state == OutgoingState::Sealed
@@ -528,7 +539,14 @@ fn normalize_loose(mut v: Vec<Iv>) -> Vec<Iv> {
 /// - `H5` a transfer is decided once, and cancelled only on its destination's signed
 ///   refusal bound to the certificate;
 /// - `H6` committed atoms lie inside the operation's footprint: a settlement charges at
-///   most the binding's maximum.
+///   most the binding's maximum;
+/// - `H7` a generation closes once, with nothing in progress: a reissue only of a credit
+///   whose every operation has ended (the fused one in the same step, and only when the
+///   credit was fenced above that operation's epoch) and none of whose transfers is
+///   undecided, into a credit that did not exist, with the same label; a closed credit
+///   (reissued or joined) takes no work again;
+/// - `H8` a fenced generation takes no new work: no split, transfer, reservation or join
+///   from it after its `Fenced` step.
 pub fn audit(agent: &AgentId, steps: &[Step], keys: &Keyring) -> Vec<Violation> {
     use std::collections::{BTreeMap as Map, BTreeSet};
 
@@ -551,7 +569,46 @@ pub fn audit(agent: &AgentId, steps: &[Step], keys: &Keyring) -> Vec<Violation> 
     let mut epochs: Map<CreditId, u64> = Map::new();
     let mut sealed: Map<TransferId, TransferCert> = Map::new();
     let mut decided: BTreeSet<TransferId> = BTreeSet::new();
-    for (i, s) in steps.iter().enumerate() {
+    // Each operation's credit and the epoch its permit is bound to.
+    let mut op_credit: Map<OpKey, (CreditId, u64)> = Map::new();
+    let mut closed: BTreeSet<CreditId> = BTreeSet::new();
+    let mut fenced_credits: BTreeSet<CreditId> = BTreeSet::new();
+    // A fused reissue ends its last operation first, in the same step.
+    let flat = steps.iter().enumerate().flat_map(|(i, s)| {
+        let inner = match s {
+            Step::Reissue { last: Some(l), .. } => Some((i, &**l)),
+            _ => None,
+        };
+        inner.into_iter().chain(std::iter::once((i, s)))
+    });
+    for (i, s) in flat {
+        // New work names the credits it draws on: none may be closed (H7) or fenced (H8).
+        let drawn: Vec<CreditId> = match s {
+            Step::Split { parent, .. } => vec![*parent],
+            Step::Seal { cert } => cert
+                .peek()
+                .map(|c| vec![c.source_credit])
+                .unwrap_or_default(),
+            Step::Reserve { permit, .. } => permit
+                .peek()
+                .map(|p| vec![p.binding.credit])
+                .unwrap_or_default(),
+            Step::Join { inputs, .. } => inputs.clone(),
+            _ => Vec::new(),
+        };
+        for c in &drawn {
+            if closed.contains(c) {
+                bad(
+                    "H7",
+                    format!("step {i}: new work drawn on closed credit {c}"),
+                );
+            } else if fenced_credits.contains(c) {
+                bad(
+                    "H8",
+                    format!("step {i}: new work drawn on fenced credit {c}"),
+                );
+            }
+        }
         match s {
             Step::Grant { grant, credit } => {
                 if let Ok(g) = grant.peek() {
@@ -589,6 +646,7 @@ pub fn audit(agent: &AgentId, steps: &[Step], keys: &Keyring) -> Vec<Violation> 
                     });
                 }
                 labels.insert(*output, common.unwrap_or_default());
+                closed.extend(inputs.iter().copied());
             }
             Step::Seal { cert } => {
                 let Ok(c) = cert.peek() else { continue };
@@ -643,6 +701,7 @@ pub fn audit(agent: &AgentId, steps: &[Step], keys: &Keyring) -> Vec<Violation> 
                     );
                 }
                 ops.insert(p.binding.key, (Op::Reserved, p.binding.max_charge.clone()));
+                op_credit.insert(p.binding.key, (p.binding.credit, p.binding.epoch));
             }
             Step::Dispatch { key } => match ops.get_mut(key) {
                 Some((st @ Op::Reserved, _)) => *st = Op::Dispatched,
@@ -711,8 +770,185 @@ pub fn audit(agent: &AgentId, steps: &[Step], keys: &Keyring) -> Vec<Violation> 
                     );
                 }
                 *e = (*e).max(f.epoch);
+                fenced_credits.insert(f.credit);
+            }
+            Step::Reissue {
+                credit,
+                successor,
+                last,
+            } => {
+                if closed.contains(credit) {
+                    bad("H7", format!("step {i}: closed credit {credit} reissued"));
+                }
+                if labels.contains_key(successor) {
+                    bad(
+                        "H7",
+                        format!("step {i}: {credit} reissued into existing credit {successor}"),
+                    );
+                }
+                let open: Vec<&OpKey> = ops
+                    .iter()
+                    .filter(|(k, (st, _))| {
+                        matches!(st, Op::Reserved | Op::Dispatched)
+                            && op_credit.get(*k).map(|c| c.0) == Some(*credit)
+                    })
+                    .map(|(k, _)| k)
+                    .collect();
+                let in_transit = sealed
+                    .values()
+                    .any(|c| c.source_credit == *credit && !decided.contains(&c.transfer));
+                if !open.is_empty() || in_transit {
+                    bad(
+                        "H7",
+                        format!(
+                            "step {i}: {credit} reissued with work in progress ({} operations open, transfer undecided: {in_transit})",
+                            open.len()
+                        ),
+                    );
+                }
+                if let Some(l) = last {
+                    let key = match &**l {
+                        Step::Settle { key, .. } | Step::NoEffect { key, .. } => Some(*key),
+                        _ => None,
+                    };
+                    let op = key.and_then(|k| op_credit.get(&k));
+                    let fenced_above = op.is_some_and(|(c, e)| {
+                        c == credit
+                            && fenced_credits.contains(credit)
+                            && epochs.get(credit) > Some(e)
+                    });
+                    if !fenced_above {
+                        bad(
+                            "H7",
+                            format!(
+                                "step {i}: fused reissue of {credit} ends an operation that is not its fenced last one"
+                            ),
+                        );
+                    }
+                }
+                let label = labels.get(credit).cloned().unwrap_or_default();
+                labels.insert(*successor, label);
+                if let Some(e) = epochs.get(credit).copied() {
+                    epochs.insert(*successor, e);
+                }
+                closed.insert(*credit);
             }
             Step::Refuse { .. } => {}
+        }
+    }
+    v
+}
+
+/// Audits one gateway's log, record by record, with its own bookkeeping (never the gateway's
+/// `apply`): the order the final state cannot show.
+///
+/// - `G1` fences only rise: each fence of a credit is above every earlier one;
+/// - `G2` a fence precedes every acceptance it governs: no permit is accepted below a fence
+///   of its credit already in the log;
+/// - `G3` a key is accepted once per payer, with a permit its payer signed for exactly the
+///   binding recorded;
+/// - `G4` a receipt follows the acceptance it settles, once, signed by this gateway, bound to
+///   the accepted binding and charging no more than its maximum.
+pub fn audit_gateway(
+    gateway: &AgentId,
+    records: &[GatewayRecord],
+    keys: &Keyring,
+) -> Vec<Violation> {
+    use std::collections::BTreeSet;
+    let mut v = Vec::new();
+    let mut bad = |law: &'static str, detail: String| {
+        v.push(Violation {
+            law,
+            detail: format!("{gateway}: {detail}"),
+        })
+    };
+    let mut fences: BTreeMap<CreditId, u64> = BTreeMap::new();
+    // (payer, key) → the accepted binding.
+    let mut accepted: BTreeMap<(AgentId, OpKey), Binding> = BTreeMap::new();
+    let mut receipted: BTreeSet<(AgentId, OpKey)> = BTreeSet::new();
+    for (i, r) in records.iter().enumerate() {
+        match r {
+            GatewayRecord::Fence { credit, epoch } => {
+                let prior = fences.get(credit).copied();
+                if prior.is_some_and(|p| *epoch <= p) {
+                    bad(
+                        "G1",
+                        format!("record {i}: fence of {credit} at {epoch} after {prior:?}"),
+                    );
+                }
+                let f = fences.entry(*credit).or_insert(0);
+                *f = (*f).max(*epoch);
+            }
+            GatewayRecord::Accepted {
+                binding, permit, ..
+            } => {
+                let fence = fences.get(&binding.credit).copied().unwrap_or(0);
+                if binding.epoch < fence {
+                    bad(
+                        "G2",
+                        format!(
+                            "record {i}: {} accepted at epoch {} below the fence at {fence} of {}",
+                            binding.key, binding.epoch, binding.credit
+                        ),
+                    );
+                }
+                let signed = keys
+                    .open(permit, &binding.payer)
+                    .is_ok_and(|p| p.binding == **binding);
+                if !signed {
+                    bad(
+                        "G3",
+                        format!(
+                            "record {i}: {} accepted without its payer's permit for that binding",
+                            binding.key
+                        ),
+                    );
+                }
+                let id = (binding.payer.clone(), binding.key);
+                if accepted.insert(id, (**binding).clone()).is_some() {
+                    bad(
+                        "G3",
+                        format!(
+                            "record {i}: {} of {} accepted again",
+                            binding.key, binding.payer
+                        ),
+                    );
+                }
+            }
+            GatewayRecord::Receipt { receipt, payer } => {
+                let Ok(body) = keys.open(receipt, gateway) else {
+                    bad(
+                        "G4",
+                        format!("record {i}: a receipt this gateway did not sign"),
+                    );
+                    continue;
+                };
+                // Older records carry no payer: the acceptance is found by the binding.
+                let found = accepted.iter().find(|((p, k), b)| {
+                    *k == body.key
+                        && payer.as_ref().is_none_or(|x| x == p)
+                        && b.digest() == body.binding
+                });
+                let Some(((p, k), b)) = found else {
+                    bad(
+                        "G4",
+                        format!(
+                            "record {i}: receipt for {} before or without its acceptance",
+                            body.key
+                        ),
+                    );
+                    continue;
+                };
+                if !body.actual.le(&b.max_charge) {
+                    bad(
+                        "G4",
+                        format!("record {i}: receipt for {k} above its binding's maximum"),
+                    );
+                }
+                if !receipted.insert((p.clone(), *k)) {
+                    bad("G4", format!("record {i}: {k} of {p} receipted twice"));
+                }
+            }
         }
     }
     v

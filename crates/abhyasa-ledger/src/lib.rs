@@ -126,6 +126,10 @@ pub enum LedgerError {
     /// No such credit here (or it is closed).
     #[error("unknown or closed credit {0}")]
     UnknownCredit(CreditId),
+    /// The credit's generation is fenced: it takes no new work, and closes into a fresh
+    /// generation once its last operation ends ([`Branch::current`] names it).
+    #[error("credit {0} is fenced: its generation only ends (spend from its reissue)")]
+    Fenced(CreditId),
     /// No such operation here.
     #[error("unknown operation {0}")]
     UnknownOperation(OpKey),
@@ -234,11 +238,14 @@ pub enum LedgerMutation {
     /// The gateway proves no-effect from a fence that is applied but not yet durable (a crash
     /// can lose the fence and let the permit in after the proof went out).
     NoEffectBeforeDurableFence,
+    /// The branch reissues a generation that still has operations in progress (their
+    /// remainders come back later to a closed credit).
+    ReissueWithWorkInProgress,
 }
 
 impl LedgerMutation {
     /// Every mutant, with its command-line name.
-    pub const ALL: [(&'static str, LedgerMutation); 14] = [
+    pub const ALL: [(&'static str, LedgerMutation); 15] = [
         ("refund_on_timeout", LedgerMutation::RefundOnTimeout),
         (
             "accept_replayed_transfer",
@@ -279,6 +286,10 @@ impl LedgerMutation {
         (
             "no_effect_before_durable_fence",
             LedgerMutation::NoEffectBeforeDurableFence,
+        ),
+        (
+            "reissue_with_work_in_progress",
+            LedgerMutation::ReissueWithWorkInProgress,
         ),
     ];
 }

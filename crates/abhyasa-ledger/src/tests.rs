@@ -26,6 +26,8 @@ struct Net {
     effects: Vec<EffectInstance>,
     /// The durable steps of `r` since the grant (for the history auditor).
     journal_r: Vec<Step>,
+    /// The gateway's durable records, in order.
+    log_g: Vec<GatewayRecord>,
     now: u64,
 }
 
@@ -54,6 +56,7 @@ impl Net {
             keys,
             effects: Vec::new(),
             journal_r: Vec::new(),
+            log_g: Vec::new(),
             now: 0,
         };
         let grant = RootGrant {
@@ -85,7 +88,8 @@ impl Net {
         while let Some((t, _)) = self.c.poll_persist() {
             self.c.handle_persisted(t);
         }
-        while let Some((t, _)) = self.g.poll_persist() {
+        while let Some((t, r)) = self.g.poll_persist() {
+            self.log_g.push(r);
             self.g.handle_persisted(t);
         }
     }
@@ -397,9 +401,16 @@ fn fence_then_no_effect_returns_a_lost_dispatch_and_stale_permits_are_refused() 
             n.r.operation(key(1)).unwrap().state,
             OpState::NoEffect(_)
         ));
-        // The units are spent again at the new epoch.
+        // The fenced generation closed with its last operation; the units are spent again
+        // from its successor, at the new epoch.
         let e2 = n.effect("call-2", &[("units", 5)]);
-        n.r.reserve(ROOT_CREDIT, e2, &id("g"), key(2)).unwrap();
+        assert_eq!(
+            n.r.reserve(ROOT_CREDIT, e2.clone(), &id("g"), key(2)),
+            Err(LedgerError::UnknownCredit(ROOT_CREDIT))
+        );
+        let next = n.r.current(ROOT_CREDIT).unwrap();
+        assert_eq!(n.r.credit(next).unwrap().epoch, 1);
+        n.r.reserve(next, e2, &id("g"), key(2)).unwrap();
         n.r.dispatch(UnixMillis(1), key(2)).unwrap();
         n.run(&v(&[("units", 5)]), &mut |_, _| false);
         // Now the stale permit arrives.
@@ -1681,4 +1692,471 @@ fn a_full_journal_takes_no_new_work_but_ends_what_was_started() {
     assert!(rejected.is_empty(), "{rejected:?}");
     assert!(again.journal_len() > limit);
     assert_eq!(again.buckets(root), n.r.buckets(root));
+}
+
+// ---------------------------------------------------------------------------------------
+// Generations: terminal rollover, the fused terminal transition, fenced reclaim (§5.7, §6.8).
+
+/// The ids of `r`'s reissue steps, with whether each fused an operation's end.
+fn reissues(journal: &[Step]) -> Vec<(CreditId, CreditId, Option<OpKey>)> {
+    journal
+        .iter()
+        .filter_map(|s| match s {
+            Step::Reissue {
+                credit,
+                successor,
+                last,
+            } => Some((
+                *credit,
+                *successor,
+                last.as_deref().map(|l| match l {
+                    Step::Settle { key, .. } | Step::NoEffect { key, .. } => *key,
+                    other => panic!("fused {other:?}"),
+                }),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn terminal_rollover_moves_only_the_available_atoms_into_a_fresh_generation() {
+    let mut n = Net::new(&[("cents", 100)], None);
+    let root = RootId::from_u128(7);
+    // Settled: 30 reserved, 20 charged, 10 back. Forfeited: 10 stay charged.
+    let one = n.effect("one", &[("cents", 30)]);
+    n.r.reserve(ROOT_CREDIT, one, &id("g"), key(1)).unwrap();
+    n.r.dispatch(UnixMillis(0), key(1)).unwrap();
+    n.run(&v(&[("cents", 20)]), &mut |_, _| false);
+    let two = n.effect("two", &[("cents", 10)]);
+    n.r.reserve(ROOT_CREDIT, two, &id("g"), key(2)).unwrap();
+    n.r.dispatch(UnixMillis(0), key(2)).unwrap();
+    n.run(&Vector::zero(), &mut |to, _| to == &id("g"));
+    n.r.forfeit(key(2)).unwrap();
+    // Work in progress keeps the generation open: a reservation, then a sealed transfer.
+    let three = n.effect("three", &[("cents", 5)]);
+    n.r.reserve(ROOT_CREDIT, three, &id("g"), key(3)).unwrap();
+    let busy = Err(LedgerError::WrongState(
+        "reissue of a generation with work in progress",
+    ));
+    assert_eq!(n.r.reissue(ROOT_CREDIT), busy);
+    n.r.release_unsent(key(3)).unwrap();
+    n.r.transfer(
+        ROOT_CREDIT,
+        TransferId::from_u128(1),
+        &v(&[("cents", 15)]),
+        &id("c"),
+        Label::of(&["tools"]).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(n.r.reissue(ROOT_CREDIT), busy);
+    n.run(&Vector::zero(), &mut |_, _| false); // c accepts.
+    let before = n.journal_r.len();
+    let next = n.r.reissue(ROOT_CREDIT).unwrap();
+    n.persist_all();
+    // 100 - 20 committed - 10 forfeited - 15 sent to c = 55, all of it in the successor.
+    let s = n.r.credit(next).unwrap();
+    assert_eq!(s.available.size(), v(&[("cents", 55)]));
+    assert_eq!((s.generation, s.epoch, s.fenced), (1, 0, false));
+    assert_eq!(s.label, Label::of(&["tools", "travel"]).unwrap());
+    let old = n.r.credit(ROOT_CREDIT).unwrap();
+    assert!(old.closed && old.available.is_empty());
+    assert_eq!(old.successor, Some(next));
+    let [a, t, r, q, c, f] = n.r.buckets(root);
+    assert_eq!(a, v(&[("cents", 55)]));
+    assert_eq!((t, r, q), (Vector::zero(), Vector::zero(), Vector::zero()));
+    assert_eq!((c, f), (v(&[("cents", 20)]), v(&[("cents", 10)])));
+    // Written once: asking again names the same successor and writes nothing.
+    assert_eq!(n.r.reissue(ROOT_CREDIT), Ok(next));
+    n.persist_all();
+    assert_eq!(n.journal_r.len(), before + 1);
+    assert_eq!(n.r.current(ROOT_CREDIT), Some(next));
+    // The closed generation takes no work; its successor does.
+    let four = n.effect("four", &[("cents", 5)]);
+    assert_eq!(
+        n.r.reserve(ROOT_CREDIT, four.clone(), &id("g"), key(4)),
+        Err(LedgerError::UnknownCredit(ROOT_CREDIT))
+    );
+    n.r.reserve(next, four, &id("g"), key(4)).unwrap();
+    assert_eq!(n.r.operation(key(4)).unwrap().binding.generation, 1);
+    assert_eq!(n.violations(), vec![]);
+    assert_eq!(n.audit_r(), vec![]);
+    // A journal that reissues the same generation to another credit does not replay.
+    let mut forged = n.journal_r.clone();
+    let at = forged
+        .iter()
+        .position(|s| matches!(s, Step::Reissue { .. }))
+        .unwrap();
+    forged.insert(
+        at + 1,
+        Step::Reissue {
+            credit: ROOT_CREDIT,
+            successor: CreditId::from_u128(99),
+            last: None,
+        },
+    );
+    let (_, rejected) = Branch::replay(id("r"), n.keys.clone(), forged);
+    assert_eq!(rejected.len(), 1, "{rejected:?}");
+    assert_eq!(
+        rejected[0].1,
+        LedgerError::IdInUse("a generation already reissued to another credit")
+    );
+    // The genuine journal replays to the same credits, twice over too.
+    let twice: Vec<Step> = n.journal_r.iter().chain(&n.journal_r).cloned().collect();
+    let (b, rejected) = Branch::replay(id("r"), n.keys.clone(), twice);
+    assert_eq!(rejected, vec![]);
+    assert_eq!(
+        b.credit(next).unwrap().available.size(),
+        v(&[("cents", 50)])
+    );
+    assert!(b.credit(ROOT_CREDIT).unwrap().closed);
+}
+
+#[test]
+fn a_fenced_generation_closes_with_its_last_operation_in_one_step() {
+    let mut n = Net::new(&[("units", 10)], None);
+    let root = RootId::from_u128(7);
+    // Operation 1 settles at 2 of its 4 units; operation 2 (3 units) never reaches the
+    // gateway.
+    let one = n.effect("one", &[("units", 4)]);
+    n.r.reserve(ROOT_CREDIT, one, &id("g"), key(1)).unwrap();
+    n.r.dispatch(UnixMillis(0), key(1)).unwrap();
+    n.run(&v(&[("units", 2)]), &mut |_, _| false);
+    let two = n.effect("two", &[("units", 3)]);
+    n.r.reserve(ROOT_CREDIT, two, &id("g"), key(2)).unwrap();
+    n.r.dispatch(UnixMillis(0), key(2)).unwrap();
+    n.run(&Vector::zero(), &mut |to, _| to == &id("g"));
+    n.r.request_fence(ROOT_CREDIT).unwrap();
+    // Deliver the fence and its confirmation, but not yet the query it prompts.
+    n.run(&Vector::zero(), &mut |_, m| {
+        matches!(m, LedgerMessage::Query { .. })
+    });
+    let c = n.r.credit(ROOT_CREDIT).unwrap();
+    assert!(c.fenced && !c.closed);
+    assert_eq!(c.epoch, 1);
+    // A fenced generation takes no new work, only ends.
+    let three = n.effect("three", &[("units", 1)]);
+    assert_eq!(
+        n.r.reserve(ROOT_CREDIT, three, &id("g"), key(3)),
+        Err(LedgerError::Fenced(ROOT_CREDIT))
+    );
+    assert_eq!(
+        n.r.split(
+            ROOT_CREDIT,
+            CreditId::from_u128(5),
+            v(&[("units", 1)]),
+            Label::of(&["tools"]).unwrap()
+        ),
+        Err(LedgerError::Fenced(ROOT_CREDIT))
+    );
+    assert_eq!(
+        n.r.buckets(root)[3],
+        v(&[("units", 3)]),
+        "still quarantined"
+    );
+    // The query is answered with a no-effect proof: operation 2 ends and the generation
+    // closes in the same durable step.
+    n.r.handle_timeout(UnixMillis(10_000));
+    n.run(&Vector::zero(), &mut |_, _| false);
+    n.persist_all();
+    let fused = reissues(&n.journal_r);
+    assert_eq!(fused.len(), 1, "{fused:?}");
+    let (credit, next, last) = fused[0];
+    assert_eq!((credit, last), (ROOT_CREDIT, Some(key(2))));
+    assert!(
+        !n.journal_r
+            .iter()
+            .any(|s| matches!(s, Step::NoEffect { key: k, .. } if *k == key(2))),
+        "the proof is not a step of its own"
+    );
+    assert!(matches!(
+        n.r.operation(key(2)).unwrap().state,
+        OpState::NoEffect(_)
+    ));
+    // 10 - 2 committed = 8, in the successor (generation 1, at the fenced epoch).
+    let s = n.r.credit(next).unwrap();
+    assert_eq!(s.available.size(), v(&[("units", 8)]));
+    assert_eq!((s.generation, s.epoch, s.fenced), (1, 1, false));
+    assert!(n.r.credit(ROOT_CREDIT).unwrap().available.is_empty());
+    assert_eq!(n.r.current(ROOT_CREDIT), Some(next));
+    assert_eq!(n.violations(), vec![]);
+    assert_eq!(n.audit_r(), vec![]);
+    let (b, rejected) = Branch::replay(id("r"), n.keys.clone(), n.journal_r.clone());
+    assert_eq!(rejected, vec![]);
+    assert_eq!(b.credit(next).unwrap().available.size(), v(&[("units", 8)]));
+}
+
+#[test]
+fn a_fenced_generation_with_only_ended_work_closes_when_its_last_reservation_is_released() {
+    let mut n = Net::new(&[("units", 6)], None);
+    let one = n.effect("one", &[("units", 2)]);
+    n.r.reserve(ROOT_CREDIT, one, &id("g"), key(1)).unwrap();
+    n.r.dispatch(UnixMillis(0), key(1)).unwrap();
+    n.run(&Vector::zero(), &mut |to, _| to == &id("g"));
+    let two = n.effect("two", &[("units", 1)]);
+    n.r.reserve(ROOT_CREDIT, two, &id("g"), key(2)).unwrap();
+    n.r.request_fence(ROOT_CREDIT).unwrap();
+    n.run(&Vector::zero(), &mut |_, _| false);
+    // Operation 1's proof came, but operation 2 is still reserved: not closed yet.
+    assert!(matches!(
+        n.r.operation(key(1)).unwrap().state,
+        OpState::NoEffect(_)
+    ));
+    assert!(!n.r.credit(ROOT_CREDIT).unwrap().closed);
+    n.r.release_unsent(key(2)).unwrap();
+    n.persist_all();
+    let done = reissues(&n.journal_r);
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].2, None, "a plain reissue after the release");
+    assert_eq!(
+        n.r.credit(done[0].1).unwrap().available.size(),
+        v(&[("units", 6)])
+    );
+    assert_eq!(n.violations(), vec![]);
+    assert_eq!(n.audit_r(), vec![]);
+}
+
+#[test]
+fn a_generation_reissued_with_work_in_progress_is_caught() {
+    for mutation in [None, Some(LedgerMutation::ReissueWithWorkInProgress)] {
+        let mut n = Net::new(&[("cents", 50)], mutation);
+        let one = n.effect("one", &[("cents", 20)]);
+        n.r.reserve(ROOT_CREDIT, one, &id("g"), key(1)).unwrap();
+        n.r.dispatch(UnixMillis(0), key(1)).unwrap();
+        n.persist_all();
+        let (_, held) = n.r.poll_transmit().unwrap();
+        let r = n.r.reissue(ROOT_CREDIT);
+        // The receipt (5 of 20) comes back after the generation closed.
+        n.g.handle_message(&id("r"), held);
+        n.run(&v(&[("cents", 5)]), &mut |_, _| false);
+        match mutation {
+            None => {
+                assert_eq!(
+                    r,
+                    Err(LedgerError::WrongState(
+                        "reissue of a generation with work in progress"
+                    ))
+                );
+                assert_eq!(n.violations(), vec![]);
+                assert_eq!(n.audit_r(), vec![]);
+            }
+            Some(_) => {
+                assert!(r.is_ok());
+                // 15 cents went back to a closed credit: missing from every bucket.
+                let found = n.violations();
+                assert!(found.iter().any(|x| x.law == "L1"), "{found:?}");
+                let audit = n.audit_r();
+                assert!(audit.iter().any(|x| x.law == "H7"), "{audit:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_history_auditor_reads_generations() {
+    let mut n = Net::new(&[("cents", 100)], None);
+    let one = n.effect("one", &[("cents", 10)]);
+    n.r.reserve(ROOT_CREDIT, one, &id("g"), key(1)).unwrap();
+    n.r.dispatch(UnixMillis(0), key(1)).unwrap();
+    n.persist_all();
+    let (grant, reserve, dispatch) = (
+        n.journal_r[0].clone(),
+        n.journal_r[1].clone(),
+        n.journal_r[2].clone(),
+    );
+    let split = |child| Step::Split {
+        parent: ROOT_CREDIT,
+        child: CreditId::from_u128(child),
+        amount: v(&[("cents", 1)]),
+        label: Label::of(&["tools"]).unwrap(),
+    };
+    let reissue = |to| Step::Reissue {
+        credit: ROOT_CREDIT,
+        successor: CreditId::from_u128(to),
+        last: None,
+    };
+    let fence = Step::Fenced {
+        fenced: Signed::sign(
+            &Fenced {
+                credit: ROOT_CREDIT,
+                gateway: id("g"),
+                epoch: 1,
+            },
+            &id("g"),
+            &sk(4),
+        ),
+    };
+    let laws = |steps: Vec<Step>| -> Vec<&'static str> {
+        check::audit(&id("r"), &steps, &n.keys)
+            .iter()
+            .map(|x| x.law)
+            .collect()
+    };
+    // Closed with an operation open; drawn on after it closed; closed again (and still
+    // with the operation open).
+    assert_eq!(
+        laws(vec![
+            grant.clone(),
+            reserve.clone(),
+            dispatch.clone(),
+            reissue(20),
+            split(21),
+            reissue(22),
+        ]),
+        vec!["H7", "H7", "H7", "H7"]
+    );
+    // New work after a fence.
+    assert_eq!(
+        laws(vec![grant.clone(), fence.clone(), split(21)]),
+        vec!["H8"]
+    );
+    // Into a credit that already exists.
+    assert_eq!(
+        laws(vec![grant.clone(), split(21), reissue(21)]),
+        vec!["H7"]
+    );
+    // And the same shapes done right are clean: a fence, then a reissue once nothing is
+    // open, then work on the successor.
+    assert_eq!(laws(vec![grant, fence, reissue(20)]), Vec::<&str>::new());
+}
+
+#[test]
+fn unused_rights_return_to_their_source_with_a_label_no_broader() {
+    let mut n = Net::new(&[("cents", 100)], None);
+    let root = RootId::from_u128(7);
+    let tools = Label::of(&["tools"]).unwrap();
+    // r sends 40 cents labelled {tools} to c; c spends 10 of them (charged 4).
+    n.r.transfer(
+        ROOT_CREDIT,
+        TransferId::from_u128(1),
+        &v(&[("cents", 40)]),
+        &id("c"),
+        tools.clone(),
+    )
+    .unwrap();
+    n.run(&Vector::zero(), &mut |_, _| false);
+    let got = n.c.credits().next().unwrap().id;
+    let e = n.effect("one", &[("cents", 10)]);
+    n.c.reserve(got, e, &id("g"), key(1)).unwrap();
+    n.c.dispatch(UnixMillis(0), key(1)).unwrap();
+    n.run(&v(&[("cents", 4)]), &mut |_, _| false);
+    // The root's own credit is not returnable: it came from a grant, not a transfer.
+    assert_eq!(
+        n.r.return_rights(ROOT_CREDIT, TransferId::from_u128(8)),
+        Err(LedgerError::WrongState(
+            "only rights received by transfer return to their source"
+        ))
+    );
+    // c returns what it did not use (40 - 4 = 36) under a stable return id.
+    let ret = TransferId::from_u128(9);
+    n.c.return_rights(got, ret).unwrap();
+    let before: Vec<_> = std::iter::from_fn(|| n.c.poll_persist()).collect();
+    for (t, _) in &before {
+        n.c.handle_persisted(*t);
+    }
+    assert_eq!(before.len(), 1, "one seal");
+    // Asked again (a duplicate completion): answered as done, nothing new written.
+    n.c.return_rights(got, ret).unwrap();
+    assert_eq!(n.c.poll_persist(), None);
+    n.run(&Vector::zero(), &mut |_, _| false);
+    let back: Vec<&Credit> =
+        n.r.credits()
+            .filter(|c| c.id != ROOT_CREDIT && !c.closed)
+            .collect();
+    assert_eq!(back.len(), 1);
+    assert_eq!(back[0].available.size(), v(&[("cents", 36)]));
+    assert_eq!(back[0].label, tools, "no broader than what went out");
+    // r holds 60 + 36 available; 4 committed at c; nothing in transit.
+    assert_eq!(n.r.buckets(root)[0], v(&[("cents", 96)]));
+    assert_eq!(n.c.buckets(root)[4], v(&[("cents", 4)]));
+    assert_eq!(n.r.buckets(root)[1], Vector::zero());
+    assert_eq!(n.c.buckets(root)[1], Vector::zero());
+    assert_eq!(n.violations(), vec![]);
+    // Nothing is left to return under another id.
+    assert_eq!(
+        n.c.return_rights(got, TransferId::from_u128(10)),
+        Err(LedgerError::WrongState("nothing available to return"))
+    );
+}
+
+#[test]
+fn the_gateway_log_auditor_reads_each_record_in_order() {
+    let mut n = Net::new(&[("cents", 100)], None);
+    let one = n.effect("one", &[("cents", 10)]);
+    n.r.reserve(ROOT_CREDIT, one, &id("g"), key(1)).unwrap();
+    n.r.dispatch(UnixMillis(0), key(1)).unwrap();
+    n.run(&v(&[("cents", 6)]), &mut |_, _| false);
+    n.persist_all();
+    let laws = |records: Vec<GatewayRecord>| -> Vec<&'static str> {
+        check::audit_gateway(&id("g"), &records, &n.keys)
+            .iter()
+            .map(|x| x.law)
+            .collect()
+    };
+    let [accepted, receipt] = [n.log_g[0].clone(), n.log_g[1].clone()];
+    assert!(matches!(accepted, GatewayRecord::Accepted { .. }));
+    assert!(matches!(receipt, GatewayRecord::Receipt { .. }));
+    assert_eq!(laws(n.log_g.clone()), Vec::<&str>::new());
+    let fence = |epoch| GatewayRecord::Fence {
+        credit: ROOT_CREDIT,
+        epoch,
+    };
+    // A receipt before its acceptance.
+    assert_eq!(laws(vec![receipt.clone(), accepted.clone()]), vec!["G4"]);
+    // Accepted twice, receipted twice.
+    assert_eq!(
+        laws(vec![
+            accepted.clone(),
+            accepted.clone(),
+            receipt.clone(),
+            receipt.clone()
+        ]),
+        vec!["G3", "G4"]
+    );
+    // An acceptance below a fence already in the log; a fence that falls.
+    assert_eq!(
+        laws(vec![fence(2), accepted.clone(), fence(1)]),
+        vec!["G2", "G1"]
+    );
+    // The same permit accepted before the fence is in order.
+    assert_eq!(
+        laws(vec![accepted.clone(), fence(1), receipt.clone()]),
+        Vec::<&str>::new()
+    );
+    // A receipt signed by another member.
+    let forged = GatewayRecord::Receipt {
+        receipt: Signed::sign(
+            &Receipt {
+                key: key(1),
+                binding: n.r.operation(key(1)).unwrap().binding.digest(),
+                gateway: id("g"),
+                actual: v(&[("cents", 1)]),
+            },
+            &id("m"),
+            &sk(5),
+        ),
+        payer: Some(id("r")),
+    };
+    assert_eq!(laws(vec![accepted, forged]), vec!["G4"]);
+}
+
+#[test]
+fn a_gateway_that_signs_above_the_maximum_is_caught_in_its_log() {
+    for mutation in [None, Some(LedgerMutation::GatewayWithoutClamp)] {
+        let mut n = Net::new(&[("cents", 100)], mutation);
+        let one = n.effect("one", &[("cents", 10)]);
+        n.r.reserve(ROOT_CREDIT, one, &id("g"), key(1)).unwrap();
+        n.r.dispatch(UnixMillis(0), key(1)).unwrap();
+        // The effect reports 25 cents against a maximum of 10.
+        n.run(&v(&[("cents", 25)]), &mut |_, _| false);
+        n.persist_all();
+        let found: Vec<&str> = check::audit_gateway(&id("g"), &n.log_g, &n.keys)
+            .iter()
+            .map(|x| x.law)
+            .collect();
+        match mutation {
+            None => assert_eq!(found, Vec::<&str>::new()),
+            Some(_) => assert_eq!(found, vec!["G4"]),
+        }
+    }
 }

@@ -105,6 +105,14 @@ pub enum LedgerCommand {
         /// The receipt.
         receipt: Box<Signed<Receipt>>,
     },
+    /// Terminal rollover (paper §5.7): close `credit`'s generation, which must have nothing
+    /// in progress, and move its available atoms into a fresh generation. Answered with the
+    /// successor ([`LedgerReply::Credit`]); asking again names the same one. (A credit
+    /// fenced by [`LedgerCommand::Reclaim`] rolls over by itself once its last operation ends.)
+    Reissue {
+        /// The credit.
+        credit: CreditId,
+    },
     /// Retire a quarantined operation for good: its atoms stay charged (Forfeited); a late
     /// receipt only annotates it.
     Forfeit {
@@ -124,10 +132,16 @@ pub struct CreditStatus {
     pub root: RootId,
     /// Available atoms' size.
     pub available: Vector,
+    /// Its generation (one more than the credit it was reissued from).
+    pub generation: u32,
     /// Its epoch.
     pub epoch: u64,
-    /// Joined away.
+    /// Fenced: it takes no new work and closes once its last operation ends.
+    pub fenced: bool,
+    /// Joined away or reissued.
     pub closed: bool,
+    /// The generation it was reissued to.
+    pub successor: Option<CreditId>,
 }
 
 /// An operation, for status.
@@ -169,6 +183,11 @@ pub enum LedgerReply {
     Done,
     /// The status.
     Status(Box<LedgerStatus>),
+    /// A credit the step made (a reissue's successor).
+    Credit {
+        /// The credit.
+        credit: CreditId,
+    },
     /// An operation's state after the step (`settled`, `quarantined`, …).
     Operation {
         /// The operation.
@@ -428,6 +447,10 @@ impl LedgerPart {
                 self.branch.dispatch(now, key)?;
             }
             LedgerCommand::Reclaim { credit } => self.branch.request_fence(credit)?,
+            LedgerCommand::Reissue { credit } => {
+                let credit = self.branch.reissue(credit)?;
+                return Ok(LedgerReply::Credit { credit });
+            }
             LedgerCommand::Forfeit { key } => self.branch.forfeit(key)?,
             LedgerCommand::Receipt { gateway, receipt } => {
                 let key = receipt.peek()?.key;
@@ -459,8 +482,11 @@ impl LedgerPart {
                     id: c.id,
                     root: c.root,
                     available: c.available.size(),
+                    generation: c.generation,
                     epoch: c.epoch,
+                    fenced: c.fenced,
                     closed: c.closed,
+                    successor: c.successor,
                 })
                 .collect(),
             operations: b

@@ -220,6 +220,74 @@ async fn grant_delegate_spend_settle_across_three_nodes() {
         (Vector::zero(), cents(10))
     );
 
+    // Every operation of the child's credit has ended: its generation rolls over into a
+    // fresh credit holding exactly what was available (300 - 5 × 7 - 10 = 255), and the
+    // successor spends.
+    let LedgerReply::Credit { credit: next } = child
+        .ledger(LedgerCommand::Reissue {
+            credit: child_credit,
+        })
+        .await
+        .unwrap()
+    else {
+        panic!("reissue answers with the successor")
+    };
+    let again = child
+        .ledger(LedgerCommand::Reissue {
+            credit: child_credit,
+        })
+        .await
+        .unwrap();
+    assert_eq!(again, LedgerReply::Credit { credit: next });
+    let LedgerReply::Status(s) = child.ledger(LedgerCommand::Status).await.unwrap() else {
+        panic!("status")
+    };
+    let old = s.credits.iter().find(|c| c.id == child_credit).unwrap();
+    assert!(old.closed && old.available.is_zero());
+    assert_eq!(old.successor, Some(next));
+    let new = s.credits.iter().find(|c| c.id == next).unwrap();
+    assert_eq!((new.generation, new.available.clone()), (1, cents(255)));
+    assert!(child
+        .ledger(LedgerCommand::Spend {
+            credit: child_credit,
+            effect: Effect {
+                purpose: Dim::new("tools").unwrap(),
+                operation: "from the closed generation".into(),
+                max_charge: cents(10),
+            },
+            gateway: id("gw"),
+            key: OpKey::from_u128(200),
+        })
+        .await
+        .is_err());
+    child
+        .ledger(LedgerCommand::Spend {
+            credit: next,
+            effect: Effect {
+                purpose: Dim::new("tools").unwrap(),
+                operation: "from the successor".into(),
+                max_charge: cents(10),
+            },
+            gateway: id("gw"),
+            key: OpKey::from_u128(201),
+        })
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Ok(NodeEvent::Ledger(LedgerEvent::Settled { key, actual })) =
+                child_events.recv().await
+            {
+                if key == OpKey::from_u128(201) {
+                    assert_eq!(actual, cents(7));
+                    break;
+                }
+            }
+        }
+    })
+    .await
+    .expect("the successor's spend settled");
+
     root.shutdown().await;
     child.shutdown().await;
     gw.shutdown().await;
@@ -251,7 +319,11 @@ async fn grant_delegate_spend_settle_across_three_nodes() {
         gstore.gateway_log().unwrap(),
     );
     let effects = recorder.0.lock().unwrap().clone();
-    assert_eq!(effects.len(), 5);
+    assert_eq!(effects.len(), 6, "five spends and the successor's");
+    // The child's journal recovered: the closed generation and its successor as they were.
+    assert!(cb.credit(child_credit).unwrap().closed);
+    assert_eq!(cb.current(child_credit), Some(next));
+    assert_eq!(cb.credit(next).unwrap().available.size(), cents(255 - 7));
     let k = keys();
     assert_eq!(
         check(&World {

@@ -36,7 +36,7 @@ use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
 use crate::rng::SimRng;
-use abhyasa_ledger::check::{audit, check, EffectInstance, World};
+use abhyasa_ledger::check::{audit, audit_gateway, check, EffectInstance, World};
 use abhyasa_ledger::{
     signing_key, Branch, BranchConfig, CreditId, Dim, Effect, Gateway, GatewayRecord, Keyring,
     Label, LedgerMessage, LedgerMutation, LedgerSigningKey, OpKey, OpState, PersistToken,
@@ -82,6 +82,12 @@ pub struct LedgerReport {
     pub diamonds: u64,
     /// Effects that asked for more than their maximum charge.
     pub overdrawn: u64,
+    /// Generations closed into a fresh one (terminal rollover or after a fence).
+    pub reissues: u64,
+    /// Of those, fused with the fenced generation's last operation (one step).
+    pub fused: u64,
+    /// Unused rights returned to their source.
+    pub returns: u64,
     /// Broken invariants (the first few).
     pub violations: Vec<String>,
 }
@@ -471,6 +477,10 @@ impl Sim {
                 if matches!(step, Step::Join { .. }) {
                     self.report.joins += 1;
                 }
+                if let Step::Reissue { last, .. } = &step {
+                    self.report.reissues += 1;
+                    self.report.fused += u64::from(last.is_some());
+                }
                 node.durable.push(step);
                 if self.rng.random_bool(self.p.crash_after_step) {
                     crashed = true; // Durable, but nothing it released goes out.
@@ -697,7 +707,7 @@ impl Sim {
         };
         let live: Vec<(CreditId, Vector, Label)> = b
             .credits()
-            .filter(|c| !c.closed && !c.available.is_empty())
+            .filter(|c| !c.closed && !c.fenced && !c.available.is_empty())
             .map(|c| (c.id, c.available.size(), c.label.clone()))
             .collect();
         // Where each credit came from (the source of the transfer that created it).
@@ -784,6 +794,22 @@ impl Sim {
             {
                 self.report.diamonds += 1;
             }
+        } else if roll < self.p.spend_rate + 0.45 {
+            // Terminal rollover: refused while the generation has work in progress.
+            self.with_branch(name, |b, _| b.reissue(credit));
+        } else if roll < self.p.spend_rate + 0.5 {
+            // Return what is unused to where it came from (refused for a credit that did not
+            // come by transfer); a repeated return id stutters.
+            let t = TransferId::from_u128(self.fresh());
+            if self
+                .with_branch(name, |b, _| b.return_rights(credit, t))
+                .is_some()
+            {
+                self.report.returns += 1;
+                if self.rng.random_bool(0.2) {
+                    self.with_branch(name, |b, _| b.return_rights(credit, t));
+                }
+            }
         } else if name == "c" && self.rng.random_bool(0.2) {
             let refusing = self.rng.random_bool(0.3);
             self.with_branch(name, |b, _| {
@@ -835,7 +861,12 @@ impl Sim {
         let history = self
             .branches
             .iter()
-            .flat_map(|(name, n)| audit(&agent(name), &n.durable, &self.keys));
+            .flat_map(|(name, n)| audit(&agent(name), &n.durable, &self.keys))
+            .chain(
+                self.gateways
+                    .iter()
+                    .flat_map(|(name, n)| audit_gateway(&agent(name), &n.durable, &self.keys)),
+            );
         let laws: Vec<_> = check(&World {
             branches: &b,
             gateways: &g,

@@ -79,6 +79,9 @@ impl Totals for LedgerReport {
         self.forgeries += r.forgeries;
         self.diamonds += r.diamonds;
         self.overdrawn += r.overdrawn;
+        self.reissues += r.reissues;
+        self.fused += r.fused;
+        self.returns += r.returns;
         (r.violations.len(), r.violations.into_iter().next())
     }
 }
@@ -191,8 +194,8 @@ fn main() -> ExitCode {
                     Err(code) => return code,
                 };
             eprintln!(
-                "transfers={} joins={} effects={} overdrawn={} crashes={} forgeries={} failing_seeds={failing}",
-                r.transfers, r.joins, r.effects, r.overdrawn, r.crashes, r.forgeries
+                "transfers={} returns={} joins={} reissues={} fused={} effects={} overdrawn={} crashes={} forgeries={} failing_seeds={failing}",
+                r.transfers, r.returns, r.joins, r.reissues, r.fused, r.effects, r.overdrawn, r.crashes, r.forgeries
             );
             println!(
                 "ledger: seeds={} operations={} settled={} forfeited={} no_effect={} diamonds={} violations={violations}",
