@@ -16,9 +16,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use abhyasa_crashtest::ledgerpeer::{
-    keyring, load_branch, load_gateway, op_keys, read_effects, workload_done, LedgerRole,
+    agent, keyring, load_branch, load_gateway, op_keys, read_effects, workload_done, LedgerRole,
 };
-use abhyasa_ledger::check::{check, World};
+use abhyasa_ledger::check::{audit, audit_gateway, check, Violation, World};
 use abhyasa_ledger::{OpState, RootId};
 
 mod common;
@@ -59,6 +59,29 @@ impl Peer {
     fn sigkill(&mut self) {
         self.proc.sigkill();
     }
+}
+
+/// The history auditor over the three files: each journal step by step, the gateway's log
+/// record by record.
+fn history(
+    root: &std::path::Path,
+    child: &std::path::Path,
+    gw: &std::path::Path,
+) -> Vec<Violation> {
+    use abhyasa_store::{Store, StoreConfig};
+    let keys = keyring();
+    let mut found = Vec::new();
+    for (role, db) in [(LedgerRole::Root, root), (LedgerRole::Child, child)] {
+        let store = Store::open(db, StoreConfig::default()).unwrap();
+        found.extend(audit(&agent(role), &store.ledger_journal().unwrap(), &keys));
+    }
+    let store = Store::open(gw, StoreConfig::default()).unwrap();
+    found.extend(audit_gateway(
+        &agent(LedgerRole::Gw),
+        &store.gateway_log().unwrap(),
+        &keys,
+    ));
+    found
 }
 
 #[test]
@@ -138,12 +161,13 @@ fn sigkill_at_the_named_crash_cuts_breaks_no_ledger_invariant() {
     let gw = load_gateway(&peers[2].db).unwrap();
     let effects = read_effects(&peers[2].db).unwrap();
     let keys = keyring();
-    let violations = check(&World {
+    let mut violations = check(&World {
         branches: &[&root, &child],
         gateways: &[&gw],
         effects: &effects,
         keys: &keys,
     });
+    violations.extend(history(&peers[0].db, &peers[1].db, &peers[2].db));
     let mut outcomes: BTreeMap<&str, u32> = BTreeMap::new();
     for (role, b) in [(LedgerRole::Root, &root), (LedgerRole::Child, &child)] {
         assert!(workload_done(role, b), "{role:?} left work undone");

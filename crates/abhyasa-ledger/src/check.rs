@@ -106,6 +106,8 @@ pub fn check(w: &World<'_>) -> Vec<Violation> {
     let mut accepted_at: BTreeMap<(RootId, TransferId), Vec<AgentId>> = BTreeMap::new();
     // Ingress per branch and root: atoms that entered it (grant or accepted transfers).
     let mut ingress: BTreeMap<(AgentId, RootId, Dim), Vec<Iv>> = BTreeMap::new();
+    // Accepted transfers as edges of the delegation DAG: (source, destination, root, atoms).
+    let mut edges: Vec<(AgentId, AgentId, RootId, Footprint)> = Vec::new();
     for b in w.branches {
         for g in b.roots() {
             for (d, n) in g.budget.iter() {
@@ -134,6 +136,12 @@ pub fn check(w: &World<'_>) -> Vec<Violation> {
                     .entry((c.root, c.transfer))
                     .or_default()
                     .push(b.agent().clone());
+                edges.push((
+                    c.source.clone(),
+                    b.agent().clone(),
+                    c.root,
+                    c.footprint.clone(),
+                ));
                 for (d, r) in c.footprint.iter() {
                     ingress
                         .entry((b.agent().clone(), c.root, d.clone()))
@@ -153,6 +161,8 @@ pub fn check(w: &World<'_>) -> Vec<Violation> {
     }
     let mut held: BTreeMap<(RootId, Dim), Held> = BTreeMap::new();
     let mut held_by: BTreeMap<(AgentId, RootId, Dim), Vec<Iv>> = BTreeMap::new();
+    // Committed plus maximum at risk, per branch.
+    let mut risk_by: BTreeMap<(AgentId, RootId, Dim), u128> = BTreeMap::new();
     let mut settled_keys: BTreeMap<(AgentId, OpKey), u32> = BTreeMap::new();
     for b in w.branches {
         let me = b.agent().clone();
@@ -160,11 +170,17 @@ pub fn check(w: &World<'_>) -> Vec<Violation> {
             for (d, r) in f.iter() {
                 let h = held.entry((root, d.clone())).or_default();
                 h.all.extend_from_slice(r.ranges());
+                let risk = match kind {
+                    1 => size(r.ranges()),
+                    2 => max.map_or(size(r.ranges()), |m| vec_get(m, d)),
+                    _ => 0,
+                };
                 match kind {
-                    1 => h.committed += size(r.ranges()),
-                    2 => h.at_risk += max.map_or(size(r.ranges()), |m| vec_get(m, d)),
+                    1 => h.committed += risk,
+                    2 => h.at_risk += risk,
                     _ => {}
                 }
+                *risk_by.entry((me.clone(), root, d.clone())).or_default() += risk;
                 held_by
                     .entry((me.clone(), root, d.clone()))
                     .or_default()
@@ -467,6 +483,70 @@ pub fn check(w: &World<'_>) -> Vec<Violation> {
                 "L5",
                 format!("{agent} holds atoms of root {root} {d} beyond what was transferred to it"),
             );
+        }
+    }
+
+    // L5 per sub-DAG (the paper's descendant non-amplification): for each branch and every
+    // branch its accepted transfers reach, together S, what S holds lies within what entered
+    // S from outside it (grants held in S, transfers into S from branches outside S), and
+    // what S committed or has at risk is no more than that.
+    let agents: Vec<AgentId> = w.branches.iter().map(|b| b.agent().clone()).collect();
+    for top in &agents {
+        let mut sub: std::collections::BTreeSet<&AgentId> = [top].into();
+        let mut frontier = vec![top];
+        while let Some(a) = frontier.pop() {
+            for (src, dst, _, _) in &edges {
+                if src == a && sub.insert(dst) {
+                    frontier.push(dst);
+                }
+            }
+        }
+        if sub.len() < 2 {
+            continue; // A single branch: the per-branch check above.
+        }
+        let mut entered: BTreeMap<(RootId, Dim), Vec<Iv>> = BTreeMap::new();
+        for b in w.branches.iter().filter(|b| sub.contains(b.agent())) {
+            for g in b.roots() {
+                for (d, n) in g.budget.iter() {
+                    entered.entry((g.root, d.clone())).or_default().push((0, n));
+                }
+            }
+        }
+        for (src, dst, root, fp) in &edges {
+            if sub.contains(dst) && !sub.contains(src) {
+                for (d, r) in fp.iter() {
+                    entered
+                        .entry((*root, d.clone()))
+                        .or_default()
+                        .extend_from_slice(r.ranges());
+                }
+            }
+        }
+        let mut inside: BTreeMap<(RootId, Dim), (Vec<Iv>, u128)> = BTreeMap::new();
+        for ((a, root, d), ivs) in &held_by {
+            if sub.contains(a) {
+                let e = inside.entry((*root, d.clone())).or_default();
+                e.0.extend_from_slice(ivs);
+                e.1 += risk_by
+                    .get(&(a.clone(), *root, d.clone()))
+                    .copied()
+                    .unwrap_or(0);
+            }
+        }
+        for ((root, d), (ivs, risk)) in inside {
+            let outer =
+                normalize_loose(entered.get(&(root, d.clone())).cloned().unwrap_or_default());
+            let within = normalize(ivs).is_ok_and(|inner| subset(&inner, &outer));
+            if !within || risk > size(&outer) {
+                bad(
+                    "L5",
+                    format!(
+                        "the sub-DAG under {top} ({} branches) holds or spends atoms of root {root} {d} beyond what entered it (at risk or committed {risk}, entered {})",
+                        sub.len(),
+                        size(&outer)
+                    ),
+                );
+            }
         }
     }
 

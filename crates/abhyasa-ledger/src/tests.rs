@@ -332,7 +332,19 @@ fn a_replayed_transfer_accepted_twice_is_caught() {
     n.c.handle_message(UnixMillis(0), &id("r"), m.clone());
     n.c.handle_message(UnixMillis(0), &id("r"), m);
     assert_eq!(n.c.credits().count(), 2);
-    assert!(n.violations().iter().any(|x| x.law == "L1"));
+    let found = n.violations();
+    assert!(found.iter().any(|x| x.law == "L1"));
+    // Each branch alone holds only atoms that entered it; the sub-DAG r → c holds 40 atoms
+    // twice, more than entered it.
+    assert!(
+        found
+            .iter()
+            .any(|x| x.law == "L5" && x.detail.contains("sub-DAG under r")),
+        "{found:?}"
+    );
+    assert!(!found
+        .iter()
+        .any(|x| x.law == "L5" && !x.detail.contains("sub-DAG")));
 }
 
 #[test]
