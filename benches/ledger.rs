@@ -27,6 +27,15 @@ fn keys() -> Keyring {
 const CREDIT: CreditId = CreditId::from_u128(1);
 
 fn setup() -> (Branch, Gateway) {
+    let (mut r, g) = unsettled_setup();
+    while let Some((t, _)) = r.poll_persist() {
+        r.handle_persisted(t);
+    }
+    (r, g)
+}
+
+/// A branch with its grant applied but not yet handed to a store.
+fn unsettled_setup() -> (Branch, Gateway) {
     let mut r = Branch::new(
         id("r"),
         signing_key([2; 32]),
@@ -47,9 +56,6 @@ fn setup() -> (Branch, Gateway) {
         CREDIT,
     )
     .unwrap();
-    while let Some((t, _)) = r.poll_persist() {
-        r.handle_persisted(t);
-    }
     (r, g)
 }
 
@@ -222,5 +228,67 @@ fn checker(c: &mut Criterion) {
     grp.finish();
 }
 
-criterion_group!(benches, durable_cycles, checker);
+/// Restart: open the store, read the branch's journal (or the gateway's log) and rebuild the
+/// machine from it, every signature it relies on verified again with a fresh keyring (a new
+/// process remembers no verification). Journals of 10,000 and 100,000 steps.
+fn restart(c: &mut Criterion) {
+    let dir = tempfile::tempdir_in(std::env::current_dir().unwrap()).unwrap();
+    let mut grp = c.benchmark_group("ledger_restart");
+    grp.sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(8));
+    for steps in [10_000u64, 100_000] {
+        let (bp, gp) = (
+            dir.path().join(format!("rb{steps}.redb")),
+            dir.path().join(format!("rg{steps}.redb")),
+        );
+        {
+            let (mut r, mut g) = unsettled_setup();
+            let mut bs = Store::open(&bp, StoreConfig::default()).unwrap();
+            let mut gs = Store::open(&gp, StoreConfig::default()).unwrap();
+            commit_branch(&mut r, &mut bs); // The grant.
+            let mut next = 0;
+            let started = Instant::now();
+            // A grant, then three steps per cycle (reserve, dispatch, settle).
+            while r.journal_len() < steps {
+                let left = (steps - r.journal_len()).div_ceil(3).min(256);
+                cycles(&mut r, &mut g, &mut bs, &mut gs, &mut next, left);
+            }
+            eprintln!(
+                "built a journal of {} steps and a gateway log of {} records in {:?}",
+                bs.ledger_journal().unwrap().len(),
+                gs.gateway_log().unwrap().len(),
+                started.elapsed()
+            );
+        }
+        grp.throughput(Throughput::Elements(steps));
+        grp.bench_function(format!("branch_from_{steps}_journal_steps"), |b| {
+            b.iter(|| {
+                let store = Store::open(&bp, StoreConfig::default()).unwrap();
+                let journal = store.ledger_journal().unwrap();
+                let (r, rejected) = Branch::recover(
+                    id("r"),
+                    signing_key([2; 32]),
+                    keys(),
+                    BranchConfig::default(),
+                    journal,
+                );
+                assert!(rejected.is_empty(), "{:?}", rejected.first());
+                r.journal_len()
+            })
+        });
+        grp.bench_function(format!("gateway_from_the_same_run_{steps}"), |b| {
+            b.iter(|| {
+                let store = Store::open(&gp, StoreConfig::default()).unwrap();
+                let log = store.gateway_log().unwrap();
+                let n = log.len();
+                let _g = Gateway::recover(id("g"), signing_key([3; 32]), keys(), None, log);
+                n
+            })
+        });
+    }
+    grp.finish();
+}
+
+criterion_group!(benches, durable_cycles, checker, restart);
 criterion_main!(benches);
