@@ -193,6 +193,40 @@ fn grant_delegate_spend_and_check_across_three_node_processes() {
     assert_eq!(r["roots"][0]["available"], "cents=600");
     let human = ok(&["ledger", "status", "--admin", &admins[1]]);
     assert!(human.contains("committed cents=150"), "{human}");
+    // Every operation ended: the child's generation rolls over into a fresh credit holding
+    // the 250 cents left, and says which.
+    let out = ok(&[
+        "ledger",
+        "reissue",
+        "--admin",
+        &admins[1],
+        "--credit",
+        &child_credit,
+    ]);
+    let next = out
+        .trim()
+        .strip_prefix("ok (durable): credit ")
+        .unwrap_or_else(|| panic!("{out}"))
+        .to_owned();
+    let s = status(&admins[1]).unwrap();
+    let credits = s["credits"].as_array().unwrap();
+    let old = credits
+        .iter()
+        .find(|c| c["id"] == child_credit.as_str())
+        .unwrap();
+    assert_eq!(
+        (&old["closed"], &old["available"]),
+        (&true.into(), &"0".into())
+    );
+    let new = credits
+        .iter()
+        .find(|c| c["id"] == next.as_str())
+        .unwrap_or_else(|| panic!("no credit {next} in {credits:?}"));
+    assert_eq!(old["successor"], new["id"]);
+    assert_eq!(
+        (&new["generation"], &new["available"]),
+        (&1.into(), &"cents=250".into())
+    );
 
     for p in procs.iter_mut() {
         p.take().unwrap().stop();
