@@ -160,6 +160,27 @@ impl Net {
             max_charge: v(max),
         }
     }
+
+    /// `r` reserves `max` from `credit` for the effect `op` at `g` under key `k`, and
+    /// dispatches it.
+    fn spend(&mut self, credit: CreditId, op: &str, max: &[(&str, u64)], k: u128) {
+        let e = self.effect(op, max);
+        self.r.reserve(credit, e, &id("g"), key(k)).unwrap();
+        self.r.dispatch(UnixMillis(0), key(k)).unwrap();
+    }
+
+    /// `r` seals `cents` from its root credit to `c` (transfer 1, labelled `{tools}`).
+    fn send_to_c(&mut self, cents: u64) {
+        self.r
+            .transfer(
+                ROOT_CREDIT,
+                TransferId::from_u128(1),
+                &v(&[("cents", cents)]),
+                &id("c"),
+                Label::of(&["tools"]).unwrap(),
+            )
+            .unwrap();
+    }
 }
 
 fn key(n: u128) -> OpKey {
@@ -1736,13 +1757,9 @@ fn terminal_rollover_moves_only_the_available_atoms_into_a_fresh_generation() {
     let mut n = Net::new(&[("cents", 100)], None);
     let root = RootId::from_u128(7);
     // Settled: 30 reserved, 20 charged, 10 back. Forfeited: 10 stay charged.
-    let one = n.effect("one", &[("cents", 30)]);
-    n.r.reserve(ROOT_CREDIT, one, &id("g"), key(1)).unwrap();
-    n.r.dispatch(UnixMillis(0), key(1)).unwrap();
+    n.spend(ROOT_CREDIT, "one", &[("cents", 30)], 1);
     n.run(&v(&[("cents", 20)]), &mut |_, _| false);
-    let two = n.effect("two", &[("cents", 10)]);
-    n.r.reserve(ROOT_CREDIT, two, &id("g"), key(2)).unwrap();
-    n.r.dispatch(UnixMillis(0), key(2)).unwrap();
+    n.spend(ROOT_CREDIT, "two", &[("cents", 10)], 2);
     n.run(&Vector::zero(), &mut |to, _| to == &id("g"));
     n.r.forfeit(key(2)).unwrap();
     // Work in progress keeps the generation open: a reservation, then a sealed transfer.
@@ -1753,14 +1770,7 @@ fn terminal_rollover_moves_only_the_available_atoms_into_a_fresh_generation() {
     ));
     assert_eq!(n.r.reissue(ROOT_CREDIT), busy);
     n.r.release_unsent(key(3)).unwrap();
-    n.r.transfer(
-        ROOT_CREDIT,
-        TransferId::from_u128(1),
-        &v(&[("cents", 15)]),
-        &id("c"),
-        Label::of(&["tools"]).unwrap(),
-    )
-    .unwrap();
+    n.send_to_c(15);
     assert_eq!(n.r.reissue(ROOT_CREDIT), busy);
     n.run(&Vector::zero(), &mut |_, _| false); // c accepts.
     let before = n.journal_r.len();
@@ -1830,13 +1840,9 @@ fn a_fenced_generation_closes_with_its_last_operation_in_one_step() {
     let root = RootId::from_u128(7);
     // Operation 1 settles at 2 of its 4 units; operation 2 (3 units) never reaches the
     // gateway.
-    let one = n.effect("one", &[("units", 4)]);
-    n.r.reserve(ROOT_CREDIT, one, &id("g"), key(1)).unwrap();
-    n.r.dispatch(UnixMillis(0), key(1)).unwrap();
+    n.spend(ROOT_CREDIT, "one", &[("units", 4)], 1);
     n.run(&v(&[("units", 2)]), &mut |_, _| false);
-    let two = n.effect("two", &[("units", 3)]);
-    n.r.reserve(ROOT_CREDIT, two, &id("g"), key(2)).unwrap();
-    n.r.dispatch(UnixMillis(0), key(2)).unwrap();
+    n.spend(ROOT_CREDIT, "two", &[("units", 3)], 2);
     n.run(&Vector::zero(), &mut |to, _| to == &id("g"));
     n.r.request_fence(ROOT_CREDIT).unwrap();
     // Deliver the fence and its confirmation, but not yet the query it prompts.
@@ -1901,9 +1907,7 @@ fn a_fenced_generation_closes_with_its_last_operation_in_one_step() {
 #[test]
 fn a_fenced_generation_with_only_ended_work_closes_when_its_last_reservation_is_released() {
     let mut n = Net::new(&[("units", 6)], None);
-    let one = n.effect("one", &[("units", 2)]);
-    n.r.reserve(ROOT_CREDIT, one, &id("g"), key(1)).unwrap();
-    n.r.dispatch(UnixMillis(0), key(1)).unwrap();
+    n.spend(ROOT_CREDIT, "one", &[("units", 2)], 1);
     n.run(&Vector::zero(), &mut |to, _| to == &id("g"));
     let two = n.effect("two", &[("units", 1)]);
     n.r.reserve(ROOT_CREDIT, two, &id("g"), key(2)).unwrap();
@@ -1932,9 +1936,7 @@ fn a_fenced_generation_with_only_ended_work_closes_when_its_last_reservation_is_
 fn a_generation_reissued_with_work_in_progress_is_caught() {
     for mutation in [None, Some(LedgerMutation::ReissueWithWorkInProgress)] {
         let mut n = Net::new(&[("cents", 50)], mutation);
-        let one = n.effect("one", &[("cents", 20)]);
-        n.r.reserve(ROOT_CREDIT, one, &id("g"), key(1)).unwrap();
-        n.r.dispatch(UnixMillis(0), key(1)).unwrap();
+        n.spend(ROOT_CREDIT, "one", &[("cents", 20)], 1);
         n.persist_all();
         let (_, held) = n.r.poll_transmit().unwrap();
         let r = n.r.reissue(ROOT_CREDIT);
@@ -1967,9 +1969,7 @@ fn a_generation_reissued_with_work_in_progress_is_caught() {
 #[test]
 fn the_history_auditor_reads_generations() {
     let mut n = Net::new(&[("cents", 100)], None);
-    let one = n.effect("one", &[("cents", 10)]);
-    n.r.reserve(ROOT_CREDIT, one, &id("g"), key(1)).unwrap();
-    n.r.dispatch(UnixMillis(0), key(1)).unwrap();
+    n.spend(ROOT_CREDIT, "one", &[("cents", 10)], 1);
     n.persist_all();
     let (grant, reserve, dispatch) = (
         n.journal_r[0].clone(),
@@ -2038,14 +2038,7 @@ fn unused_rights_return_to_their_source_with_a_label_no_broader() {
     let root = RootId::from_u128(7);
     let tools = Label::of(&["tools"]).unwrap();
     // r sends 40 cents labelled {tools} to c; c spends 10 of them (charged 4).
-    n.r.transfer(
-        ROOT_CREDIT,
-        TransferId::from_u128(1),
-        &v(&[("cents", 40)]),
-        &id("c"),
-        tools.clone(),
-    )
-    .unwrap();
+    n.send_to_c(40);
     n.run(&Vector::zero(), &mut |_, _| false);
     let got = n.c.credits().next().unwrap().id;
     let e = n.effect("one", &[("cents", 10)]);
@@ -2094,9 +2087,7 @@ fn unused_rights_return_to_their_source_with_a_label_no_broader() {
 #[test]
 fn the_gateway_log_auditor_reads_each_record_in_order() {
     let mut n = Net::new(&[("cents", 100)], None);
-    let one = n.effect("one", &[("cents", 10)]);
-    n.r.reserve(ROOT_CREDIT, one, &id("g"), key(1)).unwrap();
-    n.r.dispatch(UnixMillis(0), key(1)).unwrap();
+    n.spend(ROOT_CREDIT, "one", &[("cents", 10)], 1);
     n.run(&v(&[("cents", 6)]), &mut |_, _| false);
     n.persist_all();
     let laws = |records: Vec<GatewayRecord>| -> Vec<&'static str> {
@@ -2156,9 +2147,7 @@ fn the_gateway_log_auditor_reads_each_record_in_order() {
 fn a_gateway_that_signs_above_the_maximum_is_caught_in_its_log() {
     for mutation in [None, Some(LedgerMutation::GatewayWithoutClamp)] {
         let mut n = Net::new(&[("cents", 100)], mutation);
-        let one = n.effect("one", &[("cents", 10)]);
-        n.r.reserve(ROOT_CREDIT, one, &id("g"), key(1)).unwrap();
-        n.r.dispatch(UnixMillis(0), key(1)).unwrap();
+        n.spend(ROOT_CREDIT, "one", &[("cents", 10)], 1);
         // The effect reports 25 cents against a maximum of 10.
         n.run(&v(&[("cents", 25)]), &mut |_, _| false);
         n.persist_all();
