@@ -327,6 +327,17 @@ pub enum LedgerEvent {
     Rejected(LedgerError),
 }
 
+/// What a step not yet durable makes sendable again (see `Branch::in_flight`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Undurable {
+    /// A `Dispatch`: the permit.
+    Dispatch(OpKey),
+    /// A `Seal`: the certificate.
+    Seal(TransferId),
+    /// An `Accept` or `Refuse`: the destination's decision.
+    Decision(RootId, TransferId),
+}
+
 /// One agent's ledger branch. See the crate docs for the buckets and transitions. Not
 /// `Clone` (it owns credits); rebuild a copy from its journal with [`Branch::recover`].
 #[derive(Debug)]
@@ -350,6 +361,11 @@ pub struct Branch {
     next_token: u64,
     persists: VecDeque<(PersistToken, Step)>,
     gated: BTreeMap<PersistToken, Vec<(AgentId, LedgerMessage)>>,
+    /// Steps handed out and not yet durable that something may be sent again on: a
+    /// dispatch, a seal, a transfer decision. Nothing is resent or repeated from memory
+    /// until the step it rests on is durable (a crash could lose it after it went out).
+    in_flight: BTreeMap<PersistToken, Undurable>,
+    in_flight_by: BTreeMap<Undurable, PersistToken>,
     transmits: VecDeque<(AgentId, LedgerMessage)>,
     events: VecDeque<LedgerEvent>,
     last_resend: UnixMillis,
@@ -375,6 +391,8 @@ impl Branch {
             next_token: 0,
             persists: VecDeque::new(),
             gated: BTreeMap::new(),
+            in_flight: BTreeMap::new(),
+            in_flight_by: BTreeMap::new(),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             last_resend: UnixMillis(0),
@@ -906,8 +924,16 @@ impl Branch {
                     }
                     _ => return Ok(()),
                 };
-                self.transmits
-                    .push_back((from.clone(), LedgerMessage::Decision(decision)));
+                let reply = (from.clone(), LedgerMessage::Decision(decision));
+                // Not before the decision is durable: a crash could lose it after the source
+                // acted on it.
+                match self
+                    .in_flight_by
+                    .get(&Undurable::Decision(body.root, body.transfer))
+                {
+                    Some(t) => self.gated.entry(*t).or_default().push(reply),
+                    None => self.transmits.push_back(reply),
+                }
                 return Ok(());
             }
         }
@@ -960,7 +986,11 @@ impl Branch {
         }
         let mut give_up = Vec::new();
         for out in self.outgoing.values() {
-            if out.state == OutgoingState::Sealed {
+            if out.state == OutgoingState::Sealed
+                && !self
+                    .in_flight_by
+                    .contains_key(&Undurable::Seal(out.body.transfer))
+            {
                 self.transmits.push_back((
                     out.body.destination.clone(),
                     LedgerMessage::Transfer(out.cert.clone()),
@@ -985,7 +1015,9 @@ impl Branch {
         }
         let mut refunds = Vec::new();
         for (key, op) in &mut self.ops {
-            if op.state != OpState::Quarantined {
+            if op.state != OpState::Quarantined
+                || self.in_flight_by.contains_key(&Undurable::Dispatch(*key))
+            {
                 continue;
             }
             let stale = op
@@ -1047,6 +1079,11 @@ impl Branch {
     pub fn handle_persisted(&mut self, token: PersistToken) {
         if let Some(msgs) = self.gated.remove(&token) {
             self.transmits.extend(msgs);
+        }
+        if let Some(k) = self.in_flight.remove(&token) {
+            if self.in_flight_by.get(&k) == Some(&token) {
+                self.in_flight_by.remove(&k);
+            }
         }
     }
 
@@ -1259,6 +1296,19 @@ impl Branch {
         self.journal_len += 1;
         let token = PersistToken(self.next_token);
         self.next_token += 1;
+        let resendable = match &step {
+            Step::Dispatch { key } => Some(Undurable::Dispatch(*key)),
+            Step::Seal { cert } => cert.peek().ok().map(|c| Undurable::Seal(c.transfer)),
+            Step::Accept { cert, .. } | Step::Refuse { cert, .. } => cert
+                .peek()
+                .ok()
+                .map(|c| Undurable::Decision(c.root, c.transfer)),
+            _ => None,
+        };
+        if let Some(k) = resendable {
+            self.in_flight.insert(token, k);
+            self.in_flight_by.insert(k, token);
+        }
         self.persists.push_back((token, step));
         if self.config.mutation == Some(LedgerMutation::SendBeforePersist) {
             self.transmits.extend(msgs);

@@ -141,8 +141,8 @@ fn children(of: &str) -> &'static [&'static str] {
 struct Node<M, R> {
     machine: Option<M>,
     durable: Vec<R>,
-    /// Records being written, in order, each with the millisecond it lands (gateways only);
-    /// a crash loses them.
+    /// Records being written, in order, each with the millisecond it lands; a crash loses
+    /// them.
     writing: std::collections::VecDeque<(u64, PersistToken, R)>,
     up_at: u64,
 }
@@ -182,6 +182,12 @@ struct Params {
     gateway_commit_ms: u64,
     /// Chance that a gateway crashes just before a record lands.
     gateway_crash_writing: f64,
+    /// Longest time a branch's journal step takes to become durable, in ms (0: at once). The
+    /// branch goes on handling messages and requests meanwhile; what depends on a step is
+    /// released only once it lands, and a crash loses what has not.
+    branch_commit_ms: u64,
+    /// Chance that a branch crashes just before a step lands.
+    branch_crash_writing: f64,
 }
 
 struct Sim {
@@ -248,6 +254,8 @@ impl Sim {
             overdraw: 0.0,
             gateway_commit_ms: 0,
             gateway_crash_writing: 0.0,
+            branch_commit_ms: 0,
+            branch_crash_writing: 0.0,
         };
         // Drawn last, so the schedules above stay those of earlier versions.
         let mut p = p;
@@ -265,6 +273,16 @@ impl Sim {
         };
         p.gateway_crash_writing = if rng.random_bool(0.5) {
             rng.random_range(0.0..0.3)
+        } else {
+            0.0
+        };
+        p.branch_commit_ms = if rng.random_bool(0.5) {
+            rng.random_range(1..30)
+        } else {
+            0
+        };
+        p.branch_crash_writing = if rng.random_bool(0.5) {
+            rng.random_range(0.0..0.05)
         } else {
             0.0
         };
@@ -468,19 +486,15 @@ impl Sim {
                     crashed = true;
                     break;
                 }
-                if matches!(step, Step::Reserve { .. }) {
-                    self.report.operations += 1;
+                if self.p.branch_commit_ms > 0 {
+                    // Written in order; lands later.
+                    let after = self.rng.random_range(1..=self.p.branch_commit_ms);
+                    let last = node.writing.back().map_or(0, |w| w.0);
+                    node.writing
+                        .push_back(((self.now + after).max(last), token, step));
+                    continue;
                 }
-                if matches!(step, Step::Seal { .. }) {
-                    self.report.transfers += 1;
-                }
-                if matches!(step, Step::Join { .. }) {
-                    self.report.joins += 1;
-                }
-                if let Step::Reissue { last, .. } = &step {
-                    self.report.reissues += 1;
-                    self.report.fused += u64::from(last.is_some());
-                }
+                count_step(&mut self.report, &step);
                 node.durable.push(step);
                 if self.rng.random_bool(self.p.crash_after_step) {
                     crashed = true; // Durable, but nothing it released goes out.
@@ -507,7 +521,43 @@ impl Sim {
         let up_at = self.crash_until();
         let node = self.branches.get_mut(name).expect("known branch");
         node.machine = None;
+        node.writing.clear(); // Never landed.
         node.up_at = up_at;
+    }
+
+    /// Branch steps whose write lands now become durable (a crash may come just before one
+    /// lands, or right after), and what waited for them is released.
+    fn branch_commits_due(&mut self) {
+        for name in BRANCHES {
+            let mut crashed = false;
+            let mut landed = false;
+            {
+                let node = self.branches.get_mut(name).expect("known branch");
+                let Some(b) = node.machine.as_mut() else {
+                    continue;
+                };
+                while node.writing.front().is_some_and(|w| w.0 <= self.now) {
+                    if self.rng.random_bool(self.p.branch_crash_writing) {
+                        crashed = true;
+                        break;
+                    }
+                    let (_, token, step) = node.writing.pop_front().expect("checked");
+                    count_step(&mut self.report, &step);
+                    node.durable.push(step);
+                    landed = true;
+                    if self.rng.random_bool(self.p.crash_after_step) {
+                        crashed = true;
+                        break;
+                    }
+                    b.handle_persisted(token);
+                }
+            }
+            if crashed {
+                self.crash_branch(name);
+            } else if landed {
+                self.drain_branch(name);
+            }
+        }
     }
 
     /// Counts a crash and draws when the crashed component comes back.
@@ -896,10 +946,12 @@ impl Sim {
                 self.p.crash_after_step = 0.0;
                 self.p.crash_before_durable = 0.0;
                 self.p.gateway_crash_writing = 0.0;
+                self.p.branch_crash_writing = 0.0;
                 self.p.crash_after_effect = 0.0;
             }
             self.restart_due();
             self.gateway_commits_due();
+            self.branch_commits_due();
             while let Some(entry) = self.net.first_entry() {
                 if entry.key().0 > self.now {
                     break;
@@ -1147,11 +1199,26 @@ impl Sim {
 
     fn settled(&self) -> bool {
         self.branches.values().all(|n| {
-            n.machine.as_ref().is_some_and(|b| {
-                b.operations()
-                    .all(|o| !matches!(o.state, OpState::Reserved | OpState::Quarantined))
-            })
+            n.writing.is_empty()
+                && n.machine.as_ref().is_some_and(|b| {
+                    b.operations()
+                        .all(|o| !matches!(o.state, OpState::Reserved | OpState::Quarantined))
+                })
         })
+    }
+}
+
+/// Counts a branch step as it becomes durable.
+fn count_step(r: &mut LedgerReport, step: &Step) {
+    match step {
+        Step::Reserve { .. } => r.operations += 1,
+        Step::Seal { .. } => r.transfers += 1,
+        Step::Join { .. } => r.joins += 1,
+        Step::Reissue { last, .. } => {
+            r.reissues += 1;
+            r.fused += u64::from(last.is_some());
+        }
+        _ => {}
     }
 }
 
