@@ -88,7 +88,8 @@ pub fn obligation_id(s: &str) -> Result<ObligationId, JsonError> {
     }
     let hex_digits: String = s.chars().filter(|c| *c != '-').collect();
     let uuid_shape = hex_digits.len() == 32
-        && (s.len() == 32 || (s.len() == 36 && [8, 13, 18, 23].iter().all(|&i| &s[i..=i] == "-")));
+        && (s.len() == 32
+            || (s.len() == 36 && [8, 13, 18, 23].iter().all(|&i| s.as_bytes()[i] == b'-')));
     if uuid_shape {
         if let Ok(bytes) = hex::decode(&hex_digits) {
             let mut b = [0u8; 16];
@@ -345,6 +346,38 @@ mod tests {
         assert_ne!(
             obligation_id("rev-1").unwrap(),
             obligation_id("rev-2").unwrap()
+        );
+    }
+
+    /// Found by the `a2a_json` fuzz target: a 36-byte id with multi-byte characters where a
+    /// UUID has its dashes made the shape check slice inside a character (a panic on a peer's
+    /// input). Now it is an ordinary non-UUID id, hashed.
+    #[test]
+    fn a_36_byte_id_with_multibyte_characters_is_an_id_not_a_panic() {
+        let s = "0f8fa-5b-d9cb-46\u{1d9}\u{4a2}165-70867728)50e";
+        assert_eq!(s.len(), 36);
+        assert!(
+            !s.is_char_boundary(19),
+            "a UUID's third dash would be cut at 18..=18"
+        );
+        assert_eq!(obligation_id(s).unwrap(), obligation_id(s).unwrap());
+        let body = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../fuzz/seeds/a2a_json/crash-3e3c46bdb1b0dffe5392975da7203cca9ad9b340"
+        ))
+        .unwrap();
+        let ack: JsonAck = from_json("ack", &body).unwrap();
+        assert!(ack.to_wire().is_err(), "its acked_at is not a time");
+        // A real UUID still reads as its 16 bytes.
+        let uuid = "0f8fa5bd-9cb4-4611-a570-86772850e000";
+        assert_eq!(
+            obligation_id(uuid).unwrap(),
+            ObligationId::from_bytes(
+                hex::decode(uuid.replace('-', ""))
+                    .unwrap()
+                    .try_into()
+                    .unwrap()
+            )
         );
     }
 
