@@ -8,6 +8,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Keyring, LedgerError, LedgerMutation, PersistToken};
 
+mod checkpoint;
+
+pub(crate) use checkpoint::Snapshot;
+pub use checkpoint::{Ended, EndedOp, MAX_CHECKPOINT_BYTES};
+
 /// Branch settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BranchConfig {
@@ -271,6 +276,10 @@ pub enum Step {
         /// The final operation's settlement or no-effect proof, fused into this step.
         last: Option<Box<Step>>,
     },
+    /// The branch's whole state, signed by it ([`Branch::checkpoint`]): ended operations
+    /// folded to summaries. First in a journal, recovery starts from it; the steps before it
+    /// may be deleted.
+    Checkpoint(Box<SignedRecord>),
     /// Quarantined → Available with no evidence (the `RefundOnTimeout` mutant only).
     #[doc(hidden)]
     Refund {
@@ -355,6 +364,12 @@ pub struct Branch {
     /// The step that made each credit (grant, split, accept, join): a reused id with
     /// different content is refused, the same step again is a replay.
     origins: BTreeMap<CreditId, Step>,
+    /// Operations a checkpoint folded (ended), by key: their keys stay taken.
+    ended: BTreeMap<OpKey, EndedOp>,
+    /// Atoms committed by folded operations, per root.
+    committed: BTreeMap<RootId, Footprint>,
+    /// Journal steps folded into the checkpoint the journal starts with.
+    folded_steps: u64,
     /// Resends of each sealed transfer (memory only; read by a mutant).
     resends: BTreeMap<TransferId, u32>,
     journal_len: u64,
@@ -386,6 +401,9 @@ impl Branch {
             outgoing: BTreeMap::new(),
             incoming: BTreeMap::new(),
             origins: BTreeMap::new(),
+            ended: BTreeMap::new(),
+            committed: BTreeMap::new(),
+            folded_steps: 0,
             resends: BTreeMap::new(),
             journal_len: 0,
             next_token: 0,
@@ -764,6 +782,9 @@ impl Branch {
             }
             LedgerMessage::Receipt(receipt) => {
                 let r = receipt.peek()?;
+                if self.ended.contains_key(&r.key) {
+                    return Ok(()); // Ended and folded: a repeat.
+                }
                 let op = self
                     .ops
                     .get(&r.key)
@@ -801,6 +822,9 @@ impl Branch {
             }
             LedgerMessage::NoEffect(proof) => {
                 let p = proof.peek()?;
+                if self.ended.contains_key(&p.key) {
+                    return Ok(()); // Ended and folded: a repeat.
+                }
                 let op = self
                     .ops
                     .get(&p.key)
@@ -1168,6 +1192,9 @@ impl Branch {
                 _ => {}
             }
         }
+        if let Some(f) = self.committed.get(&root) {
+            add(4, f);
+        }
         b
     }
 
@@ -1486,6 +1513,9 @@ impl Branch {
             }
             Step::Reserve { permit, effect } => {
                 let p = permit.peek()?;
+                if self.ended.contains_key(&p.binding.key) {
+                    return Err(LedgerError::IdInUse("operation key"));
+                }
                 if let Some(op) = self.ops.get(&p.binding.key) {
                     return if op.permit == *permit && op.effect == *effect {
                         Ok(false)
@@ -1806,6 +1836,7 @@ impl Branch {
                     successor: *successor,
                 });
             }
+            Step::Checkpoint(record) => return self.apply_checkpoint(record),
             Step::Refund { key } => {
                 let op = self.op_mut(*key)?;
                 if op.state != OpState::Quarantined {

@@ -12,7 +12,7 @@ use std::fmt;
 use abhyasa_wire::ledger::*;
 use abhyasa_wire::AgentId;
 
-use crate::{Branch, Gateway, GatewayRecord, Keyring, OpState, OutgoingState, Step};
+use crate::{Branch, Ended, Gateway, GatewayRecord, Keyring, OpState, OutgoingState, Step};
 
 /// One effect that really happened at a gateway (the executor's own record).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -199,6 +199,29 @@ pub fn check(w: &World<'_>) -> Vec<Violation> {
                         c.available.size()
                     ),
                 );
+            }
+        }
+        // Folded by a checkpoint: committed atoms per root, and what each ended op was.
+        for (root, f) in b.committed() {
+            put(*root, f, 1, None);
+        }
+        for e in b.ended() {
+            match e.outcome {
+                Ended::Settled { .. } => {
+                    *settled_keys.entry((me.clone(), e.key)).or_default() += 1;
+                }
+                Ended::Released if e.dispatched => bad(
+                    "L6",
+                    format!("{me}: operation {} released after dispatch", e.key),
+                ),
+                Ended::Refunded => bad(
+                    "L6",
+                    format!(
+                        "{me}: operation {} left quarantine for available without evidence",
+                        e.key
+                    ),
+                ),
+                _ => {}
             }
         }
         for o in b.outgoing() {
@@ -400,6 +423,12 @@ pub fn check(w: &World<'_>) -> Vec<Violation> {
                 .map(move |o| ((b.agent().clone(), o.binding.key), (b.agent(), o)))
         })
         .collect();
+    // Operations checkpoints folded, by (payer, key).
+    let ended: BTreeMap<(AgentId, OpKey), &crate::EndedOp> = w
+        .branches
+        .iter()
+        .flat_map(|b| b.ended().map(move |e| ((b.agent().clone(), e.key), e)))
+        .collect();
     let acceptances: BTreeMap<(AgentId, AgentId, OpKey), &crate::Acceptance> = w
         .gateways
         .iter()
@@ -428,6 +457,22 @@ pub fn check(w: &World<'_>) -> Vec<Violation> {
             );
             continue;
         };
+        if let Some(ended) = ended.get(&(e.payer.clone(), e.key)) {
+            // Folded by a checkpoint: the summary's binding digest and charge.
+            let covered = ended.binding == a.binding.digest()
+                && a.binding.payer == e.payer
+                && matches!(&ended.outcome, Ended::Settled { actual } if *actual == e.charge);
+            if !covered {
+                bad(
+                    "L3",
+                    format!(
+                        "effect {} (charge {:?}) is not covered: folded operation ended {:?}",
+                        e.key, e.charge, ended.outcome
+                    ),
+                );
+            }
+            continue;
+        }
         let Some((payer, op)) = ops.get(&(e.payer.clone(), e.key)) else {
             bad(
                 "L3",
@@ -554,33 +599,46 @@ pub fn check(w: &World<'_>) -> Vec<Violation> {
     for g in w.gateways {
         for (pk, a) in g.log() {
             let k = pk.1;
-            match ops.get(pk) {
-                Some((payer, op)) if *payer == &a.binding.payer && op.binding == a.binding => {
-                    for (d, r) in op.footprint.iter() {
-                        let entered = ingress
-                            .get(&((*payer).clone(), op.binding.root, d.clone()))
-                            .cloned()
-                            .unwrap_or_default();
-                        let entered = normalize_loose(entered);
-                        if !subset(r.ranges(), &entered) {
-                            bad(
-                                "L7",
-                                format!(
-                                    "{} accepted {k} paid with atoms {} never held",
-                                    g.agent(),
-                                    payer
-                                ),
-                            );
+            if let Some(e) = ended.get(pk) {
+                // Folded: the atoms it was paid with are not kept; the binding must match.
+                if e.binding != a.binding.digest() || e.receiver != *g.agent() {
+                    bad(
+                        "L7",
+                        format!(
+                            "{} accepted {k} under a binding its payer's folded operation does not have",
+                            g.agent()
+                        ),
+                    );
+                }
+            } else {
+                match ops.get(pk) {
+                    Some((payer, op)) if *payer == &a.binding.payer && op.binding == a.binding => {
+                        for (d, r) in op.footprint.iter() {
+                            let entered = ingress
+                                .get(&((*payer).clone(), op.binding.root, d.clone()))
+                                .cloned()
+                                .unwrap_or_default();
+                            let entered = normalize_loose(entered);
+                            if !subset(r.ranges(), &entered) {
+                                bad(
+                                    "L7",
+                                    format!(
+                                        "{} accepted {k} paid with atoms {} never held",
+                                        g.agent(),
+                                        payer
+                                    ),
+                                );
+                            }
                         }
                     }
-                }
-                _ => bad(
-                    "L7",
-                    format!(
-                        "{} accepted {k} with no matching operation at its payer",
-                        g.agent()
+                    _ => bad(
+                        "L7",
+                        format!(
+                            "{} accepted {k} with no matching operation at its payer",
+                            g.agent()
+                        ),
                     ),
-                ),
+                }
             }
             if a.accepted > 1 {
                 bad(
@@ -626,7 +684,10 @@ fn normalize_loose(mut v: Vec<Iv>) -> Vec<Iv> {
 ///   undecided, into a credit that did not exist, with the same label; a closed credit
 ///   (reissued or joined) takes no work again;
 /// - `H8` a fenced generation takes no new work: no split, transfer, reservation or join
-///   from it after its `Fenced` step.
+///   from it after its `Fenced` step;
+/// - `H9` a checkpoint is signed by the branch; first in the journal it is the state the
+///   audit starts from; after other steps it must agree with them — every operation in the
+///   same state (open, dispatched, forfeited, ended) and the same credits closed.
 pub fn audit(agent: &AgentId, steps: &[Step], keys: &Keyring) -> Vec<Violation> {
     use std::collections::{BTreeMap as Map, BTreeSet};
 
@@ -914,6 +975,79 @@ pub fn audit(agent: &AgentId, steps: &[Step], keys: &Keyring) -> Vec<Violation> 
                 closed.insert(*credit);
             }
             Step::Refuse { .. } => {}
+            Step::Checkpoint(record) => {
+                let seed = match crate::branch::Snapshot::open(record, agent, keys) {
+                    Ok(s) => s.audit_seed(),
+                    Err(e) => {
+                        bad("H9", format!("step {i}: checkpoint does not verify: {e}"));
+                        continue;
+                    }
+                };
+                let theirs: Map<OpKey, Op> = seed
+                    .ops
+                    .iter()
+                    .map(|(b, dispatched, forfeited)| {
+                        let st = match (dispatched, forfeited) {
+                            (_, true) => Op::Forfeited,
+                            (true, false) => Op::Dispatched,
+                            (false, false) => Op::Reserved,
+                        };
+                        (b.key, st)
+                    })
+                    .chain(seed.ended.iter().map(|k| (*k, Op::Ended)))
+                    .collect();
+                if i == 0 {
+                    // The journal starts here: the checkpoint is the state before it.
+                    for (id, label, epoch, fenced, is_closed) in &seed.credits {
+                        labels.insert(*id, label.0.clone());
+                        if *epoch > 0 {
+                            epochs.insert(*id, *epoch);
+                        }
+                        if *fenced {
+                            fenced_credits.insert(*id);
+                        }
+                        if *is_closed {
+                            closed.insert(*id);
+                        }
+                    }
+                    for (b, _, _) in &seed.ops {
+                        op_credit.insert(b.key, (b.credit, b.epoch));
+                        ops.insert(b.key, (theirs[&b.key], b.max_charge.clone()));
+                    }
+                    for k in &seed.ended {
+                        ops.insert(*k, (Op::Ended, Vector::zero()));
+                    }
+                    for (c, is_decided) in seed.outgoing {
+                        if is_decided {
+                            decided.insert(c.transfer);
+                        }
+                        sealed.insert(c.transfer, c);
+                    }
+                    continue;
+                }
+                // Mid-journal (a journal kept whole): the checkpoint must say what the
+                // history before it says, operation by operation and credit by credit.
+                let mine: Map<OpKey, Op> = ops.iter().map(|(k, (st, _))| (*k, *st)).collect();
+                if mine != theirs {
+                    let differ = mine
+                        .iter()
+                        .filter(|(k, st)| theirs.get(*k) != Some(*st))
+                        .count()
+                        + theirs.keys().filter(|k| !mine.contains_key(*k)).count();
+                    bad(
+                        "H9",
+                        format!("step {i}: checkpoint disagrees with the history before it on {differ} operations"),
+                    );
+                }
+                let their_closed: BTreeSet<CreditId> =
+                    seed.credits.iter().filter(|c| c.4).map(|c| c.0).collect();
+                if their_closed != closed {
+                    bad(
+                        "H9",
+                        format!("step {i}: checkpoint disagrees with the history before it on closed credits"),
+                    );
+                }
+            }
         }
     }
     v

@@ -37,7 +37,8 @@ use std::sync::Arc;
 pub use abhyasa_wire::ledger::*;
 use abhyasa_wire::AgentId;
 pub use branch::{
-    Branch, BranchConfig, Credit, LedgerEvent, OpState, Operation, Outgoing, OutgoingState, Step,
+    Branch, BranchConfig, Credit, Ended, EndedOp, LedgerEvent, OpState, Operation, Outgoing,
+    OutgoingState, Step, MAX_CHECKPOINT_BYTES,
 };
 pub use gateway::{Acceptance, AcceptanceState, Execute, Gateway, GatewayRecord};
 

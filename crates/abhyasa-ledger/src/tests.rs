@@ -2212,3 +2212,289 @@ fn nothing_is_resent_or_repeated_before_its_step_is_durable() {
         .iter()
         .all(|(to, m)| to == &id("r") && matches!(m, LedgerMessage::Decision(_))));
 }
+
+// ---------------------------------------------------------------------------------------
+// Checkpoints: compaction of the journal.
+
+/// `r` after: op 1 settled at 20 of 30, op 2 settled at 5 of 10, op 3 released unsent, op 4
+/// forfeited (10), op 5 quarantined (gateway unreachable, 7), 15 sent to `c` and accepted.
+/// Of the root's 100 cents: available 100-20-5-10-7-15 = 43.
+fn worked(mutation: Option<LedgerMutation>) -> Net {
+    let mut n = Net::new(&[("cents", 100)], mutation);
+    n.spend(ROOT_CREDIT, "one", &[("cents", 30)], 1);
+    n.run(&v(&[("cents", 20)]), &mut |_, _| false);
+    n.spend(ROOT_CREDIT, "two", &[("cents", 10)], 2);
+    n.run(&v(&[("cents", 5)]), &mut |_, _| false);
+    let three = n.effect("three", &[("cents", 4)]);
+    n.r.reserve(ROOT_CREDIT, three, &id("g"), key(3)).unwrap();
+    n.r.release_unsent(key(3)).unwrap();
+    n.spend(ROOT_CREDIT, "four", &[("cents", 10)], 4);
+    n.run(&Vector::zero(), &mut |to, _| to == &id("g"));
+    n.r.forfeit(key(4)).unwrap();
+    n.spend(ROOT_CREDIT, "five", &[("cents", 7)], 5);
+    n.run(&Vector::zero(), &mut |to, _| to == &id("g"));
+    n.send_to_c(15);
+    n.run(&Vector::zero(), &mut |to, _| to == &id("g"));
+    n.persist_all();
+    n
+}
+
+fn recover_r(n: &Net, steps: Vec<Step>) -> (Branch, Vec<(Step, LedgerError)>) {
+    let config = BranchConfig {
+        resend_ms: 100,
+        ..BranchConfig::default()
+    };
+    Branch::recover(id("r"), sk(2), n.keys.clone(), config, steps)
+}
+
+#[test]
+fn a_checkpoint_folds_ended_operations_and_recovery_starts_from_it() {
+    let mut n = worked(None);
+    let root = RootId::from_u128(7);
+    let before = n.journal_r.len();
+    let buckets = n.r.buckets(root);
+    // Expected from the schedule, not from the branch: committed 25, forfeited 10,
+    // quarantined 7, available 43.
+    let expect = [
+        v(&[("cents", 43)]),
+        Vector::zero(),
+        Vector::zero(),
+        v(&[("cents", 7)]),
+        v(&[("cents", 25)]),
+        v(&[("cents", 10)]),
+    ];
+    assert_eq!(buckets, expect);
+    assert_eq!(n.r.checkpoint(), Ok(before as u64));
+    n.persist_all();
+    assert_eq!(n.r.buckets(root), expect, "folding moves no atom");
+    assert_eq!(n.r.journal_len(), 1);
+    assert_eq!(n.r.folded_steps(), before as u64);
+    // Ended operations left the live state; the open and the forfeited stayed.
+    let mut ended: Vec<(OpKey, Ended)> = n.r.ended().map(|e| (e.key, e.outcome.clone())).collect();
+    ended.sort_by_key(|e| e.0);
+    assert_eq!(
+        ended,
+        vec![
+            (
+                key(1),
+                Ended::Settled {
+                    actual: v(&[("cents", 20)])
+                }
+            ),
+            (
+                key(2),
+                Ended::Settled {
+                    actual: v(&[("cents", 5)])
+                }
+            ),
+            (key(3), Ended::Released),
+        ]
+    );
+    let live: Vec<OpKey> = n.r.operations().map(|o| o.binding.key).collect();
+    assert_eq!(live, vec![key(4), key(5)]);
+    assert_eq!(n.violations(), vec![]);
+
+    // The journal before the checkpoint goes: recovery from the checkpoint alone.
+    let compacted = n.journal_r[before..].to_vec();
+    assert!(matches!(compacted.as_slice(), [Step::Checkpoint(_)]));
+    let (b, rejected) = recover_r(&n, compacted.clone());
+    assert!(rejected.is_empty(), "{rejected:?}");
+    assert_eq!(b.buckets(root), expect);
+    assert_eq!((b.journal_len(), b.folded_steps()), (1, before as u64));
+    assert_eq!(check::audit(&id("r"), &compacted, &n.keys), vec![]);
+    // The whole journal, checkpoint included, recovers to the same state and audits clean.
+    let (whole, rejected) = recover_r(&n, n.journal_r.clone());
+    assert!(rejected.is_empty(), "{rejected:?}");
+    assert_eq!(whole.buckets(root), expect);
+    assert_eq!(n.audit_r(), vec![]);
+
+    // Work goes on from the recovered branch: the quarantined op settles at 6 (1 back),
+    // a folded key is refused, late evidence for a folded op is a quiet repeat.
+    n.r = b;
+    let again = n.effect("again", &[("cents", 1)]);
+    assert_eq!(
+        n.r.reserve(next_credit(&n.r), again, &id("g"), key(1)),
+        Err(LedgerError::IdInUse("operation key"))
+    );
+    n.r.handle_timeout(UnixMillis(1_000));
+    n.run(&v(&[("cents", 6)]), &mut |_, _| false);
+    assert!(matches!(
+        n.r.operation(key(5)).map(|o| &o.state),
+        Some(OpState::Settled { .. })
+    ));
+    let receipt =
+        n.g.acceptance(&id("r"), key(1))
+            .and_then(|a| match &a.state {
+                AcceptanceState::Done(r) => Some(r.clone()),
+                _ => None,
+            })
+            .unwrap();
+    while n.r.poll_event().is_some() {}
+    n.r.handle_message(UnixMillis(1_000), &id("g"), LedgerMessage::Receipt(receipt));
+    assert_eq!(n.r.poll_event(), None, "a repeat, not a rejection");
+    assert_eq!(
+        n.r.buckets(root)[0..5],
+        [
+            v(&[("cents", 44)]),
+            Vector::zero(),
+            Vector::zero(),
+            Vector::zero(),
+            v(&[("cents", 31)])
+        ]
+    );
+    assert_eq!(n.violations(), vec![]);
+    assert_eq!(n.audit_r(), vec![]);
+    // A second checkpoint folds op 5 too and counts every step folded so far.
+    let len = n.r.journal_len();
+    n.r.checkpoint().unwrap();
+    n.persist_all();
+    assert_eq!(n.r.folded_steps(), before as u64 + len);
+    assert_eq!(n.r.ended().count(), 4);
+    let last = n.journal_r.last().cloned().unwrap();
+    let (b, rejected) = recover_r(&n, vec![last]);
+    assert!(rejected.is_empty(), "{rejected:?}");
+    assert_eq!(b.buckets(root), n.r.buckets(root));
+}
+
+/// The live credit of `r`'s root lineage.
+fn next_credit(b: &Branch) -> CreditId {
+    b.current(ROOT_CREDIT).unwrap()
+}
+
+#[test]
+fn a_damaged_foreign_or_disagreeing_checkpoint_is_refused() {
+    let mut n = worked(None);
+    let cut = n.journal_r.len();
+    n.r.checkpoint().unwrap();
+    n.persist_all();
+    let Some(Step::Checkpoint(record)) = n.journal_r.last().cloned() else {
+        panic!("no checkpoint");
+    };
+    // A flipped byte: the signature no longer verifies.
+    let damaged = Step::Checkpoint(Box::new(record.tampered(40)));
+    let (_, rejected) = recover_r(&n, vec![damaged.clone()]);
+    assert!(
+        matches!(
+            rejected.as_slice(),
+            [(_, LedgerError::Signature(SignatureError::BadSignature))]
+        ),
+        "{rejected:?}"
+    );
+    assert_eq!(check::audit(&id("r"), &[damaged], &n.keys)[0].law, "H9");
+    // Another branch's checkpoint offered as r's.
+    let mut c = Branch::new(id("c"), sk(3), n.keys.clone(), BranchConfig::default());
+    c.checkpoint().unwrap();
+    let (_, foreign) = c.poll_persist().unwrap();
+    let (_, rejected) = recover_r(&n, vec![foreign.clone()]);
+    assert!(
+        matches!(rejected.as_slice(), [(_, LedgerError::WrongParty { .. })]),
+        "{rejected:?}"
+    );
+    assert_eq!(check::audit(&id("r"), &[foreign], &n.keys)[0].law, "H9");
+    // A true checkpoint placed where the history before it says otherwise: one settlement
+    // short (the journal without op 2's settle).
+    let settle_2 = n.journal_r[..cut]
+        .iter()
+        .position(|s| matches!(s, Step::Settle { key: k, .. } if *k == key(2)))
+        .unwrap();
+    let mut wrong: Vec<Step> = n.journal_r[..cut].to_vec();
+    wrong.remove(settle_2);
+    wrong.push(Step::Checkpoint(record));
+    let (_, rejected) = recover_r(&n, wrong.clone());
+    assert_eq!(
+        rejected.last().map(|r| &r.1),
+        Some(&LedgerError::WrongState(
+            "checkpoint does not match the journal before it"
+        ))
+    );
+    let found = check::audit(&id("r"), &wrong, &n.keys);
+    assert!(
+        found
+            .iter()
+            .any(|v| v.law == "H9" && v.detail.contains("1 operations")),
+        "{found:?}"
+    );
+}
+
+#[test]
+fn the_checker_still_disagrees_about_folded_operations() {
+    // Released after dispatch (the mutant), then folded: still L6.
+    let mut n = Net::new(
+        &[("cents", 100)],
+        Some(LedgerMutation::ReleaseAfterDispatch),
+    );
+    n.spend(ROOT_CREDIT, "one", &[("cents", 30)], 1);
+    n.run(&Vector::zero(), &mut |to, _| to == &id("g"));
+    n.r.release_unsent(key(1)).unwrap();
+    n.r.checkpoint().unwrap();
+    n.persist_all();
+    assert_eq!(n.r.ended().count(), 1);
+    let found = n.violations();
+    assert!(
+        found
+            .iter()
+            .any(|v| v.law == "L6" && v.detail.contains("released after dispatch")),
+        "{found:?}"
+    );
+
+    // An effect whose folded operation settled at another charge, and one whose operation
+    // ended without effect: L3 for both.
+    let mut n = worked(None);
+    n.r.checkpoint().unwrap();
+    n.persist_all();
+    assert_eq!(n.violations(), vec![]);
+    let one = n.effects.iter().position(|e| e.key == key(1)).unwrap();
+    n.effects[one].charge = v(&[("cents", 21)]);
+    let found = n.violations();
+    assert!(
+        found
+            .iter()
+            .any(|v| v.law == "L3" && v.detail.contains("folded")),
+        "{found:?}"
+    );
+    n.effects[one].charge = v(&[("cents", 20)]);
+    assert_eq!(n.violations(), vec![]);
+    n.effects.push(EffectInstance {
+        gateway: id("g"),
+        payer: id("r"),
+        key: key(3),
+        charge: Vector::zero(),
+    });
+    let found = n.violations();
+    assert!(found.iter().any(|v| v.law == "L3"), "{found:?}");
+}
+
+#[test]
+fn a_checkpoint_makes_room_in_a_full_journal() {
+    let mut n = Net::new(&[("cents", 100)], None);
+    let limit = 8;
+    let config = BranchConfig {
+        resend_ms: 100,
+        max_journal_steps: limit,
+        ..BranchConfig::default()
+    };
+    n.r = Branch::recover(id("r"), sk(2), n.keys.clone(), config, n.journal_r.clone()).0;
+    let mut k = 0;
+    let full = loop {
+        k += 1;
+        let e = n.effect(&format!("op-{k}"), &[("cents", 1)]);
+        match n.r.reserve(ROOT_CREDIT, e, &id("g"), key(k)) {
+            Ok(()) => {
+                n.r.dispatch(UnixMillis(0), key(k)).unwrap();
+                n.run(&v(&[("cents", 1)]), &mut |_, _| false);
+            }
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(full, LedgerError::JournalFull { limit });
+    assert!(n.r.journal_len() >= limit);
+    n.r.checkpoint().unwrap();
+    n.persist_all();
+    assert_eq!(n.r.journal_len(), 1);
+    let e = n.effect("after", &[("cents", 1)]);
+    n.r.reserve(ROOT_CREDIT, e, &id("g"), key(k)).unwrap();
+    // k - 1 settled at 1 cent each, 1 reserved now.
+    let root = RootId::from_u128(7);
+    assert_eq!(n.r.buckets(root)[4], v(&[("cents", k as u64 - 1)]));
+    assert_eq!(n.r.buckets(root)[0], v(&[("cents", 100 - k as u64)]));
+}

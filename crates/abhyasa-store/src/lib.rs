@@ -360,6 +360,7 @@ impl Store {
             txn.open_table(GOVERNED_BY)?;
             txn.open_table(RECV_APPLY_LOG)?;
             txn.open_table(LEDGER_JOURNAL)?;
+            txn.open_table(LEDGER_CHECKPOINT)?;
             txn.open_table(GATEWAY_LOG)?;
         }
         txn.commit()
@@ -397,6 +398,12 @@ impl Store {
             match op {
                 Op::Custodian(r) => self.apply_custodian(&txn, r)?,
                 Op::Receiver(r) => self.apply_receiver(&txn, r)?,
+                Op::Ledger(abhyasa_ledger::Step::Checkpoint(record)) => {
+                    // Compaction: the checkpoint stands for every step before it.
+                    txn.open_table(LEDGER_CHECKPOINT)?
+                        .insert(0, encode(&**record).as_slice())?;
+                    txn.open_table(LEDGER_JOURNAL)?.retain(|_, _| false)?;
+                }
                 Op::Ledger(step) => append(&txn, LEDGER_JOURNAL, &encode(step))?,
                 Op::Gateway(record) => append(&txn, GATEWAY_LOG, &encode(record))?,
             }
@@ -1045,9 +1052,33 @@ impl Store {
         self.all(NOTES, "custodian.notes")
     }
 
-    /// The ledger journal, in order. A record that does not decode is an error naming it.
+    /// The ledger journal, in order: the latest checkpoint (if the journal was compacted),
+    /// then the steps after it. A record that does not decode is an error naming it.
     pub fn ledger_journal(&self) -> Result<Vec<abhyasa_ledger::Step>, StoreError> {
-        self.log(LEDGER_JOURNAL, "ledger.journal")
+        let mut steps = Vec::new();
+        let txn = self.db.begin_read()?;
+        match txn.open_table(LEDGER_CHECKPOINT) {
+            Ok(t) => {
+                if let Some(row) = t.get(0)? {
+                    let record: abhyasa_wire::ledger::SignedRecord =
+                        abhyasa_wire::decode_with_limit(
+                            row.value(),
+                            abhyasa_ledger::MAX_CHECKPOINT_BYTES + 4096,
+                        )
+                        .map_err(|e| StoreError::Corrupt {
+                            table: "ledger.checkpoint",
+                            key: format!("{:032x}", 0),
+                            detail: e.to_string(),
+                        })?;
+                    steps.push(abhyasa_ledger::Step::Checkpoint(Box::new(record)));
+                }
+            }
+            Err(redb::TableError::TableDoesNotExist(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+        drop(txn);
+        steps.extend(self.log(LEDGER_JOURNAL, "ledger.journal")?);
+        Ok(steps)
     }
 
     /// The gateway's acceptance log, in order.

@@ -81,6 +81,12 @@ pub(crate) const RECV_TOKENS: TableDefinition<'_, &str, bool> =
 /// replay of it.
 pub(crate) const LEDGER_JOURNAL: TableDefinition<'_, u64, &[u8]> =
     TableDefinition::new("ledger.journal");
+/// The branch's latest checkpoint: key 0 → CBOR `SignedRecord` (the body of an
+/// `abhyasa_ledger::Step::Checkpoint`). Writing one deletes the journal rows before it in the
+/// same commit; the journal is then `[checkpoint, rows …]`. (Added after layout 1 was first
+/// written: absent reads as no checkpoint.)
+pub(crate) const LEDGER_CHECKPOINT: TableDefinition<'_, u64, &[u8]> =
+    TableDefinition::new("ledger.checkpoint");
 /// The gateway's acceptance log: sequence → CBOR `abhyasa_ledger::GatewayRecord`
 /// (first acceptances, receipts, fences). Append-only.
 pub(crate) const GATEWAY_LOG: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("gateway.log");

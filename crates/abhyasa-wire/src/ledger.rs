@@ -437,6 +437,22 @@ impl Footprint {
         )
     }
 
+    /// From per-dimension ranges, without the wire's range limit (a stored checkpoint's
+    /// credit may hold more than [`MAX_RANGES`] ranges). Empty dimensions are dropped;
+    /// `None` when a dimension appears twice.
+    pub fn from_dims(dims: impl IntoIterator<Item = (Dim, Ranges)>) -> Option<Self> {
+        let mut map = BTreeMap::new();
+        for (d, r) in dims {
+            if r.is_empty() {
+                continue;
+            }
+            if map.insert(d, r).is_some() {
+                return None;
+            }
+        }
+        Some(Self(map))
+    }
+
     /// The atoms of one dimension.
     pub fn dim(&self, d: &Dim) -> Option<&Ranges> {
         self.0.get(d)
@@ -1048,6 +1064,74 @@ impl<T: SignedObject> Signed<T> {
             *b ^= 1;
         }
         s
+    }
+}
+
+/// A signed record that is stored, never sent: its body may be larger than the wire's
+/// object limit (a branch checkpoint). The signature covers a domain tag and the exact body
+/// bytes, like [`Signed`].
+#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SignedRecord {
+    /// Who signed.
+    pub signer: AgentId,
+    body: Bytes,
+    signature: Bytes,
+}
+
+impl SignedRecord {
+    /// Signs `body` under the domain `tag` as `signer` with `key`.
+    pub fn sign(tag: &str, body: Vec<u8>, signer: &AgentId, key: &SigningKey) -> Self {
+        let signature = key.sign(&message(tag, &body));
+        Self {
+            signer: signer.clone(),
+            body: Bytes(body),
+            signature: Bytes(signature.to_bytes().to_vec()),
+        }
+    }
+
+    /// The body, once its signature under `tag` verifies with `key`.
+    pub fn open(&self, tag: &str, key: &VerifyingKey) -> Result<&[u8], SignatureError> {
+        let sig: [u8; 64] = self
+            .signature
+            .0
+            .as_slice()
+            .try_into()
+            .map_err(|_| SignatureError::BadSignature)?;
+        key.verify_strict(&message(tag, &self.body.0), &Signature::from_bytes(&sig))
+            .map_err(|_| SignatureError::BadSignature)?;
+        Ok(&self.body.0)
+    }
+
+    /// The body's length in bytes.
+    pub fn len(&self) -> usize {
+        self.body.0.len()
+    }
+
+    /// Whether the body is empty.
+    pub fn is_empty(&self) -> bool {
+        self.body.0.is_empty()
+    }
+
+    /// A copy whose body byte `at` is flipped (tests of strict verification).
+    #[doc(hidden)]
+    pub fn tampered(&self, at: usize) -> Self {
+        let mut s = self.clone();
+        if let Some(b) = s.body.0.get_mut(at) {
+            *b ^= 1;
+        }
+        s
+    }
+}
+
+impl fmt::Debug for SignedRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "SignedRecord(by {}, {} bytes)",
+            self.signer,
+            self.body.0.len()
+        )
     }
 }
 

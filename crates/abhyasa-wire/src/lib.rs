@@ -145,6 +145,24 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, WireError> {
     Ok(value)
 }
 
+/// [`decode`] with another size limit: for stored records larger than a wire object (a
+/// branch checkpoint). The nesting limit and the no-trailing-bytes rule still hold.
+pub fn decode_with_limit<T: DeserializeOwned>(bytes: &[u8], limit: usize) -> Result<T, WireError> {
+    if bytes.len() > limit {
+        return Err(WireError::TooLarge {
+            len: bytes.len(),
+            limit,
+        });
+    }
+    let mut reader = bytes;
+    let value = ciborium::de::from_reader_with_recursion_limit(&mut reader, MAX_NESTING)
+        .map_err(|e| WireError::Cbor(cbor_error(e)))?;
+    if !reader.is_empty() {
+        return Err(WireError::TrailingBytes(reader.len()));
+    }
+    Ok(value)
+}
+
 /// Decodes an obligation; an unknown kind or unreadable payload keeps its [`Envelope`].
 pub fn decode_obligation(bytes: &[u8]) -> Result<Obligation, WireError> {
     decode::<obligation::RawObligation>(bytes)?.resolve()
