@@ -27,7 +27,12 @@ fn keys() -> Keyring {
 const CREDIT: CreditId = CreditId::from_u128(1);
 
 fn setup() -> (Branch, Gateway) {
-    let (mut r, g) = unsettled_setup();
+    setup_with(BranchConfig::default())
+}
+
+/// [`setup`] with another branch configuration.
+fn setup_with(config: BranchConfig) -> (Branch, Gateway) {
+    let (mut r, g) = unsettled_setup_with(config);
     while let Some((t, _)) = r.poll_persist() {
         r.handle_persisted(t);
     }
@@ -35,13 +40,8 @@ fn setup() -> (Branch, Gateway) {
 }
 
 /// A branch with its grant applied but not yet handed to a store.
-fn unsettled_setup() -> (Branch, Gateway) {
-    let mut r = Branch::new(
-        id("r"),
-        signing_key([2; 32]),
-        keys(),
-        BranchConfig::default(),
-    );
+fn unsettled_setup_with(config: BranchConfig) -> (Branch, Gateway) {
+    let mut r = Branch::new(id("r"), signing_key([2; 32]), keys(), config);
     let g = Gateway::new(id("g"), signing_key([3; 32]), keys(), None);
     let grant = RootGrant {
         root: RootId::from_u128(1),
@@ -197,7 +197,8 @@ fn checker(c: &mut Criterion) {
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(4));
     for history in [1_000u64, 10_000] {
-        let (mut r, mut g) = setup();
+        // No checkpoint: every settled operation stays whole for the checker to read.
+        let (mut r, mut g) = setup_with(never_checkpoint());
         let mut effects = Vec::new();
         let started = Instant::now();
         for n in 1..=history {
@@ -228,9 +229,18 @@ fn checker(c: &mut Criterion) {
     grp.finish();
 }
 
+fn never_checkpoint() -> BranchConfig {
+    BranchConfig {
+        checkpoint_steps: 0,
+        ..BranchConfig::default()
+    }
+}
+
 /// Restart: open the store, read the branch's journal (or the gateway's log) and rebuild the
 /// machine from it, every signature it relies on verified again with a fresh keyring (a new
-/// process remembers no verification). Journals of 10,000 and 100,000 steps.
+/// process remembers no verification). Journals of 10,000 and 100,000 steps kept whole, and
+/// the same histories compacted: one checkpoint standing for all of them (its signature
+/// verified, every footprint re-validated).
 fn restart(c: &mut Criterion) {
     let dir = tempfile::tempdir_in(std::env::current_dir().unwrap()).unwrap();
     let mut grp = c.benchmark_group("ledger_restart");
@@ -238,12 +248,13 @@ fn restart(c: &mut Criterion) {
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(8));
     for steps in [10_000u64, 100_000] {
-        let (bp, gp) = (
+        let (bp, gp, cp) = (
             dir.path().join(format!("rb{steps}.redb")),
             dir.path().join(format!("rg{steps}.redb")),
+            dir.path().join(format!("rc{steps}.redb")),
         );
         {
-            let (mut r, mut g) = unsettled_setup();
+            let (mut r, mut g) = unsettled_setup_with(never_checkpoint());
             let mut bs = Store::open(&bp, StoreConfig::default()).unwrap();
             let mut gs = Store::open(&gp, StoreConfig::default()).unwrap();
             commit_branch(&mut r, &mut bs); // The grant.
@@ -260,6 +271,14 @@ fn restart(c: &mut Criterion) {
                 gs.gateway_log().unwrap().len(),
                 started.elapsed()
             );
+            // The same history compacted, in a store of its own.
+            r.checkpoint().unwrap();
+            let mut cs = Store::open(&cp, StoreConfig::default()).unwrap();
+            commit_branch(&mut r, &mut cs);
+            eprintln!(
+                "its checkpoint: {} bytes of redb file",
+                std::fs::metadata(&cp).unwrap().len()
+            );
         }
         grp.throughput(Throughput::Elements(steps));
         grp.bench_function(format!("branch_from_{steps}_journal_steps"), |b| {
@@ -275,6 +294,23 @@ fn restart(c: &mut Criterion) {
                 );
                 assert!(rejected.is_empty(), "{:?}", rejected.first());
                 r.journal_len()
+            })
+        });
+        grp.bench_function(format!("branch_from_a_checkpoint_of_{steps}_steps"), |b| {
+            b.iter(|| {
+                let store = Store::open(&cp, StoreConfig::default()).unwrap();
+                let journal = store.ledger_journal().unwrap();
+                assert_eq!(journal.len(), 1);
+                let (r, rejected) = Branch::recover(
+                    id("r"),
+                    signing_key([2; 32]),
+                    keys(),
+                    BranchConfig::default(),
+                    journal,
+                );
+                assert!(rejected.is_empty(), "{:?}", rejected.first());
+                assert!(r.folded_steps() >= steps);
+                r.folded_steps()
             })
         });
         grp.bench_function(format!("gateway_from_the_same_run_{steps}"), |b| {

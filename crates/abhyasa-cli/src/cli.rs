@@ -454,6 +454,9 @@ struct LedgerConfig {
     resend_ms: u64,
     /// Journal steps past which the branch takes no new work (`docs/LIMITS.md`).
     max_journal_steps: u64,
+    /// Journal steps after which the branch checkpoints and the journal before it is
+    /// dropped (`docs/LEDGER.md`); 0: never.
+    checkpoint_steps: u64,
     /// Who may sign root grants (their `<name>.ledger.pub` is in the certs directory).
     issuers: Vec<String>,
 }
@@ -464,6 +467,7 @@ impl Default for LedgerConfig {
             gateway: false,
             resend_ms: 500,
             max_journal_steps: abhyasa_ledger::BranchConfig::default().max_journal_steps,
+            checkpoint_steps: abhyasa_ledger::BranchConfig::default().checkpoint_steps,
             issuers: vec!["issuer".into()],
         }
     }
@@ -1372,6 +1376,7 @@ async fn build_node(config: &NodeConfig) -> Result<Node> {
             executor,
             resend_ms: l.resend_ms,
             max_journal_steps: l.max_journal_steps,
+            checkpoint_steps: l.checkpoint_steps,
         });
     }
     Ok(builder.build().await?)

@@ -23,6 +23,11 @@ pub struct BranchConfig {
     /// transfers are refused (their rights go back to the source). Steps that end work
     /// already started (dispatch, settlement, forfeit, decisions) still go in.
     pub max_journal_steps: u64,
+    /// Journal steps after which the branch checkpoints itself ([`Branch::checkpoint`]) the
+    /// next time a step is polled; 0: never on its own. A checkpoint rewrites the whole
+    /// state, so one is also put off until the journal holds at least half as many steps
+    /// as the state has rows: its cost per step stays constant as the state grows.
+    pub checkpoint_steps: u64,
     /// A deliberately broken rule (simulation only).
     #[doc(hidden)]
     pub mutation: Option<LedgerMutation>,
@@ -33,6 +38,7 @@ impl Default for BranchConfig {
         Self {
             resend_ms: 500,
             max_journal_steps: 1_000_000,
+            checkpoint_steps: 10_000,
             mutation: None,
         }
     }
@@ -1096,7 +1102,23 @@ impl Branch {
 
     /// The next step to make durable.
     pub fn poll_persist(&mut self) -> Option<(PersistToken, Step)> {
+        if self.checkpoint_due() {
+            // Folding cannot fail on a consistent state; if it did, the journal simply
+            // stays long and the next poll tries again.
+            let _ = self.checkpoint();
+        }
         self.persists.pop_front()
+    }
+
+    /// Whether the journal has grown enough for a checkpoint (`checkpoint_steps`).
+    fn checkpoint_due(&self) -> bool {
+        let every = self.config.checkpoint_steps;
+        let rows = self.ops.len()
+            + self.ended.len()
+            + self.credits.len()
+            + self.outgoing.len()
+            + self.incoming.len();
+        every > 0 && self.journal_len >= every.max(rows as u64 / 2)
     }
 
     /// `token`'s step is durable: release what waited for it.

@@ -242,11 +242,14 @@ pub enum LedgerMutation {
     /// The branch reissues a generation that still has operations in progress (their
     /// remainders come back later to a closed credit).
     ReissueWithWorkInProgress,
+    /// A checkpoint folds forfeited operations as if they had ended without effect: their
+    /// atoms, charged for ever, vanish from every bucket.
+    CheckpointDropsForfeited,
 }
 
 impl LedgerMutation {
     /// Every mutant, with its command-line name.
-    pub const ALL: [(&'static str, LedgerMutation); 15] = [
+    pub const ALL: [(&'static str, LedgerMutation); 16] = [
         ("refund_on_timeout", LedgerMutation::RefundOnTimeout),
         (
             "accept_replayed_transfer",
@@ -291,6 +294,10 @@ impl LedgerMutation {
         (
             "reissue_with_work_in_progress",
             LedgerMutation::ReissueWithWorkInProgress,
+        ),
+        (
+            "checkpoint_drops_forfeited",
+            LedgerMutation::CheckpointDropsForfeited,
         ),
     ];
 }

@@ -148,6 +148,7 @@ async fn fixture() -> Fixture {
             executor: Some(Arc::new(NoResumes(executor_runs.clone()))),
             resend_ms: 500,
             max_journal_steps: abhyasa_ledger::BranchConfig::default().max_journal_steps,
+            checkpoint_steps: abhyasa_ledger::BranchConfig::default().checkpoint_steps,
         })
         .build()
         .await
@@ -323,6 +324,7 @@ async fn the_callers_node_reserves_carries_the_permit_and_settles_from_the_recei
             executor: None,
             resend_ms: 50,
             max_journal_steps: abhyasa_ledger::BranchConfig::default().max_journal_steps,
+            checkpoint_steps: abhyasa_ledger::BranchConfig::default().checkpoint_steps,
         })
         .build()
         .await

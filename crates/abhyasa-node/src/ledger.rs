@@ -46,6 +46,9 @@ pub struct LedgerSetup {
     /// Journal steps past which the branch takes no new work
     /// ([`BranchConfig::max_journal_steps`](abhyasa_ledger::BranchConfig)).
     pub max_journal_steps: u64,
+    /// Journal steps after which the branch checkpoints and the store drops the journal
+    /// before it ([`BranchConfig::checkpoint_steps`](abhyasa_ledger::BranchConfig)); 0: never.
+    pub checkpoint_steps: u64,
 }
 
 impl std::fmt::Debug for LedgerSetup {
@@ -260,6 +263,7 @@ impl LedgerPart {
         let config = BranchConfig {
             resend_ms: setup.resend_ms,
             max_journal_steps: setup.max_journal_steps,
+            checkpoint_steps: setup.checkpoint_steps,
             mutation: None,
         };
         let (branch, rejected) = Branch::recover(

@@ -63,6 +63,9 @@ fn setup(n: &str, executor: Option<Arc<dyn Executor>>) -> LedgerSetup {
         executor,
         resend_ms: 100,
         max_journal_steps: abhyasa_ledger::BranchConfig::default().max_journal_steps,
+        // Small, so the journals compact during the tests (the stores then hold a
+        // checkpoint and the steps after it, and every restart starts from one).
+        checkpoint_steps: 4,
     }
 }
 
@@ -320,6 +323,12 @@ async fn grant_delegate_spend_settle_across_three_nodes() {
     );
     let effects = recorder.0.lock().unwrap().clone();
     assert_eq!(effects.len(), 6, "five spends and the successor's");
+    // The child (the spender) compacted: its file starts with a checkpoint that folded
+    // settled operations (the checker below reads them through it). The root wrote three
+    // steps (grant, seal, decision): under the threshold, its journal is whole.
+    assert!(cb.folded_steps() > 0, "the child never checkpointed");
+    assert!(cb.ended().count() > 0);
+    assert_eq!((rb.folded_steps(), rb.journal_len()), (0, 3));
     // The child's journal recovered: the closed generation and its successor as they were.
     assert!(cb.credit(child_credit).unwrap().closed);
     assert_eq!(cb.current(child_credit), Some(next));

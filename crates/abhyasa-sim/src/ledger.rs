@@ -88,6 +88,8 @@ pub struct LedgerReport {
     pub fused: u64,
     /// Unused rights returned to their source.
     pub returns: u64,
+    /// Checkpoints made durable (each dropped the journal before it).
+    pub checkpoints: u64,
     /// Broken invariants (the first few).
     pub violations: Vec<String>,
 }
@@ -188,6 +190,8 @@ struct Params {
     branch_commit_ms: u64,
     /// Chance that a branch crashes just before a step lands.
     branch_crash_writing: f64,
+    /// Journal steps after which a branch checkpoints (0: never).
+    checkpoint_steps: u64,
 }
 
 struct Sim {
@@ -197,6 +201,10 @@ struct Sim {
     mutation: Option<LedgerMutation>,
     now: u64,
     branches: BTreeMap<String, Node<Branch, Step>>,
+    /// Every step each branch made durable, checkpoints included, with nothing dropped: the
+    /// history auditor reads it besides the compacted journal (a checkpoint in the middle
+    /// must agree with everything before it).
+    archives: BTreeMap<String, Vec<Step>>,
     gateways: BTreeMap<String, Node<Gateway, GatewayRecord>>,
     net: BTreeMap<(u64, u64), Msg>,
     seq: u64,
@@ -256,6 +264,7 @@ impl Sim {
             gateway_crash_writing: 0.0,
             branch_commit_ms: 0,
             branch_crash_writing: 0.0,
+            checkpoint_steps: 0,
         };
         // Drawn last, so the schedules above stay those of earlier versions.
         let mut p = p;
@@ -286,6 +295,11 @@ impl Sim {
         } else {
             0.0
         };
+        p.checkpoint_steps = if rng.random_bool(0.7) {
+            rng.random_range(3..40)
+        } else {
+            0
+        };
         let mut all: Vec<(AgentId, _)> = BRANCHES
             .iter()
             .chain(GATEWAYS.iter())
@@ -296,6 +310,7 @@ impl Sim {
         let keys = Keyring::new(all).with_issuers([agent("issuer")]);
         let config = BranchConfig {
             resend_ms: p.resend_ms,
+            checkpoint_steps: p.checkpoint_steps,
             mutation,
             ..BranchConfig::default()
         };
@@ -335,6 +350,7 @@ impl Sim {
             keys,
             mutation,
             now: 0,
+            archives: BRANCHES.iter().map(|n| (n.to_string(), Vec::new())).collect(),
             branches,
             gateways,
             net: BTreeMap::new(),
@@ -494,8 +510,12 @@ impl Sim {
                         .push_back(((self.now + after).max(last), token, step));
                     continue;
                 }
-                count_step(&mut self.report, &step);
-                node.durable.push(step);
+                land(
+                    &mut self.report,
+                    &mut node.durable,
+                    self.archives.get_mut(name).expect("known branch"),
+                    step,
+                );
                 if self.rng.random_bool(self.p.crash_after_step) {
                     crashed = true; // Durable, but nothing it released goes out.
                     break;
@@ -542,8 +562,12 @@ impl Sim {
                         break;
                     }
                     let (_, token, step) = node.writing.pop_front().expect("checked");
-                    count_step(&mut self.report, &step);
-                    node.durable.push(step);
+                    land(
+                        &mut self.report,
+                        &mut node.durable,
+                        self.archives.get_mut(name).expect("known branch"),
+                        step,
+                    );
                     landed = true;
                     if self.rng.random_bool(self.p.crash_after_step) {
                         crashed = true;
@@ -696,6 +720,7 @@ impl Sim {
     fn restart_due(&mut self) {
         let config = BranchConfig {
             resend_ms: self.p.resend_ms,
+            checkpoint_steps: self.p.checkpoint_steps,
             mutation: self.mutation,
             ..BranchConfig::default()
         };
@@ -872,6 +897,7 @@ impl Sim {
     fn branches_for_check(&self) -> Vec<Branch> {
         let config = BranchConfig {
             resend_ms: self.p.resend_ms,
+            checkpoint_steps: self.p.checkpoint_steps,
             mutation: self.mutation,
             ..BranchConfig::default()
         };
@@ -912,6 +938,11 @@ impl Sim {
             .branches
             .iter()
             .flat_map(|(name, n)| audit(&agent(name), &n.durable, &self.keys))
+            .chain(
+                self.archives
+                    .iter()
+                    .flat_map(|(name, steps)| audit(&agent(name), steps, &self.keys)),
+            )
             .chain(
                 self.gateways
                     .iter()
@@ -996,6 +1027,13 @@ impl Sim {
                     OpState::Settled { .. } => self.report.settled += 1,
                     OpState::NoEffect(_) => self.report.no_effect += 1,
                     OpState::Forfeited { .. } => self.report.forfeited += 1,
+                    _ => {}
+                }
+            }
+            for e in b.ended() {
+                match e.outcome {
+                    abhyasa_ledger::Ended::Settled { .. } => self.report.settled += 1,
+                    abhyasa_ledger::Ended::NoEffect => self.report.no_effect += 1,
                     _ => {}
                 }
             }
@@ -1208,6 +1246,17 @@ impl Sim {
     }
 }
 
+/// A branch step becomes durable: into the journal — a checkpoint replaces everything
+/// before it, as the store does in the commit that writes it — and into the archive.
+fn land(report: &mut LedgerReport, journal: &mut Vec<Step>, archive: &mut Vec<Step>, step: Step) {
+    count_step(report, &step);
+    if matches!(step, Step::Checkpoint(_)) {
+        journal.clear();
+    }
+    archive.push(step.clone());
+    journal.push(step);
+}
+
 /// Counts a branch step as it becomes durable.
 fn count_step(r: &mut LedgerReport, step: &Step) {
     match step {
@@ -1218,6 +1267,7 @@ fn count_step(r: &mut LedgerReport, step: &Step) {
             r.reissues += 1;
             r.fused += u64::from(last.is_some());
         }
+        Step::Checkpoint(_) => r.checkpoints += 1,
         _ => {}
     }
 }

@@ -263,41 +263,48 @@ impl Branch {
     /// `committed`. Forfeited operations stay (their atoms are charged for ever and a late
     /// receipt still annotates them).
     fn fold(&mut self) -> Result<(), LedgerError> {
+        let drop_forfeited =
+            self.config.mutation == Some(crate::LedgerMutation::CheckpointDropsForfeited);
         let done: Vec<OpKey> = self
             .ops
             .iter()
-            .filter(|(_, o)| {
-                matches!(
-                    o.state,
-                    OpState::Settled { .. }
-                        | OpState::NoEffect(_)
-                        | OpState::Released
-                        | OpState::Refunded
-                )
+            .filter(|(_, o)| match o.state {
+                OpState::Settled { .. }
+                | OpState::NoEffect(_)
+                | OpState::Released
+                | OpState::Refunded => true,
+                OpState::Forfeited { .. } => drop_forfeited,
+                OpState::Reserved | OpState::Quarantined => false,
             })
             .map(|(k, _)| *k)
             .collect();
+        // All or nothing: the committed footprints are computed before anything moves.
+        let mut committed = self.committed.clone();
+        for key in &done {
+            if let Some(OpState::Settled { charged, .. }) = self.ops.get(key).map(|o| &o.state) {
+                let root = self.ops[key].binding.root;
+                let joined = match committed.get(&root) {
+                    Some(c) => c
+                        .union(charged)
+                        .ok_or(LedgerError::WrongState("committed atoms owned twice"))?,
+                    None => charged.clone(),
+                };
+                committed.insert(root, joined);
+            }
+        }
+        self.committed = committed;
         for key in done {
             let Some(op) = self.ops.remove(&key) else {
                 continue;
             };
             let outcome = match op.state {
-                OpState::Settled { charged, .. } => {
-                    let root = op.binding.root;
-                    let joined = match self.committed.get(&root) {
-                        Some(c) => c
-                            .union(&charged)
-                            .ok_or(LedgerError::WrongState("committed atoms owned twice"))?,
-                        None => charged.clone(),
-                    };
-                    self.committed.insert(root, joined);
-                    Ended::Settled {
-                        actual: charged.size(),
-                    }
-                }
-                OpState::NoEffect(_) => Ended::NoEffect,
+                OpState::Settled { charged, .. } => Ended::Settled {
+                    actual: charged.size(),
+                },
+                // Forfeited only under the mutant.
+                OpState::NoEffect(_) | OpState::Forfeited { .. } => Ended::NoEffect,
                 OpState::Released => Ended::Released,
-                _ => Ended::Refunded,
+                OpState::Refunded | OpState::Reserved | OpState::Quarantined => Ended::Refunded,
             };
             self.ended.insert(
                 key,
