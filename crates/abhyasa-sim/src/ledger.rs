@@ -149,6 +149,38 @@ struct Node<M, R> {
     up_at: u64,
 }
 
+impl<M, R> Node<M, R> {
+    /// Records whose write lands by `now` become durable, in order (`land` puts each in the
+    /// journal), each confirmed to the machine with `persisted`. A crash may come just before
+    /// a record lands (chance `crash.0`) or right after (`crash.1`). Returns (crashed, landed).
+    fn land_due(
+        &mut self,
+        now: u64,
+        rng: &mut SimRng,
+        crash: (f64, f64),
+        mut land: impl FnMut(&mut Vec<R>, R),
+        persisted: impl Fn(&mut M, PersistToken),
+    ) -> (bool, bool) {
+        let mut landed = false;
+        let Some(m) = self.machine.as_mut() else {
+            return (false, false);
+        };
+        while self.writing.front().is_some_and(|w| w.0 <= now) {
+            if rng.random_bool(crash.0) {
+                return (true, landed);
+            }
+            let (_, token, record) = self.writing.pop_front().expect("checked");
+            land(&mut self.durable, record);
+            landed = true;
+            if rng.random_bool(crash.1) {
+                return (true, landed);
+            }
+            persisted(m, token);
+        }
+        (false, landed)
+    }
+}
+
 struct Msg {
     from: AgentId,
     to: AgentId,
@@ -350,7 +382,10 @@ impl Sim {
             keys,
             mutation,
             now: 0,
-            archives: BRANCHES.iter().map(|n| (n.to_string(), Vec::new())).collect(),
+            archives: BRANCHES
+                .iter()
+                .map(|n| (n.to_string(), Vec::new()))
+                .collect(),
             branches,
             gateways,
             net: BTreeMap::new(),
@@ -549,33 +584,16 @@ impl Sim {
     /// lands, or right after), and what waited for them is released.
     fn branch_commits_due(&mut self) {
         for name in BRANCHES {
-            let mut crashed = false;
-            let mut landed = false;
-            {
-                let node = self.branches.get_mut(name).expect("known branch");
-                let Some(b) = node.machine.as_mut() else {
-                    continue;
-                };
-                while node.writing.front().is_some_and(|w| w.0 <= self.now) {
-                    if self.rng.random_bool(self.p.branch_crash_writing) {
-                        crashed = true;
-                        break;
-                    }
-                    let (_, token, step) = node.writing.pop_front().expect("checked");
-                    land(
-                        &mut self.report,
-                        &mut node.durable,
-                        self.archives.get_mut(name).expect("known branch"),
-                        step,
-                    );
-                    landed = true;
-                    if self.rng.random_bool(self.p.crash_after_step) {
-                        crashed = true;
-                        break;
-                    }
-                    b.handle_persisted(token);
-                }
-            }
+            let node = self.branches.get_mut(name).expect("known branch");
+            let archive = self.archives.get_mut(name).expect("known branch");
+            let report = &mut self.report;
+            let (crashed, landed) = node.land_due(
+                self.now,
+                &mut self.rng,
+                (self.p.branch_crash_writing, self.p.crash_after_step),
+                |durable, step| land(report, durable, archive, step),
+                Branch::handle_persisted,
+            );
             if crashed {
                 self.crash_branch(name);
             } else if landed {
@@ -687,28 +705,14 @@ impl Sim {
     fn gateway_commits_due(&mut self) {
         let names: Vec<String> = self.gateways.keys().cloned().collect();
         for name in names {
-            let mut crashed = false;
-            let mut landed = false;
-            {
-                let node = self.gateways.get_mut(&name).expect("known gateway");
-                let Some(g) = node.machine.as_mut() else {
-                    continue;
-                };
-                while node.writing.front().is_some_and(|w| w.0 <= self.now) {
-                    if self.rng.random_bool(self.p.gateway_crash_writing) {
-                        crashed = true;
-                        break;
-                    }
-                    let (_, token, record) = node.writing.pop_front().expect("checked");
-                    node.durable.push(record);
-                    landed = true;
-                    if self.rng.random_bool(self.p.crash_after_step) {
-                        crashed = true;
-                        break;
-                    }
-                    g.handle_persisted(token);
-                }
-            }
+            let node = self.gateways.get_mut(&name).expect("known gateway");
+            let (crashed, landed) = node.land_due(
+                self.now,
+                &mut self.rng,
+                (self.p.gateway_crash_writing, self.p.crash_after_step),
+                |durable, record| durable.push(record),
+                Gateway::handle_persisted,
+            );
             if crashed {
                 self.crash_gateway(&name);
             } else if landed {
