@@ -457,6 +457,11 @@ struct LedgerConfig {
     /// Journal steps after which the branch checkpoints and the journal before it is
     /// dropped (`docs/LEDGER.md`); 0: never.
     checkpoint_steps: u64,
+    /// How long a permit this branch signs stays valid, ms (0: for ever).
+    permit_ttl_ms: u64,
+    /// As a gateway: how long a settled acceptance is kept after its permit expired, ms
+    /// (0: for ever).
+    gateway_retain_ms: u64,
     /// Who may sign root grants (their `<name>.ledger.pub` is in the certs directory).
     issuers: Vec<String>,
 }
@@ -468,6 +473,8 @@ impl Default for LedgerConfig {
             resend_ms: 500,
             max_journal_steps: abhyasa_ledger::BranchConfig::default().max_journal_steps,
             checkpoint_steps: abhyasa_ledger::BranchConfig::default().checkpoint_steps,
+            permit_ttl_ms: 3_600_000,
+            gateway_retain_ms: 86_400_000,
             issuers: vec!["issuer".into()],
         }
     }
@@ -1377,6 +1384,8 @@ async fn build_node(config: &NodeConfig) -> Result<Node> {
             resend_ms: l.resend_ms,
             max_journal_steps: l.max_journal_steps,
             checkpoint_steps: l.checkpoint_steps,
+            permit_ttl_ms: l.permit_ttl_ms,
+            gateway_retain_ms: (l.gateway_retain_ms > 0).then_some(l.gateway_retain_ms),
         });
     }
     Ok(builder.build().await?)

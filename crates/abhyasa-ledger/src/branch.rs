@@ -28,6 +28,10 @@ pub struct BranchConfig {
     /// state, so one is also put off until the journal holds at least half as many steps
     /// as the state has rows: its cost per step stays constant as the state grows.
     pub checkpoint_steps: u64,
+    /// How long a permit is valid, in ms from the branch's clock when it is reserved
+    /// (`Binding::expires`); 0: permits never expire. A gateway refuses an expired permit,
+    /// and may forget a settled operation whose permit expired longer ago than its retention.
+    pub permit_ttl_ms: u64,
     /// A deliberately broken rule (simulation only).
     #[doc(hidden)]
     pub mutation: Option<LedgerMutation>,
@@ -39,6 +43,7 @@ impl Default for BranchConfig {
             resend_ms: 500,
             max_journal_steps: 1_000_000,
             checkpoint_steps: 10_000,
+            permit_ttl_ms: 0,
             mutation: None,
         }
     }
@@ -390,6 +395,9 @@ pub struct Branch {
     transmits: VecDeque<(AgentId, LedgerMessage)>,
     events: VecDeque<LedgerEvent>,
     last_resend: UnixMillis,
+    /// The latest time seen (`advance_clock`, timeouts, dispatches, messages): what a new
+    /// permit's expiry counts from.
+    clock: UnixMillis,
 }
 
 impl Branch {
@@ -420,7 +428,14 @@ impl Branch {
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             last_resend: UnixMillis(0),
+            clock: UnixMillis(0),
         }
+    }
+
+    /// Moves the branch's clock to `now` (never back): new permits expire
+    /// `permit_ttl_ms` after it. A driver calls it before asking for a reservation.
+    pub fn advance_clock(&mut self, now: UnixMillis) {
+        self.clock = self.clock.max(now);
     }
 
     /// Rebuilds a branch from its durable steps, in order. A step that does not apply (a
@@ -598,6 +613,8 @@ impl Branch {
             max_charge: effect.max_charge.clone(),
             key,
             payer: self.me.clone(),
+            expires: (self.config.permit_ttl_ms > 0)
+                .then(|| UnixMillis(self.clock.0.saturating_add(self.config.permit_ttl_ms))),
         };
         let permit = Signed::sign(&Permit { binding, footprint }, &self.me, &self.key);
         self.commit(Step::Reserve { permit, effect }, Vec::new())
@@ -605,6 +622,7 @@ impl Branch {
 
     /// Reserved → Quarantined, durable before the permit goes to the gateway.
     pub fn dispatch(&mut self, now: UnixMillis, key: OpKey) -> Result<(), LedgerError> {
+        self.advance_clock(now);
         let op = self
             .ops
             .get(&key)
@@ -757,6 +775,7 @@ impl Branch {
 
     /// Handles a message from `from`. Bad messages are reported as events, never applied.
     pub fn handle_message(&mut self, now: UnixMillis, from: &AgentId, msg: LedgerMessage) {
+        self.advance_clock(now);
         if let Err(e) = self.on_message(now, from, msg) {
             self.events.push_back(LedgerEvent::Rejected(e));
         }
@@ -999,6 +1018,7 @@ impl Branch {
     /// Sends again what is still undecided: sealed transfers and quarantined dispatches
     /// (the gateway answers a repeated key with its prior decision). Never refunds.
     pub fn handle_timeout(&mut self, now: UnixMillis) {
+        self.advance_clock(now);
         if now.0 < self.last_resend.0.saturating_add(self.config.resend_ms) {
             return;
         }

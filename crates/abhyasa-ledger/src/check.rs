@@ -423,6 +423,11 @@ pub fn check(w: &World<'_>) -> Vec<Violation> {
                 .map(move |o| ((b.agent().clone(), o.binding.key), (b.agent(), o)))
         })
         .collect();
+    let horizons: BTreeMap<AgentId, abhyasa_wire::UnixMillis> = w
+        .gateways
+        .iter()
+        .map(|g| (g.agent().clone(), g.horizon()))
+        .collect();
     // Operations checkpoints folded, by (payer, key).
     let ended: BTreeMap<(AgentId, OpKey), &crate::EndedOp> = w
         .branches
@@ -451,10 +456,52 @@ pub fn check(w: &World<'_>) -> Vec<Violation> {
             );
         }
         let Some(a) = acceptances.get(&at) else {
-            bad(
-                "L3",
-                format!("effect {} at {} ran with no acceptance", e.key, e.gateway),
-            );
+            // Forgotten by the gateway (pruned): only an acceptance whose permit expired
+            // before the gateway's horizon may be gone, and the payer's operation must still
+            // cover the instance — settled at its charge, or its escrow still held.
+            let horizon = horizons
+                .get(&e.gateway)
+                .copied()
+                .unwrap_or(abhyasa_wire::UnixMillis(0));
+            let before = |x: Option<abhyasa_wire::UnixMillis>| x.is_some_and(|x| x < horizon);
+            let payer_key = (e.payer.clone(), e.key);
+            let forgotten = match (ended.get(&payer_key), ops.get(&payer_key)) {
+                (Some(s), _) => {
+                    before(s.expires)
+                        && s.receiver == e.gateway
+                        && matches!(&s.outcome, Ended::Settled { actual } if *actual == e.charge)
+                }
+                (None, Some((_, op))) => {
+                    before(op.binding.expires)
+                        && op.binding.receiver == e.gateway
+                        && match &op.state {
+                            OpState::Settled { charged, .. } => charged.size() == e.charge,
+                            // Its receipt never reached the payer: the escrow still holds
+                            // the whole maximum (a query now gets `Forgotten`, never a proof).
+                            OpState::Reserved
+                            | OpState::Quarantined
+                            | OpState::Forfeited { .. } => e.charge.le(&op.binding.max_charge),
+                            OpState::NoEffect(_) | OpState::Released | OpState::Refunded => false,
+                        }
+                }
+                (None, None) => false,
+            };
+            if !forgotten {
+                let payer_has = match (ended.get(&payer_key), ops.get(&payer_key)) {
+                    (Some(s), _) => format!("folded, {:?}, expiring {:?}", s.outcome, s.expires),
+                    (None, Some((_, op))) => {
+                        format!("{}, expiring {:?}", op.state.name(), op.binding.expires)
+                    }
+                    (None, None) => "nothing".into(),
+                };
+                bad(
+                    "L3",
+                    format!(
+                        "effect {} at {} ran with no acceptance (horizon {horizon:?}; the payer has {payer_has})",
+                        e.key, e.gateway
+                    ),
+                );
+            }
             continue;
         };
         if let Some(ended) = ended.get(&(e.payer.clone(), e.key)) {
@@ -1062,7 +1109,11 @@ pub fn audit(agent: &AgentId, steps: &[Step], keys: &Keyring) -> Vec<Violation> 
 /// - `G3` a key is accepted once per payer, with a permit its payer signed for exactly the
 ///   binding recorded;
 /// - `G4` a receipt follows the acceptance it settles, once, signed by this gateway, bound to
-///   the accepted binding and charging no more than its maximum.
+///   the accepted binding and charging no more than its maximum;
+/// - `G5` only settled acceptances are forgotten, each once, and only after its permit
+///   expired before the record's horizon; horizons only rise;
+/// - `G6` nothing is accepted that expired before a horizon already in the log (it may be a
+///   forgotten one, replayed); a forgotten key is never accepted again (G3).
 pub fn audit_gateway(
     gateway: &AgentId,
     records: &[GatewayRecord],
@@ -1080,8 +1131,33 @@ pub fn audit_gateway(
     // (payer, key) → the accepted binding.
     let mut accepted: BTreeMap<(AgentId, OpKey), Binding> = BTreeMap::new();
     let mut receipted: BTreeSet<(AgentId, OpKey)> = BTreeSet::new();
+    let mut forgotten: BTreeSet<(AgentId, OpKey)> = BTreeSet::new();
+    let mut horizon = abhyasa_wire::UnixMillis(0);
     for (i, r) in records.iter().enumerate() {
         match r {
+            GatewayRecord::Pruned { horizon: h, keys } => {
+                if *h < horizon {
+                    bad(
+                        "G5",
+                        format!("record {i}: horizon falls from {horizon:?} to {h:?}"),
+                    );
+                }
+                horizon = horizon.max(*h);
+                for k in keys {
+                    let expired = accepted
+                        .get(k)
+                        .is_some_and(|b| b.expires.is_some_and(|e| e < *h));
+                    if !receipted.contains(k) || !expired || !forgotten.insert(k.clone()) {
+                        bad(
+                            "G5",
+                            format!(
+                                "record {i}: {} of {} forgotten unsettled, unexpired or twice",
+                                k.1, k.0
+                            ),
+                        );
+                    }
+                }
+            }
             GatewayRecord::Fence { credit, epoch } => {
                 let prior = fences.get(credit).copied();
                 if prior.is_some_and(|p| *epoch <= p) {
@@ -1096,6 +1172,15 @@ pub fn audit_gateway(
             GatewayRecord::Accepted {
                 binding, permit, ..
             } => {
+                if binding.expires.is_some_and(|e| e < horizon) {
+                    bad(
+                        "G6",
+                        format!(
+                            "record {i}: {} accepted though it expired before the horizon {horizon:?}",
+                            binding.key
+                        ),
+                    );
+                }
                 let fence = fences.get(&binding.credit).copied().unwrap_or(0);
                 if binding.epoch < fence {
                     bad(

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use abhyasa_wire::ledger::*;
-use abhyasa_wire::AgentId;
+use abhyasa_wire::{AgentId, UnixMillis};
 use serde::{Deserialize, Serialize};
 
 use crate::{Keyring, LedgerMutation, PersistToken};
@@ -37,7 +37,19 @@ pub enum GatewayRecord {
         /// Permits below this epoch are refused.
         epoch: u64,
     },
+    /// Settled acceptances forgotten: each was receipted (durably) and its permit expired
+    /// before `horizon`. From here on a binding that expired before `horizon` is refused
+    /// (`Expired`) and never proven without effect (`Forgotten`): its record may be gone.
+    Pruned {
+        /// Every binding expiring before this instant may have been forgotten.
+        horizon: UnixMillis,
+        /// The (payer, key)s forgotten.
+        keys: Vec<(AgentId, OpKey)>,
+    },
 }
+
+/// Most keys one `Pruned` record names.
+const PRUNE_BATCH: usize = 1024;
 
 /// What the gateway knows of an accepted key.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -103,6 +115,18 @@ pub struct Gateway {
     gated: BTreeMap<PersistToken, Vec<Gated>>,
     transmits: VecDeque<(AgentId, LedgerMessage)>,
     executes: VecDeque<Execute>,
+    /// The latest time seen (`handle_timeout`), never below `horizon`.
+    clock: UnixMillis,
+    /// Bindings expiring before this may have been forgotten (the latest `Pruned` record,
+    /// applied; durable once `prune_in_flight` is clear).
+    horizon: UnixMillis,
+    /// How long a settled acceptance is kept after its permit expired, in ms; `None`: for
+    /// ever.
+    retain_ms: Option<u64>,
+    /// When to look for prunable acceptances next.
+    next_prune: u64,
+    /// Acceptances forgotten so far (this process).
+    pruned: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -137,7 +161,68 @@ impl Gateway {
             gated: BTreeMap::new(),
             transmits: VecDeque::new(),
             executes: VecDeque::new(),
+            clock: UnixMillis(0),
+            horizon: UnixMillis(0),
+            retain_ms: None,
+            next_prune: 0,
+            pruned: 0,
         }
+    }
+
+    /// Forget settled acceptances `ms` after their permits expired ([`handle_timeout`]
+    /// prunes them): the log stays bounded by the rate of settlements times the permits'
+    /// lifetime plus `ms`. Acceptances of permits without expiry are kept for ever.
+    ///
+    /// [`handle_timeout`]: Self::handle_timeout
+    pub fn retaining(mut self, ms: u64) -> Self {
+        self.retain_ms = Some(ms);
+        self
+    }
+
+    /// Advances the gateway's clock (permits expire against it) and forgets settled
+    /// acceptances whose permits expired more than the retention ago, in a durable `Pruned`
+    /// record.
+    pub fn handle_timeout(&mut self, now: UnixMillis) {
+        self.clock = self.clock.max(now);
+        let Some(retain) = self.retain_ms else {
+            return;
+        };
+        if now.0 < self.next_prune {
+            return;
+        }
+        self.next_prune = now.0.saturating_add((retain / 4).max(50));
+        let horizon = UnixMillis(self.clock.0.saturating_sub(retain));
+        let early = self.mutation == Some(LedgerMutation::PruneBeforeExpiry);
+        let keys: Vec<(AgentId, OpKey)> = self
+            .log
+            .iter()
+            .filter(|(_, a)| {
+                matches!(a.state, AcceptanceState::Done(_))
+                    && a.receipt_durable
+                    && (early || a.binding.expires.is_some_and(|e| e < horizon))
+            })
+            .map(|(k, _)| k.clone())
+            .take(PRUNE_BATCH)
+            .collect();
+        if keys.is_empty() {
+            return;
+        }
+        let record = GatewayRecord::Pruned {
+            horizon: horizon.max(self.horizon),
+            keys,
+        };
+        self.apply(&record);
+        self.persist(record);
+    }
+
+    /// Bindings expiring before this may have been forgotten.
+    pub fn horizon(&self) -> UnixMillis {
+        self.horizon
+    }
+
+    /// Acceptances forgotten by this process so far.
+    pub fn pruned(&self) -> u64 {
+        self.pruned
     }
 
     /// Rebuilds a gateway from its records; accepted keys without a receipt are handed out
@@ -155,6 +240,8 @@ impl Gateway {
         }
         // Everything read back is durable.
         g.durable_fences = g.fences.clone();
+        g.clock = g.horizon;
+        g.pruned = 0;
         for a in g.log.values_mut() {
             a.receipt_durable = matches!(a.state, AcceptanceState::Done(_));
         }
@@ -248,6 +335,13 @@ impl Gateway {
                 return;
             }
         }
+        // Expired against the clock, and never below the horizon (a restarted gateway has
+        // not seen the time yet, but what it forgot expired before its durable horizon).
+        let now = self.clock.max(self.horizon);
+        let lax = self.mutation == Some(LedgerMutation::GatewayAcceptsExpired);
+        if b.expires.is_some_and(|e| e < now) && !lax {
+            return self.refuse(from, key, Refusal::Expired);
+        }
         let fence = self.fences.get(&b.credit).copied().unwrap_or(0);
         if b.epoch < fence && self.mutation != Some(LedgerMutation::GatewayWithoutFence) {
             return self.refuse(from, key, Refusal::Fenced);
@@ -296,6 +390,13 @@ impl Gateway {
                 AcceptanceState::Done(r) if a.receipt_durable => LedgerMessage::Receipt(r.clone()),
                 _ => LedgerMessage::Pending { key },
             },
+            None if binding.expires.is_some_and(|e| e < self.horizon) => {
+                // It may have been accepted, settled and forgotten: nothing can be proven.
+                LedgerMessage::Refused {
+                    key,
+                    reason: Refusal::Forgotten,
+                }
+            }
             None => {
                 // Only a durable fence proves that the binding can never be accepted: one
                 // still being written may be lost to a crash, and the permit accepted after.
@@ -455,6 +556,14 @@ impl Gateway {
             GatewayRecord::Fence { credit, epoch } => {
                 let f = self.fences.entry(*credit).or_insert(0);
                 *f = (*f).max(*epoch);
+            }
+            GatewayRecord::Pruned { horizon, keys } => {
+                for k in keys {
+                    if self.log.remove(k).is_some() {
+                        self.pruned += 1;
+                    }
+                }
+                self.horizon = self.horizon.max(*horizon);
             }
         }
     }

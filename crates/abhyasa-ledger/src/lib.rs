@@ -245,11 +245,16 @@ pub enum LedgerMutation {
     /// A checkpoint folds forfeited operations as if they had ended without effect: their
     /// atoms, charged for ever, vanish from every bucket.
     CheckpointDropsForfeited,
+    /// The gateway forgets a settled acceptance at once, before its permit expired: a replay
+    /// of the permit is accepted and run again.
+    PruneBeforeExpiry,
+    /// The gateway accepts a permit past its expiry.
+    GatewayAcceptsExpired,
 }
 
 impl LedgerMutation {
     /// Every mutant, with its command-line name.
-    pub const ALL: [(&'static str, LedgerMutation); 16] = [
+    pub const ALL: [(&'static str, LedgerMutation); 18] = [
         ("refund_on_timeout", LedgerMutation::RefundOnTimeout),
         (
             "accept_replayed_transfer",
@@ -298,6 +303,11 @@ impl LedgerMutation {
         (
             "checkpoint_drops_forfeited",
             LedgerMutation::CheckpointDropsForfeited,
+        ),
+        ("prune_before_expiry", LedgerMutation::PruneBeforeExpiry),
+        (
+            "gateway_accepts_expired",
+            LedgerMutation::GatewayAcceptsExpired,
         ),
     ];
 }

@@ -930,6 +930,7 @@ fn another_payer_cannot_squat_a_key() {
             max_charge: v(&[("units", 5)]),
             key: key(1),
             payer: id("m"),
+            expires: None,
         },
         footprint: Footprint::full(&v(&[("units", 5)])),
     };
@@ -2497,4 +2498,167 @@ fn a_checkpoint_makes_room_in_a_full_journal() {
     let root = RootId::from_u128(7);
     assert_eq!(n.r.buckets(root)[4], v(&[("cents", k as u64 - 1)]));
     assert_eq!(n.r.buckets(root)[0], v(&[("cents", 100 - k as u64)]));
+}
+
+// ---------------------------------------------------------------------------------------
+// Permit expiry and gateway pruning.
+
+/// `n` with `r` signing permits valid for `ttl` ms and the gateway forgetting settled
+/// acceptances `retain` ms after their permits expired.
+fn expiring(n: &mut Net, ttl: u64, retain: u64, mutation: Option<LedgerMutation>) {
+    let config = BranchConfig {
+        resend_ms: 100,
+        permit_ttl_ms: ttl,
+        mutation,
+        ..BranchConfig::default()
+    };
+    let (r, rejected) =
+        Branch::recover(id("r"), sk(2), n.keys.clone(), config, n.journal_r.clone());
+    assert!(rejected.is_empty());
+    n.r = r;
+    n.g = Gateway::new(id("g"), sk(4), n.keys.clone(), mutation).retaining(retain);
+}
+
+/// Every message `g` sends, drained.
+fn sent_by_g(n: &mut Net) -> Vec<LedgerMessage> {
+    std::iter::from_fn(|| n.g.poll_transmit().map(|(_, m)| m)).collect()
+}
+
+#[test]
+fn a_forgotten_acceptance_is_refused_when_replayed_and_never_proven_without_effect() {
+    let mut n = Net::new(&[("cents", 100)], None);
+    expiring(&mut n, 100, 50, None);
+    // Settled at 6 under a permit that expires at 1,100.
+    n.r.advance_clock(UnixMillis(1_000));
+    n.spend(ROOT_CREDIT, "one", &[("cents", 10)], 1);
+    let mut dispatches = Vec::new();
+    n.run(&v(&[("cents", 6)]), &mut |to, m| {
+        if to == &id("g") && matches!(m, LedgerMessage::Dispatch { .. }) {
+            dispatches.push(m.clone());
+        }
+        false
+    });
+    let binding = n.r.operation(key(1)).unwrap().binding.clone();
+    assert_eq!(binding.expires, Some(UnixMillis(1_100)));
+    // Not yet: 1,149 - 50 = 1,099 is not past the expiry.
+    n.g.handle_timeout(UnixMillis(1_149));
+    assert!(n.g.acceptance(&id("r"), key(1)).is_some());
+    // At 1,200 the horizon is 1,150: the acceptance is forgotten, durably.
+    n.g.handle_timeout(UnixMillis(1_200));
+    n.persist_all();
+    assert!(n.g.acceptance(&id("r"), key(1)).is_none());
+    assert_eq!((n.g.pruned(), n.g.horizon()), (1, UnixMillis(1_150)));
+    assert!(matches!(
+        n.log_g.last(),
+        Some(GatewayRecord::Pruned { horizon: UnixMillis(1_150), keys }) if keys == &[(id("r"), key(1))]
+    ));
+    // The permit replayed: refused as expired, nothing runs.
+    let effects = n.effects.len();
+    sent_by_g(&mut n);
+    n.g.handle_message(&id("r"), dispatches[0].clone());
+    assert_eq!(
+        sent_by_g(&mut n),
+        vec![LedgerMessage::Refused {
+            key: key(1),
+            reason: Refusal::Expired
+        }]
+    );
+    assert!(n.g.poll_execute().is_none());
+    // A query for it: it may have run, so no proof of no effect — forgotten.
+    n.g.handle_message(
+        &id("r"),
+        LedgerMessage::Query {
+            key: key(1),
+            binding: Box::new(binding.clone()),
+        },
+    );
+    assert_eq!(
+        sent_by_g(&mut n),
+        vec![LedgerMessage::Refused {
+            key: key(1),
+            reason: Refusal::Forgotten
+        }]
+    );
+    n.run(&Vector::zero(), &mut |_, _| false);
+    assert_eq!(n.effects.len(), effects);
+    // The checker finds the effect covered by the settled operation, the log clean.
+    assert_eq!(n.violations(), vec![]);
+    assert_eq!(check::audit_gateway(&id("g"), &n.log_g, &n.keys), vec![]);
+    // Restarted, before its clock has moved, the gateway still refuses the replay: what it
+    // forgot expired before its durable horizon.
+    let mut g = Gateway::recover(id("g"), sk(4), n.keys.clone(), None, n.log_g.clone());
+    assert_eq!(g.horizon(), UnixMillis(1_150));
+    assert!(g.acceptance(&id("r"), key(1)).is_none());
+    g.handle_message(&id("r"), dispatches[0].clone());
+    assert!(g.poll_execute().is_none());
+    assert_eq!(
+        g.poll_transmit().map(|(_, m)| m),
+        Some(LedgerMessage::Refused {
+            key: key(1),
+            reason: Refusal::Expired
+        })
+    );
+    // A permit that is still valid goes through; one that is not is refused and its atoms
+    // wait for evidence (quarantined).
+    n.r.advance_clock(UnixMillis(1_200));
+    n.spend(ROOT_CREDIT, "two", &[("cents", 10)], 2);
+    n.run(&v(&[("cents", 3)]), &mut |_, _| false);
+    assert!(matches!(
+        n.r.operation(key(2)).map(|o| &o.state),
+        Some(OpState::Settled { .. })
+    ));
+    n.spend(ROOT_CREDIT, "three", &[("cents", 10)], 3);
+    n.g.handle_timeout(UnixMillis(1_301));
+    n.run(&Vector::zero(), &mut |_, _| false);
+    assert_eq!(
+        n.r.operation(key(3)).map(|o| &o.state),
+        Some(&OpState::Quarantined)
+    );
+    let root = RootId::from_u128(7);
+    assert_eq!(n.r.buckets(root)[3], v(&[("cents", 10)]));
+    assert_eq!(n.r.buckets(root)[4], v(&[("cents", 9)]));
+    assert_eq!(n.violations(), vec![]);
+}
+
+#[test]
+fn the_checkers_catch_a_gateway_that_forgets_too_early_or_accepts_the_expired() {
+    // Forgetting a settled acceptance before its permit expired: the replay runs again.
+    let mut n = Net::new(&[("cents", 100)], Some(LedgerMutation::PruneBeforeExpiry));
+    expiring(&mut n, 10_000, 50, Some(LedgerMutation::PruneBeforeExpiry));
+    n.r.advance_clock(UnixMillis(1_000));
+    n.spend(ROOT_CREDIT, "one", &[("cents", 10)], 1);
+    let mut dispatches = Vec::new();
+    n.run(&v(&[("cents", 6)]), &mut |to, m| {
+        if to == &id("g") && matches!(m, LedgerMessage::Dispatch { .. }) {
+            dispatches.push(m.clone());
+        }
+        false
+    });
+    n.g.handle_timeout(UnixMillis(1_200));
+    n.persist_all();
+    assert!(n.g.acceptance(&id("r"), key(1)).is_none());
+    let found = check::audit_gateway(&id("g"), &n.log_g, &n.keys);
+    assert!(found.iter().any(|v| v.law == "G5"), "{found:?}");
+    n.g.handle_message(&id("r"), dispatches[0].clone());
+    n.run(&v(&[("cents", 6)]), &mut |_, _| false);
+    assert_eq!(n.effects.len(), 2, "the replay ran");
+    let found = n.violations();
+    assert!(found.iter().any(|v| v.law == "L3"), "{found:?}");
+    let found = check::audit_gateway(&id("g"), &n.log_g, &n.keys);
+    assert!(found.iter().any(|v| v.law == "G3"), "{found:?}");
+
+    // Accepting an expired permit after a horizon past its expiry.
+    let mut n = Net::new(
+        &[("cents", 100)],
+        Some(LedgerMutation::GatewayAcceptsExpired),
+    );
+    expiring(&mut n, 100, 50, Some(LedgerMutation::GatewayAcceptsExpired));
+    n.r.advance_clock(UnixMillis(1_000));
+    n.spend(ROOT_CREDIT, "one", &[("cents", 10)], 1);
+    n.run(&v(&[("cents", 6)]), &mut |_, _| false);
+    n.g.handle_timeout(UnixMillis(1_200)); // Horizon 1,150.
+    n.spend(ROOT_CREDIT, "two", &[("cents", 10)], 2); // Expires 1,100: long gone.
+    n.run(&v(&[("cents", 6)]), &mut |_, _| false);
+    let found = check::audit_gateway(&id("g"), &n.log_g, &n.keys);
+    assert!(found.iter().any(|v| v.law == "G6"), "{found:?}");
 }

@@ -146,6 +146,10 @@ pub fn refusal_words(r: Refusal) -> &'static str {
         Refusal::Fenced => "its credit was fenced (reclaimed) after it was issued",
         Refusal::OverMaximum => "the call could charge more than it allows",
         Refusal::KeyConflict => "its operation key was already used for another call",
+        Refusal::Expired => "it expired before the gateway received it",
+        Refusal::Forgotten => {
+            "it expired so long ago that the gateway no longer knows whether it ran"
+        }
     }
 }
 

@@ -149,6 +149,8 @@ async fn fixture() -> Fixture {
             resend_ms: 500,
             max_journal_steps: abhyasa_ledger::BranchConfig::default().max_journal_steps,
             checkpoint_steps: abhyasa_ledger::BranchConfig::default().checkpoint_steps,
+            permit_ttl_ms: 60_000,
+            gateway_retain_ms: Some(60_000),
         })
         .build()
         .await
@@ -325,6 +327,8 @@ async fn the_callers_node_reserves_carries_the_permit_and_settles_from_the_recei
             resend_ms: 50,
             max_journal_steps: abhyasa_ledger::BranchConfig::default().max_journal_steps,
             checkpoint_steps: abhyasa_ledger::BranchConfig::default().checkpoint_steps,
+            permit_ttl_ms: 60_000,
+            gateway_retain_ms: Some(60_000),
         })
         .build()
         .await

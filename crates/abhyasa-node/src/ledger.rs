@@ -49,6 +49,12 @@ pub struct LedgerSetup {
     /// Journal steps after which the branch checkpoints and the store drops the journal
     /// before it ([`BranchConfig::checkpoint_steps`](abhyasa_ledger::BranchConfig)); 0: never.
     pub checkpoint_steps: u64,
+    /// How long a permit this branch signs stays valid, in ms; 0: for ever
+    /// ([`BranchConfig::permit_ttl_ms`](abhyasa_ledger::BranchConfig)).
+    pub permit_ttl_ms: u64,
+    /// As a gateway: how long a settled acceptance is kept after its permit expired, in ms
+    /// ([`Gateway::retaining`](abhyasa_ledger::Gateway::retaining)); `None`: for ever.
+    pub gateway_retain_ms: Option<u64>,
 }
 
 impl std::fmt::Debug for LedgerSetup {
@@ -264,6 +270,7 @@ impl LedgerPart {
             resend_ms: setup.resend_ms,
             max_journal_steps: setup.max_journal_steps,
             checkpoint_steps: setup.checkpoint_steps,
+            permit_ttl_ms: setup.permit_ttl_ms,
             mutation: None,
         };
         let (branch, rejected) = Branch::recover(
@@ -281,13 +288,19 @@ impl LedgerPart {
             });
         }
         let gateway = match setup.executor {
-            Some(_) => Some(Gateway::recover(
-                me.clone(),
-                setup.key.clone(),
-                setup.keys.clone(),
-                None,
-                store.gateway_log()?,
-            )),
+            Some(_) => {
+                let g = Gateway::recover(
+                    me.clone(),
+                    setup.key.clone(),
+                    setup.keys.clone(),
+                    None,
+                    store.gateway_log()?,
+                );
+                Some(match setup.gateway_retain_ms {
+                    Some(ms) => g.retaining(ms),
+                    None => g,
+                })
+            }
             None => None,
         };
         Ok(Self {
@@ -316,6 +329,7 @@ impl LedgerPart {
         key: OpKey,
         reply: oneshot::Sender<Signed<Permit>>,
     ) -> Result<(), crate::NodeError> {
+        self.branch.advance_clock(now);
         if !effect.operation.starts_with(CARRIED_BY_MCP) {
             return Err(crate::NodeError::NotCarried);
         }
@@ -430,6 +444,7 @@ impl LedgerPart {
         now: UnixMillis,
         cmd: LedgerCommand,
     ) -> Result<LedgerReply, LedgerError> {
+        self.branch.advance_clock(now);
         match cmd {
             LedgerCommand::Grant { grant, credit } => self.branch.grant(grant, credit)?,
             LedgerCommand::Delegate {
@@ -539,6 +554,9 @@ impl LedgerPart {
 
     pub(crate) fn timeout(&mut self, now: UnixMillis) {
         self.branch.handle_timeout(now);
+        if let Some(g) = &mut self.gateway {
+            g.handle_timeout(now);
+        }
     }
 
     /// Moves what both hand out into `ops`.

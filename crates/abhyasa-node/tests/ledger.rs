@@ -66,6 +66,8 @@ fn setup(n: &str, executor: Option<Arc<dyn Executor>>) -> LedgerSetup {
         // Small, so the journals compact during the tests (the stores then hold a
         // checkpoint and the steps after it, and every restart starts from one).
         checkpoint_steps: 4,
+        permit_ttl_ms: 60_000,
+        gateway_retain_ms: Some(60_000),
     }
 }
 

@@ -90,6 +90,8 @@ pub struct LedgerReport {
     pub returns: u64,
     /// Checkpoints made durable (each dropped the journal before it).
     pub checkpoints: u64,
+    /// Settled acceptances gateways forgot (pruned) after their permits expired.
+    pub pruned: u64,
     /// Broken invariants (the first few).
     pub violations: Vec<String>,
 }
@@ -224,6 +226,11 @@ struct Params {
     branch_crash_writing: f64,
     /// Journal steps after which a branch checkpoints (0: never).
     checkpoint_steps: u64,
+    /// How long permits stay valid (0: for ever).
+    permit_ttl_ms: u64,
+    /// How long gateways keep a settled acceptance after its permit expired (`None`: for
+    /// ever).
+    retain_ms: Option<u64>,
 }
 
 struct Sim {
@@ -297,6 +304,8 @@ impl Sim {
             branch_commit_ms: 0,
             branch_crash_writing: 0.0,
             checkpoint_steps: 0,
+            permit_ttl_ms: 0,
+            retain_ms: None,
         };
         // Drawn last, so the schedules above stay those of earlier versions.
         let mut p = p;
@@ -332,6 +341,12 @@ impl Sim {
         } else {
             0
         };
+        p.permit_ttl_ms = if rng.random_bool(0.7) {
+            rng.random_range(30..1_500)
+        } else {
+            0
+        };
+        p.retain_ms = rng.random_bool(0.7).then(|| rng.random_range(0..1_000));
         let mut all: Vec<(AgentId, _)> = BRANCHES
             .iter()
             .chain(GATEWAYS.iter())
@@ -343,6 +358,7 @@ impl Sim {
         let config = BranchConfig {
             resend_ms: p.resend_ms,
             checkpoint_steps: p.checkpoint_steps,
+            permit_ttl_ms: p.permit_ttl_ms,
             mutation,
             ..BranchConfig::default()
         };
@@ -364,7 +380,10 @@ impl Sim {
         let gateways = GATEWAYS
             .iter()
             .map(|n| {
-                let g = Gateway::new(agent(n), key_of(n), keys.clone(), mutation);
+                let g = retaining(
+                    Gateway::new(agent(n), key_of(n), keys.clone(), mutation),
+                    p.retain_ms,
+                );
                 (
                     n.to_string(),
                     Node {
@@ -725,6 +744,7 @@ impl Sim {
         let config = BranchConfig {
             resend_ms: self.p.resend_ms,
             checkpoint_steps: self.p.checkpoint_steps,
+            permit_ttl_ms: self.p.permit_ttl_ms,
             mutation: self.mutation,
             ..BranchConfig::default()
         };
@@ -747,12 +767,15 @@ impl Sim {
         }
         for (name, node) in &mut self.gateways {
             if node.machine.is_none() && self.now >= node.up_at {
-                node.machine = Some(Gateway::recover(
-                    agent(name),
-                    key_of(name),
-                    self.keys.clone(),
-                    self.mutation,
-                    node.durable.clone(),
+                node.machine = Some(retaining(
+                    Gateway::recover(
+                        agent(name),
+                        key_of(name),
+                        self.keys.clone(),
+                        self.mutation,
+                        node.durable.clone(),
+                    ),
+                    self.p.retain_ms,
                 ));
             }
         }
@@ -902,6 +925,7 @@ impl Sim {
         let config = BranchConfig {
             resend_ms: self.p.resend_ms,
             checkpoint_steps: self.p.checkpoint_steps,
+            permit_ttl_ms: self.p.permit_ttl_ms,
             mutation: self.mutation,
             ..BranchConfig::default()
         };
@@ -1015,6 +1039,14 @@ impl Sim {
                         Ok(())
                     });
                 }
+                let names: Vec<String> = self.gateways.keys().cloned().collect();
+                for name in names {
+                    let node = self.gateways.get_mut(&name).expect("known gateway");
+                    if let Some(g) = node.machine.as_mut() {
+                        g.handle_timeout(UnixMillis(self.now));
+                        self.drain_gateway(&name);
+                    }
+                }
             }
             if self.now % 1_000 == 0 {
                 self.check_now();
@@ -1024,6 +1056,15 @@ impl Sim {
             }
         }
         self.check_now();
+        self.report.pruned = self
+            .gateways
+            .values()
+            .flat_map(|n| &n.durable)
+            .map(|r| match r {
+                GatewayRecord::Pruned { keys, .. } => keys.len() as u64,
+                _ => 0,
+            })
+            .sum();
         // Count outcomes from durable state.
         for b in self.branches_for_check() {
             for o in b.operations() {
@@ -1224,13 +1265,32 @@ impl Sim {
 
     fn act_settle(&mut self, name: &'static str) {
         let now = self.now;
-        let Some(b) = self.branches.get(name).and_then(|n| n.machine.as_ref()) else {
+        let Some(b) = self.branches.get_mut(name).and_then(|n| n.machine.as_mut()) else {
             return;
         };
-        let (reserved, stuck) = open_ops(b);
+        // What a gateway has forgotten can only be forfeited: nothing will ever prove it
+        // had no effect.
+        let mut forgotten = Vec::new();
+        while let Some(e) = b.poll_event() {
+            if let abhyasa_ledger::LedgerEvent::Refused {
+                key,
+                reason: abhyasa_ledger::Refusal::Forgotten,
+            } = e
+            {
+                forgotten.push(key);
+            }
+        }
+        let (reserved, _) = open_ops(b);
         for key in reserved {
             self.with_branch(name, |b, _| b.release_unsent(key));
         }
+        for key in forgotten {
+            self.with_branch(name, |b, _| b.forfeit(key));
+        }
+        let Some(b) = self.branches.get(name).and_then(|n| n.machine.as_ref()) else {
+            return;
+        };
+        let (_, stuck) = open_ops(b);
         for (key, credit) in stuck {
             let since = *self.quarantined_since.entry(key).or_insert(now);
             if now >= since + 2_000 {
@@ -1247,6 +1307,14 @@ impl Sim {
                         .all(|o| !matches!(o.state, OpState::Reserved | OpState::Quarantined))
                 })
         })
+    }
+}
+
+/// `g`, forgetting settled acceptances `retain` ms after their permits expired (if set).
+fn retaining(g: Gateway, retain: Option<u64>) -> Gateway {
+    match retain {
+        Some(ms) => g.retaining(ms),
+        None => g,
     }
 }
 

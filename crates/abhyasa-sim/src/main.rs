@@ -82,6 +82,7 @@ impl Totals for LedgerReport {
         self.reissues += r.reissues;
         self.fused += r.fused;
         self.checkpoints += r.checkpoints;
+        self.pruned += r.pruned;
         self.returns += r.returns;
         (r.violations.len(), r.violations.into_iter().next())
     }
@@ -195,8 +196,8 @@ fn main() -> ExitCode {
                     Err(code) => return code,
                 };
             eprintln!(
-                "transfers={} returns={} joins={} reissues={} fused={} checkpoints={} effects={} overdrawn={} crashes={} forgeries={} failing_seeds={failing}",
-                r.transfers, r.returns, r.joins, r.reissues, r.fused, r.checkpoints, r.effects, r.overdrawn, r.crashes, r.forgeries
+                "transfers={} returns={} joins={} reissues={} fused={} checkpoints={} pruned={} effects={} overdrawn={} crashes={} forgeries={} failing_seeds={failing}",
+                r.transfers, r.returns, r.joins, r.reissues, r.fused, r.checkpoints, r.pruned, r.effects, r.overdrawn, r.crashes, r.forgeries
             );
             println!(
                 "ledger: seeds={} operations={} settled={} forfeited={} no_effect={} diamonds={} violations={violations}",

@@ -672,6 +672,12 @@ pub struct Binding {
     pub key: OpKey,
     /// The branch that pays (the permit's signer).
     pub payer: AgentId,
+    /// After this instant (Unix ms, the gateway's clock) the gateway refuses the permit, and
+    /// once the acceptance of an expired permit has settled and outlived the gateway's
+    /// retention, the gateway may forget it. Absent: never expires (and is never forgotten);
+    /// an absent field encodes as before, so older bindings keep their digests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires: Option<UnixMillis>,
 }
 
 impl Binding {
@@ -778,6 +784,11 @@ pub enum Refusal {
     OverMaximum,
     /// The key was accepted before with another binding.
     KeyConflict,
+    /// The permit expired (its binding's `expires` is past the gateway's clock).
+    Expired,
+    /// The binding expired before what the gateway has pruned: it can neither accept it nor
+    /// prove it never had an effect (the payer's operation can only be forfeited).
+    Forgotten,
 }
 
 /// Everything on a `ledger/<peer>` track.

@@ -62,6 +62,8 @@ pub struct EndedOp {
     pub credit: CreditId,
     /// Its gateway.
     pub receiver: AgentId,
+    /// When its permit expired (`Binding::expires`).
+    pub expires: Option<abhyasa_wire::UnixMillis>,
     /// Whether its permit was ever made dispatchable.
     pub dispatched: bool,
     /// How it ended.
@@ -314,6 +316,7 @@ impl Branch {
                     root: op.binding.root,
                     credit: op.binding.credit,
                     receiver: op.binding.receiver.clone(),
+                    expires: op.binding.expires,
                     dispatched: op.dispatched,
                     outcome,
                 },
