@@ -248,10 +248,11 @@ fn restart(c: &mut Criterion) {
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(8));
     for steps in [10_000u64, 100_000] {
-        let (bp, gp, cp) = (
+        let (bp, gp, cp, gcp) = (
             dir.path().join(format!("rb{steps}.redb")),
             dir.path().join(format!("rg{steps}.redb")),
             dir.path().join(format!("rc{steps}.redb")),
+            dir.path().join(format!("rgc{steps}.redb")),
         );
         {
             let (mut r, mut g) = unsettled_setup_with(never_checkpoint());
@@ -279,6 +280,12 @@ fn restart(c: &mut Criterion) {
                 "its checkpoint: {} bytes of redb file",
                 std::fs::metadata(&cp).unwrap().len()
             );
+            // And the gateway's log, compacted likewise.
+            g.checkpoint();
+            let mut gcs = Store::open(&gcp, StoreConfig::default()).unwrap();
+            let records: Vec<Op> =
+                std::iter::from_fn(|| g.poll_persist().map(|(_, r)| Op::Gateway(r))).collect();
+            gcs.commit(&records).unwrap();
         }
         grp.throughput(Throughput::Elements(steps));
         grp.bench_function(format!("branch_from_{steps}_journal_steps"), |b| {
@@ -322,6 +329,20 @@ fn restart(c: &mut Criterion) {
                 n
             })
         });
+        grp.bench_function(
+            format!("gateway_from_a_checkpoint_of_the_same_run_{steps}"),
+            |b| {
+                b.iter(|| {
+                    let store = Store::open(&gcp, StoreConfig::default()).unwrap();
+                    let log = store.gateway_log().unwrap();
+                    assert_eq!(log.len(), 1);
+                    let g =
+                        Gateway::recover_checked(id("g"), signing_key([3; 32]), keys(), None, log)
+                            .unwrap();
+                    g.folded_records()
+                })
+            },
+        );
     }
     grp.finish();
 }

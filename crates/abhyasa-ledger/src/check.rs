@@ -1113,7 +1113,10 @@ pub fn audit(agent: &AgentId, steps: &[Step], keys: &Keyring) -> Vec<Violation> 
 /// - `G5` only settled acceptances are forgotten, each once, and only after its permit
 ///   expired before the record's horizon; horizons only rise;
 /// - `G6` nothing is accepted that expired before a horizon already in the log (it may be a
-///   forgotten one, replayed); a forgotten key is never accepted again (G3).
+///   forgotten one, replayed); a forgotten key is never accepted again (G3);
+/// - `G7` a checkpoint is signed by the gateway; first in the log it is the state the audit
+///   starts from; after other records it holds exactly the acceptances they leave live (same
+///   bindings, same receipted), the same fences and horizon.
 pub fn audit_gateway(
     gateway: &AgentId,
     records: &[GatewayRecord],
@@ -1135,6 +1138,47 @@ pub fn audit_gateway(
     let mut horizon = abhyasa_wire::UnixMillis(0);
     for (i, r) in records.iter().enumerate() {
         match r {
+            GatewayRecord::Checkpoint(record) => {
+                let seed = match crate::gateway::checkpoint::GatewaySnapshot::open(
+                    record, gateway, keys,
+                ) {
+                    Ok(s) => s.seed(),
+                    Err(e) => {
+                        bad("G7", format!("record {i}: checkpoint does not verify: {e}"));
+                        continue;
+                    }
+                };
+                if i == 0 {
+                    // The log starts here: the checkpoint is the state before it.
+                    horizon = seed.horizon;
+                    fences.extend(seed.fences);
+                    for (k, b, done) in seed.log {
+                        if done {
+                            receipted.insert(k.clone());
+                        }
+                        accepted.insert(k, b);
+                    }
+                    continue;
+                }
+                // Mid-log: it must hold exactly what the records before it leave live.
+                let live: BTreeMap<(AgentId, OpKey), (Binding, bool)> = accepted
+                    .iter()
+                    .filter(|(k, _)| !forgotten.contains(*k))
+                    .map(|(k, b)| (k.clone(), (b.clone(), receipted.contains(k))))
+                    .collect();
+                let theirs: BTreeMap<(AgentId, OpKey), (Binding, bool)> = seed
+                    .log
+                    .into_iter()
+                    .map(|(k, b, done)| (k, (b, done)))
+                    .collect();
+                let their_fences: BTreeMap<CreditId, u64> = seed.fences.into_iter().collect();
+                if live != theirs || their_fences != fences || seed.horizon != horizon {
+                    bad(
+                        "G7",
+                        format!("record {i}: checkpoint disagrees with the log before it"),
+                    );
+                }
+            }
             GatewayRecord::Pruned { horizon: h, keys } => {
                 if *h < horizon {
                     bad(

@@ -6,7 +6,9 @@ use abhyasa_wire::ledger::*;
 use abhyasa_wire::{AgentId, UnixMillis};
 use serde::{Deserialize, Serialize};
 
-use crate::{Keyring, LedgerMutation, PersistToken};
+use crate::{Keyring, LedgerError, LedgerMutation, PersistToken};
+
+pub(crate) mod checkpoint;
 
 /// A durable gateway record, stored as deterministic CBOR.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -46,6 +48,9 @@ pub enum GatewayRecord {
         /// The (payer, key)s forgotten.
         keys: Vec<(AgentId, OpKey)>,
     },
+    /// The gateway's whole state, signed by it ([`Gateway::checkpoint`]). First in a log,
+    /// recovery starts from it; the records before it may be deleted.
+    Checkpoint(Box<SignedRecord>),
 }
 
 /// Most keys one `Pruned` record names.
@@ -127,6 +132,14 @@ pub struct Gateway {
     next_prune: u64,
     /// Acceptances forgotten so far (this process).
     pruned: u64,
+    /// Records written since the checkpoint the log starts with (or since the start).
+    records: u64,
+    /// Records folded into that checkpoint.
+    folded_records: u64,
+    /// Records after which to checkpoint (0: never).
+    checkpoint_records: u64,
+    /// Checkpoints that did not apply at recovery (the gateway must not be trusted).
+    rejected: Vec<LedgerError>,
 }
 
 #[derive(Clone, Debug)]
@@ -166,6 +179,10 @@ impl Gateway {
             retain_ms: None,
             next_prune: 0,
             pruned: 0,
+            records: 0,
+            folded_records: 0,
+            checkpoint_records: 0,
+            rejected: Vec::new(),
         }
     }
 
@@ -236,7 +253,15 @@ impl Gateway {
     ) -> Self {
         let mut g = Self::new(me, key, keys, mutation);
         for r in records {
+            if let GatewayRecord::Checkpoint(c) = &r {
+                match g.apply_checkpoint(c) {
+                    Ok(()) => g.records += 1,
+                    Err(e) => g.rejected.push(e),
+                }
+                continue;
+            }
             g.apply(&r);
+            g.records += 1;
         }
         // Everything read back is durable.
         g.durable_fences = g.fences.clone();
@@ -259,6 +284,22 @@ impl Gateway {
             .collect();
         g.executes.extend(resumed);
         g
+    }
+
+    /// [`recover`](Self::recover), failing closed: a checkpoint in the log that does not
+    /// verify or does not match the records before it is an error, not a gateway.
+    pub fn recover_checked(
+        me: AgentId,
+        key: LedgerSigningKey,
+        keys: Keyring,
+        mutation: Option<LedgerMutation>,
+        records: impl IntoIterator<Item = GatewayRecord>,
+    ) -> Result<Self, LedgerError> {
+        let mut g = Self::recover(me, key, keys, mutation, records);
+        match std::mem::take(&mut g.rejected).into_iter().next() {
+            Some(e) => Err(e),
+            None => Ok(g),
+        }
     }
 
     /// Rebuilds a gateway from its records for an audit, with public keys only (it holds an
@@ -565,6 +606,8 @@ impl Gateway {
                 }
                 self.horizon = self.horizon.max(*horizon);
             }
+            // Made by `checkpoint` (nothing to apply) or read by `recover`.
+            GatewayRecord::Checkpoint(_) => {}
         }
     }
 
@@ -572,11 +615,15 @@ impl Gateway {
         let t = PersistToken(self.next_token);
         self.next_token += 1;
         self.persists.push_back((t, r));
+        self.records += 1;
         t
     }
 
     /// The next record to make durable.
     pub fn poll_persist(&mut self) -> Option<(PersistToken, GatewayRecord)> {
+        if self.checkpoint_due() {
+            self.checkpoint();
+        }
         self.persists.pop_front()
     }
 

@@ -2662,3 +2662,89 @@ fn the_checkers_catch_a_gateway_that_forgets_too_early_or_accepts_the_expired() 
     let found = check::audit_gateway(&id("g"), &n.log_g, &n.keys);
     assert!(found.iter().any(|v| v.law == "G6"), "{found:?}");
 }
+
+#[test]
+fn a_gateway_checkpoint_keeps_what_is_live_and_refuses_what_does_not_match() {
+    let mut n = Net::new(&[("cents", 100)], None);
+    expiring(&mut n, 100, 50, None);
+    // Key 1 settled and forgotten, key 2 settled and kept, key 3 accepted, not yet run;
+    // a fence on another credit.
+    n.r.advance_clock(UnixMillis(1_000));
+    n.spend(ROOT_CREDIT, "one", &[("cents", 10)], 1);
+    n.run(&v(&[("cents", 6)]), &mut |_, _| false);
+    n.g.handle_timeout(UnixMillis(1_200));
+    n.r.advance_clock(UnixMillis(1_200));
+    n.spend(ROOT_CREDIT, "two", &[("cents", 10)], 2);
+    n.run(&v(&[("cents", 4)]), &mut |_, _| false);
+    n.spend(ROOT_CREDIT, "three", &[("cents", 10)], 3);
+    n.persist_all();
+    let permit = n.r.poll_transmit().map(|(_, m)| m).unwrap();
+    n.g.handle_message(&id("r"), permit);
+    n.persist_all();
+    let running = n.g.poll_execute().unwrap();
+    assert_eq!(running.key, key(3));
+    let before = n.log_g.len();
+    assert_eq!(n.g.checkpoint(), before as u64);
+    n.persist_all();
+    let compacted = n.log_g[before..].to_vec();
+    assert!(matches!(
+        compacted.as_slice(),
+        [GatewayRecord::Checkpoint(_)]
+    ));
+    let g =
+        Gateway::recover_checked(id("g"), sk(4), n.keys.clone(), None, compacted.clone()).unwrap();
+    // What is live came back: key 2 receipted, key 3 to be resumed; key 1 stays forgotten
+    // and the horizon with it.
+    assert!(g.acceptance(&id("r"), key(1)).is_none());
+    assert!(matches!(
+        g.acceptance(&id("r"), key(2)).map(|a| &a.state),
+        Some(AcceptanceState::Done(_))
+    ));
+    assert_eq!(
+        g.acceptance(&id("r"), key(3)).map(|a| &a.state),
+        Some(&AcceptanceState::Accepted)
+    );
+    assert_eq!(
+        (g.horizon(), g.folded_records()),
+        (UnixMillis(1_150), before as u64)
+    );
+    let mut g = g;
+    assert_eq!(
+        g.poll_execute().map(|e| (e.key, e.resume)),
+        Some((key(3), true))
+    );
+    assert_eq!(check::audit_gateway(&id("g"), &compacted, &n.keys), vec![]);
+    assert_eq!(check::audit_gateway(&id("g"), &n.log_g, &n.keys), vec![]);
+    // The whole log recovers to the same; so does one whose checkpoint is damaged — not.
+    assert!(
+        Gateway::recover_checked(id("g"), sk(4), n.keys.clone(), None, n.log_g.clone()).is_ok()
+    );
+    let GatewayRecord::Checkpoint(record) = &compacted[0] else {
+        unreachable!()
+    };
+    let damaged = vec![GatewayRecord::Checkpoint(Box::new(record.tampered(30)))];
+    assert!(matches!(
+        Gateway::recover_checked(id("g"), sk(4), n.keys.clone(), None, damaged.clone()),
+        Err(LedgerError::Signature(_))
+    ));
+    assert_eq!(
+        check::audit_gateway(&id("g"), &damaged, &n.keys)[0].law,
+        "G7"
+    );
+    // A true checkpoint after a log missing key 2's receipt: refused, and G7.
+    let mut wrong = n.log_g[..before].to_vec();
+    let receipt_2 = wrong
+        .iter()
+        .position(|r| matches!(r, GatewayRecord::Receipt { receipt, .. } if receipt.peek().unwrap().key == key(2)))
+        .unwrap();
+    wrong.remove(receipt_2);
+    wrong.push(compacted[0].clone());
+    assert_eq!(
+        Gateway::recover_checked(id("g"), sk(4), n.keys.clone(), None, wrong.clone()).err(),
+        Some(LedgerError::WrongState(
+            "gateway checkpoint does not match the log before it"
+        ))
+    );
+    let found = check::audit_gateway(&id("g"), &wrong, &n.keys);
+    assert!(found.iter().any(|v| v.law == "G7"), "{found:?}");
+}

@@ -289,13 +289,19 @@ impl LedgerPart {
         }
         let gateway = match setup.executor {
             Some(_) => {
-                let g = Gateway::recover(
+                // Fail closed here too: a checkpoint that does not verify or match.
+                let g = Gateway::recover_checked(
                     me.clone(),
                     setup.key.clone(),
                     setup.keys.clone(),
                     None,
                     store.gateway_log()?,
-                );
+                )
+                .map_err(|error| crate::NodeError::LedgerJournal {
+                    step: "the gateway log's checkpoint".into(),
+                    error,
+                })?
+                .checkpointing(setup.checkpoint_steps);
                 Some(match setup.gateway_retain_ms {
                     Some(ms) => g.retaining(ms),
                     None => g,

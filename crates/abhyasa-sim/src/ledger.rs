@@ -92,6 +92,8 @@ pub struct LedgerReport {
     pub checkpoints: u64,
     /// Settled acceptances gateways forgot (pruned) after their permits expired.
     pub pruned: u64,
+    /// Gateway checkpoints made durable (each dropped the log before it).
+    pub gateway_checkpoints: u64,
     /// Broken invariants (the first few).
     pub violations: Vec<String>,
 }
@@ -244,6 +246,8 @@ struct Sim {
     /// history auditor reads it besides the compacted journal (a checkpoint in the middle
     /// must agree with everything before it).
     archives: BTreeMap<String, Vec<Step>>,
+    /// The same for each gateway's log.
+    gateway_archives: BTreeMap<String, Vec<GatewayRecord>>,
     gateways: BTreeMap<String, Node<Gateway, GatewayRecord>>,
     net: BTreeMap<(u64, u64), Msg>,
     seq: u64,
@@ -380,9 +384,9 @@ impl Sim {
         let gateways = GATEWAYS
             .iter()
             .map(|n| {
-                let g = retaining(
+                let g = gateway_setup(
                     Gateway::new(agent(n), key_of(n), keys.clone(), mutation),
-                    p.retain_ms,
+                    &p,
                 );
                 (
                     n.to_string(),
@@ -402,6 +406,10 @@ impl Sim {
             mutation,
             now: 0,
             archives: BRANCHES
+                .iter()
+                .map(|n| (n.to_string(), Vec::new()))
+                .collect(),
+            gateway_archives: GATEWAYS
                 .iter()
                 .map(|n| (n.to_string(), Vec::new()))
                 .collect(),
@@ -646,7 +654,11 @@ impl Sim {
                         .push_back(((self.now + after).max(last), token, record));
                     continue;
                 }
-                node.durable.push(record);
+                land_record(
+                    &mut node.durable,
+                    self.gateway_archives.get_mut(name).expect("known gateway"),
+                    record,
+                );
                 if self.rng.random_bool(self.p.crash_after_step) {
                     crashed = true;
                     break;
@@ -725,11 +737,12 @@ impl Sim {
         let names: Vec<String> = self.gateways.keys().cloned().collect();
         for name in names {
             let node = self.gateways.get_mut(&name).expect("known gateway");
+            let archive = self.gateway_archives.get_mut(&name).expect("known gateway");
             let (crashed, landed) = node.land_due(
                 self.now,
                 &mut self.rng,
                 (self.p.gateway_crash_writing, self.p.crash_after_step),
-                |durable, record| durable.push(record),
+                |durable, record| land_record(durable, archive, record),
                 Gateway::handle_persisted,
             );
             if crashed {
@@ -767,16 +780,20 @@ impl Sim {
         }
         for (name, node) in &mut self.gateways {
             if node.machine.is_none() && self.now >= node.up_at {
-                node.machine = Some(retaining(
-                    Gateway::recover(
-                        agent(name),
-                        key_of(name),
-                        self.keys.clone(),
-                        self.mutation,
-                        node.durable.clone(),
-                    ),
-                    self.p.retain_ms,
-                ));
+                let g = Gateway::recover_checked(
+                    agent(name),
+                    key_of(name),
+                    self.keys.clone(),
+                    self.mutation,
+                    node.durable.clone(),
+                )
+                .unwrap_or_else(|e| {
+                    self.report
+                        .violations
+                        .push(format!("{name}: gateway log rejected at recovery: {e}"));
+                    Gateway::new(agent(name), key_of(name), self.keys.clone(), self.mutation)
+                });
+                node.machine = Some(gateway_setup(g, &self.p));
             }
         }
         let names: Vec<String> = self.gateways.keys().cloned().collect();
@@ -975,6 +992,11 @@ impl Sim {
                 self.gateways
                     .iter()
                     .flat_map(|(name, n)| audit_gateway(&agent(name), &n.durable, &self.keys)),
+            )
+            .chain(
+                self.gateway_archives
+                    .iter()
+                    .flat_map(|(name, log)| audit_gateway(&agent(name), log, &self.keys)),
             );
         let laws: Vec<_> = check(&World {
             branches: &b,
@@ -1056,15 +1078,13 @@ impl Sim {
             }
         }
         self.check_now();
-        self.report.pruned = self
-            .gateways
-            .values()
-            .flat_map(|n| &n.durable)
-            .map(|r| match r {
-                GatewayRecord::Pruned { keys, .. } => keys.len() as u64,
-                _ => 0,
-            })
-            .sum();
+        for r in self.gateway_archives.values().flatten() {
+            match r {
+                GatewayRecord::Pruned { keys, .. } => self.report.pruned += keys.len() as u64,
+                GatewayRecord::Checkpoint(_) => self.report.gateway_checkpoints += 1,
+                _ => {}
+            }
+        }
         // Count outcomes from durable state.
         for b in self.branches_for_check() {
             for o in b.operations() {
@@ -1310,12 +1330,24 @@ impl Sim {
     }
 }
 
-/// `g`, forgetting settled acceptances `retain` ms after their permits expired (if set).
-fn retaining(g: Gateway, retain: Option<u64>) -> Gateway {
-    match retain {
+/// `g` as the seed configures gateways: forgetting settled acceptances `retain_ms` after
+/// their permits expired (if set), checkpointing as often as branches do.
+fn gateway_setup(g: Gateway, p: &Params) -> Gateway {
+    let g = g.checkpointing(p.checkpoint_steps);
+    match p.retain_ms {
         Some(ms) => g.retaining(ms),
         None => g,
     }
+}
+
+/// A gateway record becomes durable: into the log (a checkpoint replaces everything before
+/// it, as the store does) and into the archive.
+fn land_record(log: &mut Vec<GatewayRecord>, archive: &mut Vec<GatewayRecord>, r: GatewayRecord) {
+    if matches!(r, GatewayRecord::Checkpoint(_)) {
+        log.clear();
+    }
+    archive.push(r.clone());
+    log.push(r);
 }
 
 /// A branch step becomes durable: into the journal — a checkpoint replaces everything

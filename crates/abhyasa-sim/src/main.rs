@@ -83,6 +83,7 @@ impl Totals for LedgerReport {
         self.fused += r.fused;
         self.checkpoints += r.checkpoints;
         self.pruned += r.pruned;
+        self.gateway_checkpoints += r.gateway_checkpoints;
         self.returns += r.returns;
         (r.violations.len(), r.violations.into_iter().next())
     }
@@ -196,8 +197,8 @@ fn main() -> ExitCode {
                     Err(code) => return code,
                 };
             eprintln!(
-                "transfers={} returns={} joins={} reissues={} fused={} checkpoints={} pruned={} effects={} overdrawn={} crashes={} forgeries={} failing_seeds={failing}",
-                r.transfers, r.returns, r.joins, r.reissues, r.fused, r.checkpoints, r.pruned, r.effects, r.overdrawn, r.crashes, r.forgeries
+                "transfers={} returns={} joins={} reissues={} fused={} checkpoints={} gateway_checkpoints={} pruned={} effects={} overdrawn={} crashes={} forgeries={} failing_seeds={failing}",
+                r.transfers, r.returns, r.joins, r.reissues, r.fused, r.checkpoints, r.gateway_checkpoints, r.pruned, r.effects, r.overdrawn, r.crashes, r.forgeries
             );
             println!(
                 "ledger: seeds={} operations={} settled={} forfeited={} no_effect={} diamonds={} violations={violations}",

@@ -362,6 +362,7 @@ impl Store {
             txn.open_table(LEDGER_JOURNAL)?;
             txn.open_table(LEDGER_CHECKPOINT)?;
             txn.open_table(GATEWAY_LOG)?;
+            txn.open_table(GATEWAY_CHECKPOINT)?;
         }
         txn.commit()
             .map_err(|e| StoreError::CommitUnknown(e.to_string()))?;
@@ -405,6 +406,11 @@ impl Store {
                     txn.open_table(LEDGER_JOURNAL)?.retain(|_, _| false)?;
                 }
                 Op::Ledger(step) => append(&txn, LEDGER_JOURNAL, &encode(step))?,
+                Op::Gateway(abhyasa_ledger::GatewayRecord::Checkpoint(record)) => {
+                    txn.open_table(GATEWAY_CHECKPOINT)?
+                        .insert(0, encode(&**record).as_slice())?;
+                    txn.open_table(GATEWAY_LOG)?.retain(|_, _| false)?;
+                }
                 Op::Gateway(record) => append(&txn, GATEWAY_LOG, &encode(record))?,
             }
         }
@@ -1055,35 +1061,48 @@ impl Store {
     /// The ledger journal, in order: the latest checkpoint (if the journal was compacted),
     /// then the steps after it. A record that does not decode is an error naming it.
     pub fn ledger_journal(&self) -> Result<Vec<abhyasa_ledger::Step>, StoreError> {
-        let mut steps = Vec::new();
-        let txn = self.db.begin_read()?;
-        match txn.open_table(LEDGER_CHECKPOINT) {
-            Ok(t) => {
-                if let Some(row) = t.get(0)? {
-                    let record: abhyasa_wire::ledger::SignedRecord =
-                        abhyasa_wire::decode_with_limit(
-                            row.value(),
-                            abhyasa_ledger::MAX_CHECKPOINT_BYTES + 4096,
-                        )
-                        .map_err(|e| StoreError::Corrupt {
-                            table: "ledger.checkpoint",
-                            key: format!("{:032x}", 0),
-                            detail: e.to_string(),
-                        })?;
-                    steps.push(abhyasa_ledger::Step::Checkpoint(Box::new(record)));
-                }
-            }
-            Err(redb::TableError::TableDoesNotExist(_)) => {}
-            Err(e) => return Err(e.into()),
-        }
-        drop(txn);
+        let mut steps: Vec<abhyasa_ledger::Step> = self
+            .checkpoint(LEDGER_CHECKPOINT, "ledger.checkpoint")?
+            .map(|c| abhyasa_ledger::Step::Checkpoint(Box::new(c)))
+            .into_iter()
+            .collect();
         steps.extend(self.log(LEDGER_JOURNAL, "ledger.journal")?);
         Ok(steps)
     }
 
+    /// The checkpoint row of `table`, if one was written.
+    fn checkpoint(
+        &self,
+        table: redb::TableDefinition<'_, u64, &[u8]>,
+        name: &'static str,
+    ) -> Result<Option<abhyasa_wire::ledger::SignedRecord>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let t = match txn.open_table(table) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let Some(row) = t.get(0)? else {
+            return Ok(None);
+        };
+        abhyasa_wire::decode_with_limit(row.value(), abhyasa_ledger::MAX_CHECKPOINT_BYTES + 4096)
+            .map(Some)
+            .map_err(|e| StoreError::Corrupt {
+                table: name,
+                key: format!("{:032x}", 0),
+                detail: e.to_string(),
+            })
+    }
+
     /// The gateway's acceptance log, in order.
     pub fn gateway_log(&self) -> Result<Vec<abhyasa_ledger::GatewayRecord>, StoreError> {
-        self.log(GATEWAY_LOG, "gateway.log")
+        let mut records: Vec<abhyasa_ledger::GatewayRecord> = self
+            .checkpoint(GATEWAY_CHECKPOINT, "gateway.checkpoint")?
+            .map(|c| abhyasa_ledger::GatewayRecord::Checkpoint(Box::new(c)))
+            .into_iter()
+            .collect();
+        records.extend(self.log(GATEWAY_LOG, "gateway.log")?);
+        Ok(records)
     }
 
     fn log<T: serde::de::DeserializeOwned>(

@@ -87,6 +87,11 @@ pub(crate) const LEDGER_JOURNAL: TableDefinition<'_, u64, &[u8]> =
 /// written: absent reads as no checkpoint.)
 pub(crate) const LEDGER_CHECKPOINT: TableDefinition<'_, u64, &[u8]> =
     TableDefinition::new("ledger.checkpoint");
+/// The gateway's latest checkpoint: key 0 → CBOR `SignedRecord` (the body of an
+/// `abhyasa_ledger::GatewayRecord::Checkpoint`). Writing one deletes the log rows before it
+/// in the same commit. (Added after layout 1 was first written: absent reads as none.)
+pub(crate) const GATEWAY_CHECKPOINT: TableDefinition<'_, u64, &[u8]> =
+    TableDefinition::new("gateway.checkpoint");
 /// The gateway's acceptance log: sequence → CBOR `abhyasa_ledger::GatewayRecord`
 /// (first acceptances, receipts, fences). Append-only.
 pub(crate) const GATEWAY_LOG: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("gateway.log");

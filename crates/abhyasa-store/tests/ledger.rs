@@ -333,3 +333,35 @@ fn a_damaged_checkpoint_is_a_typed_error() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn a_gateway_checkpoint_compacts_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("node.redb");
+    let mut store = Store::open(&path, StoreConfig::default()).unwrap();
+    let mut r = granted();
+    let mut g = Gateway::new(id("g"), signing_key([3; 32]), keys(), None);
+    for k in 1..=20 {
+        cycle(&mut r, &mut g, &mut store, k, 3);
+    }
+    assert_eq!(
+        store.gateway_log().unwrap().len(),
+        40,
+        "20 acceptances, 20 receipts"
+    );
+    assert_eq!(g.checkpoint(), 40);
+    let ops: Vec<Op> =
+        std::iter::from_fn(|| g.poll_persist().map(|(_, rec)| Op::Gateway(rec))).collect();
+    store.commit(&ops).unwrap();
+    drop(store);
+    let store = Store::open(&path, StoreConfig::default()).unwrap();
+    let log = store.gateway_log().unwrap();
+    assert!(matches!(log.as_slice(), [GatewayRecord::Checkpoint(_)]));
+    let back = Gateway::recover_checked(id("g"), signing_key([3; 32]), keys(), None, log).unwrap();
+    assert_eq!(back.folded_records(), 40);
+    let done = back
+        .log()
+        .filter(|(_, a)| matches!(a.state, AcceptanceState::Done(_)))
+        .count();
+    assert_eq!(done, 20);
+}
