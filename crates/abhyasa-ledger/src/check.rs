@@ -1148,6 +1148,25 @@ pub fn audit_gateway(
                         continue;
                     }
                 };
+                // Every row's evidence, verified again: the payer's permit for exactly the
+                // row's binding, this gateway's receipt for it.
+                for (((payer, key), b, _), (permit, receipt)) in seed.log.iter().zip(&seed.evidence)
+                {
+                    let permit_ok = keys
+                        .open(permit, payer)
+                        .is_ok_and(|p| p.binding == *b && b.payer == *payer && b.key == *key);
+                    let receipt_ok = receipt.as_ref().is_none_or(|r| {
+                        keys.open(r, gateway).is_ok_and(|r| {
+                            r.key == *key && r.binding == b.digest() && r.actual.le(&b.max_charge)
+                        })
+                    });
+                    if !permit_ok || !receipt_ok {
+                        bad(
+                            "G7",
+                            format!("record {i}: checkpoint row {key} of {payer} without its payer's permit or this gateway's receipt"),
+                        );
+                    }
+                }
                 if i == 0 {
                     // The log starts here: the checkpoint is the state before it.
                     horizon = seed.horizon;

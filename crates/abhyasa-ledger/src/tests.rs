@@ -2747,4 +2747,37 @@ fn a_gateway_checkpoint_keeps_what_is_live_and_refuses_what_does_not_match() {
     );
     let found = check::audit_gateway(&id("g"), &wrong, &n.keys);
     assert!(found.iter().any(|v| v.law == "G7"), "{found:?}");
+    // An acceptance whose permit its payer never signed (m forged it): G3 in the log;
+    // checkpointed, the row is G7 — recovery trusts its own signed rows, the auditor
+    // verifies each again.
+    let op = n.r.operation(key(2)).unwrap();
+    let binding = Binding {
+        key: key(9),
+        ..op.binding.clone()
+    };
+    let forged = Signed::sign(
+        &Permit {
+            binding: binding.clone(),
+            footprint: op.footprint.clone(),
+        },
+        &id("m"),
+        &sk(5),
+    );
+    let accepted = GatewayRecord::Accepted {
+        binding: Box::new(binding),
+        permit: forged,
+        effect: op.effect.clone(),
+    };
+    let found = check::audit_gateway(&id("g"), std::slice::from_ref(&accepted), &n.keys);
+    assert!(found.iter().any(|v| v.law == "G3"), "{found:?}");
+    let mut g = Gateway::recover(id("g"), sk(4), n.keys.clone(), None, vec![accepted]);
+    g.checkpoint();
+    let (_, record) = g.poll_persist().unwrap();
+    let found = check::audit_gateway(&id("g"), &[record], &n.keys);
+    assert!(
+        found
+            .iter()
+            .any(|v| v.law == "G7" && v.detail.contains("without its payer's permit")),
+        "{found:?}"
+    );
 }

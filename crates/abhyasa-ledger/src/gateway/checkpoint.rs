@@ -1,8 +1,9 @@
 //! Gateway checkpoints: the acceptance log's live state in one record signed by the
 //! gateway, so the log before it can go. What a `Pruned` record forgot is gone from it; what
 //! remains — live acceptances with their permits and receipts, fences, the horizon — is kept
-//! whole. Recovery verifies the signature with the gateway's own key, re-verifies every
-//! permit (by its payer) and receipt (by this gateway), and starts from it.
+//! whole. Recovery verifies the checkpoint's signature with the gateway's own key and
+//! starts from it, trusting its rows as a replay of the log trusts the log's records (the
+//! signature covers them all); the log auditor verifies every permit and receipt again.
 
 use std::collections::BTreeMap;
 
@@ -44,6 +45,8 @@ pub(crate) struct GatewaySeed {
     pub(crate) fences: Vec<(CreditId, u64)>,
     /// (payer, key), binding, receipted.
     pub(crate) log: Vec<((AgentId, OpKey), Binding, bool)>,
+    /// Each row's permit and receipt, for the auditor to verify.
+    pub(crate) evidence: Vec<(Signed<Permit>, Option<Signed<Receipt>>)>,
 }
 
 impl GatewaySnapshot {
@@ -84,6 +87,11 @@ impl GatewaySnapshot {
                         r.receipt.is_some(),
                     )
                 })
+                .collect(),
+            evidence: self
+                .log
+                .iter()
+                .map(|r| (r.permit.clone(), r.receipt.clone()))
                 .collect(),
         }
     }
@@ -147,8 +155,8 @@ impl Gateway {
         }
     }
 
-    /// Applies a checkpoint record: first in a log, the gateway becomes its state (every
-    /// permit and receipt verified again); after other records, the state replayed so far
+    /// Applies a checkpoint record: first in a log, the gateway becomes its state (each row
+    /// consistent with its permit and receipt); after other records, the state replayed so far
     /// must be exactly the checkpoint's. A checkpoint that fails either is skipped and the
     /// gateway stays as it was.
     pub(super) fn apply_checkpoint(&mut self, record: &SignedRecord) -> Result<(), LedgerError> {
@@ -166,7 +174,7 @@ impl Gateway {
         }
         let mut log = BTreeMap::new();
         for r in snap.log {
-            let p = self.keys.open(&r.permit, &r.payer)?;
+            let p = r.permit.peek()?;
             if p.binding != r.binding || r.binding.payer != r.payer {
                 return Err(LedgerError::Mismatch(
                     "checkpoint row other than its permit",
@@ -174,7 +182,7 @@ impl Gateway {
             }
             let state = match r.receipt {
                 Some(receipt) => {
-                    let body = self.keys.open(&receipt, &self.me)?;
+                    let body = receipt.peek()?;
                     if body.key != r.binding.key || body.binding != r.binding.digest() {
                         return Err(LedgerError::Mismatch(
                             "checkpoint receipt of another binding",
