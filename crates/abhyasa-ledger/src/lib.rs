@@ -196,6 +196,29 @@ pub enum LedgerError {
     },
 }
 
+/// Opens a stored checkpoint: signed under `tag` by `owner` itself (with its key in
+/// `keys`), its body read with the checkpoint size limit.
+pub(crate) fn open_checkpoint<T: serde::de::DeserializeOwned>(
+    record: &SignedRecord,
+    owner: &AgentId,
+    keys: &Keyring,
+    tag: &str,
+    what: &'static str,
+) -> Result<T, LedgerError> {
+    if &record.signer != owner {
+        return Err(LedgerError::WrongParty {
+            what,
+            expected: owner.clone(),
+            signer: record.signer.clone(),
+        });
+    }
+    let key = keys
+        .get(owner)
+        .ok_or(SignatureError::UnexpectedSigner(owner.clone()))?;
+    let body = record.open(tag, &key)?;
+    Ok(abhyasa_wire::decode_with_limit(body, MAX_CHECKPOINT_BYTES)?)
+}
+
 /// A token that confirms a persisted record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PersistToken(pub u64);

@@ -2519,6 +2519,20 @@ fn expiring(n: &mut Net, ttl: u64, retain: u64, mutation: Option<LedgerMutation>
     n.g = Gateway::new(id("g"), sk(4), n.keys.clone(), mutation).retaining(retain);
 }
 
+/// At `now`, `r` spends 10 cents under key 1 and it settles at 6; the dispatches `g` got.
+fn settle_one_at(n: &mut Net, now: u64) -> Vec<LedgerMessage> {
+    n.r.advance_clock(UnixMillis(now));
+    n.spend(ROOT_CREDIT, "one", &[("cents", 10)], 1);
+    let mut dispatches = Vec::new();
+    n.run(&v(&[("cents", 6)]), &mut |to, m| {
+        if to == &id("g") && matches!(m, LedgerMessage::Dispatch { .. }) {
+            dispatches.push(m.clone());
+        }
+        false
+    });
+    dispatches
+}
+
 /// Every message `g` sends, drained.
 fn sent_by_g(n: &mut Net) -> Vec<LedgerMessage> {
     std::iter::from_fn(|| n.g.poll_transmit().map(|(_, m)| m)).collect()
@@ -2529,15 +2543,7 @@ fn a_forgotten_acceptance_is_refused_when_replayed_and_never_proven_without_effe
     let mut n = Net::new(&[("cents", 100)], None);
     expiring(&mut n, 100, 50, None);
     // Settled at 6 under a permit that expires at 1,100.
-    n.r.advance_clock(UnixMillis(1_000));
-    n.spend(ROOT_CREDIT, "one", &[("cents", 10)], 1);
-    let mut dispatches = Vec::new();
-    n.run(&v(&[("cents", 6)]), &mut |to, m| {
-        if to == &id("g") && matches!(m, LedgerMessage::Dispatch { .. }) {
-            dispatches.push(m.clone());
-        }
-        false
-    });
+    let dispatches = settle_one_at(&mut n, 1_000);
     let binding = n.r.operation(key(1)).unwrap().binding.clone();
     assert_eq!(binding.expires, Some(UnixMillis(1_100)));
     // Not yet: 1,149 - 50 = 1,099 is not past the expiry.
@@ -2625,15 +2631,7 @@ fn the_checkers_catch_a_gateway_that_forgets_too_early_or_accepts_the_expired() 
     // Forgetting a settled acceptance before its permit expired: the replay runs again.
     let mut n = Net::new(&[("cents", 100)], Some(LedgerMutation::PruneBeforeExpiry));
     expiring(&mut n, 10_000, 50, Some(LedgerMutation::PruneBeforeExpiry));
-    n.r.advance_clock(UnixMillis(1_000));
-    n.spend(ROOT_CREDIT, "one", &[("cents", 10)], 1);
-    let mut dispatches = Vec::new();
-    n.run(&v(&[("cents", 6)]), &mut |to, m| {
-        if to == &id("g") && matches!(m, LedgerMessage::Dispatch { .. }) {
-            dispatches.push(m.clone());
-        }
-        false
-    });
+    let dispatches = settle_one_at(&mut n, 1_000);
     n.g.handle_timeout(UnixMillis(1_200));
     n.persist_all();
     assert!(n.g.acceptance(&id("r"), key(1)).is_none());

@@ -345,8 +345,8 @@ impl Sim {
         } else {
             0
         };
-        p.permit_ttl_ms = if rng.random_bool(0.7) {
-            rng.random_range(30..1_500)
+        p.permit_ttl_ms = if rng.random_bool(0.5) {
+            rng.random_range(100..3_000)
         } else {
             0
         };

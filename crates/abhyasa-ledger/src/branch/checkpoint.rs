@@ -177,18 +177,7 @@ impl Snapshot {
         agent: &AgentId,
         keys: &crate::Keyring,
     ) -> Result<Self, LedgerError> {
-        if &record.signer != agent {
-            return Err(LedgerError::WrongParty {
-                what: "a checkpoint",
-                expected: agent.clone(),
-                signer: record.signer.clone(),
-            });
-        }
-        let key = keys
-            .get(agent)
-            .ok_or(SignatureError::UnexpectedSigner(agent.clone()))?;
-        let body = record.open(TAG, &key)?;
-        let s: Snapshot = abhyasa_wire::decode_with_limit(body, MAX_CHECKPOINT_BYTES)?;
+        let s: Snapshot = crate::open_checkpoint(record, agent, keys, TAG, "a checkpoint")?;
         if &s.agent != agent {
             return Err(LedgerError::WrongState("checkpoint of another branch"));
         }

@@ -12,7 +12,7 @@ use abhyasa_wire::{AgentId, UnixMillis};
 use serde::{Deserialize, Serialize};
 
 use super::{Acceptance, AcceptanceState, Gateway, GatewayRecord};
-use crate::{LedgerError, PersistToken, MAX_CHECKPOINT_BYTES};
+use crate::{LedgerError, PersistToken};
 
 /// The domain tag a gateway checkpoint's signature covers.
 const TAG: &str = "gateway_checkpoint";
@@ -55,18 +55,8 @@ impl GatewaySnapshot {
         gateway: &AgentId,
         keys: &crate::Keyring,
     ) -> Result<Self, LedgerError> {
-        if &record.signer != gateway {
-            return Err(LedgerError::WrongParty {
-                what: "a gateway checkpoint",
-                expected: gateway.clone(),
-                signer: record.signer.clone(),
-            });
-        }
-        let key = keys
-            .get(gateway)
-            .ok_or(SignatureError::UnexpectedSigner(gateway.clone()))?;
-        let body = record.open(TAG, &key)?;
-        let s: GatewaySnapshot = abhyasa_wire::decode_with_limit(body, MAX_CHECKPOINT_BYTES)?;
+        let s: GatewaySnapshot =
+            crate::open_checkpoint(record, gateway, keys, TAG, "a gateway checkpoint")?;
         if &s.gateway != gateway {
             return Err(LedgerError::WrongState("checkpoint of another gateway"));
         }
