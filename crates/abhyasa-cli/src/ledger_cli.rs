@@ -304,12 +304,30 @@ fn status_json(s: &LedgerStatus) -> serde_json::Value {
         "accepted": s.accepted.iter().map(|(k, done)| serde_json::json!({
             "key": format!("{k}"), "receipted": done,
         })).collect::<Vec<_>>(),
+        "journal": {
+            "steps": s.journal_steps, "folded_steps": s.folded_steps,
+            "ended_operations": s.ended_operations,
+        },
+        "gateway": s.gateway.map(|(horizon, folded)| serde_json::json!({
+            "horizon_ms": horizon.0, "folded_records": folded,
+        })),
     })
 }
 
 /// Prints a status reply for people.
 pub fn print_status(v: &serde_json::Value) {
     let l = &v["ledger"];
+    let j = &l["journal"];
+    println!(
+        "journal: {} steps since a checkpoint of {} ({} ended operations folded)",
+        j["steps"], j["folded_steps"], j["ended_operations"]
+    );
+    if let Some(g) = l["gateway"].as_object() {
+        println!(
+            "gateway: forgets bindings expiring before {} ms; {} log records folded",
+            g["horizon_ms"], g["folded_records"]
+        );
+    }
     for r in l["roots"].as_array().into_iter().flatten() {
         println!(
             "root {}: available {} | in transit {} | reserved {} | quarantined {} | committed {} | forfeited {}",

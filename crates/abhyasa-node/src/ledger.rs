@@ -181,8 +181,17 @@ pub struct LedgerStatus {
     pub operations: Vec<OperationStatus>,
     /// Transfers sealed here: (id, destination, amount, `sealed`/`accepted`/`cancelled`).
     pub transfers: Vec<(TransferId, AgentId, Vector, &'static str)>,
-    /// Effects this node accepted as a gateway (key, receipted).
+    /// Effects this node accepted as a gateway (key, receipted) and still remembers.
     pub accepted: Vec<(OpKey, bool)>,
+    /// Journal steps since the checkpoint the journal starts with (or since the start).
+    pub journal_steps: u64,
+    /// Steps folded into that checkpoint.
+    pub folded_steps: u64,
+    /// Operations a checkpoint folded to summaries (not listed in `operations`).
+    pub ended_operations: u64,
+    /// As a gateway: bindings expiring before this may have been forgotten (Unix ms; 0:
+    /// nothing forgotten), and log records folded into its checkpoint.
+    pub gateway: Option<(UnixMillis, u64)>,
 }
 
 /// A ledger reply.
@@ -555,6 +564,13 @@ impl LedgerPart {
                     })
                 })
                 .collect(),
+            journal_steps: b.journal_len(),
+            folded_steps: b.folded_steps(),
+            ended_operations: b.ended().count() as u64,
+            gateway: self
+                .gateway
+                .as_ref()
+                .map(|g| (g.horizon(), g.folded_records())),
         }
     }
 

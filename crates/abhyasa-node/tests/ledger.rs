@@ -186,6 +186,11 @@ async fn grant_delegate_spend_settle_across_three_nodes() {
     let [a, t, r, q, c, f] = s.roots[0].1.clone();
     assert_eq!((a, c), (cents(300 - 35), cents(35)));
     assert!(t.is_zero() && r.is_zero() && q.is_zero() && f.is_zero());
+    // Five spends of three steps each after the acceptance, a checkpoint every 4 steps:
+    // the status counts what was folded (the buckets above read through it).
+    assert!(s.folded_steps > 0 && s.ended_operations > 0, "{s:?}");
+    assert!(s.journal_steps < 8, "{}", s.journal_steps);
+    assert_eq!(s.gateway, None, "the child is no gateway");
     let LedgerReply::Status(rs) = root.ledger(LedgerCommand::Status).await.unwrap() else {
         panic!("status")
     };
