@@ -186,12 +186,19 @@ mod tests {
         assert!(total.crashes > 0 && total.joins > 0);
     }
 
+    /// Most mutants are caught in the first few seeds; `no_effect_before_durable_fence`
+    /// needs a gateway crash while a fence is being written and the held-back permit
+    /// replayed after it, before the permit expires (about 4 seeds in 1,000), so the search
+    /// goes as far as `.ci/run`'s: 2,500 seeds, stopping at the first catch.
     #[test]
     fn every_ledger_mutant_is_caught() {
         for (name, mutation) in LEDGER_MUTANTS {
             let caught =
-                (0..300).find(|&seed| !run_ledger(seed, Some(mutation)).violations.is_empty());
-            assert!(caught.is_some(), "ledger mutant {name} survived 300 seeds");
+                (0..2_500).find(|&seed| !run_ledger(seed, Some(mutation)).violations.is_empty());
+            assert!(
+                caught.is_some(),
+                "ledger mutant {name} survived 2,500 seeds"
+            );
         }
     }
 }
