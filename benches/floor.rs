@@ -163,5 +163,254 @@ fn floor(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, floor);
+/// The `nats-server` binary: `$ABHYASA_NATS_SERVER`, the one `scripts/nats-server.sh`
+/// installs, or `nats-server` on `PATH`.
+fn nats_server() -> Option<std::path::PathBuf> {
+    let installed = std::env::var_os("ABHYASA_CACHE")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cache/abhyasa"))
+        })
+        .map(|c| c.join("nats-server-2.15.1/bin/nats-server"));
+    let on_path = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join("nats-server"))
+            .find(|p| p.is_file())
+    });
+    std::env::var_os("ABHYASA_NATS_SERVER")
+        .map(std::path::PathBuf::from)
+        .into_iter()
+        .chain(installed)
+        .chain(on_path)
+        .find(|p| p.is_file())
+}
+
+/// The same run, side by side: custody between two Abhyasa nodes, and NATS JetStream (file
+/// storage, `sync_interval: always`: every write synced before it is acknowledged) with the
+/// `async-nats` client, on the same disk and loopback, carrying the same encoded obligation.
+/// One at a time: custody's issue → applied → discharged, against JetStream's publish →
+/// acknowledged, and publish → acknowledged → pulled by a consumer → acknowledged back with
+/// confirmation (`double_ack`). 256 in flight: the same, 256 at once, all awaited.
+fn jetstream(c: &mut Criterion) {
+    let Some(server) = nats_server() else {
+        eprintln!(
+            "SKIPPED jetstream_side_by_side: no nats-server (run scripts/nats-server.sh, or set \
+             ABHYASA_NATS_SERVER)"
+        );
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir_in(std::env::current_dir().unwrap()).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = dir.path().join("nats.conf");
+    std::fs::write(
+        &config,
+        format!(
+            "listen: 127.0.0.1:{port}\njetstream {{\n  store_dir: \"{}\"\n  sync_interval: always\n}}\n",
+            dir.path().join("js").display()
+        ),
+    )
+    .unwrap();
+    let mut child = std::process::Command::new(&server)
+        .arg("-c")
+        .arg(&config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let url = format!("nats://127.0.0.1:{port}");
+
+    let mut g = c.benchmark_group("jetstream_side_by_side");
+    g.sample_size(20)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(4));
+
+    // Abhyasa: two nodes, both ends durable.
+    let ca = Ca::generate("bench").unwrap();
+    let (p, a) = (
+        AgentId::new("principal").unwrap(),
+        AgentId::new("agent-1").unwrap(),
+    );
+    let (principal, agent) = rt.block_on(async {
+        let agent = Node::builder(ca.issue(&a).unwrap())
+            .state_dir(dir.path().join("a"))
+            .build()
+            .await
+            .unwrap();
+        let principal = Node::builder(ca.issue(&p).unwrap())
+            .peer(a.clone(), agent.local_addr())
+            .state_dir(dir.path().join("p"))
+            .custodian(CustodianConfig::default())
+            .build()
+            .await
+            .unwrap();
+        let h = principal.issue(obligation(0, &a, 60_000)).await.unwrap();
+        h.outcome().await.unwrap();
+        (principal, agent)
+    });
+    let mut n = 1u128;
+    g.bench_function("abhyasa_discharge_one", |b| {
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    n += 1;
+                    let h = principal.issue(obligation(n, &a, 60_000)).await.unwrap();
+                    let (record, _) = h.outcome().await.unwrap();
+                    assert_eq!(record.outcome, Outcome::Applied);
+                }
+                start.elapsed()
+            })
+        })
+    });
+    g.bench_function("abhyasa_discharge_256_in_flight", |b| {
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    let batch: Vec<_> = (0..256)
+                        .map(|_| {
+                            n += 1;
+                            principal.issue(obligation(n, &a, 60_000))
+                        })
+                        .collect();
+                    let handles = futures::future::join_all(batch).await;
+                    let outcomes = futures::future::join_all(
+                        handles.into_iter().map(|h| h.unwrap().outcome()),
+                    )
+                    .await;
+                    for o in outcomes {
+                        assert_eq!(o.unwrap().0.outcome, Outcome::Applied);
+                    }
+                }
+                start.elapsed()
+            })
+        })
+    });
+    rt.block_on(async {
+        principal.shutdown().await;
+        agent.shutdown().await;
+    });
+
+    // JetStream: one stream on file storage, one durable pull consumer with explicit acks.
+    use async_nats::jetstream::{self, consumer, stream};
+    use futures::StreamExt;
+    let payload = bytes::Bytes::from(abhyasa::wire::encode(&obligation(0, &a, 60_000)));
+    let (js, mut messages) = rt.block_on(async {
+        let mut client = None;
+        for _ in 0..100 {
+            match async_nats::connect(&url).await {
+                Ok(c) => {
+                    client = Some(c);
+                    break;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+        let js = jetstream::new(client.expect("nats-server did not come up"));
+        let s = js
+            .get_or_create_stream(stream::Config {
+                name: "OBLIGATIONS".into(),
+                subjects: vec!["to.>".into()],
+                storage: stream::StorageType::File,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let worker: consumer::PullConsumer = s
+            .get_or_create_consumer(
+                "agent-1",
+                consumer::pull::Config {
+                    durable_name: Some("agent-1".into()),
+                    ack_policy: consumer::AckPolicy::Explicit,
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        let messages = worker.messages().await.unwrap();
+        (js, messages)
+    });
+    g.bench_function("jetstream_publish_acked_one", |b| {
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    js.publish("to.agent-1", payload.clone())
+                        .await
+                        .unwrap()
+                        .await
+                        .unwrap();
+                }
+                let elapsed = start.elapsed();
+                // Drain what the consumer was handed, outside the timing.
+                for _ in 0..iters {
+                    let m = messages.next().await.unwrap().unwrap();
+                    m.double_ack().await.unwrap();
+                }
+                elapsed
+            })
+        })
+    });
+    g.bench_function("jetstream_end_to_end_one", |b| {
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    js.publish("to.agent-1", payload.clone())
+                        .await
+                        .unwrap()
+                        .await
+                        .unwrap();
+                    let m = messages.next().await.unwrap().unwrap();
+                    assert_eq!(m.payload, payload);
+                    m.double_ack().await.unwrap();
+                }
+                start.elapsed()
+            })
+        })
+    });
+    g.bench_function("jetstream_end_to_end_256_in_flight", |b| {
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    let mut acks = Vec::with_capacity(256);
+                    for _ in 0..256 {
+                        acks.push(js.publish("to.agent-1", payload.clone()).await.unwrap());
+                    }
+                    for a in futures::future::join_all(
+                        acks.into_iter().map(std::future::IntoFuture::into_future),
+                    )
+                    .await
+                    {
+                        a.unwrap();
+                    }
+                    let mut got = Vec::with_capacity(256);
+                    for _ in 0..256 {
+                        got.push(messages.next().await.unwrap().unwrap());
+                    }
+                    for r in futures::future::join_all(got.iter().map(|m| m.double_ack())).await {
+                        r.unwrap();
+                    }
+                }
+                start.elapsed()
+            })
+        })
+    });
+    g.finish();
+    drop(messages);
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+criterion_group!(benches, floor, jetstream);
 criterion_main!(benches);

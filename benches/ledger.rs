@@ -191,6 +191,213 @@ fn durable_cycles(c: &mut Criterion) {
     grp.finish();
 }
 
+/// Most records one side commits at once in [`two_nodes`] (a group commit's cap).
+const MAX_GROUP: usize = 256;
+
+/// The gateway as its own node: a thread with its own store that takes every dispatch that
+/// has arrived (at most [`MAX_GROUP`]), commits the acceptances, runs the effects, commits the
+/// receipts and sends them back; ends when the payer hangs up.
+fn gateway_node(
+    path: std::path::PathBuf,
+    from_payer: std::sync::mpsc::Receiver<Vec<LedgerMessage>>,
+    to_payer: std::sync::mpsc::Sender<Vec<LedgerMessage>>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut g = Gateway::new(id("g"), signing_key([3; 32]), keys(), None);
+        let mut store = Store::open(path, StoreConfig::default()).unwrap();
+        let charge = Vector::of(&[("cents", 730), ("calls", 1)]).unwrap();
+        let mut inbox: std::collections::VecDeque<LedgerMessage> = Default::default();
+        loop {
+            if inbox.is_empty() {
+                match from_payer.recv() {
+                    Ok(batch) => inbox.extend(batch),
+                    Err(_) => return,
+                }
+            }
+            while let Ok(batch) = from_payer.try_recv() {
+                inbox.extend(batch);
+            }
+            let n = inbox.len().min(MAX_GROUP);
+            for m in inbox.drain(..n) {
+                g.handle_message(&id("r"), m);
+            }
+            commit_gateway(&mut g, &mut store);
+            while let Some(e) = g.poll_execute() {
+                g.handle_executed(&e.payer, e.key, charge.clone());
+            }
+            commit_gateway(&mut g, &mut store);
+            let replies: Vec<_> =
+                std::iter::from_fn(|| g.poll_transmit().map(|(_, m)| m)).collect();
+            if to_payer.send(replies).is_err() {
+                return;
+            }
+        }
+    })
+}
+
+/// The payer's side of [`two_nodes`]: keeps `in_flight` operations outstanding until `total`
+/// have settled. Each round takes every receipt that has arrived, settles them and reserves and
+/// dispatches their replacements in one group commit, then sends the new permits.
+#[allow(clippy::too_many_arguments)]
+fn pay(
+    r: &mut Branch,
+    store: &mut Store,
+    to_gateway: &std::sync::mpsc::Sender<Vec<LedgerMessage>>,
+    from_gateway: &std::sync::mpsc::Receiver<Vec<LedgerMessage>>,
+    next: &mut u64,
+    in_flight: u64,
+    total: u64,
+) {
+    let (mut started, mut settled, mut outstanding) = (0u64, 0u64, 0u64);
+    let mut replies: std::collections::VecDeque<LedgerMessage> = Default::default();
+    while settled < total {
+        let room = in_flight.saturating_sub(outstanding).min(total - started);
+        for _ in 0..room.min(MAX_GROUP as u64) {
+            *next += 1;
+            let key = OpKey::from_u128(u128::from(*next));
+            r.reserve(CREDIT, effect(*next), &id("g"), key).unwrap();
+            r.dispatch(UnixMillis(0), key).unwrap();
+            started += 1;
+            outstanding += 1;
+        }
+        commit_branch(r, store);
+        let permits: Vec<_> = std::iter::from_fn(|| r.poll_transmit().map(|(_, m)| m)).collect();
+        if !permits.is_empty() {
+            to_gateway.send(permits).unwrap();
+        }
+        // Wait for receipts only when the window is full (or nothing is left to start).
+        let full = outstanding >= in_flight || started == total;
+        if replies.is_empty() && full {
+            replies.extend(from_gateway.recv().unwrap());
+        }
+        while let Ok(batch) = from_gateway.try_recv() {
+            replies.extend(batch);
+        }
+        let n = replies.len().min(MAX_GROUP);
+        for m in replies.drain(..n) {
+            r.handle_message(UnixMillis(1), &id("g"), m);
+        }
+        // The settle steps are committed with the next round's dispatches (or below).
+        while let Some(e) = r.poll_event() {
+            if matches!(e, LedgerEvent::Settled { .. }) {
+                settled += 1;
+                outstanding -= 1;
+            }
+        }
+    }
+    commit_branch(r, store);
+}
+
+/// Payer and gateway as two nodes on two threads — as deployed, each agent its own process —
+/// each with its own store and group commit, so one signs and verifies while the other does:
+/// `in_flight` operations outstanding, cycles/s over `per_iteration` settled cycles.
+fn two_nodes(c: &mut Criterion) {
+    let dir = tempfile::tempdir_in(std::env::current_dir().unwrap()).unwrap();
+    let mut grp = c.benchmark_group("ledger_two_nodes");
+    grp.sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(5));
+    for in_flight in [1u64, 16, 256, 1024] {
+        let (to_gateway, gateway_in) = std::sync::mpsc::channel();
+        let (gateway_out, from_gateway) = std::sync::mpsc::channel();
+        let gateway = gateway_node(
+            dir.path().join(format!("tg{in_flight}.redb")),
+            gateway_in,
+            gateway_out,
+        );
+        let (mut r, _) = setup();
+        let mut store = Store::open(
+            dir.path().join(format!("tb{in_flight}.redb")),
+            StoreConfig::default(),
+        )
+        .unwrap();
+        let mut next = 0;
+        let per_iteration = (in_flight * 4).max(16);
+        grp.throughput(Throughput::Elements(per_iteration));
+        grp.bench_function(format!("in_flight_{in_flight}"), |b| {
+            b.iter_custom(|iterations| {
+                let started = Instant::now();
+                pay(
+                    &mut r,
+                    &mut store,
+                    &to_gateway,
+                    &from_gateway,
+                    &mut next,
+                    in_flight,
+                    iterations * per_iteration,
+                );
+                started.elapsed()
+            })
+        });
+        drop(to_gateway);
+        gateway.join().unwrap();
+    }
+    grp.finish();
+}
+
+/// A permit and the receipt that answers it, as a cycle makes them.
+fn permit_and_receipt() -> (Signed<Permit>, Signed<Receipt>) {
+    let (mut r, mut g) = setup();
+    let key = OpKey::from_u128(1);
+    r.reserve(CREDIT, effect(1), &id("g"), key).unwrap();
+    r.dispatch(UnixMillis(0), key).unwrap();
+    while let Some((t, _)) = r.poll_persist() {
+        r.handle_persisted(t);
+    }
+    let Some((_, LedgerMessage::Dispatch { permit, effect })) = r.poll_transmit() else {
+        panic!("no dispatch")
+    };
+    g.handle_message(
+        &id("r"),
+        LedgerMessage::Dispatch {
+            permit: permit.clone(),
+            effect,
+        },
+    );
+    while let Some((t, _)) = g.poll_persist() {
+        g.handle_persisted(t);
+    }
+    let e = g.poll_execute().unwrap();
+    g.handle_executed(
+        &e.payer,
+        e.key,
+        Vector::of(&[("cents", 730), ("calls", 1)]).unwrap(),
+    );
+    while let Some((t, _)) = g.poll_persist() {
+        g.handle_persisted(t);
+    }
+    let Some((_, LedgerMessage::Receipt(receipt))) = g.poll_transmit() else {
+        panic!("no receipt")
+    };
+    (permit, receipt)
+}
+
+/// The cryptography a cycle cannot avoid, measured beside the cycles: the payer signs a
+/// permit and verifies a receipt, the gateway verifies the permit and signs the receipt
+/// (each with its encoding, and on opening the strict decode a branch or gateway does).
+fn signature_floor(c: &mut Criterion) {
+    let mut grp = c.benchmark_group("ledger_signature_floor");
+    grp.sample_size(20)
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(2));
+    let (permit, receipt) = permit_and_receipt();
+    let (payer, gateway) = (signing_key([2; 32]), signing_key([3; 32]));
+    let (permit_body, receipt_body) = (permit.peek().unwrap(), receipt.peek().unwrap());
+    grp.bench_function("sign_a_permit", |b| {
+        b.iter(|| Signed::sign(&permit_body, &id("r"), &payer))
+    });
+    grp.bench_function("verify_a_permit", |b| {
+        b.iter(|| permit.open(&payer.verifying_key()).unwrap())
+    });
+    grp.bench_function("sign_a_receipt", |b| {
+        b.iter(|| Signed::sign(&receipt_body, &id("g"), &gateway))
+    });
+    grp.bench_function("verify_a_receipt", |b| {
+        b.iter(|| receipt.open(&gateway.verifying_key()).unwrap())
+    });
+    grp.finish();
+}
+
 fn checker(c: &mut Criterion) {
     let mut grp = c.benchmark_group("ledger_checker");
     grp.sample_size(10)
@@ -347,5 +554,12 @@ fn restart(c: &mut Criterion) {
     grp.finish();
 }
 
-criterion_group!(benches, durable_cycles, checker, restart);
+criterion_group!(
+    benches,
+    durable_cycles,
+    two_nodes,
+    signature_floor,
+    checker,
+    restart
+);
 criterion_main!(benches);

@@ -1,6 +1,6 @@
 //! The sweeps run end to end on small sizes and write their CSV and SVG files.
 
-use abhyasa_cli::sweep::{self, LossSweep, PartitionSweep, RecoverySweep};
+use abhyasa_cli::sweep::{self, LossSweep, MemorySweep, PartitionSweep, RecoverySweep};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partition_sweep_separates_reachable_from_unreachable() {
@@ -78,4 +78,38 @@ async fn loss_and_recovery_sweeps_measure_real_discharges() {
     ] {
         assert!(out.path().join(f).exists(), "{f}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_sweep_holds_obligations_pending_then_passes_them_through() {
+    let out = tempfile::tempdir().unwrap();
+    // The sweep itself fails unless all 3,000 are still pending at the end of the first
+    // phase and every one of the second is applied.
+    let points = sweep::memory_to(
+        &MemorySweep {
+            pending: 3_000,
+            through: 3_000,
+            sample_every: 1_000,
+            window: 1_024,
+            cache_bytes: 4 << 20,
+        },
+        out.path(),
+    )
+    .await
+    .unwrap();
+    let at = |phase: &str| -> Vec<u64> {
+        points
+            .iter()
+            .filter(|p| p.phase == phase)
+            .map(|p| p.obligations)
+            .collect()
+    };
+    assert_eq!(at("pending"), [1_024, 2_024, 3_000]);
+    assert_eq!(at("through"), [0, 1_024, 2_048, 3_000]);
+    assert!(points.iter().all(|p| p.rss_kib > 1_024), "{points:?}");
+    let csv = std::fs::read_to_string(out.path().join("memory.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 8);
+    assert!(csv.lines().nth(3).unwrap().starts_with("pending,3000,"));
+    let svg = std::fs::read_to_string(out.path().join("memory.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("pending (agent unreachable)"));
 }

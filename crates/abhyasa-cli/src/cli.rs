@@ -341,6 +341,18 @@ enum SweepCommand {
         #[arg(long, default_value_t = 3)]
         runs: u32,
     },
+    /// Resident memory per pending obligation, and over a million obligations passed through.
+    Memory {
+        /// Obligations left pending (their agent unreachable).
+        #[arg(long, default_value_t = 100_000)]
+        pending: u64,
+        /// Obligations passed through a principal and its agent.
+        #[arg(long, default_value_t = 1_000_000)]
+        through: u64,
+        /// Sample resident memory after every this many.
+        #[arg(long, default_value_t = 50_000)]
+        sample_every: u64,
+    },
 }
 
 /// netem words as flags, applied to both directions.
@@ -834,6 +846,21 @@ async fn run(command: Command) -> Result<ExitCode> {
                         .await
                         .map(|r| print!("{}", sweep::recovery_csv(&sweep::recovery_medians(&r))))
                 }
+                SweepCommand::Memory {
+                    pending,
+                    through,
+                    sample_every,
+                } => sweep::memory_to(
+                    &sweep::MemorySweep {
+                        pending,
+                        through,
+                        sample_every,
+                        ..Default::default()
+                    },
+                    &out,
+                )
+                .await
+                .map(|p| print!("{}", sweep::memory_csv(&p))),
             };
             r.map_err(|e| e.to_string())?;
             println!("wrote {}", out.display());

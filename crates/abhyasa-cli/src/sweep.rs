@@ -5,7 +5,8 @@
 //!   again before its deadline, as a function of partition length over the deadline;
 //! - [`loss`]: time to discharge one obligation (durable on both ends) against loss, with the
 //!   first attempt on a stream or as a datagram;
-//! - [`recovery`]: time from restart to resumed custody with many obligations pending.
+//! - [`recovery`]: time from restart to resumed custody with many obligations pending;
+//! - [`memory`]: resident memory per pending obligation, and over a million obligations.
 //!
 //! Every point runs real nodes (each with its own redb file under a temporary directory) and
 //! real QUIC sessions; only the link is emulated.
@@ -21,8 +22,8 @@ use abhyasa_netem::Impairment;
 use abhyasa_node::{Node, NodeEvent};
 use abhyasa_store::{Op, Store, StoreConfig};
 use abhyasa_wire::{
-    AgentId, ClientId, Obligation, ObligationId, Outcome, Payload, TokenAction, TokenId,
-    TokenPayload, UnixMillis,
+    AgentId, ClientId, ConsentDecision, ConsentPayload, Obligation, ObligationId, Outcome, Payload,
+    Scope, TokenAction, TokenId, TokenPayload, UnixMillis,
 };
 use tokio::sync::broadcast::error::RecvError;
 
@@ -415,6 +416,256 @@ pub fn loss_csv(points: &[LossPoint]) -> String {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Memory sweep
+
+/// Settings of the memory sweep.
+#[derive(Clone, Debug)]
+pub struct MemorySweep {
+    /// Obligations left pending (their agent unreachable) for the per-obligation figure.
+    pub pending: u64,
+    /// Obligations passed through a principal and its agent for the long-run figure.
+    pub through: u64,
+    /// Resident memory is sampled after every this many.
+    pub sample_every: u64,
+    /// Obligations in flight while passing through.
+    pub window: u64,
+    /// Each node's redb page cache.
+    pub cache_bytes: usize,
+}
+
+impl Default for MemorySweep {
+    fn default() -> Self {
+        Self {
+            pending: 100_000,
+            through: 1_000_000,
+            sample_every: 50_000,
+            window: 1_024,
+            cache_bytes: 4 << 20,
+        }
+    }
+}
+
+/// One sample of the memory sweep.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemoryPoint {
+    /// `pending` (the agent unreachable) or `through` (applied and discharged).
+    pub phase: &'static str,
+    /// Obligations issued so far in this phase.
+    pub obligations: u64,
+    /// This process's resident memory, KiB (both nodes live in it).
+    pub rss_kib: u64,
+    /// Seconds since the phase started.
+    pub t_s: f64,
+}
+
+/// This process's resident memory, KiB (Linux `/proc/self/status`).
+fn rss_kib() -> Result<u64, Error> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .ok_or_else(|| "no VmRSS in /proc/self/status".into())
+}
+
+/// A consent revocation on one of eight scopes: custody, and nothing kept for good by the
+/// agent (a token revocation is, by design, so it would measure the workload, not the node).
+fn consent(pair: &Pair, n: u64, deadline_ms: u64) -> Result<Obligation, Error> {
+    let mut o = pair.obligation(n, deadline_ms);
+    o.payload = Payload::AnumatiConsent(ConsentPayload {
+        decision: Some(ConsentDecision::Revoke),
+        scope: Scope::new(format!("scope-{}", n % 8))?,
+    });
+    Ok(o)
+}
+
+/// Issues `range` at once (each on its own task) and returns the handles.
+async fn issue_all(
+    pair: &Arc<Pair>,
+    node: &Arc<Node>,
+    range: std::ops::Range<u64>,
+    deadline_ms: u64,
+) -> Result<Vec<abhyasa_node::IssueHandle>, Error> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for n in range {
+        let (pair, node) = (pair.clone(), node.clone());
+        tasks.spawn(async move {
+            let o = consent(&pair, n, deadline_ms)?;
+            Ok::<_, Error>(node.issue(o).await?)
+        });
+    }
+    let mut handles = Vec::new();
+    while let Some(h) = tasks.join_next().await {
+        handles.push(h??);
+    }
+    Ok(handles)
+}
+
+/// Runs the memory sweep. Pending: a principal whose agent never answers takes `pending`
+/// obligations (deadline an hour away); the growth of resident memory over them, divided by
+/// their number, is the cost of one pending obligation (the custodian's state, the node's
+/// waiter, and whatever redb keeps of its row within the page cache). Through: a principal
+/// and its agent in this process pass `through` obligations, `window` in flight, each awaited
+/// to `applied`; resident memory is sampled as they go.
+pub async fn memory(s: &MemorySweep) -> Result<Vec<MemoryPoint>, Error> {
+    let pair = Arc::new(Pair::new()?);
+    let dir = temp_dir()?;
+    let store = |cache| StoreConfig {
+        cache_bytes: cache,
+        ..StoreConfig::default()
+    };
+    let mut points = Vec::new();
+
+    // Pending: nobody listens at the agent's address (a port bound, then released).
+    let nobody = std::net::UdpSocket::bind("127.0.0.1:0")?.local_addr()?;
+    let principal = Arc::new(
+        Node::builder(pair.identity(&pair.principal)?)
+            .peer(pair.agent.clone(), nobody)
+            .state_dir(dir.path().join("pending"))
+            .custodian(unbounded())
+            .store(store(s.cache_bytes))
+            .build()
+            .await?,
+    );
+    // A first batch warms the runtime, the session machinery and redb's cache.
+    let warm = s.window.min(s.pending);
+    let mut held = issue_all(&pair, &principal, 0..warm, 3_600_000).await?;
+    let started = Instant::now();
+    let mut issued = warm;
+    points.push(MemoryPoint {
+        phase: "pending",
+        obligations: issued,
+        rss_kib: rss_kib()?,
+        t_s: 0.0,
+    });
+    while issued < s.pending {
+        let next = (issued + s.sample_every.max(1)).min(s.pending);
+        let mut from = issued;
+        while from < next {
+            let to = (from + s.window.max(1)).min(next);
+            held.extend(issue_all(&pair, &principal, from..to, 3_600_000).await?);
+            from = to;
+        }
+        issued = next;
+        points.push(MemoryPoint {
+            phase: "pending",
+            obligations: issued,
+            rss_kib: rss_kib()?,
+            t_s: started.elapsed().as_secs_f64(),
+        });
+        eprintln!(
+            "memory: pending={issued} rss={} KiB",
+            points.last().map_or(0, |p| p.rss_kib)
+        );
+    }
+    let status = principal.status().await?;
+    if (status.pending.len() as u64) < s.pending {
+        return Err(format!("{} of {} pending", status.pending.len(), s.pending).into());
+    }
+    drop(held);
+    match Arc::try_unwrap(principal) {
+        Ok(node) => node.shutdown().await,
+        Err(_) => return Err("the pending principal is still shared".into()),
+    }
+
+    // Through.
+    let agent = Node::builder(pair.identity(&pair.agent)?)
+        .state_dir(dir.path().join("agent"))
+        .store(store(s.cache_bytes))
+        .build()
+        .await?;
+    let principal = Arc::new(
+        Node::builder(pair.identity(&pair.principal)?)
+            .peer(pair.agent.clone(), agent.local_addr())
+            .state_dir(dir.path().join("principal"))
+            .custodian(unbounded())
+            .store(store(s.cache_bytes))
+            .build()
+            .await?,
+    );
+    let base = 1u64 << 32; // ids apart from the pending phase's
+    let started = Instant::now();
+    let mut done = 0u64;
+    points.push(MemoryPoint {
+        phase: "through",
+        obligations: 0,
+        rss_kib: rss_kib()?,
+        t_s: 0.0,
+    });
+    while done < s.through {
+        let to = (done + s.window.max(1)).min(s.through);
+        let handles = issue_all(&pair, &principal, base + done..base + to, 60_000).await?;
+        for h in handles {
+            let (record, _) = h.outcome().await.ok_or("the principal stopped")?;
+            if record.outcome != Outcome::Applied {
+                return Err(format!("obligation {record:?} not applied").into());
+            }
+        }
+        let sampled_before = done / s.sample_every.max(1);
+        done = to;
+        if done / s.sample_every.max(1) != sampled_before || done == s.through {
+            points.push(MemoryPoint {
+                phase: "through",
+                obligations: done,
+                rss_kib: rss_kib()?,
+                t_s: started.elapsed().as_secs_f64(),
+            });
+            eprintln!(
+                "memory: through={done} rss={} KiB ({:.0}/s)",
+                points.last().map_or(0, |p| p.rss_kib),
+                done as f64 / started.elapsed().as_secs_f64()
+            );
+        }
+    }
+    match Arc::try_unwrap(principal) {
+        Ok(node) => node.shutdown().await,
+        Err(_) => return Err("the principal is still shared".into()),
+    }
+    agent.shutdown().await;
+    Ok(points)
+}
+
+/// The memory sweep as CSV.
+pub fn memory_csv(points: &[MemoryPoint]) -> String {
+    let mut out = String::from("phase,obligations,rss_kib,t_s\n");
+    for p in points {
+        let _ = writeln!(
+            out,
+            "{},{},{},{:.1}",
+            p.phase, p.obligations, p.rss_kib, p.t_s
+        );
+    }
+    out
+}
+
+/// Runs the memory sweep and writes `memory.csv` and `memory.svg` under `out`.
+pub async fn memory_to(s: &MemorySweep, out: &Path) -> Result<Vec<MemoryPoint>, Error> {
+    let points = memory(s).await?;
+    write(out, "memory.csv", &memory_csv(&points))?;
+    let line = |phase: &str, label: &str| Series {
+        label: label.into(),
+        points: points
+            .iter()
+            .filter(|p| p.phase == phase)
+            .map(|p| (p.obligations as f64, p.rss_kib as f64 / 1024.0))
+            .collect(),
+    };
+    plot(
+        &out.join("memory.svg"),
+        &Axes {
+            title: "Resident memory of a principal (and its agent, through)",
+            x: "obligations",
+            y: "MiB",
+            log_x: false,
+        },
+        &[
+            line("pending", "pending (agent unreachable)"),
+            line("through", "applied and discharged (principal and agent)"),
+        ],
+    )?;
+    Ok(points)
+}
+
 // Recovery sweep
 
 /// Settings of the recovery sweep.
@@ -475,6 +726,7 @@ fn pending_database(pair: &Pair, path: &Path, n: u64) -> Result<(), Error> {
 fn unbounded() -> CustodianConfig {
     CustodianConfig {
         max_pending: usize::MAX,
+        max_pending_per_target: usize::MAX,
         max_principal_entries: usize::MAX,
         ..CustodianConfig::default()
     }

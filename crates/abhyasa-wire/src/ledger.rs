@@ -366,10 +366,37 @@ impl Ranges {
     }
 
     /// The union of two disjoint sets; `None` when they share an atom.
+    ///
+    /// One merge of the two sorted lists, linear in their lengths: a branch unions a
+    /// remainder into a credit's available atoms at every settle, and with many operations
+    /// in flight those atoms are in as many pieces.
     pub fn union(&self, other: &Ranges) -> Option<Ranges> {
-        let mut v = self.0.clone();
-        v.extend_from_slice(&other.0);
-        Ranges::from_ranges(v)
+        let (a, b) = (&self.0, &other.0);
+        let mut out: Vec<(u64, u64)> = Vec::with_capacity(a.len() + b.len());
+        let (mut i, mut j) = (0, 0);
+        while i < a.len() || j < b.len() {
+            let next = match (a.get(i), b.get(j)) {
+                (Some(&x), Some(&y)) if x.0 <= y.0 => {
+                    i += 1;
+                    x
+                }
+                (_, Some(&y)) => {
+                    j += 1;
+                    y
+                }
+                (Some(&x), None) => {
+                    i += 1;
+                    x
+                }
+                (None, None) => break,
+            };
+            match out.last_mut() {
+                Some(last) if next.0 < last.1 => return None,
+                Some(last) if next.0 == last.1 => last.1 = next.1,
+                _ => out.push(next),
+            }
+        }
+        Some(Ranges(out))
     }
 
     /// `self` without `other`; `None` unless `other ⊆ self`.
@@ -1188,7 +1215,13 @@ mod tests {
             prop_assert_eq!(a.len(), sa.len() as u64);
             prop_assert_eq!(a.is_disjoint(&b), sa.is_disjoint(&sb));
             match a.union(&b) {
-                Some(u) => prop_assert_eq!(set(&u), &sa | &sb),
+                Some(u) => {
+                    prop_assert_eq!(set(&u), &sa | &sb);
+                    // Canonical: sorted, disjoint, non-adjacent, no empty range.
+                    let r = u.ranges();
+                    prop_assert!(r.iter().all(|&(s, e)| s < e));
+                    prop_assert!(r.windows(2).all(|w| w[0].1 < w[1].0), "{:?}", u);
+                }
                 None => prop_assert!(!sa.is_disjoint(&sb)),
             }
             match a.take_lowest(n) {
