@@ -21,6 +21,106 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const BATCH: u64 = 500;
 
+/// A principal and its agent on loopback, each with its own store, after one obligation
+/// has gone through (sessions up).
+fn nodes(
+    rt: &tokio::runtime::Runtime,
+    ca: &Ca,
+    p: &AgentId,
+    a: &AgentId,
+    group: abhyasa::store::GroupConfig,
+) -> (Arc<Node>, Node, tempfile::TempDir) {
+    let dir = tempfile::tempdir_in(std::env::current_dir().unwrap()).unwrap();
+    let (principal, agent) = rt.block_on(async {
+        let agent = Node::builder(ca.issue(a).unwrap())
+            .state_dir(dir.path().join("a"))
+            .group(group)
+            .build()
+            .await
+            .unwrap();
+        let principal = Node::builder(ca.issue(p).unwrap())
+            .peer(a.clone(), agent.local_addr())
+            .state_dir(dir.path().join("p"))
+            .group(group)
+            .custodian(CustodianConfig {
+                response_timeout_ms: 2_000,
+                ..CustodianConfig::default()
+            })
+            .build()
+            .await
+            .unwrap();
+        let h = principal.issue(obligation(0, a, 120_000)).await.unwrap();
+        h.outcome().await.unwrap();
+        (Arc::new(principal), agent)
+    });
+    (principal, agent, dir)
+}
+
+/// `iters` times: `batch` obligations issued at once (each on its own task), every one
+/// awaited to `applied`.
+async fn issue_and_await(
+    principal: &Arc<Node>,
+    a: &AgentId,
+    n: &mut u128,
+    iters: u64,
+    batch: u64,
+) -> Duration {
+    let start = Instant::now();
+    for _ in 0..iters {
+        let mut tasks = Vec::new();
+        for _ in 0..batch {
+            *n += 1;
+            let (principal, o) = (principal.clone(), obligation(*n, a, 120_000));
+            tasks.push(tokio::spawn(async move {
+                let h = principal.issue(o).await.unwrap();
+                h.outcome().await.unwrap().0.outcome
+            }));
+        }
+        for t in tasks {
+            assert_eq!(t.await.unwrap(), Outcome::Applied);
+        }
+    }
+    start.elapsed()
+}
+
+async fn stop(principal: Arc<Node>, agent: Node) {
+    if let Ok(p) = Arc::try_unwrap(principal) {
+        p.shutdown().await;
+    }
+    agent.shutdown().await;
+}
+
+/// Custody throughput as the number in flight grows (issue #13 measured it falling past
+/// 1,024): 256, 1,024 and 4,096 issued at once to one agent, each awaited to `applied`.
+fn window(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut g = c.benchmark_group("custody_in_flight");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(8));
+    let ca = Ca::generate("bench").unwrap();
+    let (p, a) = (
+        AgentId::new("principal").unwrap(),
+        AgentId::new("agent-1").unwrap(),
+    );
+    let (principal, agent, _dir) = nodes(&rt, &ca, &p, &a, Default::default());
+    let mut n = 1u128;
+    for in_flight in [256u64, 1_024, 4_096] {
+        g.throughput(Throughput::Elements(in_flight));
+        g.bench_function(format!("{in_flight}"), |b| {
+            b.iter_custom(|iters| {
+                rt.block_on(issue_and_await(&principal, &a, &mut n, iters, in_flight))
+            })
+        });
+    }
+    g.finish();
+    rt.block_on(stop(principal, agent));
+}
+
 fn throughput(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -50,57 +150,13 @@ fn throughput(c: &mut Criterion) {
             max_delay: linger,
             ..Default::default()
         };
-        let dir = tempfile::tempdir_in(std::env::current_dir().unwrap()).unwrap();
-        let (principal, agent) = rt.block_on(async {
-            let agent = Node::builder(ca.issue(&a).unwrap())
-                .state_dir(dir.path().join("a"))
-                .group(group)
-                .build()
-                .await
-                .unwrap();
-            let principal = Node::builder(ca.issue(&p).unwrap())
-                .peer(a.clone(), agent.local_addr())
-                .state_dir(dir.path().join("p"))
-                .group(group)
-                .custodian(CustodianConfig {
-                    response_timeout_ms: 2_000,
-                    ..CustodianConfig::default()
-                })
-                .build()
-                .await
-                .unwrap();
-            let h = principal.issue(obligation(0, &a, 120_000)).await.unwrap();
-            h.outcome().await.unwrap();
-            (Arc::new(principal), agent)
-        });
+        let (principal, agent, _dir) = nodes(&rt, &ca, &p, &a, group);
         g.bench_function(name, |b| {
             b.iter_custom(|iters| {
-                rt.block_on(async {
-                    let start = Instant::now();
-                    for _ in 0..iters {
-                        let mut tasks = Vec::new();
-                        for _ in 0..BATCH {
-                            n += 1;
-                            let (principal, o) = (principal.clone(), obligation(n, &a, 120_000));
-                            tasks.push(tokio::spawn(async move {
-                                let h = principal.issue(o).await.unwrap();
-                                h.outcome().await.unwrap().0.outcome
-                            }));
-                        }
-                        for t in tasks {
-                            assert_eq!(t.await.unwrap(), Outcome::Applied);
-                        }
-                    }
-                    start.elapsed()
-                })
+                rt.block_on(issue_and_await(&principal, &a, &mut n, iters, BATCH))
             })
         });
-        rt.block_on(async {
-            if let Ok(p) = Arc::try_unwrap(principal) {
-                p.shutdown().await;
-            }
-            agent.shutdown().await;
-        });
+        rt.block_on(stop(principal, agent));
     }
 
     // Best effort: the same objects on the same track, one group each, no custody.
@@ -165,5 +221,5 @@ fn throughput(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, throughput);
+criterion_group!(benches, throughput, window);
 criterion_main!(benches);
