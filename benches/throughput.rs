@@ -56,11 +56,11 @@ fn nodes(
     (principal, agent, dir)
 }
 
-/// `iters` times: `batch` obligations issued at once (each on its own task), every one
-/// awaited to `applied`.
+/// `iters` times: `batch` obligations issued at once (each on its own task, to `targets` in
+/// turn), every one awaited to `applied`.
 async fn issue_and_await(
     principal: &Arc<Node>,
-    a: &AgentId,
+    targets: &[AgentId],
     n: &mut u128,
     iters: u64,
     batch: u64,
@@ -68,9 +68,10 @@ async fn issue_and_await(
     let start = Instant::now();
     for _ in 0..iters {
         let mut tasks = Vec::new();
-        for _ in 0..batch {
+        for k in 0..batch {
             *n += 1;
-            let (principal, o) = (principal.clone(), obligation(*n, a, 120_000));
+            let target = &targets[k as usize % targets.len()];
+            let (principal, o) = (principal.clone(), obligation(*n, target, 120_000));
             tasks.push(tokio::spawn(async move {
                 let h = principal.issue(o).await.unwrap();
                 h.outcome().await.unwrap().0.outcome
@@ -113,12 +114,88 @@ fn window(c: &mut Criterion) {
         g.throughput(Throughput::Elements(in_flight));
         g.bench_function(format!("{in_flight}"), |b| {
             b.iter_custom(|iters| {
-                rt.block_on(issue_and_await(&principal, &a, &mut n, iters, in_flight))
+                rt.block_on(issue_and_await(
+                    &principal,
+                    std::slice::from_ref(&a),
+                    &mut n,
+                    iters,
+                    in_flight,
+                ))
             })
         });
     }
     g.finish();
     rt.block_on(stop(principal, agent));
+}
+
+/// The same with the obligations spread over 10 and 100 agents (each its own node, store and
+/// QUIC session, all in this process): 1,024 and 4,096 in flight, round robin.
+fn targets(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut g = c.benchmark_group("custody_targets");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(8));
+    let ca = Ca::generate("bench").unwrap();
+    let p = AgentId::new("principal").unwrap();
+    for agents in [10usize, 100] {
+        let dir = tempfile::tempdir_in(std::env::current_dir().unwrap()).unwrap();
+        let ids: Vec<AgentId> = (0..agents)
+            .map(|i| AgentId::new(format!("agent-{i}")).unwrap())
+            .collect();
+        let (principal, nodes) = rt.block_on(async {
+            let mut nodes = Vec::new();
+            for id in &ids {
+                nodes.push(
+                    Node::builder(ca.issue(id).unwrap())
+                        .state_dir(dir.path().join(id.as_str()))
+                        .build()
+                        .await
+                        .unwrap(),
+                );
+            }
+            let mut b = Node::builder(ca.issue(&p).unwrap())
+                .state_dir(dir.path().join("p"))
+                .custodian(CustodianConfig {
+                    response_timeout_ms: 5_000,
+                    ..CustodianConfig::default()
+                });
+            for (id, node) in ids.iter().zip(&nodes) {
+                b = b.peer(id.clone(), node.local_addr());
+            }
+            let principal = Arc::new(b.build().await.unwrap());
+            for (i, id) in ids.iter().enumerate() {
+                let h = principal
+                    .issue(obligation(i as u128, id, 120_000))
+                    .await
+                    .unwrap();
+                assert_eq!(h.outcome().await.unwrap().0.outcome, Outcome::Applied);
+            }
+            (principal, nodes)
+        });
+        let mut n = 1_000u128;
+        for in_flight in [1_024u64, 4_096] {
+            g.throughput(Throughput::Elements(in_flight));
+            g.bench_function(format!("{agents}_agents_{in_flight}_in_flight"), |b| {
+                b.iter_custom(|iters| {
+                    rt.block_on(issue_and_await(&principal, &ids, &mut n, iters, in_flight))
+                })
+            });
+        }
+        rt.block_on(async {
+            if let Ok(p) = Arc::try_unwrap(principal) {
+                p.shutdown().await;
+            }
+            for node in nodes {
+                node.shutdown().await;
+            }
+        });
+    }
+    g.finish();
 }
 
 fn throughput(c: &mut Criterion) {
@@ -153,7 +230,13 @@ fn throughput(c: &mut Criterion) {
         let (principal, agent, _dir) = nodes(&rt, &ca, &p, &a, group);
         g.bench_function(name, |b| {
             b.iter_custom(|iters| {
-                rt.block_on(issue_and_await(&principal, &a, &mut n, iters, BATCH))
+                rt.block_on(issue_and_await(
+                    &principal,
+                    std::slice::from_ref(&a),
+                    &mut n,
+                    iters,
+                    BATCH,
+                ))
             })
         });
         rt.block_on(stop(principal, agent));
@@ -221,5 +304,5 @@ fn throughput(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, throughput, window);
+criterion_group!(benches, throughput, window, targets);
 criterion_main!(benches);
