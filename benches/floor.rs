@@ -17,6 +17,46 @@ use criterion::{criterion_group, criterion_main, Criterion};
 mod common;
 use common::obligation;
 
+/// A principal and its agent on loopback, both durable under `dir`, after one obligation has
+/// gone through (sessions up).
+async fn pair(
+    ca: &Ca,
+    p: &AgentId,
+    a: &AgentId,
+    dir: &std::path::Path,
+    group: GroupConfig,
+) -> (Node, Node) {
+    let agent = Node::builder(ca.issue(a).unwrap())
+        .state_dir(dir.join("a"))
+        .group(group)
+        .build()
+        .await
+        .unwrap();
+    let principal = Node::builder(ca.issue(p).unwrap())
+        .peer(a.clone(), agent.local_addr())
+        .state_dir(dir.join("p"))
+        .group(group)
+        .custodian(CustodianConfig::default())
+        .build()
+        .await
+        .unwrap();
+    let h = principal.issue(obligation(0, a, 60_000)).await.unwrap();
+    h.outcome().await.unwrap();
+    (principal, agent)
+}
+
+/// `iters` obligations, each issued and awaited to `applied` before the next.
+async fn one_at_a_time(principal: &Node, a: &AgentId, n: &mut u128, iters: u64) -> Duration {
+    let start = Instant::now();
+    for _ in 0..iters {
+        *n += 1;
+        let h = principal.issue(obligation(*n, a, 60_000)).await.unwrap();
+        let (record, _) = h.outcome().await.unwrap();
+        assert_eq!(record.outcome, Outcome::Applied);
+    }
+    start.elapsed()
+}
+
 fn floor(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -121,39 +161,10 @@ fn floor(c: &mut Criterion) {
             max_delay: linger,
             ..GroupConfig::default()
         };
-        let (principal, agent) = rt.block_on(async {
-            let agent = Node::builder(ca.issue(&a).unwrap())
-                .state_dir(sub.path().join("a"))
-                .group(group)
-                .build()
-                .await
-                .unwrap();
-            let principal = Node::builder(ca.issue(&p).unwrap())
-                .peer(a.clone(), agent.local_addr())
-                .state_dir(sub.path().join("p"))
-                .group(group)
-                .custodian(CustodianConfig::default())
-                .build()
-                .await
-                .unwrap();
-            let h = principal.issue(obligation(0, &a, 60_000)).await.unwrap();
-            h.outcome().await.unwrap();
-            (principal, agent)
-        });
+        let (principal, agent) = rt.block_on(pair(&ca, &p, &a, sub.path(), group));
         let mut n = 1u128;
         g.bench_function(name, |b| {
-            b.iter_custom(|iters| {
-                rt.block_on(async {
-                    let start = Instant::now();
-                    for _ in 0..iters {
-                        n += 1;
-                        let h = principal.issue(obligation(n, &a, 60_000)).await.unwrap();
-                        let (record, _) = h.outcome().await.unwrap();
-                        assert_eq!(record.outcome, Outcome::Applied);
-                    }
-                    start.elapsed()
-                })
-            })
+            b.iter_custom(|iters| rt.block_on(one_at_a_time(&principal, &a, &mut n, iters)))
         });
         rt.block_on(async {
             principal.shutdown().await;
@@ -239,37 +250,10 @@ fn jetstream(c: &mut Criterion) {
         AgentId::new("principal").unwrap(),
         AgentId::new("agent-1").unwrap(),
     );
-    let (principal, agent) = rt.block_on(async {
-        let agent = Node::builder(ca.issue(&a).unwrap())
-            .state_dir(dir.path().join("a"))
-            .build()
-            .await
-            .unwrap();
-        let principal = Node::builder(ca.issue(&p).unwrap())
-            .peer(a.clone(), agent.local_addr())
-            .state_dir(dir.path().join("p"))
-            .custodian(CustodianConfig::default())
-            .build()
-            .await
-            .unwrap();
-        let h = principal.issue(obligation(0, &a, 60_000)).await.unwrap();
-        h.outcome().await.unwrap();
-        (principal, agent)
-    });
+    let (principal, agent) = rt.block_on(pair(&ca, &p, &a, dir.path(), GroupConfig::default()));
     let mut n = 1u128;
     g.bench_function("abhyasa_discharge_one", |b| {
-        b.iter_custom(|iters| {
-            rt.block_on(async {
-                let start = Instant::now();
-                for _ in 0..iters {
-                    n += 1;
-                    let h = principal.issue(obligation(n, &a, 60_000)).await.unwrap();
-                    let (record, _) = h.outcome().await.unwrap();
-                    assert_eq!(record.outcome, Outcome::Applied);
-                }
-                start.elapsed()
-            })
-        })
+        b.iter_custom(|iters| rt.block_on(one_at_a_time(&principal, &a, &mut n, iters)))
     });
     g.bench_function("abhyasa_discharge_256_in_flight", |b| {
         b.iter_custom(|iters| {
