@@ -238,7 +238,6 @@ fn gateway_node(
 /// The payer's side of [`two_nodes`]: keeps `in_flight` operations outstanding until `total`
 /// have settled. Each round takes every receipt that has arrived, settles them and reserves and
 /// dispatches their replacements in one group commit, then sends the new permits.
-#[allow(clippy::too_many_arguments)]
 fn pay(
     r: &mut Branch,
     store: &mut Store,
