@@ -75,6 +75,9 @@ enum Command {
         /// node's own, 64).
         #[arg(long)]
         store_cache_mib: Option<usize>,
+        /// The kinds of the mix, comma-separated (default: all three, drawn uniformly).
+        #[arg(long, value_enum, value_delimiter = ',')]
+        kinds: Vec<soak::SoakKind>,
     },
     /// A UDP relay that impairs traffic like `tc netem`, to put between two nodes.
     Netem {
@@ -773,6 +776,7 @@ async fn run(command: Command) -> Result<ExitCode> {
             out,
             dir,
             store_cache_mib,
+            kinds,
         } => {
             let tmp = tempfile::tempdir()?;
             let report = soak::run(&soak::SoakConfig {
@@ -785,6 +789,7 @@ async fn run(command: Command) -> Result<ExitCode> {
                 dir: dir.unwrap_or_else(|| tmp.path().to_owned()),
                 seed,
                 store_cache_bytes: store_cache_mib.map(|m| m << 20),
+                kinds,
             })
             .await?;
             for m in &report.latency {

@@ -49,6 +49,19 @@ pub struct SoakConfig {
     pub seed: u64,
     /// Each node's store page cache (`[limits] store_cache_bytes`); `None`: the default.
     pub store_cache_bytes: Option<usize>,
+    /// The kinds of the mix, drawn uniformly (all three by default).
+    pub kinds: Vec<SoakKind>,
+}
+
+/// A kind of obligation the soak issues.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SoakKind {
+    /// `anumati.consent`: grants (best effort) and revocations on 8 scopes, with sequences.
+    Consent,
+    /// `phala.belief_update`: down-weights on 8 keys.
+    Belief,
+    /// `oauth.token`: revocations of distinct tokens.
+    Token,
 }
 
 /// One sample of the principal process.
@@ -267,7 +280,13 @@ async fn pending_count(state: &Path) -> Option<u64> {
 }
 
 /// One obligation of the mix: consent (grant or revoke), belief update, token revocation.
-fn spec(rng: &mut impl Rng, agent: &str, n: u64, deadline_ms: u64) -> IssueSpec {
+fn spec(
+    rng: &mut impl Rng,
+    kinds: &[SoakKind],
+    agent: &str,
+    n: u64,
+    deadline_ms: u64,
+) -> IssueSpec {
     let mut s = IssueSpec {
         target: agent.to_owned(),
         kind: String::new(),
@@ -282,8 +301,10 @@ fn spec(rng: &mut impl Rng, agent: &str, n: u64, deadline_ms: u64) -> IssueSpec 
         max_retries: None,
         sequence: None,
     };
-    match rng.random_range(0..3) {
-        0 => {
+    let all = [SoakKind::Consent, SoakKind::Belief, SoakKind::Token];
+    let kinds = if kinds.is_empty() { &all[..] } else { kinds };
+    match kinds[rng.random_range(0..kinds.len())] {
+        SoakKind::Consent => {
             s.kind = "anumati.consent".into();
             s.decision = Some(
                 if rng.random_bool(0.5) {
@@ -296,12 +317,12 @@ fn spec(rng: &mut impl Rng, agent: &str, n: u64, deadline_ms: u64) -> IssueSpec 
             s.scope = Some(format!("scope-{}", rng.random_range(0..8)));
             s.sequence = Some(n);
         }
-        1 => {
+        SoakKind::Belief => {
             s.kind = "phala.belief_update".into();
             s.weight_key = Some(format!("supplier/{}", rng.random_range(0..8)));
             s.delta = Some(-0.1);
         }
-        _ => {
+        SoakKind::Token => {
             s.kind = "oauth.token".into();
             s.action = Some("revoke".into());
             s.token = Some(format!("tok-{n}"));
@@ -435,7 +456,13 @@ pub async fn run(config: &SoakConfig) -> Result<SoakReport, Error> {
             let agent = &names[rng.random_range(0..config.agents)];
             let reply = admin::request(
                 &target(&p_state),
-                Request::Issue(Box::new(spec(&mut rng, agent, n, config.deadline_ms))),
+                Request::Issue(Box::new(spec(
+                    &mut rng,
+                    &config.kinds,
+                    agent,
+                    n,
+                    config.deadline_ms,
+                ))),
             )
             .await?;
             if reply["ok"] == true {
@@ -614,4 +641,29 @@ pub fn write(report: &SoakReport, out: &Path) -> Result<(), sweep::Error> {
         },
         &series,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kinds_issued(kinds: &[SoakKind]) -> std::collections::BTreeSet<String> {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        (0..300)
+            .map(|n| spec(&mut rng, kinds, "agent-0", n, 1_000).kind)
+            .collect()
+    }
+
+    #[test]
+    fn the_mix_holds_only_the_kinds_asked_for() {
+        let token = kinds_issued(&[SoakKind::Token]);
+        assert_eq!(token.into_iter().collect::<Vec<_>>(), ["oauth.token"]);
+        let two = kinds_issued(&[SoakKind::Consent, SoakKind::Belief]);
+        assert_eq!(
+            two.into_iter().collect::<Vec<_>>(),
+            ["anumati.consent", "phala.belief_update"]
+        );
+        // None named: all three.
+        assert_eq!(kinds_issued(&[]).len(), 3);
+    }
 }
