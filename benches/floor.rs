@@ -196,6 +196,15 @@ fn nats_server() -> Option<std::path::PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// Publishes one message to the stream and waits for its acknowledgement (stored, synced).
+async fn publish_acked(js: &async_nats::jetstream::Context, payload: &bytes::Bytes) {
+    js.publish("to.agent-1", payload.clone())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+}
+
 /// The same run, side by side: custody between two Abhyasa nodes, and NATS JetStream (file
 /// storage, `sync_interval: always`: every write synced before it is acknowledged) with the
 /// `async-nats` client, on the same disk and loopback, carrying the same encoded obligation.
@@ -328,11 +337,7 @@ fn jetstream(c: &mut Criterion) {
             rt.block_on(async {
                 let start = Instant::now();
                 for _ in 0..iters {
-                    js.publish("to.agent-1", payload.clone())
-                        .await
-                        .unwrap()
-                        .await
-                        .unwrap();
+                    publish_acked(&js, &payload).await;
                 }
                 let elapsed = start.elapsed();
                 // Drain what the consumer was handed, outside the timing.
@@ -349,11 +354,7 @@ fn jetstream(c: &mut Criterion) {
             rt.block_on(async {
                 let start = Instant::now();
                 for _ in 0..iters {
-                    js.publish("to.agent-1", payload.clone())
-                        .await
-                        .unwrap()
-                        .await
-                        .unwrap();
+                    publish_acked(&js, &payload).await;
                     let m = messages.next().await.unwrap().unwrap();
                     assert_eq!(m.payload, payload);
                     m.double_ack().await.unwrap();

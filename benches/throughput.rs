@@ -21,6 +21,27 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const BATCH: u64 = 500;
 
+/// The runtime every group here runs its nodes on: two workers, as the machine has cores.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A group with this file's sampling: 10 samples of 8 s after 1 s of warm-up.
+fn group<'a>(
+    c: &'a mut Criterion,
+    name: &str,
+) -> criterion::BenchmarkGroup<'a, criterion::measurement::WallTime> {
+    let mut g = c.benchmark_group(name);
+    g.sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(8));
+    g
+}
+
 /// A principal and its agent on loopback, each with its own store, after one obligation
 /// has gone through (sessions up).
 fn nodes(
@@ -94,15 +115,8 @@ async fn stop(principal: Arc<Node>, agent: Node) {
 /// Custody throughput as the number in flight grows (issue #13 measured it falling past
 /// 1,024): 256, 1,024 and 4,096 issued at once to one agent, each awaited to `applied`.
 fn window(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let mut g = c.benchmark_group("custody_in_flight");
-    g.sample_size(10)
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(8));
+    let rt = runtime();
+    let mut g = group(c, "custody_in_flight");
     let ca = Ca::generate("bench").unwrap();
     let (p, a) = (
         AgentId::new("principal").unwrap(),
@@ -131,15 +145,8 @@ fn window(c: &mut Criterion) {
 /// The same with the obligations spread over 10 and 100 agents (each its own node, store and
 /// QUIC session, all in this process): 1,024 and 4,096 in flight, round robin.
 fn targets(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let mut g = c.benchmark_group("custody_targets");
-    g.sample_size(10)
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(8));
+    let rt = runtime();
+    let mut g = group(c, "custody_targets");
     let ca = Ca::generate("bench").unwrap();
     let p = AgentId::new("principal").unwrap();
     for agents in [10usize, 100] {
@@ -199,15 +206,8 @@ fn targets(c: &mut Criterion) {
 }
 
 fn throughput(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let mut g = c.benchmark_group("obligations_in_flight_500");
-    g.sample_size(10)
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(8));
+    let rt = runtime();
+    let mut g = group(c, "obligations_in_flight_500");
     g.throughput(Throughput::Elements(BATCH));
     let ca = Ca::generate("bench").unwrap();
     let (p, a) = (
