@@ -29,6 +29,7 @@ fn obligation(id: u128) -> Obligation {
             action: TokenAction::Revoke,
             token_id: TokenId::new(format!("tok-{id}")).unwrap(),
             client_id: ClientId::new("mail-client").unwrap(),
+            expires_at: None,
         }),
     }
 }

@@ -42,6 +42,7 @@ fn token(n: u128, target: &str, deadline_ms: u64) -> Obligation {
             action: TokenAction::Revoke,
             token_id: TokenId::new(format!("tok-{n}")).unwrap(),
             client_id: ClientId::new("c").unwrap(),
+            expires_at: None,
         }),
     }
 }
@@ -112,7 +113,7 @@ fn apply_record(o: &Obligation, at: u64) -> Op {
         at: UnixMillis(at),
         expires: UnixMillis(o.deadline.0 + 60_000),
         sequence: None,
-        effect: ReceiverEffect::DropToken(t.token_id.clone()),
+        effect: ReceiverEffect::DropToken(t.token_id.clone(), t.expires_at),
     })
 }
 

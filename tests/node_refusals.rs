@@ -78,6 +78,7 @@ fn revoke(n: u128, target: &AgentId) -> Obligation {
             action: TokenAction::Revoke,
             token_id: TokenId::new(format!("t{n}")).unwrap(),
             client_id: ClientId::new("c").unwrap(),
+            expires_at: None,
         }),
     }
 }

@@ -25,6 +25,7 @@ pub fn obligation(n: u128, target: &AgentId, deadline_ms: u64) -> Obligation {
             action: TokenAction::Revoke,
             token_id: TokenId::new(format!("tok-{n}")).unwrap(),
             client_id: ClientId::new("c").unwrap(),
+            expires_at: None,
         }),
     }
 }

@@ -144,6 +144,9 @@ struct JsonToken {
     action: String,
     token_id: String,
     client_id: String,
+    /// The token's own expiry (RFC 3339), after which its records are forgotten.
+    #[serde(default)]
+    expires_at: Option<String>,
 }
 
 fn payload_of<T: serde::de::DeserializeOwned>(v: &serde_json::Value) -> Result<T, JsonError> {
@@ -216,6 +219,10 @@ impl JsonObligation {
                     token_id: TokenId::new(p.token_id).map_err(|e| field("payload.token_id", e))?,
                     client_id: ClientId::new(p.client_id)
                         .map_err(|e| field("payload.client_id", e))?,
+                    expires_at: p
+                        .expires_at
+                        .map(|t| parse_time("payload.expires_at", &t))
+                        .transpose()?,
                 })
             }
         };
@@ -337,6 +344,26 @@ mod tests {
                 assert_eq!(p.ttl_ms, 3_600_000);
             }
             p => panic!("{p:?}"),
+        }
+        let mut token = consent();
+        token.kind = "oauth.token".into();
+        token.payload = serde_json::json!({"action": "revoke", "token_id": "tok-1",
+            "client_id": "mail", "expires_at": "2026-11-30T13:00:00Z"});
+        match token.to_wire(&issuer).unwrap().payload {
+            Payload::OauthToken(p) => {
+                assert_eq!(p.action, TokenAction::Revoke);
+                // An hour after created_at, computed apart.
+                assert_eq!(
+                    p.expires_at,
+                    Some(UnixMillis((20_787 * 86_400 + 46_800) * 1_000))
+                );
+            }
+            p => panic!("{p:?}"),
+        }
+        token.payload["expires_at"] = serde_json::json!("soon");
+        match token.to_wire(&issuer) {
+            Err(JsonError::Field { field, .. }) => assert_eq!(field, "payload.expires_at"),
+            r => panic!("{r:?}"),
         }
         // A non-UUID id maps to the same id every time, and differs from another string's.
         assert_eq!(

@@ -110,6 +110,7 @@ fn nth(n: u128) -> Obligation {
             action: TokenAction::Revoke,
             token_id: TokenId::new(format!("tok-{n}")).unwrap(),
             client_id: ClientId::new("c").unwrap(),
+            expires_at: None,
         }),
     };
     obligation(n, payload)

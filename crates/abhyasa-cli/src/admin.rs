@@ -52,6 +52,11 @@ pub struct IssueSpec {
     #[arg(long, default_value = "client")]
     #[serde(default = "default_client")]
     pub client: String,
+    /// Token: when the token itself expires, ms from now (its records are forgotten then;
+    /// without it they are kept for good).
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_expires_in_ms: Option<u64>,
     /// Deadline, ms from now.
     #[arg(long, default_value_t = 30_000)]
     #[serde(default = "default_deadline_ms")]
@@ -85,6 +90,10 @@ impl IssueSpec {
             v.clone()
                 .ok_or_else(|| format!("--{what} is required for {}", self.kind))
         };
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis() as u64;
         let payload = match self.kind.as_str() {
             "anumati.consent" => Payload::AnumatiConsent(ConsentPayload {
                 decision: Some(match need(&self.decision, "decision")?.as_str() {
@@ -116,13 +125,14 @@ impl IssueSpec {
                 },
                 token_id: TokenId::new(need(&self.token, "token")?).map_err(|e| e.to_string())?,
                 client_id: ClientId::new(self.client.clone()).map_err(|e| e.to_string())?,
+                expires_at: self
+                    .token_expires_in_ms
+                    .map(|ms| now.checked_add(ms).map(UnixMillis))
+                    .map(|at| at.ok_or("--token-expires-in-ms is too large"))
+                    .transpose()?,
             }),
             other => return Err(format!("unknown kind {other:?}")),
         };
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_millis() as u64;
         Ok(Obligation {
             id: ObligationId::from_u128(rand::random()),
             issuer: issuer.clone(),

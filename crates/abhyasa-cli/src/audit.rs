@@ -144,7 +144,11 @@ fn in_force(p: &abhyasa_custody::PrincipalState, action: &SafeAction, now: UnixM
             fold_after,
             ..
         } => p.adjustments().any(|(id, _)| id == *obligation_id) || *fold_after <= now,
-        SafeAction::StopHonouringToken { token_id } => p.revoked_tokens().any(|t| t == token_id),
+        // Past the token's own expiry no service honours it: the record may be forgotten.
+        SafeAction::StopHonouringToken {
+            token_id,
+            expires_at,
+        } => p.is_revoked(token_id) || expires_at.is_some_and(|at| at <= now),
     }
 }
 

@@ -114,6 +114,7 @@ fn obligation(i: u32, deadline_ms: u64) -> Obligation {
             },
             token_id: TokenId::new(format!("tok-{i}")).expect("valid"),
             client_id: ClientId::new("mail-client").expect("valid"),
+            expires_at: None,
         }),
     };
     let t = now();

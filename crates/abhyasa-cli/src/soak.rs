@@ -279,6 +279,9 @@ async fn pending_count(state: &Path) -> Option<u64> {
     Some(reply["status"]["pending"].as_array()?.len() as u64)
 }
 
+/// How long after an obligation's deadline the revoked token itself expires.
+const TOKEN_LIFETIME_AFTER_DEADLINE_MS: u64 = 60_000;
+
 /// One obligation of the mix: consent (grant or revoke), belief update, token revocation.
 fn spec(
     rng: &mut impl Rng,
@@ -297,6 +300,7 @@ fn spec(
         action: None,
         token: None,
         client: "client".into(),
+        token_expires_in_ms: None,
         deadline_ms,
         max_retries: None,
         sequence: None,
@@ -326,6 +330,9 @@ fn spec(
             s.kind = "oauth.token".into();
             s.action = Some("revoke".into());
             s.token = Some(format!("tok-{n}"));
+            // Tokens expire as access tokens do, here a minute after custody of the
+            // revocation ends: the principal and the agent forget it then (SOAK.md).
+            s.token_expires_in_ms = Some(deadline_ms + TOKEN_LIFETIME_AFTER_DEADLINE_MS);
         }
     }
     s

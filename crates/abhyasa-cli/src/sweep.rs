@@ -88,6 +88,7 @@ impl Pair {
                 action: TokenAction::Revoke,
                 token_id: TokenId::new(format!("tok-{n}")).expect("a valid token id"),
                 client_id: ClientId::new("sweep").expect("a valid client id"),
+                expires_at: None,
             }),
         }
     }

@@ -117,6 +117,7 @@ pub fn workload(epoch: u64, count: u32) -> Vec<Obligation> {
                     action: TokenAction::Revoke,
                     token_id: TokenId::new(format!("tok-{i}")).expect("valid"),
                     client_id: ClientId::new("c").expect("valid"),
+                    expires_at: None,
                 })
             } else {
                 Payload::PhalaBeliefUpdate(BeliefUpdatePayload {

@@ -1097,11 +1097,12 @@ impl Custodian {
 
     /// Periodic upkeep of memory (the node runs it with the store's own maintenance, at the
     /// same `now`): folds principal-side down-weights whose `fold_after` has passed into their
-    /// base weights — effective weights do not change — and forgets ended ids that no
-    /// receiver may still hold. Returns the number of adjustments folded.
+    /// base weights — effective weights do not change —, forgets revoked tokens past their
+    /// own expiry (as the store does at the same `now`) and ended ids that no receiver may
+    /// still hold. Returns the number of adjustments folded and tokens forgotten.
     pub fn maintain(&mut self, now: UnixMillis) -> usize {
         self.forget_ended(now);
-        self.principal.fold(now).len()
+        self.principal.fold(now).len() + self.principal.expire_tokens(now, usize::MAX).len()
     }
 
     /// The next record to make durable.

@@ -7,7 +7,7 @@
 
 use abhyasa_wire::{
     AgentId, BeliefUpdatePayload, ConsentDecision, ConsentPayload, Obligation, Payload, SafeAction,
-    Scope, TokenAction, TokenId, TokenPayload, WeightKey,
+    Scope, TokenAction, TokenId, TokenPayload, UnixMillis, WeightKey,
 };
 
 /// What a kind declares, over its own typed payload. `O` is the whole obligation (issuer,
@@ -111,10 +111,10 @@ pub enum ReceiverEffect {
     GrantScope(AgentId, Scope),
     /// Add `delta` millionths to the preference weight, clipped to bounds.
     AdjustWeight(AgentId, WeightKey, i32),
-    /// Drop the cached token.
-    DropToken(TokenId),
-    /// Cache a newly issued token.
-    CacheToken(TokenId),
+    /// Drop the cached token; the record is kept until the token's own expiry, if given.
+    DropToken(TokenId, Option<UnixMillis>),
+    /// Cache a newly issued token, until its own expiry, if given.
+    CacheToken(TokenId, Option<UnixMillis>),
 }
 
 impl ReceiverEffect {
@@ -126,7 +126,7 @@ impl ReceiverEffect {
                 GovernedKey::Scope(i.clone(), s.clone())
             }
             Self::AdjustWeight(i, k, _) => GovernedKey::Weight(i.clone(), k.clone()),
-            Self::DropToken(t) | Self::CacheToken(t) => {
+            Self::DropToken(t, _) | Self::CacheToken(t, _) => {
                 GovernedKey::Token(issuer.clone(), t.clone())
             }
         }
@@ -221,6 +221,7 @@ impl KindRules for OauthToken {
     fn safe(_o: &Obligation, p: &TokenPayload, _retention: u64) -> Option<SafeAction> {
         Self::admissible(p).then(|| SafeAction::StopHonouringToken {
             token_id: p.token_id.clone(),
+            expires_at: p.expires_at,
         })
     }
 
@@ -235,8 +236,8 @@ impl KindRules for OauthToken {
 
     fn effect(_o: &Obligation, p: &TokenPayload) -> ReceiverEffect {
         match p.action {
-            TokenAction::Revoke => ReceiverEffect::DropToken(p.token_id.clone()),
-            TokenAction::Issue => ReceiverEffect::CacheToken(p.token_id.clone()),
+            TokenAction::Revoke => ReceiverEffect::DropToken(p.token_id.clone(), p.expires_at),
+            TokenAction::Issue => ReceiverEffect::CacheToken(p.token_id.clone(), p.expires_at),
         }
     }
 }

@@ -34,6 +34,7 @@
 //!         action: TokenAction::Revoke,
 //!         token_id: TokenId::new("tok").unwrap(),
 //!         client_id: ClientId::new("cli").unwrap(),
+//!         expires_at: None,
 //!     }),
 //! };
 //! let now = UnixMillis(0);
@@ -71,7 +72,7 @@ pub use custodian::{
     Transmit,
 };
 pub use kinds::{GovernedKey, PrincipalUpdate, ReceiverEffect};
-pub use principal::{Adjustment, Authorization, PrincipalState, WeightBounds};
+pub use principal::{later_expiry, Adjustment, Authorization, PrincipalState, WeightBounds};
 pub use receiver::{
     AckTransmit, AppliedRecord, Disposition, Receiver, ReceiverConfig, ReceiverEvent,
     ReceiverRecord, ReceiverState, ReceiverStats,

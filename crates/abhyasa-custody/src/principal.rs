@@ -65,8 +65,20 @@ pub struct PrincipalState {
     bounds: WeightBounds,
     authorizations: BTreeMap<(AgentId, Scope), Authorization>,
     routing: BTreeMap<(AgentId, WeightKey), Routing>,
-    revoked_tokens: BTreeSet<TokenId>,
+    /// Token → its own expiry (`None`: kept for good).
+    revoked_tokens: BTreeMap<TokenId, Option<UnixMillis>>,
+    /// The revoked tokens that expire, by expiry.
+    token_expiry: BTreeSet<(UnixMillis, TokenId)>,
     adjustments: usize,
+}
+
+/// The later of two token expiries, where `None` (never) is the latest: what a record of a
+/// token revoked (or cached) twice keeps, so neither message shortens the other.
+pub fn later_expiry(a: Option<UnixMillis>, b: Option<UnixMillis>) -> Option<UnixMillis> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        _ => None,
+    }
 }
 
 impl PrincipalState {
@@ -120,10 +132,44 @@ impl PrincipalState {
                 self.adjustments += usize::from(fresh);
                 fresh
             }
-            SafeAction::StopHonouringToken { token_id } => {
-                self.revoked_tokens.insert(token_id.clone())
+            SafeAction::StopHonouringToken {
+                token_id,
+                expires_at,
+            } => {
+                let held = self.revoked_tokens.get(token_id).copied();
+                let next = held.map_or(*expires_at, |h| later_expiry(h, *expires_at));
+                if held == Some(next) {
+                    return false;
+                }
+                if let Some(Some(at)) = held {
+                    self.token_expiry.remove(&(at, token_id.clone()));
+                }
+                if let Some(at) = next {
+                    self.token_expiry.insert((at, token_id.clone()));
+                }
+                self.revoked_tokens.insert(token_id.clone(), next);
+                true
             }
         }
+    }
+
+    /// Forgets at most `limit` revoked tokens whose own expiry is at or before `now`: no
+    /// service honours an expired token, so the record no longer protects anything. Returns
+    /// them with their expiries, so a store can delete exactly those rows.
+    pub fn expire_tokens(&mut self, now: UnixMillis, limit: usize) -> Vec<(TokenId, UnixMillis)> {
+        let mut gone = Vec::new();
+        while gone.len() < limit {
+            match self.token_expiry.first() {
+                Some((at, _)) if *at <= now => {}
+                _ => break,
+            }
+            let Some((at, token)) = self.token_expiry.pop_first() else {
+                break;
+            };
+            self.revoked_tokens.remove(&token);
+            gone.push((token, at));
+        }
+        gone
     }
 
     fn decide(
@@ -176,7 +222,7 @@ impl PrincipalState {
         authorizations: impl IntoIterator<Item = ((AgentId, Scope), Authorization)>,
         bases: impl IntoIterator<Item = ((AgentId, WeightKey), i64)>,
         adjustments: impl IntoIterator<Item = (ObligationId, Adjustment)>,
-        revoked_tokens: impl IntoIterator<Item = TokenId>,
+        revoked_tokens: impl IntoIterator<Item = (TokenId, Option<UnixMillis>)>,
     ) -> Self {
         let mut this = Self::new(bounds);
         this.authorizations = authorizations.into_iter().collect();
@@ -199,7 +245,12 @@ impl PrincipalState {
                 this.adjustments += 1;
             }
         }
-        this.revoked_tokens = revoked_tokens.into_iter().collect();
+        for (token, expires_at) in revoked_tokens {
+            this.apply_safe(&SafeAction::StopHonouringToken {
+                token_id: token,
+                expires_at,
+            });
+        }
         this
     }
 
@@ -270,9 +321,16 @@ impl PrincipalState {
             .is_some_and(|r| r.adjustments.contains_key(&obligation))
     }
 
-    /// Whether the principal stopped honouring `token`.
+    /// Whether the principal holds a record of not honouring `token` (a token forgotten
+    /// after its own expiry has none: an auditor treats it as not honoured by its expiry).
     pub fn is_revoked(&self, token: &TokenId) -> bool {
-        self.revoked_tokens.contains(token)
+        self.revoked_tokens.contains_key(token)
+    }
+
+    /// The revocation record of `token`: `None` if there is none, `Some(None)` if it is kept
+    /// for good, `Some(Some(t))` if it is forgotten at the token's expiry `t`.
+    pub fn revoked_until(&self, token: &TokenId) -> Option<Option<UnixMillis>> {
+        self.revoked_tokens.get(token).copied()
     }
 
     /// Whether `action` is in force: the check an auditor makes after an escalation.
@@ -291,7 +349,7 @@ impl PrincipalState {
                 weight_key,
                 ..
             } => self.has_adjustment(target, weight_key, *obligation_id),
-            SafeAction::StopHonouringToken { token_id } => self.is_revoked(token_id),
+            SafeAction::StopHonouringToken { token_id, .. } => self.is_revoked(token_id),
         }
     }
 
@@ -307,7 +365,12 @@ impl PrincipalState {
 
     /// All revoked tokens, in order.
     pub fn revoked_tokens(&self) -> impl Iterator<Item = &TokenId> {
-        self.revoked_tokens.iter()
+        self.revoked_tokens.keys()
+    }
+
+    /// All revoked tokens with their expiries (`None`: kept for good), in order.
+    pub fn revoked_tokens_until(&self) -> impl Iterator<Item = (&TokenId, Option<UnixMillis>)> {
+        self.revoked_tokens.iter().map(|(t, e)| (t, *e))
     }
 
     /// All routes with an adjustment, with their effective weights.
@@ -352,6 +415,11 @@ mod tests {
             down(1, 300_000, 10),
             SafeAction::StopHonouringToken {
                 token_id: TokenId::new("t").unwrap(),
+                expires_at: None,
+            },
+            SafeAction::StopHonouringToken {
+                token_id: TokenId::new("u").unwrap(),
+                expires_at: Some(UnixMillis(50)),
             },
         ] {
             assert!(s.apply_safe(&action));
@@ -393,7 +461,9 @@ mod tests {
         s.fold(UnixMillis(10));
         s.apply_safe(&SafeAction::StopHonouringToken {
             token_id: TokenId::new("t").unwrap(),
+            expires_at: None,
         });
+        s.apply_safe(&stop("u", Some(40)));
         let k = WeightKey::new("k").unwrap();
         let bases = s.routing_base(&a(), &k).map(|b| ((a(), k.clone()), b));
         let rebuilt = PrincipalState::from_parts(
@@ -401,9 +471,53 @@ mod tests {
             s.authorizations().map(|(k, v)| (k.clone(), *v)),
             bases,
             s.adjustments(),
-            s.revoked_tokens().cloned(),
+            s.revoked_tokens_until().map(|(t, e)| (t.clone(), e)),
         );
         assert_eq!(rebuilt, s);
+    }
+
+    fn stop(token: &str, expires_at: Option<u64>) -> SafeAction {
+        SafeAction::StopHonouringToken {
+            token_id: TokenId::new(token).unwrap(),
+            expires_at: expires_at.map(UnixMillis),
+        }
+    }
+
+    #[test]
+    fn revoked_tokens_are_forgotten_at_their_own_expiry_and_not_before() {
+        let mut s = PrincipalState::new(WeightBounds::default());
+        let t = |n: &str| TokenId::new(n).unwrap();
+        s.apply_safe(&stop("early", Some(10)));
+        s.apply_safe(&stop("late", Some(30)));
+        s.apply_safe(&stop("forever", None));
+        // Revoked again with a later expiry: the later one is kept; with an earlier one,
+        // nothing changes; without one, the record is kept for good.
+        assert!(s.apply_safe(&stop("late", Some(40))));
+        assert!(!s.apply_safe(&stop("late", Some(20))));
+        s.apply_safe(&stop("both", Some(10)));
+        assert!(s.apply_safe(&stop("both", None)));
+        assert_eq!(s.revoked_until(&t("late")), Some(Some(UnixMillis(40))));
+        assert_eq!(s.revoked_until(&t("both")), Some(None));
+        assert_eq!(s.entries(), 4);
+
+        assert_eq!(s.expire_tokens(UnixMillis(9), usize::MAX), vec![]);
+        assert_eq!(
+            s.expire_tokens(UnixMillis(10), usize::MAX),
+            vec![(t("early"), UnixMillis(10))]
+        );
+        assert!(!s.is_revoked(&t("early")));
+        // The earlier expiry "late" was first revoked with is gone with its record.
+        assert_eq!(s.expire_tokens(UnixMillis(39), usize::MAX), vec![]);
+        assert_eq!(s.expire_tokens(UnixMillis(1_000), 0), vec![]);
+        assert_eq!(
+            s.expire_tokens(UnixMillis(1_000), usize::MAX),
+            vec![(t("late"), UnixMillis(40))]
+        );
+        assert_eq!(
+            s.revoked_tokens().cloned().collect::<Vec<_>>(),
+            vec![t("both"), t("forever")]
+        );
+        assert_eq!(s.entries(), 2);
     }
 
     #[test]

@@ -146,8 +146,12 @@ pub struct ReceiverStats {
 pub struct ReceiverState {
     withheld: BTreeSet<(AgentId, Scope)>,
     weights: BTreeMap<(AgentId, WeightKey), i64>,
-    dropped_tokens: BTreeSet<TokenId>,
-    cached_tokens: BTreeSet<TokenId>,
+    /// Dropped tokens → their own expiry (`None`: kept for good).
+    dropped_tokens: BTreeMap<TokenId, Option<UnixMillis>>,
+    /// Cached tokens → their own expiry. A token is dropped or cached, never both.
+    cached_tokens: BTreeMap<TokenId, Option<UnixMillis>>,
+    /// The token records that expire, by expiry.
+    token_expiry: BTreeSet<(UnixMillis, TokenId)>,
 }
 
 impl ReceiverState {
@@ -155,15 +159,21 @@ impl ReceiverState {
     pub fn from_parts(
         withheld: impl IntoIterator<Item = (AgentId, Scope)>,
         weights: impl IntoIterator<Item = ((AgentId, WeightKey), i64)>,
-        dropped_tokens: impl IntoIterator<Item = TokenId>,
-        cached_tokens: impl IntoIterator<Item = TokenId>,
+        dropped_tokens: impl IntoIterator<Item = (TokenId, Option<UnixMillis>)>,
+        cached_tokens: impl IntoIterator<Item = (TokenId, Option<UnixMillis>)>,
     ) -> Self {
-        Self {
+        let mut this = Self {
             withheld: withheld.into_iter().collect(),
             weights: weights.into_iter().collect(),
-            dropped_tokens: dropped_tokens.into_iter().collect(),
-            cached_tokens: cached_tokens.into_iter().collect(),
+            ..Self::default()
+        };
+        for (token, at) in cached_tokens {
+            this.apply(&ReceiverEffect::CacheToken(token, at), 0, 0);
         }
+        for (token, at) in dropped_tokens {
+            this.apply(&ReceiverEffect::DropToken(token, at), 0, 0);
+        }
+        this
     }
 
     /// Every (issuer, scope) withheld.
@@ -178,17 +188,78 @@ impl ReceiverState {
 
     /// Every dropped token.
     pub fn dropped_tokens(&self) -> impl Iterator<Item = &TokenId> {
-        self.dropped_tokens.iter()
+        self.dropped_tokens.keys()
     }
 
     /// Every cached token.
     pub fn cached_tokens(&self) -> impl Iterator<Item = &TokenId> {
-        self.cached_tokens.iter()
+        self.cached_tokens.keys()
+    }
+
+    /// Every dropped token with its expiry (`None`: kept for good).
+    pub fn dropped_tokens_until(&self) -> impl Iterator<Item = (&TokenId, Option<UnixMillis>)> {
+        self.dropped_tokens.iter().map(|(t, e)| (t, *e))
+    }
+
+    /// Every cached token with its expiry (`None`: kept for good).
+    pub fn cached_tokens_until(&self) -> impl Iterator<Item = (&TokenId, Option<UnixMillis>)> {
+        self.cached_tokens.iter().map(|(t, e)| (t, *e))
     }
 
     /// Whether `token` is cached.
     pub fn is_cached(&self, token: &TokenId) -> bool {
-        self.cached_tokens.contains(token)
+        self.cached_tokens.contains_key(token)
+    }
+
+    /// The record of `token`: whether it is dropped (else cached) and until when (`None`:
+    /// for good); `None` if there is no record.
+    pub fn token_record(&self, token: &TokenId) -> Option<(bool, Option<UnixMillis>)> {
+        self.dropped_tokens
+            .get(token)
+            .map(|e| (true, *e))
+            .or_else(|| self.cached_tokens.get(token).map(|e| (false, *e)))
+    }
+
+    /// Forgets at most `limit` token records whose token expired at or before `now`.
+    /// Returns them with their expiries, so a store can delete exactly those rows.
+    pub fn expire_tokens(&mut self, now: UnixMillis, limit: usize) -> Vec<(TokenId, UnixMillis)> {
+        let mut gone = Vec::new();
+        while gone.len() < limit {
+            match self.token_expiry.first() {
+                Some((at, _)) if *at <= now => {}
+                _ => break,
+            }
+            let Some((at, token)) = self.token_expiry.pop_first() else {
+                break;
+            };
+            self.dropped_tokens.remove(&token);
+            self.cached_tokens.remove(&token);
+            gone.push((token, at));
+        }
+        gone
+    }
+
+    /// Sets `token`'s record to dropped or cached with the later of its held and `at`
+    /// expiries, keeping the expiry index in step.
+    fn record_token(&mut self, token: &TokenId, dropped: bool, at: Option<UnixMillis>) {
+        let held = self.token_record(token);
+        let next = match held {
+            Some((was_dropped, e)) if was_dropped == dropped => crate::later_expiry(e, at),
+            _ => at,
+        };
+        if let Some((_, Some(e))) = held {
+            self.token_expiry.remove(&(e, token.clone()));
+        }
+        if let Some(e) = next {
+            self.token_expiry.insert((e, token.clone()));
+        }
+        self.cached_tokens.remove(token);
+        self.dropped_tokens.remove(token);
+        if dropped {
+            self.dropped_tokens.insert(token.clone(), next);
+        } else {
+            self.cached_tokens.insert(token.clone(), next);
+        }
     }
 
     /// Applies an effect, clipping weights to `[min, max]`.
@@ -207,13 +278,10 @@ impl ReceiverState {
                     .or_insert(0);
                 *w = (*w + i64::from(*delta)).clamp(min, max);
             }
-            ReceiverEffect::DropToken(token) => {
-                self.cached_tokens.remove(token);
-                self.dropped_tokens.insert(token.clone());
-            }
-            ReceiverEffect::CacheToken(token) => {
-                if !self.dropped_tokens.contains(token) {
-                    self.cached_tokens.insert(token.clone());
+            ReceiverEffect::DropToken(token, at) => self.record_token(token, true, *at),
+            ReceiverEffect::CacheToken(token, at) => {
+                if !self.dropped_tokens.contains_key(token) {
+                    self.record_token(token, false, *at);
                 }
             }
         }
@@ -234,7 +302,7 @@ impl ReceiverState {
 
     /// Whether `token` was dropped.
     pub fn is_dropped(&self, token: &TokenId) -> bool {
-        self.dropped_tokens.contains(token)
+        self.dropped_tokens.contains_key(token)
     }
 }
 
@@ -581,5 +649,60 @@ impl Receiver {
     /// Counters.
     pub fn stats(&self) -> ReceiverStats {
         self.stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(n: &str) -> TokenId {
+        TokenId::new(n).unwrap()
+    }
+
+    fn drop_(n: &str, at: Option<u64>) -> ReceiverEffect {
+        ReceiverEffect::DropToken(t(n), at.map(UnixMillis))
+    }
+
+    fn cache(n: &str, at: Option<u64>) -> ReceiverEffect {
+        ReceiverEffect::CacheToken(t(n), at.map(UnixMillis))
+    }
+
+    #[test]
+    fn token_records_are_forgotten_at_the_tokens_expiry_and_a_drop_still_wins_before_it() {
+        let mut s = ReceiverState::default();
+        s.apply(&cache("a", Some(20)), 0, 0);
+        s.apply(&drop_("a", Some(30)), 0, 0);
+        // Issued again after the drop: still dropped, its expiry unchanged.
+        s.apply(&cache("a", Some(90)), 0, 0);
+        assert_eq!(s.token_record(&t("a")), Some((true, Some(UnixMillis(30)))));
+        s.apply(&cache("b", Some(10)), 0, 0);
+        s.apply(&cache("b", Some(15)), 0, 0);
+        s.apply(&drop_("c", None), 0, 0);
+        assert_eq!(s.token_record(&t("b")), Some((false, Some(UnixMillis(15)))));
+
+        // Rebuilt from its parts, the same state.
+        let rebuilt = ReceiverState::from_parts(
+            [],
+            [],
+            s.dropped_tokens_until().map(|(t, e)| (t.clone(), e)),
+            s.cached_tokens_until().map(|(t, e)| (t.clone(), e)),
+        );
+        assert_eq!(rebuilt, s);
+
+        assert_eq!(s.expire_tokens(UnixMillis(14), usize::MAX), vec![]);
+        assert_eq!(
+            s.expire_tokens(UnixMillis(29), usize::MAX),
+            vec![(t("b"), UnixMillis(15))]
+        );
+        assert!(s.is_dropped(&t("a")));
+        assert_eq!(
+            s.expire_tokens(UnixMillis(30), usize::MAX),
+            vec![(t("a"), UnixMillis(30))]
+        );
+        assert_eq!(s.token_record(&t("a")), None);
+        assert_eq!(s.expire_tokens(UnixMillis(u64::MAX), usize::MAX), vec![]);
+        assert_eq!(s.dropped_tokens().collect::<Vec<_>>(), vec![&t("c")]);
+        assert_eq!(s.cached_tokens().count(), 0);
     }
 }

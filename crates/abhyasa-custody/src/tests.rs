@@ -38,6 +38,7 @@ fn revoke_token(id: u128, max_retries: u32, deadline: u64) -> Obligation {
             action: TokenAction::Revoke,
             token_id: TokenId::new(format!("t{id}")).unwrap(),
             client_id: ClientId::new("c").unwrap(),
+            expires_at: None,
         }),
     }
 }
@@ -788,6 +789,7 @@ fn ids_that_already_ended_are_duplicates() {
         action: TokenAction::Issue,
         token_id: TokenId::new("t").unwrap(),
         client_id: ClientId::new("c").unwrap(),
+        expires_at: None,
     });
     assert_eq!(
         c.issue(UnixMillis(7), grant.clone()),

@@ -163,6 +163,7 @@ mod tests {
                 action: TokenAction::Revoke,
                 token_id: TokenId::new("t").unwrap(),
                 client_id: ClientId::new("c").unwrap(),
+                expires_at: None,
             }),
         }
     }

@@ -10,8 +10,8 @@ use abhyasa_moq::Ca;
 use abhyasa_node::{Node, NodeEvent};
 use abhyasa_store::{Store, StoreConfig};
 use abhyasa_wire::{
-    BeliefUpdatePayload, Obligation, ObligationId, Outcome, Payload, UnixMillis, WeightDelta,
-    WeightKey,
+    BeliefUpdatePayload, ClientId, Obligation, ObligationId, Outcome, Payload, TokenAction,
+    TokenId, TokenPayload, UnixMillis, WeightDelta, WeightKey,
 };
 use common::{free_addr, id, now_ms};
 
@@ -115,4 +115,83 @@ async fn maintenance_keeps_principal_entries_and_history_bounded() {
         store.principal().routing_weight(&id("agent-z"), &key),
         1_000_000 - 1_000 * count
     );
+}
+
+/// A revocation of token `tok-{n}`, which itself expires `expires_in_ms` after issue.
+fn revoke_token(n: u128, deadline_ms: u64, expires_in_ms: u64) -> Obligation {
+    let t = now_ms();
+    Obligation {
+        id: ObligationId::from_u128(n),
+        issuer: id("principal"),
+        target: id("agent-z"),
+        created_at: UnixMillis(t),
+        deadline: UnixMillis(t + deadline_ms),
+        max_retries: 3,
+        sequence: None,
+        payload: Payload::OauthToken(TokenPayload {
+            action: TokenAction::Revoke,
+            token_id: TokenId::new(format!("tok-{n}")).unwrap(),
+            client_id: ClientId::new("c").unwrap(),
+            expires_at: Some(UnixMillis(t + expires_in_ms)),
+        }),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoked_tokens_are_forgotten_after_their_expiry_so_issuing_never_fills_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate("t").unwrap();
+    let principal = Node::builder(ca.issue(&id("principal")).unwrap())
+        .peer(id("agent-z"), free_addr()) // never answers: every revocation escalates
+        .state_dir(dir.path())
+        .custodian(CustodianConfig {
+            response_timeout_ms: 40,
+            backoff_base_ms: 10,
+            backoff_cap_ms: 40,
+            max_principal_entries: ENTRY_LIMIT,
+            ..CustodianConfig::default()
+        })
+        .maintenance(Duration::from_millis(100))
+        .build()
+        .await
+        .unwrap();
+    let mut events = principal.events();
+    let mut most_entries = 0;
+    for wave in 0..WAVES {
+        for i in 0..WAVE {
+            let n = wave * WAVE + i;
+            principal
+                .issue(revoke_token(n, 150, 200))
+                .await
+                .unwrap_or_else(|e| panic!("issue {n} refused: {e}"));
+        }
+        let mut escalated = 0;
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while escalated < WAVE {
+                if let Ok(NodeEvent::Terminal { record, .. }) = events.recv().await {
+                    assert!(matches!(record.outcome, Outcome::Escalated(_)));
+                    escalated += 1;
+                }
+            }
+        })
+        .await
+        .expect("every revocation escalates");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let status = principal.status().await.unwrap();
+        most_entries = most_entries.max(status.principal.entries());
+    }
+    // Kept for good, WAVES × WAVE = 600 revoked tokens would have been refused from the
+    // 201st on; forgotten at their expiry, the held entries stay within a few waves.
+    assert!(
+        most_entries <= 3 * WAVE as usize,
+        "principal entries reached {most_entries}"
+    );
+    // On disk too: the first wave is long forgotten.
+    principal.shutdown().await;
+    let store = Store::open(dir.path().join("node.redb"), StoreConfig::default()).unwrap();
+    let held = store.principal().revoked_tokens().count();
+    assert!(held <= 3 * WAVE as usize, "{held} revoked tokens on disk");
+    assert!(!store
+        .principal()
+        .is_revoked(&TokenId::new("tok-0").unwrap()));
 }

@@ -45,6 +45,7 @@ pub(crate) fn expected_safe(o: &Obligation, retention: u64) -> Option<SafeAction
         },
         Payload::OauthToken(p) => SafeAction::StopHonouringToken {
             token_id: p.token_id.clone(),
+            expires_at: p.expires_at,
         },
     })
 }

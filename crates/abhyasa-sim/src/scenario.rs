@@ -347,6 +347,10 @@ fn make_payload(
             },
             token_id: TokenId::new(format!("tok-{key}")).expect("valid"),
             client_id: ClientId::new("client").expect("valid"),
+            // The simulation keeps every token record (no expiry): the oracle's model of
+            // the principal and receiver has no clock. Expiry is tested in the custody and
+            // store crates and run by the soak.
+            expires_at: None,
         }),
     }
 }

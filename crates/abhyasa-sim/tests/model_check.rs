@@ -201,6 +201,7 @@ fn obligation(id: u128, max_retries: u32) -> Obligation {
             action: TokenAction::Revoke,
             token_id: TokenId::new(format!("t{id}")).expect("valid"),
             client_id: ClientId::new("c").expect("valid"),
+            expires_at: None,
         }),
     }
 }
@@ -495,7 +496,7 @@ impl Model for CustodyModel {
                             a.withheld
                                 || matches!((a.sequence, sequence), (Some(c), Some(q)) if c > *q)
                         }),
-                        SafeAction::StopHonouringToken { token_id } => {
+                        SafeAction::StopHonouringToken { token_id, .. } => {
                             s.cdisk.principal.is_revoked(token_id)
                         }
                         SafeAction::DownWeight { .. } => false, // no such kind in these models

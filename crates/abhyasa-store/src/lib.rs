@@ -40,6 +40,7 @@
 //!         action: TokenAction::Revoke,
 //!         token_id: TokenId::new("tok").unwrap(),
 //!         client_id: ClientId::new("cli").unwrap(),
+//!         expires_at: None,
 //!     }),
 //! }).unwrap();
 //! let persist = c.poll_persist().unwrap();
@@ -62,6 +63,7 @@ mod group;
 mod rows;
 mod tables;
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use abhyasa_custody::{
@@ -234,6 +236,9 @@ pub struct Maintenance {
     pub terminal_pruned: usize,
     /// Escalations (and their notes) pruned.
     pub escalations_pruned: usize,
+    /// Token records forgotten after the token's own expiry (revoked by the principal,
+    /// dropped or cached by the receiver).
+    pub tokens_expired: usize,
     /// Whether the file was compacted.
     pub compacted: bool,
 }
@@ -351,12 +356,14 @@ impl Store {
             txn.open_table(ROUTING_BASE)?;
             txn.open_table(ADJUSTMENTS)?;
             txn.open_table(REVOKED_TOKENS)?;
+            txn.open_table(REVOKED_TOKENS_BY_EXPIRY)?;
             txn.open_table(APPLIED)?;
             txn.open_table(APPLIED_BY_EXPIRY)?;
             txn.open_table(LAST_SEQUENCE)?;
             txn.open_table(RECV_WITHHELD)?;
             txn.open_table(RECV_WEIGHTS)?;
             txn.open_table(RECV_TOKENS)?;
+            txn.open_table(RECV_TOKENS_BY_EXPIRY)?;
             txn.open_table(GOVERNED_BY)?;
             txn.open_table(RECV_APPLY_LOG)?;
             txn.open_table(LEDGER_JOURNAL)?;
@@ -492,6 +499,12 @@ impl Store {
         let Some(update) = update else {
             return Ok(());
         };
+        let held_token = match update {
+            PrincipalUpdate::Safe(SafeAction::StopHonouringToken { token_id, .. }) => {
+                self.principal.revoked_until(token_id).flatten()
+            }
+            _ => None,
+        };
         if !self.principal.apply(update) {
             return Ok(());
         }
@@ -515,9 +528,16 @@ impl Store {
                     (target.as_str(), weight_key.as_str(), *amount, fold_after.0),
                 )?;
             }
-            PrincipalUpdate::Safe(SafeAction::StopHonouringToken { token_id }) => {
+            PrincipalUpdate::Safe(SafeAction::StopHonouringToken { token_id, .. }) => {
                 txn.open_table(REVOKED_TOKENS)?
                     .insert(token_id.as_str(), ())?;
+                let mut by_expiry = txn.open_table(REVOKED_TOKENS_BY_EXPIRY)?;
+                if let Some(at) = held_token {
+                    by_expiry.remove((at.0, token_id.as_str()))?;
+                }
+                if let Some(Some(at)) = self.principal.revoked_until(token_id) {
+                    by_expiry.insert((at.0, token_id.as_str()), ())?;
+                }
             }
         }
         Ok(())
@@ -555,7 +575,7 @@ impl Store {
                     txn.open_table(LAST_SEQUENCE)?
                         .insert(rows::governed_key(governed), *seq)?;
                 }
-                self.apply_effect(txn, effect)?;
+                self.apply_effect(txn, effect, issuer)?;
             }
             ReceiverRecord::Prune { before } => {
                 let mut by_expiry = txn.open_table(APPLIED_BY_EXPIRY)?;
@@ -579,8 +599,15 @@ impl Store {
         &mut self,
         txn: &WriteTransaction,
         effect: &ReceiverEffect,
+        issuer: &AgentId,
     ) -> Result<(), StoreError> {
         let (min, max) = self.config.receiver_weights;
+        let held_token = match effect {
+            ReceiverEffect::DropToken(token, _) | ReceiverEffect::CacheToken(token, _) => {
+                self.receiver.token_record(token)
+            }
+            _ => None,
+        };
         self.receiver.apply(effect, min, max);
         match effect {
             ReceiverEffect::WithholdScope(issuer, scope)
@@ -597,12 +624,30 @@ impl Store {
                 txn.open_table(RECV_WEIGHTS)?
                     .insert((issuer.as_str(), key.as_str()), w)?;
             }
-            ReceiverEffect::DropToken(token) | ReceiverEffect::CacheToken(token) => {
-                let mut t = txn.open_table(RECV_TOKENS)?;
-                if self.receiver.is_dropped(token) {
-                    t.insert(token.as_str(), true)?;
-                } else if self.receiver.is_cached(token) {
-                    t.insert(token.as_str(), false)?;
+            ReceiverEffect::DropToken(token, _) | ReceiverEffect::CacheToken(token, _) => {
+                let now = self.receiver.token_record(token);
+                if let Some((dropped, _)) = now {
+                    txn.open_table(RECV_TOKENS)?
+                        .insert(token.as_str(), dropped)?;
+                }
+                // The expiry rows follow the record's expiry; the issuers named by the old
+                // rows move with it, so each governed-by row is forgotten with the record.
+                let mut by_expiry = txn.open_table(RECV_TOKENS_BY_EXPIRY)?;
+                let mut issuers = vec![issuer.as_str().to_owned()];
+                let old = held_token.and_then(|(_, e)| e);
+                let new = now.and_then(|(_, e)| e);
+                if let Some(at) = old.filter(|at| Some(*at) != new) {
+                    issuers.extend(token_expiry_rows(
+                        &mut by_expiry,
+                        at.0,
+                        token.as_str(),
+                        true,
+                    )?);
+                }
+                if let Some(at) = new {
+                    for i in &issuers {
+                        by_expiry.insert((at.0, token.as_str(), i.as_str()), ())?;
+                    }
                 }
             }
         }
@@ -630,8 +675,27 @@ impl Store {
                 }
             }
         }
-        let cutoff = now.0.saturating_sub(self.config.retention_ms);
         let budget = self.config.max_prune_per_call;
+        {
+            let mut revoked = txn.open_table(REVOKED_TOKENS)?;
+            let mut by_expiry = txn.open_table(REVOKED_TOKENS_BY_EXPIRY)?;
+            for (token, at) in self.principal.expire_tokens(now, budget) {
+                revoked.remove(token.as_str())?;
+                by_expiry.remove((at.0, token.as_str()))?;
+                report.tokens_expired += 1;
+            }
+            let mut tokens = txn.open_table(RECV_TOKENS)?;
+            let mut by_expiry = txn.open_table(RECV_TOKENS_BY_EXPIRY)?;
+            let mut governed = txn.open_table(GOVERNED_BY)?;
+            for (token, at) in self.receiver.expire_tokens(now, budget) {
+                tokens.remove(token.as_str())?;
+                for issuer in token_expiry_rows(&mut by_expiry, at.0, token.as_str(), true)? {
+                    governed.remove((2, issuer.as_str(), token.as_str()))?;
+                }
+                report.tokens_expired += 1;
+            }
+        }
+        let cutoff = now.0.saturating_sub(self.config.retention_ms);
         report.terminal_pruned = prune_by_time(
             &txn,
             TERMINAL_BY_TIME,
@@ -664,7 +728,8 @@ impl Store {
         }
         txn.commit()
             .map_err(|e| StoreError::CommitUnknown(e.to_string()))?;
-        self.pruned_since_compaction += (report.terminal_pruned + report.escalations_pruned) as u64;
+        self.pruned_since_compaction +=
+            (report.terminal_pruned + report.escalations_pruned + report.tokens_expired) as u64;
         if self.pruned_since_compaction >= self.config.compact_after_pruned {
             report.compacted = self.db.compact()?;
             self.pruned_since_compaction = 0;
@@ -824,14 +889,19 @@ impl Store {
                 },
             ));
         }
+        let mut expiry = BTreeMap::new();
+        for entry in txn.open_table(REVOKED_TOKENS_BY_EXPIRY)?.iter()? {
+            let (k, _) = entry?;
+            let (at, token) = k.value();
+            expiry.insert(token.to_owned(), UnixMillis(at));
+        }
         let mut tokens = Vec::new();
         for entry in txn.open_table(REVOKED_TOKENS)?.iter()? {
             let (k, _) = entry?;
-            tokens.push(rows::name(
-                "principal.revoked_tokens",
-                k.value(),
-                TokenId::new,
-            )?);
+            tokens.push((
+                rows::name("principal.revoked_tokens", k.value(), TokenId::new)?,
+                expiry.get(k.value()).copied(),
+            ));
         }
         Ok(PrincipalState::from_parts(
             self.config.principal_weights,
@@ -867,14 +937,21 @@ impl Store {
                 v.value(),
             ));
         }
+        let mut expiry = BTreeMap::new();
+        for entry in txn.open_table(RECV_TOKENS_BY_EXPIRY)?.iter()? {
+            let (k, _) = entry?;
+            let (at, token, _) = k.value();
+            expiry.insert(token.to_owned(), UnixMillis(at));
+        }
         let (mut dropped, mut cached) = (Vec::new(), Vec::new());
         for entry in txn.open_table(RECV_TOKENS)?.iter()? {
             let (k, v) = entry?;
             let token = rows::name("receiver.tokens", k.value(), TokenId::new)?;
+            let at = expiry.get(k.value()).copied();
             if v.value() {
-                dropped.push(token);
+                dropped.push((token, at));
             } else {
-                cached.push(token);
+                cached.push((token, at));
             }
         }
         Ok(ReceiverState::from_parts(
@@ -1159,6 +1236,31 @@ impl Store {
         }
         Ok(out)
     }
+}
+
+/// The issuers of the rows `(at, token, issuer)` of the receiver's token-expiry index;
+/// with `remove`, the rows are deleted too.
+fn token_expiry_rows(
+    table: &mut redb::Table<'_, (u64, &'static str, &'static str), ()>,
+    at: u64,
+    token: &str,
+    remove: bool,
+) -> Result<Vec<String>, StoreError> {
+    let mut issuers = Vec::new();
+    for entry in table.range((at, token, "")..)? {
+        let (k, _) = entry?;
+        let (a, t, i) = k.value();
+        if a != at || t != token {
+            break;
+        }
+        issuers.push(i.to_owned());
+    }
+    if remove {
+        for i in &issuers {
+            table.remove((at, token, i.as_str()))?;
+        }
+    }
+    Ok(issuers)
 }
 
 fn prune_by_time(

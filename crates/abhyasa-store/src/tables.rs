@@ -43,6 +43,11 @@ pub(crate) const ADJUSTMENTS: TableDefinition<'_, u128, (&str, &str, u32, u64)> 
 /// Tokens the principal no longer honours: token id → ().
 pub(crate) const REVOKED_TOKENS: TableDefinition<'_, &str, ()> =
     TableDefinition::new("principal.revoked_tokens");
+/// The revoked tokens that expire, by their own expiry: (expires, token id) → (). A token
+/// without a row is kept for good. (Added after layout 1 was first written: absent reads as
+/// "none expire".)
+pub(crate) const REVOKED_TOKENS_BY_EXPIRY: TableDefinition<'_, (u64, &str), ()> =
+    TableDefinition::new("principal.revoked_tokens_by_expiry");
 
 // Receiver -------------------------------------------------------------------------------------
 
@@ -73,6 +78,11 @@ pub(crate) const RECV_APPLY_LOG: TableDefinition<'_, (u128, u32), (u64, &[u8])> 
 /// Tokens: token id → dropped (`true`) or cached (`false`).
 pub(crate) const RECV_TOKENS: TableDefinition<'_, &str, bool> =
     TableDefinition::new("receiver.tokens");
+/// The token records that expire, by the token's own expiry: (expires, token id, issuer) →
+/// (); the issuer names the governed-by row forgotten with the record. A token without a row
+/// is kept for good. (Added after layout 1 was first written: absent reads as "none expire".)
+pub(crate) const RECV_TOKENS_BY_EXPIRY: TableDefinition<'_, (u64, &str, &str), ()> =
+    TableDefinition::new("receiver.tokens_by_expiry");
 
 // Ledger ---------------------------------------------------------------------------------------
 

@@ -58,6 +58,24 @@ fn revoke_token(id: u128) -> Obligation {
             action: TokenAction::Revoke,
             token_id: TokenId::new(format!("t{id}")).unwrap(),
             client_id: ClientId::new("c").unwrap(),
+            expires_at: None,
+        }),
+    )
+}
+
+/// A revocation (or, with `issue`, an issue) of token `t{id}` that expires at `expires_at`.
+fn token_until(id: u128, issue: bool, expires_at: Option<u64>) -> Obligation {
+    obligation(
+        id,
+        Payload::OauthToken(TokenPayload {
+            action: if issue {
+                TokenAction::Issue
+            } else {
+                TokenAction::Revoke
+            },
+            token_id: TokenId::new(format!("t{id}")).unwrap(),
+            client_id: ClientId::new("c").unwrap(),
+            expires_at: expires_at.map(UnixMillis),
         }),
     )
 }
@@ -503,7 +521,7 @@ fn the_apply_log_keeps_each_apply_and_is_pruned_with_its_id() {
         at: UnixMillis(9),
         expires: UnixMillis(1_000),
         sequence: None,
-        effect: abhyasa_custody::ReceiverEffect::DropToken(TokenId::new("t1").unwrap()),
+        effect: abhyasa_custody::ReceiverEffect::DropToken(TokenId::new("t1").unwrap(), None),
     };
     store.commit(&[Op::Receiver(again)]).unwrap();
     let store = reopen(&mut backend);
@@ -589,6 +607,7 @@ fn the_most_recent_history_is_read_by_time_without_reading_it_all() {
             last_observed: abhyasa_wire::LastObserved::NoAck,
             safe_action: SafeAction::StopHonouringToken {
                 token_id: TokenId::new(format!("t{id}")).unwrap(),
+                expires_at: None,
             },
             at: UnixMillis(at(id)),
         });
@@ -649,4 +668,73 @@ fn the_most_recent_history_is_read_by_time_without_reading_it_all() {
         .map(|id| (id, at(id)))
         .collect();
     assert_eq!(got, want);
+}
+
+#[test]
+fn token_records_are_forgotten_on_disk_at_the_tokens_own_expiry_and_not_before() {
+    let (mut store, mut backend) = memory_store();
+    let t = |n: u32| TokenId::new(format!("t{n}")).unwrap();
+    // The principal revokes t1 (expires at 2,000), t2 (5,000) and t3 (no expiry: for good).
+    let mut c = Custodian::new(p(), CustodianConfig::default(), 1);
+    for (id, exp) in [(1, Some(2_000)), (2, Some(5_000)), (3, None)] {
+        c.issue(UnixMillis(0), token_until(id, false, exp)).unwrap();
+    }
+    persist_custodian(&mut c, &mut store, 0);
+    // The receiver drops t11 (2,000), caches t12 (5,000) and drops t13 (for good).
+    let mut r = Receiver::new(a(), ReceiverConfig::default());
+    r.handle_obligation(UnixMillis(5), &p(), token_until(11, false, Some(2_000)));
+    r.handle_obligation(UnixMillis(5), &p(), token_until(12, true, Some(5_000)));
+    r.handle_obligation(UnixMillis(5), &p(), token_until(13, false, None));
+    persist_receiver(&mut r, &mut store);
+    let governed = |s: &Store, n: u32| {
+        s.governed_by(&GovernedKey::Token(p(), t(n)))
+            .unwrap()
+            .map(|id| id.to_u128())
+    };
+    let principal = |s: &Store| s.principal().revoked_tokens().cloned().collect::<Vec<_>>();
+    let dropped = |s: &Store| {
+        s.receiver_state()
+            .dropped_tokens()
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let cached = |s: &Store| {
+        s.receiver_state()
+            .cached_tokens()
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+
+    // Expiries survive a power cycle.
+    let mut store = reopen(&mut backend);
+    assert_eq!(
+        store.principal().revoked_until(&t(1)),
+        Some(Some(UnixMillis(2_000)))
+    );
+    assert_eq!(store.principal().revoked_until(&t(3)), Some(None));
+    assert_eq!(
+        store.receiver_state().token_record(&t(12)),
+        Some((false, Some(UnixMillis(5_000))))
+    );
+    assert_eq!(governed(&store, 11), Some(11));
+
+    assert_eq!(store.maintain(UnixMillis(1_999)).unwrap().tokens_expired, 0);
+    assert_eq!(store.maintain(UnixMillis(2_000)).unwrap().tokens_expired, 2);
+    let mut store = reopen(&mut backend);
+    assert_eq!(principal(&store), vec![t(2), t(3)]);
+    assert_eq!(dropped(&store), vec![t(13)]);
+    assert_eq!(cached(&store), vec![t(12)]);
+    assert_eq!(governed(&store, 11), None);
+    assert_eq!(governed(&store, 12), Some(12));
+
+    assert_eq!(
+        store.maintain(UnixMillis(10_000)).unwrap().tokens_expired,
+        2
+    );
+    let store = reopen(&mut backend);
+    assert_eq!(principal(&store), vec![t(3)]);
+    assert_eq!(dropped(&store), vec![t(13)]);
+    assert_eq!(cached(&store), Vec::<TokenId>::new());
+    assert_eq!(governed(&store, 12), None);
+    assert_eq!(governed(&store, 13), Some(13));
 }

@@ -74,11 +74,13 @@ fn workload() -> Vec<(u64, Obligation)> {
                     action: TokenAction::Revoke,
                     token_id: TokenId::new(format!("t{i}")).unwrap(),
                     client_id: ClientId::new("c").unwrap(),
+                    expires_at: None,
                 }),
                 _ => Payload::OauthToken(TokenPayload {
                     action: TokenAction::Issue,
                     token_id: TokenId::new(format!("t{i}")).unwrap(),
                     client_id: ClientId::new("c").unwrap(),
+                    expires_at: None,
                 }),
             };
             let at = i as u64 * 10;

@@ -40,6 +40,10 @@ pub enum SafeAction {
     StopHonouringToken {
         /// The token.
         token_id: TokenId,
+        /// When the token itself expires, if known: from then on the action holds without
+        /// a record (no service honours an expired token), and the record is forgotten.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        expires_at: Option<UnixMillis>,
     },
 }
 

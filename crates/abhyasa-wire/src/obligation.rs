@@ -250,6 +250,12 @@ pub struct TokenPayload {
     pub token_id: TokenId,
     /// The client it was issued to.
     pub client_id: ClientId,
+    /// When the token itself expires (its `exp`), if the issuer says. Past it no
+    /// authorization service honours the token, so the principal's "not honoured" record and
+    /// the receiver's dropped or cached record are forgotten then; without it they are kept
+    /// for good.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<UnixMillis>,
 }
 
 /// What can be read of an obligation whose kind or payload cannot: enough to decline it.

@@ -42,10 +42,19 @@ fn token() -> Obligation {
             action: TokenAction::Revoke,
             token_id: TokenId::new("tok-9").unwrap(),
             client_id: ClientId::new("cli").unwrap(),
+            expires_at: None,
         }),
         sequence: None,
         ..revoke()
     }
+}
+
+fn token_with_expiry() -> Obligation {
+    let mut o = token();
+    if let Payload::OauthToken(p) = &mut o.payload {
+        p.expires_at = Some(UnixMillis(100_000));
+    }
+    o
 }
 
 /// Every golden vector is also a seed of the fuzz target that reads its kind of bytes:
@@ -143,6 +152,7 @@ fn golden_obligations_of_every_kind() {
         (revoke(), GOLDEN_REVOKE),
         (belief(), GOLDEN_BELIEF),
         (token(), GOLDEN_TOKEN),
+        (token_with_expiry(), GOLDEN_TOKEN_EXPIRES),
     ] {
         let bytes = encode(&o);
         assert_eq!(hex::encode(&bytes), hex, "encoding of {o:?} changed");
@@ -155,6 +165,9 @@ fn golden_obligations_of_every_kind() {
 const GOLDEN_REVOKE: &str = "a96269645000000000000000000000000000000102646b696e646f616e756d6174692e636f6e73656e746669737375657261706674617267657461616a637265617465645f61741903e868646561646c696e6519ee486b6d61785f72657472696573086873657175656e636503677061796c6f6164a2686465636973696f6e667265766f6b656573636f70656363616c";
 const GOLDEN_BELIEF: &str = "a86269645000000000000000000000000000000002646b696e64737068616c612e62656c6965665f7570646174656669737375657261706674617267657461616a637265617465645f61741903e868646561646c696e6519ee486b6d61785f7265747269657308677061796c6f6164a36a7765696768745f6b657966732f61636d656c7765696768745f64656c74613a0003d08f6674746c5f6d731a0036ee80";
 const GOLDEN_TOKEN: &str = "a86269645000000000000000000000000000000003646b696e646b6f617574682e746f6b656e6669737375657261706674617267657461616a637265617465645f61741903e868646561646c696e6519ee486b6d61785f7265747269657308677061796c6f6164a366616374696f6e667265766f6b6568746f6b656e5f696465746f6b2d3969636c69656e745f696463636c69";
+// Hand-built from GOLDEN_TOKEN: the payload map grows to a4 and ends with
+// 6a "expires_at" 1a 000186a0 (100,000 as a four-byte unsigned integer).
+const GOLDEN_TOKEN_EXPIRES: &str = "a86269645000000000000000000000000000000003646b696e646b6f617574682e746f6b656e6669737375657261706674617267657461616a637265617465645f61741903e868646561646c696e6519ee486b6d61785f7265747269657308677061796c6f6164a466616374696f6e667265766f6b6568746f6b656e5f696465746f6b2d3969636c69656e745f696463636c696a657870697265735f61741a000186a0";
 
 #[test]
 fn golden_escalation_terminal_and_note() {
@@ -187,8 +200,16 @@ fn golden_escalation_terminal_and_note() {
         (
             SafeAction::StopHonouringToken {
                 token_id: TokenId::new("tok-9").unwrap(),
+                expires_at: None,
             },
             GOLDEN_STOP_TOKEN,
+        ),
+        (
+            SafeAction::StopHonouringToken {
+                token_id: TokenId::new("tok-9").unwrap(),
+                expires_at: Some(UnixMillis(100_000)),
+            },
+            GOLDEN_STOP_TOKEN_EXPIRES,
         ),
     ] {
         golden(&action, hex);
@@ -222,6 +243,8 @@ const GOLDEN_WITHHOLD: &str =
     "a16e77697468686f6c645f73636f7065a36674617267657461616573636f70656363616c6873657175656e636503";
 const GOLDEN_STOP_TOKEN: &str =
     "a17473746f705f686f6e6f7572696e675f746f6b656ea168746f6b656e5f696465746f6b2d39";
+// The same with the inner map a2 and 6a "expires_at" 1a 000186a0 appended.
+const GOLDEN_STOP_TOKEN_EXPIRES: &str = "a17473746f705f686f6e6f7572696e675f746f6b656ea268746f6b656e5f696465746f6b2d396a657870697265735f61741a000186a0";
 const GOLDEN_TERMINAL_BEST_EFFORT: &str = "a66d6f626c69676174696f6e5f69645000000000000000000000000000000003646b696e646b6f617574682e746f6b656e667461726765746161676f7574636f6d656b626573745f6566666f727468617474656d7074730062617405";
 const GOLDEN_TERMINAL_DECLINED: &str = "a66d6f626c69676174696f6e5f69645000000000000000000000000000000003646b696e646b6f617574682e746f6b656e667461726765746161676f7574636f6d65a1686465636c696e6564676578706972656468617474656d7074730262617405";
 const GOLDEN_NOTE: &str = "a46d6f626c69676174696f6e5f696450000000000000000000000000000000026674617267657461616861636b65645f617419f230686e6f7465645f617419f23a";
@@ -365,7 +388,7 @@ fn arb_payload() -> impl Strategy<Value = Payload> {
                 ttl_ms: ttl,
             })
         }),
-        (any::<bool>(), name(), name()).prop_map(|(revoke, t, c)| {
+        (any::<bool>(), name(), name(), any::<Option<u64>>()).prop_map(|(revoke, t, c, exp)| {
             Payload::OauthToken(TokenPayload {
                 action: if revoke {
                     TokenAction::Revoke
@@ -374,6 +397,7 @@ fn arb_payload() -> impl Strategy<Value = Payload> {
                 },
                 token_id: TokenId::new(t).unwrap(),
                 client_id: ClientId::new(c).unwrap(),
+                expires_at: exp.map(UnixMillis),
             })
         }),
     ]

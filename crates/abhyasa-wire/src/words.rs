@@ -78,7 +78,7 @@ pub fn safe_action(a: &SafeAction) -> String {
             "down-weighted {weight_key} for {target} by {}",
             delta(i64::from(*amount)).trim_start_matches('+')
         ),
-        SafeAction::StopHonouringToken { token_id } => {
+        SafeAction::StopHonouringToken { token_id, .. } => {
             format!("stopped honouring token {token_id}")
         }
         #[allow(unreachable_patterns)]

@@ -85,6 +85,7 @@ pub fn revoke_token(n: u128, token: &str, deadline_ms: u64) -> Obligation {
             action: TokenAction::Revoke,
             token_id: TokenId::new(token).unwrap(),
             client_id: ClientId::new("c").unwrap(),
+            expires_at: None,
         }),
     )
 }

@@ -45,6 +45,7 @@ pub fn revoke(n: u128, target: &AgentId, deadline_ms: u64) -> Obligation {
             action: TokenAction::Revoke,
             token_id: TokenId::new(format!("tok-{n}")).unwrap(),
             client_id: ClientId::new("c").unwrap(),
+            expires_at: None,
         }),
     }
 }
