@@ -202,7 +202,9 @@ fn gateway_node(
     from_payer: std::sync::mpsc::Receiver<Vec<LedgerMessage>>,
     to_payer: std::sync::mpsc::Sender<Vec<LedgerMessage>>,
 ) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
+    // Named, so a per-thread profile (`perf report --sort comm`) tells the nodes apart.
+    let gateway = std::thread::Builder::new().name("gateway-node".into());
+    let spawned = gateway.spawn(move || {
         let mut g = Gateway::new(id("g"), signing_key([3; 32]), keys(), None);
         let mut store = Store::open(path, StoreConfig::default()).unwrap();
         let charge = Vector::of(&[("cents", 730), ("calls", 1)]).unwrap();
@@ -232,7 +234,8 @@ fn gateway_node(
                 return;
             }
         }
-    })
+    });
+    spawned.expect("a thread for the gateway node")
 }
 
 /// The payer's side of [`two_nodes`]: keeps `in_flight` operations outstanding until `total`
