@@ -72,6 +72,22 @@ pub struct PrincipalState {
     adjustments: usize,
 }
 
+/// Takes at most `limit` entries whose expiry is at or before `now` off an expiry index, the
+/// earliest first, as (token, expiry).
+pub(crate) fn pop_expired(
+    index: &mut BTreeSet<(UnixMillis, TokenId)>,
+    now: UnixMillis,
+    limit: usize,
+) -> Vec<(TokenId, UnixMillis)> {
+    let mut gone = Vec::new();
+    while gone.len() < limit && index.first().is_some_and(|(at, _)| *at <= now) {
+        if let Some((at, token)) = index.pop_first() {
+            gone.push((token, at));
+        }
+    }
+    gone
+}
+
 /// The later of two token expiries, where `None` (never) is the latest: what a record of a
 /// token revoked (or cached) twice keeps, so neither message shortens the other.
 pub fn later_expiry(a: Option<UnixMillis>, b: Option<UnixMillis>) -> Option<UnixMillis> {
@@ -157,17 +173,9 @@ impl PrincipalState {
     /// service honours an expired token, so the record no longer protects anything. Returns
     /// them with their expiries, so a store can delete exactly those rows.
     pub fn expire_tokens(&mut self, now: UnixMillis, limit: usize) -> Vec<(TokenId, UnixMillis)> {
-        let mut gone = Vec::new();
-        while gone.len() < limit {
-            match self.token_expiry.first() {
-                Some((at, _)) if *at <= now => {}
-                _ => break,
-            }
-            let Some((at, token)) = self.token_expiry.pop_first() else {
-                break;
-            };
-            self.revoked_tokens.remove(&token);
-            gone.push((token, at));
+        let gone = pop_expired(&mut self.token_expiry, now, limit);
+        for (token, _) in &gone {
+            self.revoked_tokens.remove(token);
         }
         gone
     }

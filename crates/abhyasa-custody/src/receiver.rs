@@ -223,18 +223,10 @@ impl ReceiverState {
     /// Forgets at most `limit` token records whose token expired at or before `now`.
     /// Returns them with their expiries, so a store can delete exactly those rows.
     pub fn expire_tokens(&mut self, now: UnixMillis, limit: usize) -> Vec<(TokenId, UnixMillis)> {
-        let mut gone = Vec::new();
-        while gone.len() < limit {
-            match self.token_expiry.first() {
-                Some((at, _)) if *at <= now => {}
-                _ => break,
-            }
-            let Some((at, token)) = self.token_expiry.pop_first() else {
-                break;
-            };
-            self.dropped_tokens.remove(&token);
-            self.cached_tokens.remove(&token);
-            gone.push((token, at));
+        let gone = crate::principal::pop_expired(&mut self.token_expiry, now, limit);
+        for (token, _) in &gone {
+            self.dropped_tokens.remove(token);
+            self.cached_tokens.remove(token);
         }
         gone
     }

@@ -37,6 +37,37 @@ const WAVES: u128 = 12;
 const WAVE: u128 = 50;
 const ENTRY_LIMIT: usize = 200;
 
+/// Issues WAVES waves of WAVE obligations to an agent that never answers, waiting for each
+/// wave to escalate and for maintenance to run; returns the most principal entries seen.
+async fn issue_in_waves(principal: &Node, obligation: impl Fn(u128) -> Obligation) -> usize {
+    let mut events = principal.events();
+    let mut most_entries = 0;
+    for wave in 0..WAVES {
+        for i in 0..WAVE {
+            let n = wave * WAVE + i;
+            principal
+                .issue(obligation(n))
+                .await
+                .unwrap_or_else(|e| panic!("issue {n} refused: {e}"));
+        }
+        let mut escalated = 0;
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while escalated < WAVE {
+                if let Ok(NodeEvent::Terminal { record, .. }) = events.recv().await {
+                    assert!(matches!(record.outcome, Outcome::Escalated(_)));
+                    escalated += 1;
+                }
+            }
+        })
+        .await
+        .expect("every obligation escalates");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let status = principal.status().await.unwrap();
+        most_entries = most_entries.max(status.principal.entries());
+    }
+    most_entries
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn maintenance_keeps_principal_entries_and_history_bounded() {
     let dir = tempfile::tempdir().unwrap();
@@ -61,31 +92,7 @@ async fn maintenance_keeps_principal_entries_and_history_bounded() {
         .build()
         .await
         .unwrap();
-    let mut events = principal.events();
-    let mut most_entries = 0;
-    for wave in 0..WAVES {
-        for i in 0..WAVE {
-            let n = wave * WAVE + i;
-            principal
-                .issue(down_weight(n, 150))
-                .await
-                .unwrap_or_else(|e| panic!("issue {n} refused: {e}"));
-        }
-        let mut escalated = 0;
-        tokio::time::timeout(Duration::from_secs(10), async {
-            while escalated < WAVE {
-                if let Ok(NodeEvent::Terminal { record, .. }) = events.recv().await {
-                    assert!(matches!(record.outcome, Outcome::Escalated(_)));
-                    escalated += 1;
-                }
-            }
-        })
-        .await
-        .expect("every down-weight escalates");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        let status = principal.status().await.unwrap();
-        most_entries = most_entries.max(status.principal.entries());
-    }
+    let most_entries = issue_in_waves(&principal, |n| down_weight(n, 150)).await;
     // Without folding, WAVES × WAVE = 600 adjustments would have been refused from the
     // 201st on; with it the held entries stay within a few waves.
     assert!(
@@ -155,31 +162,7 @@ async fn revoked_tokens_are_forgotten_after_their_expiry_so_issuing_never_fills_
         .build()
         .await
         .unwrap();
-    let mut events = principal.events();
-    let mut most_entries = 0;
-    for wave in 0..WAVES {
-        for i in 0..WAVE {
-            let n = wave * WAVE + i;
-            principal
-                .issue(revoke_token(n, 150, 200))
-                .await
-                .unwrap_or_else(|e| panic!("issue {n} refused: {e}"));
-        }
-        let mut escalated = 0;
-        tokio::time::timeout(Duration::from_secs(10), async {
-            while escalated < WAVE {
-                if let Ok(NodeEvent::Terminal { record, .. }) = events.recv().await {
-                    assert!(matches!(record.outcome, Outcome::Escalated(_)));
-                    escalated += 1;
-                }
-            }
-        })
-        .await
-        .expect("every revocation escalates");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        let status = principal.status().await.unwrap();
-        most_entries = most_entries.max(status.principal.entries());
-    }
+    let most_entries = issue_in_waves(&principal, |n| revoke_token(n, 150, 200)).await;
     // Kept for good, WAVES × WAVE = 600 revoked tokens would have been refused from the
     // 201st on; forgotten at their expiry, the held entries stay within a few waves.
     assert!(
