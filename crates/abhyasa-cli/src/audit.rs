@@ -261,3 +261,30 @@ pub fn audit(nodes: &[NodeRows], issued: Option<&[Obligation]>, now: UnixMillis)
     }
     r
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use abhyasa_custody::{PrincipalState, WeightBounds};
+    use abhyasa_wire::TokenId;
+
+    fn stop(expires_at: Option<u64>) -> SafeAction {
+        SafeAction::StopHonouringToken {
+            token_id: TokenId::new("tok").unwrap(),
+            expires_at: expires_at.map(UnixMillis),
+        }
+    }
+
+    #[test]
+    fn a_token_stop_is_in_force_with_its_record_or_once_the_token_expired() {
+        let none = PrincipalState::new(WeightBounds::default());
+        // No record: in force only from the token's own expiry on, never without one.
+        assert!(!in_force(&none, &stop(Some(10)), UnixMillis(9)));
+        assert!(in_force(&none, &stop(Some(10)), UnixMillis(10)));
+        assert!(!in_force(&none, &stop(None), UnixMillis(u64::MAX)));
+        // With the record: in force at any time.
+        let mut held = none.clone();
+        held.apply_safe(&stop(Some(10)));
+        assert!(in_force(&held, &stop(Some(10)), UnixMillis(0)));
+    }
+}
