@@ -15,7 +15,8 @@ use abhyasa_wire::{
 };
 use common::{free_addr, id, now_ms};
 
-fn down_weight(n: u128, deadline_ms: u64) -> Obligation {
+/// Obligation `n` from the principal to agent-z, created now (`t`, passed to `payload`).
+fn to_agent_z(n: u128, deadline_ms: u64, payload: impl FnOnce(u64) -> Payload) -> Obligation {
     let t = now_ms();
     Obligation {
         id: ObligationId::from_u128(n),
@@ -25,12 +26,18 @@ fn down_weight(n: u128, deadline_ms: u64) -> Obligation {
         deadline: UnixMillis(t + deadline_ms),
         max_retries: 3,
         sequence: None,
-        payload: Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
+        payload: payload(t),
+    }
+}
+
+fn down_weight(n: u128, deadline_ms: u64) -> Obligation {
+    to_agent_z(n, deadline_ms, |_| {
+        Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
             weight_key: WeightKey::new(format!("supplier/{}", n % 7)).unwrap(),
             weight_delta: WeightDelta(-1_000),
             ttl_ms: 60_000,
-        }),
-    }
+        })
+    })
 }
 
 const WAVES: u128 = 12;
@@ -126,22 +133,14 @@ async fn maintenance_keeps_principal_entries_and_history_bounded() {
 
 /// A revocation of token `tok-{n}`, which itself expires `expires_in_ms` after issue.
 fn revoke_token(n: u128, deadline_ms: u64, expires_in_ms: u64) -> Obligation {
-    let t = now_ms();
-    Obligation {
-        id: ObligationId::from_u128(n),
-        issuer: id("principal"),
-        target: id("agent-z"),
-        created_at: UnixMillis(t),
-        deadline: UnixMillis(t + deadline_ms),
-        max_retries: 3,
-        sequence: None,
-        payload: Payload::OauthToken(TokenPayload {
+    to_agent_z(n, deadline_ms, |t| {
+        Payload::OauthToken(TokenPayload {
             action: TokenAction::Revoke,
             token_id: TokenId::new(format!("tok-{n}")).unwrap(),
             client_id: ClientId::new("c").unwrap(),
             expires_at: Some(UnixMillis(t + expires_in_ms)),
-        }),
-    }
+        })
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
