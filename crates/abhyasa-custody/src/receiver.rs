@@ -330,6 +330,9 @@ pub struct Receiver {
     applied: BTreeMap<ObligationId, Applied>,
     expiry: BTreeSet<(UnixMillis, ObligationId)>,
     last_sequence: BTreeMap<GovernedKey, u64>,
+    /// The issuers with a last sequence for each token, so the sequences go with the token's
+    /// record at its expiry.
+    sequenced_tokens: BTreeMap<TokenId, BTreeSet<AgentId>>,
     state: ReceiverState,
     inflight: usize,
     next_token: u64,
@@ -349,6 +352,7 @@ impl Receiver {
             applied: BTreeMap::new(),
             expiry: BTreeSet::new(),
             last_sequence: BTreeMap::new(),
+            sequenced_tokens: BTreeMap::new(),
             state: ReceiverState::default(),
             inflight: 0,
             next_token: 0,
@@ -380,7 +384,9 @@ impl Receiver {
             );
             this.expiry.insert((expires, id));
         }
-        this.last_sequence = last_sequence.into_iter().collect();
+        for (key, seq) in last_sequence {
+            this.note_sequence(key, seq);
+        }
         this.state = state;
         this
     }
@@ -466,7 +472,7 @@ impl Receiver {
         self.state
             .apply(&effect, self.config.weight_min, self.config.weight_max);
         let sequence = o.sequence.map(|seq| {
-            self.last_sequence.insert(key.clone(), seq);
+            self.note_sequence(key.clone(), seq);
             (key, seq)
         });
         let expires = o.deadline.saturating_add(self.config.max_clock_skew_ms);
@@ -573,6 +579,37 @@ impl Receiver {
             issuer,
             payload,
         });
+    }
+
+    fn note_sequence(&mut self, key: GovernedKey, seq: u64) {
+        if let GovernedKey::Token(issuer, token) = &key {
+            self.sequenced_tokens
+                .entry(token.clone())
+                .or_default()
+                .insert(issuer.clone());
+        }
+        self.last_sequence.insert(key, seq);
+    }
+
+    /// Periodic upkeep of memory (the node runs it with the store's own maintenance, at the
+    /// same `now`): forgets the records of tokens whose own expiry has passed, and with each
+    /// the last sequence every issuer gave that token (the store deletes the same rows).
+    /// Past its expiry a token is refused by its own terms, so neither record guards anything.
+    /// Returns the number of token records forgotten.
+    pub fn maintain(&mut self, now: UnixMillis) -> usize {
+        let gone = self.state.expire_tokens(now, usize::MAX);
+        for (token, _) in &gone {
+            for issuer in self.sequenced_tokens.remove(token).unwrap_or_default() {
+                self.last_sequence
+                    .remove(&GovernedKey::Token(issuer, token.clone()));
+            }
+        }
+        gone.len()
+    }
+
+    /// How many last sequences (one per governed key) the receiver holds.
+    pub fn sequences_held(&self) -> usize {
+        self.last_sequence.len()
     }
 
     /// Prunes applied ids whose retention ended. A spurious call is a no-op.

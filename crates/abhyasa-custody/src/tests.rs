@@ -459,6 +459,85 @@ fn receiver_declines_expired_superseded_misaddressed_and_forged() {
     assert!(r.state().is_dropped(&TokenId::new("t2").unwrap()));
 }
 
+/// A token obligation from `p` for token `t1`, which itself expires at 1,000.
+fn token_t1(id: u128, action: TokenAction, sequence: u64) -> Obligation {
+    let mut o = revoke_token(id, 3, 10_000);
+    o.sequence = Some(sequence);
+    o.payload = Payload::OauthToken(TokenPayload {
+        action,
+        token_id: TokenId::new("t1").unwrap(),
+        client_id: ClientId::new("c").unwrap(),
+        expires_at: Some(UnixMillis(1_000)),
+    });
+    o
+}
+
+#[test]
+fn a_tokens_record_and_last_sequence_go_at_the_tokens_expiry_and_not_before() {
+    let mut r = Receiver::new(a(), ReceiverConfig::default());
+    let t1 = TokenId::new("t1").unwrap();
+    let mut weight = revoke_token(9, 3, 10_000);
+    weight.sequence = Some(7);
+    weight.payload = Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
+        weight_key: WeightKey::new("k").unwrap(),
+        weight_delta: WeightDelta(-1),
+        ttl_ms: 1,
+    });
+    assert_eq!(receive(&mut r, 0, weight).1, vec![AckStatus::Applied]);
+    let revoke = token_t1(1, TokenAction::Revoke, 5);
+    assert_eq!(receive(&mut r, 0, revoke).1, vec![AckStatus::Applied]);
+    assert_eq!(r.sequences_held(), 2);
+    // Before the token's expiry, a stale issue (sequence 4) is superseded.
+    let stale = |id| token_t1(id, TokenAction::Issue, 4);
+    assert_eq!(
+        receive(&mut r, 500, stale(2)).0,
+        Disposition::Declined(DeclineReason::Superseded)
+    );
+    assert_eq!(r.maintain(UnixMillis(999)), 0);
+    assert!(r.state().is_dropped(&t1));
+    assert_eq!(r.sequences_held(), 2);
+    // At it, the record and the token's sequence go; the weight's sequence stays.
+    assert_eq!(r.maintain(UnixMillis(1_000)), 1);
+    assert_eq!(r.state().token_record(&t1), None);
+    assert_eq!(r.sequences_held(), 1);
+    let mut older_weight = revoke_token(10, 3, 10_000);
+    older_weight.sequence = Some(6);
+    older_weight.payload = Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
+        weight_key: WeightKey::new("k").unwrap(),
+        weight_delta: WeightDelta(-1),
+        ttl_ms: 1,
+    });
+    assert_eq!(
+        receive(&mut r, 1_001, older_weight).1,
+        vec![AckStatus::Declined(DeclineReason::Superseded)]
+    );
+    // The expired token guards nothing now: the stale issue applies, and its record (already
+    // past the token's expiry) goes at the next upkeep, with its sequence.
+    assert_eq!(receive(&mut r, 1_001, stale(3)).0, Disposition::Applying);
+    assert_eq!(r.sequences_held(), 2);
+    assert_eq!(r.maintain(UnixMillis(1_002)), 1);
+    assert_eq!(r.sequences_held(), 1);
+
+    // A receiver recovered from rows forgets the same at the same time.
+    let state = ReceiverState::from_parts(
+        [],
+        [],
+        [(t1.clone(), Some(UnixMillis(1_000)))],
+        [],
+    );
+    let mut r = Receiver::recover(
+        a(),
+        ReceiverConfig::default(),
+        [],
+        [(crate::GovernedKey::Token(p(), t1.clone()), 5)],
+        state,
+    );
+    assert_eq!(r.maintain(UnixMillis(999)), 0);
+    assert_eq!(r.sequences_held(), 1);
+    assert_eq!(r.maintain(UnixMillis(1_000)), 1);
+    assert_eq!(r.sequences_held(), 0);
+}
+
 #[test]
 fn receiver_defers_when_full_and_prunes_after_retention() {
     let config = ReceiverConfig {
