@@ -519,12 +519,7 @@ fn a_tokens_record_and_last_sequence_go_at_the_tokens_expiry_and_not_before() {
     assert_eq!(r.sequences_held(), 1);
 
     // A receiver recovered from rows forgets the same at the same time.
-    let state = ReceiverState::from_parts(
-        [],
-        [],
-        [(t1.clone(), Some(UnixMillis(1_000)))],
-        [],
-    );
+    let state = ReceiverState::from_parts([], [], [(t1.clone(), Some(UnixMillis(1_000)))], []);
     let mut r = Receiver::recover(
         a(),
         ReceiverConfig::default(),

@@ -499,13 +499,13 @@ impl Core {
     }
 
     /// Maintenance, right after a flush (so every record handed out is on its way to the
-    /// writer, ahead of the maintenance request): the custodian folds its principal state in
-    /// memory and the store folds and prunes on disk at the same `now`. `false`: the store is
-    /// gone.
+    /// writer, ahead of the maintenance request): the custodian folds its principal state and
+    /// the receiver forgets expired tokens in memory, and the store folds and prunes on disk at
+    /// the same `now`. `false`: the store is gone.
     async fn maintain(&mut self) -> bool {
         self.next_maintenance = tokio::time::Instant::now() + self.maintenance;
         let t = now();
-        let folded = self.custodian.maintain(t);
+        let folded = self.custodian.maintain(t) + self.receiver.maintain(t);
         let ticket = self.group.maintain(t);
         let outcome = tokio::task::spawn_blocking(move || ticket.wait())
             .await

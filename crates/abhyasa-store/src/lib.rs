@@ -687,10 +687,12 @@ impl Store {
             let mut tokens = txn.open_table(RECV_TOKENS)?;
             let mut by_expiry = txn.open_table(RECV_TOKENS_BY_EXPIRY)?;
             let mut governed = txn.open_table(GOVERNED_BY)?;
+            let mut sequences = txn.open_table(LAST_SEQUENCE)?;
             for (token, at) in self.receiver.expire_tokens(now, budget) {
                 tokens.remove(token.as_str())?;
                 for issuer in token_expiry_rows(&mut by_expiry, at.0, token.as_str(), true)? {
                     governed.remove((2, issuer.as_str(), token.as_str()))?;
+                    sequences.remove((2, issuer.as_str(), token.as_str()))?;
                 }
                 report.tokens_expired += 1;
             }

@@ -681,11 +681,23 @@ fn token_records_are_forgotten_on_disk_at_the_tokens_own_expiry_and_not_before()
     }
     persist_custodian(&mut c, &mut store, 0);
     // The receiver drops t11 (2,000), caches t12 (5,000) and drops t13 (for good).
+    // Each with a sequence: the last sequence goes with the record.
     let mut r = Receiver::new(a(), ReceiverConfig::default());
-    r.handle_obligation(UnixMillis(5), &p(), token_until(11, false, Some(2_000)));
-    r.handle_obligation(UnixMillis(5), &p(), token_until(12, true, Some(5_000)));
-    r.handle_obligation(UnixMillis(5), &p(), token_until(13, false, None));
+    for (id, issue, exp) in [
+        (11, false, Some(2_000)),
+        (12, true, Some(5_000)),
+        (13, false, None),
+    ] {
+        let mut o = token_until(id, issue, exp);
+        o.sequence = Some(id as u64);
+        r.handle_obligation(UnixMillis(5), &p(), o);
+    }
     persist_receiver(&mut r, &mut store);
+    let sequences = |s: &Store| {
+        s.recover_receiver(a(), ReceiverConfig::default())
+            .unwrap()
+            .sequences_held()
+    };
     let governed = |s: &Store, n: u32| {
         s.governed_by(&GovernedKey::Token(p(), t(n)))
             .unwrap()
@@ -717,8 +729,10 @@ fn token_records_are_forgotten_on_disk_at_the_tokens_own_expiry_and_not_before()
         Some((false, Some(UnixMillis(5_000))))
     );
     assert_eq!(governed(&store, 11), Some(11));
+    assert_eq!(sequences(&store), 3);
 
     assert_eq!(store.maintain(UnixMillis(1_999)).unwrap().tokens_expired, 0);
+    assert_eq!(sequences(&store), 3);
     assert_eq!(store.maintain(UnixMillis(2_000)).unwrap().tokens_expired, 2);
     let mut store = reopen(&mut backend);
     assert_eq!(principal(&store), vec![t(2), t(3)]);
@@ -726,6 +740,7 @@ fn token_records_are_forgotten_on_disk_at_the_tokens_own_expiry_and_not_before()
     assert_eq!(cached(&store), vec![t(12)]);
     assert_eq!(governed(&store, 11), None);
     assert_eq!(governed(&store, 12), Some(12));
+    assert_eq!(sequences(&store), 2);
 
     assert_eq!(
         store.maintain(UnixMillis(10_000)).unwrap().tokens_expired,
@@ -737,4 +752,5 @@ fn token_records_are_forgotten_on_disk_at_the_tokens_own_expiry_and_not_before()
     assert_eq!(cached(&store), Vec::<TokenId>::new());
     assert_eq!(governed(&store, 12), None);
     assert_eq!(governed(&store, 13), Some(13));
+    assert_eq!(sequences(&store), 1);
 }
