@@ -189,6 +189,20 @@ pub struct StatusJson {
     /// As an agent: what it applied most recently (oldest first).
     #[serde(default)]
     pub applied: Vec<AppliedJson>,
+    /// As an agent: what its receiver holds in memory, by kind of entry.
+    #[serde(default)]
+    pub receiver_held: ReceiverHeldJson,
+}
+
+/// What a node's receiver holds in memory (bounded by maintenance).
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct ReceiverHeldJson {
+    /// Applied ids remembered until their deadline plus the clock-skew allowance.
+    pub applied: usize,
+    /// Token records, kept until the token's own expiry (or for good without one).
+    pub token_records: usize,
+    /// Last sequences, one per governed key.
+    pub sequences: usize,
 }
 
 /// An obligation this node applied, as JSON.
@@ -349,6 +363,11 @@ impl From<Status> for StatusJson {
                     .dropped_tokens()
                     .map(ToString::to_string)
                     .collect(),
+            },
+            receiver_held: ReceiverHeldJson {
+                applied: s.receiver_held.applied,
+                token_records: s.receiver_held.token_records,
+                sequences: s.receiver_held.sequences,
             },
         }
     }

@@ -1627,6 +1627,11 @@ fn print_status(s: &StatusJson) {
     if h.withheld.is_empty() && h.weights.is_empty() && h.dropped_tokens.is_empty() {
         println!("  nothing yet");
     }
+    let m = &s.receiver_held;
+    println!(
+        "  in memory: {} applied ids, {} token records, {} last sequences",
+        m.applied, m.token_records, m.sequences
+    );
     println!("\nrecently applied ({}):", s.applied.len());
     for a in s.applied.iter().rev().take(20) {
         println!("  {}  {} (from {})", a.id, a.says, a.issuer);

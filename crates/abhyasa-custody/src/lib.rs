@@ -74,7 +74,7 @@ pub use custodian::{
 pub use kinds::{GovernedKey, PrincipalUpdate, ReceiverEffect};
 pub use principal::{later_expiry, Adjustment, Authorization, PrincipalState, WeightBounds};
 pub use receiver::{
-    AckTransmit, AppliedRecord, Disposition, Receiver, ReceiverConfig, ReceiverEvent,
+    AckTransmit, AppliedRecord, Disposition, Receiver, ReceiverConfig, ReceiverEvent, ReceiverHeld,
     ReceiverRecord, ReceiverState, ReceiverStats,
 };
 

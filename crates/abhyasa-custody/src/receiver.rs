@@ -298,6 +298,17 @@ impl ReceiverState {
     }
 }
 
+/// What a [`Receiver`] holds in memory, by kind of entry: what its upkeep bounds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReceiverHeld {
+    /// Applied ids remembered (until their deadline plus the clock-skew allowance).
+    pub applied: usize,
+    /// Token records, dropped or cached (until the token's own expiry, or for good).
+    pub token_records: usize,
+    /// Last sequences, one per governed key (a token's go with its record).
+    pub sequences: usize,
+}
+
 /// An applied id as persisted: what recovery reads back.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct AppliedRecord {
@@ -607,9 +618,13 @@ impl Receiver {
         gone.len()
     }
 
-    /// How many last sequences (one per governed key) the receiver holds.
-    pub fn sequences_held(&self) -> usize {
-        self.last_sequence.len()
+    /// What the receiver holds in memory, by kind of entry.
+    pub fn held(&self) -> ReceiverHeld {
+        ReceiverHeld {
+            applied: self.applied.len(),
+            token_records: self.state.dropped_tokens.len() + self.state.cached_tokens.len(),
+            sequences: self.last_sequence.len(),
+        }
     }
 
     /// Prunes applied ids whose retention ended. A spurious call is a no-op.

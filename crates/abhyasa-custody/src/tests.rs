@@ -486,7 +486,7 @@ fn a_tokens_record_and_last_sequence_go_at_the_tokens_expiry_and_not_before() {
     assert_eq!(receive(&mut r, 0, weight).1, vec![AckStatus::Applied]);
     let revoke = token_t1(1, TokenAction::Revoke, 5);
     assert_eq!(receive(&mut r, 0, revoke).1, vec![AckStatus::Applied]);
-    assert_eq!(r.sequences_held(), 2);
+    assert_eq!(r.held().sequences, 2);
     // Before the token's expiry, a stale issue (sequence 4) is superseded.
     let stale = |id| token_t1(id, TokenAction::Issue, 4);
     assert_eq!(
@@ -495,11 +495,11 @@ fn a_tokens_record_and_last_sequence_go_at_the_tokens_expiry_and_not_before() {
     );
     assert_eq!(r.maintain(UnixMillis(999)), 0);
     assert!(r.state().is_dropped(&t1));
-    assert_eq!(r.sequences_held(), 2);
+    assert_eq!(r.held().sequences, 2);
     // At it, the record and the token's sequence go; the weight's sequence stays.
     assert_eq!(r.maintain(UnixMillis(1_000)), 1);
     assert_eq!(r.state().token_record(&t1), None);
-    assert_eq!(r.sequences_held(), 1);
+    assert_eq!(r.held().sequences, 1);
     let mut older_weight = revoke_token(10, 3, 10_000);
     older_weight.sequence = Some(6);
     older_weight.payload = Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
@@ -514,9 +514,9 @@ fn a_tokens_record_and_last_sequence_go_at_the_tokens_expiry_and_not_before() {
     // The expired token guards nothing now: the stale issue applies, and its record (already
     // past the token's expiry) goes at the next upkeep, with its sequence.
     assert_eq!(receive(&mut r, 1_001, stale(3)).0, Disposition::Applying);
-    assert_eq!(r.sequences_held(), 2);
+    assert_eq!(r.held().sequences, 2);
     assert_eq!(r.maintain(UnixMillis(1_002)), 1);
-    assert_eq!(r.sequences_held(), 1);
+    assert_eq!(r.held().sequences, 1);
 
     // A receiver recovered from rows forgets the same at the same time.
     let state = ReceiverState::from_parts([], [], [(t1.clone(), Some(UnixMillis(1_000)))], []);
@@ -528,9 +528,9 @@ fn a_tokens_record_and_last_sequence_go_at_the_tokens_expiry_and_not_before() {
         state,
     );
     assert_eq!(r.maintain(UnixMillis(999)), 0);
-    assert_eq!(r.sequences_held(), 1);
+    assert_eq!(r.held().sequences, 1);
     assert_eq!(r.maintain(UnixMillis(1_000)), 1);
-    assert_eq!(r.sequences_held(), 0);
+    assert_eq!(r.held().sequences, 0);
 }
 
 #[test]

@@ -639,6 +639,7 @@ impl Core {
                     escalations,
                     principal: self.custodian.principal().clone(),
                     honours,
+                    receiver_held: self.receiver.held(),
                     applied,
                     peers: self.sessions.keys().cloned().collect(),
                     slowed: self.slowed.clone(),

@@ -160,6 +160,9 @@ pub struct Status {
     pub principal: PrincipalState,
     /// What this node, as an agent, honours (its receiver's durable state).
     pub honours: abhyasa_custody::ReceiverState,
+    /// What this node's receiver holds in memory (applied ids, token records, last
+    /// sequences): bounded by maintenance.
+    pub receiver_held: abhyasa_custody::ReceiverHeld,
     /// What this node, as an agent, applied most recently (oldest first, up to
     /// [`STATUS_APPLIED`]), with each obligation as applied.
     pub applied: Vec<abhyasa_store::AppliedEntry>,

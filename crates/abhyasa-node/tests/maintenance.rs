@@ -177,3 +177,75 @@ async fn revoked_tokens_are_forgotten_after_their_expiry_so_issuing_never_fills_
         .principal()
         .is_revoked(&TokenId::new("tok-0").unwrap()));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_forgets_token_records_and_their_sequences_after_the_tokens_expiry() {
+    const TOKENS: u128 = 300;
+    const EXPIRES_IN_MS: u64 = 4_000;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate("t").unwrap();
+    let agent = Node::builder(ca.issue(&id("agent-z")).unwrap())
+        .listen("127.0.0.1:0".parse().unwrap())
+        .state_dir(dir.path().join("a"))
+        .maintenance(Duration::from_millis(100))
+        .build()
+        .await
+        .unwrap();
+    let principal = Node::builder(ca.issue(&id("principal")).unwrap())
+        .peer(id("agent-z"), agent.local_addr())
+        .state_dir(dir.path().join("p"))
+        .custodian(common::custodian())
+        .build()
+        .await
+        .unwrap();
+    let start = now_ms();
+    let mut handles = Vec::new();
+    for n in 0..TOKENS {
+        let mut o = revoke_token(n, 20_000, EXPIRES_IN_MS);
+        o.sequence = Some(n as u64 + 1);
+        handles.push(principal.issue(o).await.unwrap());
+    }
+    for h in handles {
+        let (record, _) = tokio::time::timeout(Duration::from_secs(20), h.outcome())
+            .await
+            .expect("an outcome")
+            .expect("an outcome");
+        assert_eq!(record.outcome, Outcome::Applied);
+    }
+    let held = agent.status().await.unwrap().receiver_held;
+    let expired = now_ms() >= start + EXPIRES_IN_MS;
+    if !expired {
+        // Every revocation is held (its record and its sequence) until the token expires.
+        assert_eq!(held.token_records, TOKENS as usize, "{held:?}");
+        assert_eq!(held.sequences, TOKENS as usize, "{held:?}");
+    }
+    // Past the tokens' expiry, maintenance forgets them in memory and on disk.
+    let left = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let held = agent.status().await.unwrap().receiver_held;
+            if held.token_records == 0 && held.sequences == 0 {
+                return held;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    let now_held = agent.status().await.unwrap().receiver_held;
+    assert!(
+        left.is_ok(),
+        "token records still held in memory 20 s past expiry: {now_held:?}"
+    );
+    assert_eq!(agent.honours().await.unwrap().dropped_tokens().count(), 0);
+    principal.shutdown().await;
+    agent.shutdown().await;
+    let store = Store::open(
+        dir.path().join("a").join("node.redb"),
+        StoreConfig::default(),
+    )
+    .unwrap();
+    assert_eq!(store.receiver_state().dropped_tokens().count(), 0);
+    let recovered = store
+        .recover_receiver(id("agent-z"), abhyasa_custody::ReceiverConfig::default())
+        .unwrap();
+    assert_eq!(recovered.held().sequences, 0);
+}

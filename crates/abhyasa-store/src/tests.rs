@@ -696,7 +696,8 @@ fn token_records_are_forgotten_on_disk_at_the_tokens_own_expiry_and_not_before()
     let sequences = |s: &Store| {
         s.recover_receiver(a(), ReceiverConfig::default())
             .unwrap()
-            .sequences_held()
+            .held()
+            .sequences
     };
     let governed = |s: &Store, n: u32| {
         s.governed_by(&GovernedKey::Token(p(), t(n)))
