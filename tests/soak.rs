@@ -58,6 +58,8 @@ fn a_short_soak_loses_nothing_and_keeps_its_samples() {
         .collect();
     assert!(rows.len() >= 18, "{} samples", rows.len());
     assert!(rows.iter().all(|r| r[0] > 1024 && r[1] > 3), "{csv}");
+    // And agent-0's, whose one process lives the whole run (partitioned, never killed).
+    assert!(rows.iter().all(|r| r[4] > 1024 && r[5] > 3), "{csv}");
     assert!(out.path().join("soak.svg").exists());
     let latency = std::fs::read_to_string(out.path().join("soak-latency.csv")).unwrap();
     assert!(latency.lines().count() >= 2, "{latency}");

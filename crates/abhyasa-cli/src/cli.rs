@@ -43,8 +43,9 @@ enum Command {
         impair: ImpairmentArgs,
     },
     /// One principal and many agents (node processes) under a steady mix of obligations while
-    /// links are partitioned and agents SIGKILLed; samples the principal's memory and open
-    /// files, and audits every store at the end (docs/SOAK.md).
+    /// links are partitioned and agents SIGKILLed (agent-0 only partitioned); samples the
+    /// principal's and agent-0's memory and open files, and audits every store at the end
+    /// (docs/SOAK.md).
     Soak {
         /// How long to issue and inject faults: `90s`, `10m`, `1h` (a plain number: seconds).
         #[arg(long, default_value = "10m", value_parser = parse_duration)]

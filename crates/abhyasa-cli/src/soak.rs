@@ -75,6 +75,11 @@ pub struct Sample {
     pub fds: u64,
     /// Obligations pending at the principal.
     pub pending: u64,
+    /// Resident memory of `agent-0`, KiB: the agent the soak partitions but never kills, so
+    /// one process lives the whole run.
+    pub agent_rss_kib: u64,
+    /// Its open file descriptors.
+    pub agent_fds: u64,
     /// Issues acked so far.
     pub acked: u64,
 }
@@ -128,7 +133,7 @@ impl SoakReport {
     pub fn summary(&self) -> String {
         let (first, last) = (self.samples.first(), self.samples.last());
         format!(
-            "soak: acked={} refused={} kills={} partitions={} outcomes={:?} rss_kib first={} last={} max={} fds first={} last={} peers_up={}/{} still_pending={} lost={} double_applied={} violations={}",
+            "soak: acked={} refused={} kills={} partitions={} outcomes={:?} rss_kib first={} last={} max={} fds first={} last={} agent0_rss_kib first={} last={} max={} peers_up={}/{} still_pending={} lost={} double_applied={} violations={}",
             self.acked,
             self.refused.values().sum::<u64>(),
             self.kills,
@@ -139,6 +144,9 @@ impl SoakReport {
             self.samples.iter().map(|s| s.rss_kib).max().unwrap_or(0),
             first.map_or(0, |s| s.fds),
             last.map_or(0, |s| s.fds),
+            first.map_or(0, |s| s.agent_rss_kib),
+            last.map_or(0, |s| s.agent_rss_kib),
+            self.samples.iter().map(|s| s.agent_rss_kib).max().unwrap_or(0),
             self.peers_up,
             self.agents,
             self.still_pending,
@@ -420,10 +428,13 @@ pub async fn run(config: &SoakConfig) -> Result<SoakReport, Error> {
         let now = Instant::now();
         if now >= next_sample {
             let (rss_kib, fds) = proc_usage(principal.child.id());
+            let (agent_rss_kib, agent_fds) = proc_usage(agents[0].0.child.id());
             samples.push(Sample {
                 t_s: start.elapsed().as_secs_f64(),
                 rss_kib,
                 fds,
+                agent_rss_kib,
+                agent_fds,
                 pending: pending_count(&p_state).await.unwrap_or(0),
                 acked: acked.len() as u64,
             });
@@ -443,7 +454,8 @@ pub async fn run(config: &SoakConfig) -> Result<SoakReport, Error> {
             next_fault += config.fault_every;
             let a = rng.random_range(0..config.agents);
             if !healing.iter().any(|h| h.1 == a) {
-                let partition = rng.random_bool(0.5);
+                // agent-0 is only ever partitioned: its one process is watched for the run.
+                let partition = rng.random_bool(0.5) || a == 0;
                 let back = now + Duration::from_millis(rng.random_range(1_000..6_000));
                 if partition {
                     if let Some(r) = relays[a].relay.take() {
@@ -596,11 +608,11 @@ pub async fn run(config: &SoakConfig) -> Result<SoakReport, Error> {
 /// Writes `soak.csv` (samples), `soak-latency.csv` and `soak.svg` (memory and open files over
 /// time) under `out`.
 pub fn write(report: &SoakReport, out: &Path) -> Result<(), sweep::Error> {
-    let mut csv = String::from("t_s,rss_kib,fds,pending,acked\n");
+    let mut csv = String::from("t_s,rss_kib,fds,pending,acked,agent_rss_kib,agent_fds\n");
     for s in &report.samples {
         csv.push_str(&format!(
-            "{:.1},{},{},{},{}\n",
-            s.t_s, s.rss_kib, s.fds, s.pending, s.acked
+            "{:.1},{},{},{},{},{},{}\n",
+            s.t_s, s.rss_kib, s.fds, s.pending, s.acked, s.agent_rss_kib, s.agent_fds
         ));
     }
     sweep::write(out, "soak.csv", &csv)?;
@@ -619,6 +631,14 @@ pub fn write(report: &SoakReport, out: &Path) -> Result<(), sweep::Error> {
                 .samples
                 .iter()
                 .map(|s| (s.t_s, s.rss_kib as f64 / 1024.0))
+                .collect(),
+        },
+        Series {
+            label: "agent-0 RSS, MiB (partitioned, never killed)".into(),
+            points: report
+                .samples
+                .iter()
+                .map(|s| (s.t_s, s.agent_rss_kib as f64 / 1024.0))
                 .collect(),
         },
         Series {
@@ -641,7 +661,7 @@ pub fn write(report: &SoakReport, out: &Path) -> Result<(), sweep::Error> {
     sweep::plot(
         &out.join("soak.svg"),
         &Axes {
-            title: "soak: the principal over time (agents partitioned and SIGKILLed)",
+            title: "soak: the principal and agent-0 over time (agents partitioned and SIGKILLed)",
             x: "seconds",
             y: "MiB / files / obligations",
             log_x: false,
