@@ -476,14 +476,17 @@ fn token_t1(id: u128, action: TokenAction, sequence: u64) -> Obligation {
 fn a_tokens_record_and_last_sequence_go_at_the_tokens_expiry_and_not_before() {
     let mut r = Receiver::new(a(), ReceiverConfig::default());
     let t1 = TokenId::new("t1").unwrap();
-    let mut weight = revoke_token(9, 3, 10_000);
-    weight.sequence = Some(7);
-    weight.payload = Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
-        weight_key: WeightKey::new("k").unwrap(),
-        weight_delta: WeightDelta(-1),
-        ttl_ms: 1,
-    });
-    assert_eq!(receive(&mut r, 0, weight).1, vec![AckStatus::Applied]);
+    let weight = |id, sequence| {
+        let mut o = revoke_token(id, 3, 10_000);
+        o.sequence = Some(sequence);
+        o.payload = Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
+            weight_key: WeightKey::new("k").unwrap(),
+            weight_delta: WeightDelta(-1),
+            ttl_ms: 1,
+        });
+        o
+    };
+    assert_eq!(receive(&mut r, 0, weight(9, 7)).1, vec![AckStatus::Applied]);
     let revoke = token_t1(1, TokenAction::Revoke, 5);
     assert_eq!(receive(&mut r, 0, revoke).1, vec![AckStatus::Applied]);
     assert_eq!(r.held().sequences, 2);
@@ -500,15 +503,8 @@ fn a_tokens_record_and_last_sequence_go_at_the_tokens_expiry_and_not_before() {
     assert_eq!(r.maintain(UnixMillis(1_000)), 1);
     assert_eq!(r.state().token_record(&t1), None);
     assert_eq!(r.held().sequences, 1);
-    let mut older_weight = revoke_token(10, 3, 10_000);
-    older_weight.sequence = Some(6);
-    older_weight.payload = Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
-        weight_key: WeightKey::new("k").unwrap(),
-        weight_delta: WeightDelta(-1),
-        ttl_ms: 1,
-    });
     assert_eq!(
-        receive(&mut r, 1_001, older_weight).1,
+        receive(&mut r, 1_001, weight(10, 6)).1,
         vec![AckStatus::Declined(DeclineReason::Superseded)]
     );
     // The expired token guards nothing now: the stale issue applies, and its record (already
