@@ -1,0 +1,333 @@
+//! Our draft-14 wire through an unmodified MOQT relay: `moq-relay` 0.17.10 from crates.io (the
+//! moq-dev project), built once by `scripts/moq-relay.sh`. A principal publishes its namespace,
+//! an agent finds it with SUBSCRIBE_NAMESPACE and subscribes to `to/<agent>` in it, and an
+//! obligation the principal sends on that track reaches the agent through the relay intact.
+//! Every message we send is encoded, and every message the relay sends is decoded, by our codec
+//! (`abhyasa_wire::moqt`); the relay's side is all its own.
+//!
+//! This is the ground relay mode (issue 15) stands on, not relay mode itself: no `Node` rides
+//! the relay yet. Without the relay binary the test says it skipped and passes.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use abhyasa_moq::{endpoint, namespace, Ca, TransportSettings};
+use abhyasa_wire::moqt::{
+    Control, Filter, KeyValue, Namespace, ObjectBody, StreamObject, SubgroupHeader, SubgroupId,
+    DRAFT_14,
+};
+use abhyasa_wire::{
+    AgentId, ClientId, Obligation, ObligationId, Payload, TokenAction, TokenId, TokenPayload,
+    UnixMillis,
+};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn id(s: &str) -> AgentId {
+    AgentId::new(s).unwrap()
+}
+
+/// `$ABHYASA_MOQ_RELAY`, or where `scripts/moq-relay.sh` installs it.
+fn relay_binary() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("ABHYASA_MOQ_RELAY") {
+        return Some(p.into());
+    }
+    let cache = std::env::var_os("ABHYASA_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/abhyasa")))?;
+    let bin = cache.join("moq-relay-0.17.10/bin/moq-relay");
+    bin.exists().then_some(bin)
+}
+
+/// The relay process, killed when dropped.
+struct Relay(Child);
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// One side's control stream, read with our codec.
+struct ControlStream {
+    send: quinn::SendStream,
+    recv: quinn::RecvStream,
+    buf: Vec<u8>,
+}
+
+impl ControlStream {
+    async fn send(&mut self, msg: Control) {
+        let mut out = Vec::new();
+        msg.encode(&mut out);
+        self.send.write_all(&out).await.unwrap();
+    }
+
+    /// The next message that is not flow control (MAX_REQUEST_ID, REQUESTS_BLOCKED) nor the
+    /// relay's own SUBSCRIBE_NAMESPACE (it asks every session for the namespaces it may
+    /// publish; answered OK here: what we publish, we announce with PUBLISH_NAMESPACE).
+    async fn recv(&mut self, who: &str) -> Control {
+        loop {
+            if let Some((msg, used)) = Control::decode(&self.buf)
+                .unwrap_or_else(|e| panic!("{who}: the relay sent what our codec refuses: {e}"))
+            {
+                self.buf.drain(..used);
+                match msg {
+                    Control::MaxRequestId { .. } | Control::RequestsBlocked { .. } => continue,
+                    Control::SubscribeNamespace { request_id, .. } => {
+                        self.send(Control::SubscribeNamespaceOk { request_id }).await;
+                        continue;
+                    }
+                    msg => return msg,
+                }
+            }
+            let chunk = tokio::time::timeout(WAIT, self.recv.read_chunk(4096, true))
+                .await
+                .unwrap_or_else(|_| panic!("{who}: no control message from the relay in {WAIT:?}"))
+                .unwrap()
+                .unwrap_or_else(|| panic!("{who}: the relay closed the control stream"));
+            self.buf.extend_from_slice(&chunk.bytes);
+        }
+    }
+}
+
+/// Dials the relay as `agent` (the relay's certificate is issued by our CA for `relay`), opens
+/// the control stream and does the draft-14 setup.
+async fn connect(
+    ca: &Ca,
+    agent: &AgentId,
+    relay: SocketAddr,
+) -> (quinn::Connection, ControlStream) {
+    let e = endpoint(
+        &ca.issue(agent).unwrap(),
+        "127.0.0.1:0".parse().unwrap(),
+        &TransportSettings::default(),
+    )
+    .unwrap();
+    let conn = e.connect(relay, "relay").unwrap().await.unwrap();
+    let (send, recv) = conn.open_bi().await.unwrap();
+    let mut control = ControlStream {
+        send,
+        recv,
+        buf: Vec::new(),
+    };
+    control
+        .send(Control::ClientSetup {
+            versions: vec![DRAFT_14],
+            params: vec![KeyValue::Int {
+                key: 0x02, // MAX_REQUEST_ID
+                value: 100,
+            }],
+        })
+        .await;
+    match control.recv(agent.as_str()).await {
+        Control::ServerSetup { version, .. } => assert_eq!(version, DRAFT_14),
+        other => panic!("expected SERVER_SETUP, got {other:?}"),
+    }
+    (conn, control)
+}
+
+fn obligation(principal: &AgentId, agent: &AgentId) -> Obligation {
+    Obligation {
+        id: ObligationId::from_u128(0x00c0_ffee),
+        issuer: principal.clone(),
+        target: agent.clone(),
+        created_at: UnixMillis(1_700_000_000_000),
+        deadline: UnixMillis(1_700_000_060_000),
+        max_retries: 3,
+        sequence: Some(1),
+        payload: Payload::OauthToken(TokenPayload {
+            action: TokenAction::Revoke,
+            token_id: TokenId::new("tok-relay").unwrap(),
+            client_id: ClientId::new("c").unwrap(),
+            expires_at: Some(UnixMillis(1_700_003_600_000)),
+        }),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_obligation_reaches_its_agent_through_an_unmodified_moq_relay() {
+    let Some(bin) = relay_binary() else {
+        eprintln!(
+            "SKIPPED: no moq-relay binary (scripts/moq-relay.sh builds it; or set ABHYASA_MOQ_RELAY)"
+        );
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate("relay-test").unwrap();
+    ca.issue(&id("relay")).unwrap().save(dir.path()).unwrap();
+    let port = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    // Anonymous sessions may publish and subscribe under `abhyasa/`: the relay does not read
+    // client certificates under a public grant (our end-to-end signatures are what will).
+    let _relay = Relay(
+        Command::new(&bin)
+            .arg("--listen")
+            .arg(addr.to_string())
+            .arg("--listen-tls-cert")
+            .arg(dir.path().join("relay.pem"))
+            .arg("--listen-tls-key")
+            .arg(dir.path().join("relay.key"))
+            .args(["--listen-version", "moq-transport-14"])
+            .args(["--auth-public", "abhyasa/**"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    // The relay listens once its socket is bound: retry the dial until then.
+    let (principal, agent) = (id("principal"), id("agent-1"));
+    let started = std::time::Instant::now();
+    let (p_conn, mut p) = loop {
+        match tokio::time::timeout(Duration::from_secs(2), connect(&ca, &principal, addr)).await {
+            Ok(c) => break c,
+            Err(_) if started.elapsed() < WAIT => continue,
+            Err(_) => panic!("the relay did not answer in {WAIT:?}"),
+        }
+    };
+
+    // The principal publishes its namespace.
+    p.send(Control::PublishNamespace {
+        request_id: 0,
+        namespace: namespace(&principal),
+        params: vec![],
+    })
+    .await;
+    match p.recv("principal").await {
+        Control::PublishNamespaceOk { request_id } => assert_eq!(request_id, 0),
+        other => panic!("expected PUBLISH_NAMESPACE_OK, got {other:?}"),
+    }
+
+    // The agent finds it under ("abhyasa", "v1").
+    let (a_conn, mut a) = connect(&ca, &agent, addr).await;
+    a.send(Control::SubscribeNamespace {
+        request_id: 0,
+        prefix: Namespace::from_strs(&["abhyasa", "v1"]),
+        params: vec![],
+    })
+    .await;
+    let (mut ok, mut found) = (false, false);
+    while !(ok && found) {
+        match a.recv("agent").await {
+            Control::SubscribeNamespaceOk { request_id } => {
+                assert_eq!(request_id, 0);
+                ok = true;
+            }
+            Control::PublishNamespace {
+                request_id,
+                namespace: ns,
+                ..
+            } => {
+                assert_eq!(ns, namespace(&principal));
+                a.send(Control::PublishNamespaceOk { request_id }).await;
+                found = true;
+            }
+            other => panic!("expected SUBSCRIBE_NAMESPACE_OK or PUBLISH_NAMESPACE, got {other:?}"),
+        }
+    }
+
+    // The agent subscribes to the track addressed to it; the relay asks the principal.
+    a.send(Control::Subscribe {
+        request_id: 2,
+        namespace: namespace(&principal),
+        name: b"to/agent-1".to_vec(),
+        priority: 0,
+        group_order: 1,
+        forward: 1,
+        filter: Filter::LargestObject,
+        params: vec![],
+    })
+    .await;
+    let upstream = match p.recv("principal").await {
+        Control::Subscribe {
+            request_id,
+            namespace: ns,
+            name,
+            ..
+        } => {
+            assert_eq!(ns, namespace(&principal));
+            assert_eq!(name, b"to/agent-1");
+            request_id
+        }
+        other => panic!("expected the relay's SUBSCRIBE, got {other:?}"),
+    };
+    const OUR_ALIAS: u64 = 7;
+    p.send(Control::SubscribeOk {
+        request_id: upstream,
+        track_alias: OUR_ALIAS,
+        expires: 0,
+        group_order: 1,
+        largest: None,
+        params: vec![],
+    })
+    .await;
+    let alias = match a.recv("agent").await {
+        Control::SubscribeOk {
+            request_id,
+            track_alias,
+            ..
+        } => {
+            assert_eq!(request_id, 2);
+            track_alias
+        }
+        other => panic!("expected SUBSCRIBE_OK, got {other:?}"),
+    };
+
+    // One obligation on a subgroup stream, as a node sends it.
+    let sent = obligation(&principal, &agent);
+    let payload = abhyasa_wire::encode(&sent);
+    let mut stream = Vec::new();
+    SubgroupHeader {
+        track_alias: OUR_ALIAS,
+        group: 0,
+        subgroup: SubgroupId::Zero,
+        priority: 0,
+        extensions: false,
+        end_of_group: true,
+    }
+    .encode(&mut stream);
+    StreamObject {
+        object_id_delta: 0,
+        extensions: vec![],
+        body: ObjectBody::Payload(payload.clone()),
+    }
+    .encode(false, &mut stream);
+    let mut uni = p_conn.open_uni().await.unwrap();
+    uni.write_all(&stream).await.unwrap();
+    uni.finish().unwrap();
+
+    // It arrives on the agent's alias, the object byte for byte, the obligation as sent.
+    let mut recv = tokio::time::timeout(WAIT, a_conn.accept_uni())
+        .await
+        .expect("no data stream from the relay")
+        .unwrap();
+    let bytes = tokio::time::timeout(WAIT, recv.read_to_end(1 << 20))
+        .await
+        .expect("the relay's data stream did not end")
+        .unwrap();
+    let (header, used) = SubgroupHeader::decode(&bytes)
+        .expect("our codec reads the relay's subgroup header")
+        .expect("a whole header");
+    assert_eq!(header.track_alias, alias);
+    assert_eq!(header.group, 0);
+    let (object, _) = StreamObject::decode(&bytes[used..], header.extensions)
+        .expect("our codec reads the relay's object")
+        .expect("a whole object");
+    assert_eq!(object.body, ObjectBody::Payload(payload));
+    let ObjectBody::Payload(got) = object.body else {
+        unreachable!()
+    };
+    assert_eq!(abhyasa_wire::decode_obligation(&got).unwrap(), sent);
+    eprintln!(
+        "moq-relay interop: setup, PUBLISH_NAMESPACE, SUBSCRIBE_NAMESPACE, SUBSCRIBE and one \
+         obligation ({} bytes) through {}",
+        got.len(),
+        bin.display()
+    );
+}
