@@ -77,7 +77,8 @@ impl ControlStream {
                 match msg {
                     Control::MaxRequestId { .. } | Control::RequestsBlocked { .. } => continue,
                     Control::SubscribeNamespace { request_id, .. } => {
-                        self.send(Control::SubscribeNamespaceOk { request_id }).await;
+                        self.send(Control::SubscribeNamespaceOk { request_id })
+                            .await;
                         continue;
                     }
                     msg => return msg,
