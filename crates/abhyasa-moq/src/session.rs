@@ -183,6 +183,9 @@ fn max_request_id(params: &[KeyValue]) -> u64 {
         .unwrap_or(0)
 }
 
+/// How long an object with an unknown track alias waits for a pending SUBSCRIBE_OK.
+const ALIAS_WAIT: Duration = Duration::from_secs(1);
+
 /// What a session holds its peer to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SessionLimits {
@@ -220,6 +223,8 @@ struct Inner {
     conn: quinn::Connection,
     control: Mutex<quinn::SendStream>,
     state: std::sync::Mutex<State>,
+    /// Woken when the peer answers one of our subscriptions (a track alias may now be known).
+    answered: tokio::sync::Notify,
 }
 
 /// What an accepted connection turned out to be.
@@ -372,6 +377,7 @@ impl Session {
             conn,
             control: Mutex::new(send),
             state: std::sync::Mutex::new(state),
+            answered: tokio::sync::Notify::new(),
         }));
         let (tx, rx) = mpsc::channel(4_096);
         let s = session.clone();
@@ -683,11 +689,14 @@ impl Session {
                 if st.inbound.insert(track_alias, track).is_some() {
                     return Err(MoqtError::ProtocolViolation("duplicate track alias"));
                 }
+                drop(st);
+                self.0.answered.notify_waiters();
             }
             Control::SubscribeError {
                 request_id, reason, ..
             } => {
                 let track = self.state().requested.remove(&request_id);
+                self.0.answered.notify_waiters();
                 tracing::warn!(peer = %self.0.peer, ?track, reason, "subscription refused by the peer");
             }
             Control::Unsubscribe { request_id } => {
@@ -820,6 +829,33 @@ impl Session {
         Ok(())
     }
 
+    /// The track `alias` names, or `None` for an alias the peer never granted. Objects may
+    /// overtake the SUBSCRIBE_OK that grants their alias (draft-14 §10.2, §10.4.2: the
+    /// receiver "MAY ... buffer it for a brief period"): while a subscription of ours awaits
+    /// its answer, an unknown alias waits for that answer, up to `ALIAS_WAIT`, instead of
+    /// being dropped at once. Without a pending subscription it is dropped at once.
+    async fn inbound_track(&self, alias: u64) -> Option<Track> {
+        let deadline = tokio::time::Instant::now() + ALIAS_WAIT;
+        loop {
+            let answered = self.0.answered.notified();
+            tokio::pin!(answered);
+            // Registered before the check: an answer between the check and the wait wakes it.
+            answered.as_mut().enable();
+            {
+                let st = self.state();
+                if let Some(track) = st.inbound.get(&alias) {
+                    return Some(*track);
+                }
+                if st.requested.is_empty() {
+                    return None;
+                }
+            }
+            if tokio::time::timeout_at(deadline, answered).await.is_err() {
+                return None;
+            }
+        }
+    }
+
     async fn streams_loop(&self, events: &mpsc::Sender<SessionEvent>) {
         while let Ok(mut recv) = self.0.conn.accept_uni().await {
             let bytes = match recv.read_to_end(MAX_STREAM_BYTES).await {
@@ -843,7 +879,7 @@ impl Session {
                 "stream ended inside its header",
             ));
         };
-        let track = self.state().inbound.get(&header.track_alias).copied();
+        let track = self.inbound_track(header.track_alias).await;
         let mut taken = 0usize;
         while at < bytes.len() {
             if taken == self.0.limits.max_objects_per_group {
@@ -874,7 +910,7 @@ impl Session {
         while let Ok(d) = self.0.conn.read_datagram().await {
             match ObjectDatagram::decode(&d) {
                 Ok(d) => {
-                    let track = self.state().inbound.get(&d.track_alias).copied();
+                    let track = self.inbound_track(d.track_alias).await;
                     if let (Some(track), ObjectBody::Payload(payload)) = (track, d.body) {
                         let _ = events.send(SessionEvent::Object { track, payload }).await;
                     }

@@ -178,7 +178,7 @@ async fn dialing_one_agent_and_reaching_another_is_refused() {
 }
 
 /// A hand-driven MOQT client: setup, then whatever the test writes. Also returns the
-/// SERVER_SETUP's parameters.
+/// SERVER_SETUP's parameters and what was read past it.
 async fn raw_client(
     ep: &quinn::Endpoint,
     addr: SocketAddr,
@@ -188,6 +188,7 @@ async fn raw_client(
     quinn::SendStream,
     quinn::RecvStream,
     Vec<KeyValue>,
+    Vec<u8>,
 ) {
     let conn = ep.connect(addr, server.as_str()).unwrap().await.unwrap();
     let (mut send, mut recv) = conn.open_bi().await.unwrap();
@@ -203,7 +204,7 @@ async fn raw_client(
         Control::ServerSetup {
             version: DRAFT_14,
             params,
-        } => (conn, send, recv, params),
+        } => (conn, send, recv, params, buf),
         other => panic!("{other:?}"),
     }
 }
@@ -231,7 +232,7 @@ async fn subscribing_to_another_agents_track_is_refused() {
     let ea = ep(&ca, &a);
     let _accepted = serve(ea.clone(), a.clone());
     let eb = ep(&ca, &b);
-    let (_conn, mut send, mut recv, _) = raw_client(&eb, ea.local_addr().unwrap(), &a).await;
+    let (_conn, mut send, mut recv, _, _) = raw_client(&eb, ea.local_addr().unwrap(), &a).await;
     let subscribe = |request_id, name: &str| Control::Subscribe {
         request_id,
         namespace: abhyasa_moq::namespace(&a),
@@ -292,7 +293,7 @@ async fn garbage_on_the_control_stream_closes_only_that_session() {
     next(&mut rc, |e| *e == SessionEvent::PeerSubscribed(Track::Acks)).await;
     // B sends an unknown message type after setup.
     let eb = ep(&ca, &b);
-    let (conn, mut send, _recv, _) = raw_client(&eb, ea.local_addr().unwrap(), &a).await;
+    let (conn, mut send, _recv, _, _) = raw_client(&eb, ea.local_addr().unwrap(), &a).await;
     send.write_all(&[0x3f, 0x00, 0x00]).await.unwrap();
     let err = tokio::time::timeout(Duration::from_secs(5), conn.closed())
         .await
@@ -428,7 +429,7 @@ async fn a_request_past_the_session_limit_closes_it_with_too_many_requests() {
     };
     let _accepted = serve_with(ea.clone(), a.clone(), limits);
     let eb = ep(&ca, &b);
-    let (conn, mut send, mut recv, params) = raw_client(&eb, ea.local_addr().unwrap(), &a).await;
+    let (conn, mut send, mut recv, params, _) = raw_client(&eb, ea.local_addr().unwrap(), &a).await;
     let mut buf = Vec::new();
     assert!(
         params.contains(&KeyValue::Int {
@@ -513,4 +514,107 @@ async fn objects_past_the_group_limit_are_ignored_and_the_session_goes_on() {
     })
     .await;
     assert!(more.is_err(), "an object past the limit: {more:?}");
+}
+
+/// One object on a subgroup stream of `alias`, as the publisher side writes it.
+fn subgroup(alias: u64, group: u64, payload: &[u8]) -> Vec<u8> {
+    use abhyasa_wire::moqt::{ObjectBody, StreamObject, SubgroupHeader, SubgroupId};
+    let mut out = Vec::new();
+    SubgroupHeader {
+        track_alias: alias,
+        group,
+        subgroup: SubgroupId::Zero,
+        priority: 0,
+        extensions: false,
+        end_of_group: true,
+    }
+    .encode(&mut out);
+    StreamObject {
+        object_id_delta: 0,
+        extensions: vec![],
+        body: ObjectBody::Payload(payload.to_vec()),
+    }
+    .encode(false, &mut out);
+    out
+}
+
+/// Data may overtake the SUBSCRIBE_OK that grants its track alias (draft-14 §10.4.2). An
+/// object on a stream whose alias the pending answer then grants is delivered, not dropped;
+/// once every subscription is answered, a stream of an alias never granted is dropped and
+/// the session goes on.
+#[tokio::test]
+async fn an_object_that_overtakes_its_subscribe_ok_is_delivered() {
+    let ca = Ca::generate("t").unwrap();
+    let (a, b) = (id("agent-a"), id("agent-b"));
+    let ea = ep(&ca, &a);
+    let mut accepted = serve(ea.clone(), a.clone());
+    let eb = ep(&ca, &b);
+    let (conn, mut send, mut recv, _, mut buf) =
+        raw_client(&eb, ea.local_addr().unwrap(), &a).await;
+    let (_sa, mut ra) = tokio::time::timeout(Duration::from_secs(5), accepted.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    // A subscribes to what B addresses to it; B answers none of it yet.
+    let mut obligations_request = None;
+    let mut others = Vec::new();
+    while obligations_request.is_none() || others.len() < 2 {
+        if let Control::Subscribe {
+            request_id, name, ..
+        } = read_one(&mut recv, &mut buf).await
+        {
+            if name == b"to/agent-a" {
+                obligations_request = Some(request_id);
+            } else {
+                others.push(request_id);
+            }
+        }
+    }
+    // The object first, on its own stream, well before the answer that names its alias.
+    const ALIAS: u64 = 7;
+    let mut uni = conn.open_uni().await.unwrap();
+    uni.write_all(&subgroup(ALIAS, 0, b"early")).await.unwrap();
+    uni.finish().unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let ok = |request_id, track_alias| Control::SubscribeOk {
+        request_id,
+        track_alias,
+        expires: 0,
+        group_order: 1,
+        largest: None,
+        params: vec![],
+    };
+    let mut out = Vec::new();
+    ok(obligations_request.unwrap(), ALIAS).encode(&mut out);
+    for (n, r) in others.iter().enumerate() {
+        ok(*r, 100 + n as u64).encode(&mut out);
+    }
+    send.write_all(&out).await.unwrap();
+    let e = next(&mut ra, |e| matches!(e, SessionEvent::Object { .. })).await;
+    assert_eq!(
+        e,
+        SessionEvent::Object {
+            track: Track::Obligations,
+            payload: b"early".to_vec()
+        }
+    );
+    // Every subscription answered: an alias never granted is dropped, and what follows on a
+    // granted one still arrives.
+    for (alias, group, payload) in [(99, 0, &b"stray"[..]), (ALIAS, 1, &b"later"[..])] {
+        let mut uni = conn.open_uni().await.unwrap();
+        uni.write_all(&subgroup(alias, group, payload))
+            .await
+            .unwrap();
+        uni.finish().unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let e = next(&mut ra, |e| matches!(e, SessionEvent::Object { .. })).await;
+    assert_eq!(
+        e,
+        SessionEvent::Object {
+            track: Track::Obligations,
+            payload: b"later".to_vec()
+        }
+    );
+    assert!(conn.close_reason().is_none());
 }
