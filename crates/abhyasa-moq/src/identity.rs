@@ -40,6 +40,9 @@ pub enum IdentityError {
     /// A file would be overwritten.
     #[error("{0} exists; refusing to overwrite it")]
     Exists(PathBuf),
+    /// A key is not of the type this use needs.
+    #[error("{0}")]
+    KeyType(String),
     /// A certificate names no valid agent id.
     #[error("certificate names no valid agent id: {0}")]
     NoAgentId(String),
@@ -94,7 +97,9 @@ impl Ca {
     /// Issues a certificate for `agent`.
     pub fn issue(&self, agent: &AgentId) -> Result<Identity, IdentityError> {
         let issuer = Issuer::from_ca_cert_der(&self.cert, &self.key)?;
-        let key = KeyPair::generate()?;
+        // Ed25519: the key that authenticates the agent in TLS also signs what it sends end
+        // to end (`signed`).
+        let key = KeyPair::generate_for(&rcgen::PKCS_ED25519)?;
         let mut params = CertificateParams::new(vec![agent.as_str().to_owned()])?;
         params.distinguished_name = DistinguishedName::new();
         params

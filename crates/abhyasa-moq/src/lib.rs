@@ -15,6 +15,7 @@ pub mod identity;
 pub mod impaired;
 pub mod mcp;
 pub mod session;
+pub mod signed;
 
 pub use endpoint::{
     endpoint, impaired_endpoint, peer_agent, Congestion, EndpointError, TransportSettings,
@@ -25,3 +26,4 @@ pub use mcp::{McpChannel, McpRole, McpSender};
 pub use session::{
     namespace, Accepted, SendError, Session, SessionError, SessionEvent, SessionLimits, Track,
 };
+pub use signed::{Kind as SignedKind, Opened, SignedError, Signer, Verifier};

@@ -1,0 +1,433 @@
+//! End-to-end signatures: every custody object (obligation, ack) travels as a COSE_Sign1
+//! (RFC 9052) signed with Ed25519 by its sender's certificate key, the certificate in the
+//! protected header (`x5chain`, RFC 9360). A receiver believes who sent an object from the
+//! signature and the certificate chain to the deployment CA — never from the connection it
+//! came in on, which through a relay is the relay's.
+//!
+//! The envelope, exactly:
+//!
+//! - COSE_Sign1, tagged (18); payload attached: the object's canonical CBOR.
+//! - Protected header: `alg` = EdDSA (-8); `content type` = `application/abhyasa-<kind>+cbor`
+//!   (`obligation` or `ack`), so an object signed as one kind is never read as another;
+//!   `x5chain` (33) = the sender's leaf certificate (DER), which must chain to the deployment
+//!   CA, name the sender as its agent id, be valid now, and hold an Ed25519 key.
+//! - No external AAD; the unprotected header is ignored.
+//!
+//! Verified certificates are cached (by their DER) so a steady peer costs one Ed25519
+//! verification per object, not a chain validation.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use abhyasa_wire::AgentId;
+use coset::cbor::Value;
+use coset::{iana, CoseSign1, CoseSign1Builder, HeaderBuilder, Label, TaggedCborSerializable};
+use ed25519_dalek::pkcs8::DecodePrivateKey;
+use ed25519_dalek::{Signer as _, SigningKey, VerifyingKey};
+use rustls::pki_types::{CertificateDer, UnixTime};
+
+use crate::identity::{agent_of, Identity, IdentityError};
+
+/// What a signed object is; part of what is signed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// An obligation, principal → agent.
+    Obligation,
+    /// A custody ack, agent → principal.
+    Ack,
+}
+
+impl Kind {
+    /// The content type this kind is signed under.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Kind::Obligation => "application/abhyasa-obligation+cbor",
+            Kind::Ack => "application/abhyasa-ack+cbor",
+        }
+    }
+}
+
+/// Why a signed object was not believed. Each is a reason to drop it unread: an object
+/// whose sender is not proven is never acted on, and custody's retries and deadlines turn the
+/// loss into a delay or an escalation.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SignedError {
+    /// Not a COSE_Sign1.
+    #[error("not a COSE_Sign1: {0}")]
+    Malformed(String),
+    /// Signed with another algorithm than EdDSA (or none named).
+    #[error("signature algorithm is not EdDSA")]
+    Algorithm,
+    /// Signed as another kind of object.
+    #[error("signed as {got:?}, expected {expected}")]
+    ContentType {
+        /// What this receiver reads.
+        expected: &'static str,
+        /// What the envelope names.
+        got: Option<String>,
+    },
+    /// No payload attached.
+    #[error("no payload")]
+    NoPayload,
+    /// No certificate in the protected header.
+    #[error("no sender certificate (x5chain) in the protected header")]
+    NoCertificate,
+    /// The certificate does not chain to the deployment CA, is not valid now, or names no
+    /// agent.
+    #[error("sender certificate refused: {0}")]
+    Certificate(String),
+    /// The certificate's key is not Ed25519.
+    #[error("sender certificate key is not Ed25519")]
+    KeyType,
+    /// The signature does not verify.
+    #[error("signature does not verify")]
+    Signature,
+}
+
+/// Signs objects as one agent, with its certificate's Ed25519 key.
+#[derive(Clone)]
+pub struct Signer {
+    agent: AgentId,
+    cert: Vec<u8>,
+    key: SigningKey,
+}
+
+impl std::fmt::Debug for Signer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Signer")
+            .field("agent", &self.agent)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Signer {
+    /// The signer for `identity`: its leaf certificate and that certificate's key, which must
+    /// be Ed25519 (`Ca::issue` makes such certificates; an older P-256 one must be reissued).
+    pub fn new(identity: &Identity) -> Result<Self, IdentityError> {
+        let key = SigningKey::from_pkcs8_der(&identity.key).map_err(|_| {
+            IdentityError::KeyType(format!(
+                "{}: the certificate key is not Ed25519; reissue it (abhyasa init)",
+                identity.agent
+            ))
+        })?;
+        let cert = identity
+            .chain
+            .first()
+            .ok_or_else(|| IdentityError::NoAgentId("empty certificate chain".into()))?;
+        let (spki_key, _) = leaf_key(cert).map_err(|e| IdentityError::KeyType(e.to_string()))?;
+        if spki_key != key.verifying_key() {
+            return Err(IdentityError::KeyType(format!(
+                "{}: the key does not match the certificate",
+                identity.agent
+            )));
+        }
+        Ok(Self {
+            agent: identity.agent.clone(),
+            cert: cert.to_vec(),
+            key,
+        })
+    }
+
+    /// The agent this signer signs as.
+    pub fn agent(&self) -> &AgentId {
+        &self.agent
+    }
+
+    /// `payload` (an object's CBOR) as a signed envelope of `kind`.
+    pub fn sign(&self, kind: Kind, payload: &[u8]) -> Vec<u8> {
+        let protected = HeaderBuilder::new()
+            .algorithm(iana::Algorithm::EdDSA)
+            .content_type(kind.content_type().to_owned())
+            .value(
+                iana::HeaderParameter::X5Chain as i64,
+                Value::Bytes(self.cert.clone()),
+            )
+            .build();
+        let sign1 = CoseSign1Builder::new()
+            .protected(protected)
+            .payload(payload.to_vec())
+            .create_signature(&[], |tbs| self.key.sign(tbs).to_bytes().to_vec())
+            .build();
+        // Encoding a COSE_Sign1 built from owned bytes and integers cannot fail.
+        sign1
+            .to_tagged_vec()
+            .unwrap_or_else(|e| unreachable!("COSE_Sign1 encoding failed: {e}"))
+    }
+}
+
+/// A verified sender.
+#[derive(Clone, Debug)]
+struct Known {
+    agent: AgentId,
+    key: VerifyingKey,
+    not_after: i64,
+}
+
+/// How many verified certificates a verifier remembers before it starts over.
+const MAX_CACHED: usize = 4_096;
+
+/// Opens signed objects from any agent of one deployment (its CA).
+pub struct Verifier {
+    ca: CertificateDer<'static>,
+    known: Mutex<HashMap<Vec<u8>, Known>>,
+}
+
+impl std::fmt::Debug for Verifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Verifier").finish_non_exhaustive()
+    }
+}
+
+/// An object whose sender is proven.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Opened {
+    /// The agent whose certificate key signed it.
+    pub signer: AgentId,
+    /// The object's bytes, as signed.
+    pub payload: Vec<u8>,
+}
+
+impl Verifier {
+    /// A verifier trusting certificates issued by `ca`.
+    pub fn new(ca: CertificateDer<'static>) -> Self {
+        Self {
+            ca,
+            known: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Verifies `bytes` as a signed object of `kind` strictly: envelope, algorithm, content
+    /// type, certificate (chain, validity, agent id, key type) and signature, in that order.
+    pub fn open(&self, kind: Kind, bytes: &[u8]) -> Result<Opened, SignedError> {
+        let sign1 = CoseSign1::from_tagged_slice(bytes)
+            .map_err(|e| SignedError::Malformed(e.to_string()))?;
+        let header = &sign1.protected.header;
+        if header.alg
+            != Some(coset::RegisteredLabelWithPrivate::Assigned(
+                iana::Algorithm::EdDSA,
+            ))
+        {
+            return Err(SignedError::Algorithm);
+        }
+        let content_type = match &header.content_type {
+            Some(coset::ContentType::Text(t)) => Some(t.clone()),
+            Some(coset::ContentType::Assigned(a)) => Some(format!("{a:?}")),
+            None => None,
+        };
+        if content_type.as_deref() != Some(kind.content_type()) {
+            return Err(SignedError::ContentType {
+                expected: kind.content_type(),
+                got: content_type,
+            });
+        }
+        let cert = header
+            .rest
+            .iter()
+            .find_map(|(label, value)| match (label, value) {
+                (Label::Int(l), Value::Bytes(b)) if *l == iana::HeaderParameter::X5Chain as i64 => {
+                    Some(b.as_slice())
+                }
+                _ => None,
+            })
+            .ok_or(SignedError::NoCertificate)?;
+        let known = self.sender(cert)?;
+        let Some(payload) = sign1.payload.as_ref() else {
+            return Err(SignedError::NoPayload);
+        };
+        sign1.verify_signature(&[], |sig, tbs| {
+            let sig =
+                ed25519_dalek::Signature::from_slice(sig).map_err(|_| SignedError::Signature)?;
+            known
+                .key
+                .verify_strict(tbs, &sig)
+                .map_err(|_| SignedError::Signature)
+        })?;
+        Ok(Opened {
+            signer: known.agent,
+            payload: payload.clone(),
+        })
+    }
+
+    /// The sender `cert` proves, from the cache or by validating it.
+    fn sender(&self, cert: &[u8]) -> Result<Known, SignedError> {
+        let now = UnixTime::now();
+        let secs = i64::try_from(now.as_secs()).unwrap_or(i64::MAX);
+        if let Some(k) = self.cache().get(cert) {
+            if secs <= k.not_after {
+                return Ok(k.clone());
+            }
+        }
+        let der = CertificateDer::from(cert);
+        let end_entity = webpki::EndEntityCert::try_from(&der)
+            .map_err(|e| SignedError::Certificate(e.to_string()))?;
+        let anchor = webpki::anchor_from_trusted_cert(&self.ca)
+            .map_err(|e| SignedError::Certificate(format!("deployment CA: {e}")))?;
+        let algs = rustls::crypto::ring::default_provider()
+            .signature_verification_algorithms
+            .all;
+        end_entity
+            .verify_for_usage(
+                algs,
+                &[anchor],
+                &[],
+                now,
+                webpki::KeyUsage::client_auth(),
+                None,
+                None,
+            )
+            .map_err(|e| SignedError::Certificate(e.to_string()))?;
+        let agent = agent_of(&der).map_err(|e| SignedError::Certificate(e.to_string()))?;
+        let (key, not_after) = leaf_key(&der)?;
+        let known = Known {
+            agent,
+            key,
+            not_after,
+        };
+        let mut cache = self.cache();
+        if cache.len() >= MAX_CACHED {
+            cache.clear();
+        }
+        cache.insert(cert.to_vec(), known.clone());
+        Ok(known)
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<u8>, Known>> {
+        self.known.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The Ed25519 key a certificate holds, and its notAfter (Unix seconds).
+fn leaf_key(cert: &[u8]) -> Result<(VerifyingKey, i64), SignedError> {
+    let (_, x509) = x509_parser::parse_x509_certificate(cert)
+        .map_err(|e| SignedError::Certificate(format!("unparsable: {e}")))?;
+    let spki = x509.public_key();
+    // id-Ed25519, RFC 8410.
+    if spki.algorithm.algorithm.to_id_string() != "1.3.101.112" {
+        return Err(SignedError::KeyType);
+    }
+    let bytes: [u8; 32] = spki
+        .subject_public_key
+        .data
+        .as_ref()
+        .try_into()
+        .map_err(|_| SignedError::KeyType)?;
+    let key = VerifyingKey::from_bytes(&bytes).map_err(|_| SignedError::KeyType)?;
+    Ok((key, x509.validity().not_after.timestamp()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::Ca;
+
+    fn id(s: &str) -> AgentId {
+        AgentId::new(s).unwrap()
+    }
+
+    /// Two deployments, and a signer and verifier in the first.
+    fn setup() -> (Ca, Ca, Signer, Verifier) {
+        let (ca, other) = (Ca::generate("t").unwrap(), Ca::generate("u").unwrap());
+        let signer = Signer::new(&ca.issue(&id("principal")).unwrap()).unwrap();
+        let verifier = Verifier::new(ca.certificate().clone());
+        (ca, other, signer, verifier)
+    }
+
+    #[test]
+    fn a_signed_object_opens_to_its_signer_and_bytes() {
+        let (_, _, signer, verifier) = setup();
+        let signed = signer.sign(Kind::Obligation, b"payload");
+        let opened = verifier.open(Kind::Obligation, &signed).unwrap();
+        assert_eq!(
+            opened,
+            Opened {
+                signer: id("principal"),
+                payload: b"payload".to_vec()
+            }
+        );
+        // Twice: the second from the cache, the same answer.
+        assert_eq!(verifier.open(Kind::Obligation, &signed).unwrap(), opened);
+    }
+
+    #[test]
+    fn every_altered_byte_is_refused() {
+        let (_, _, signer, verifier) = setup();
+        let signed = signer.sign(Kind::Ack, b"an ack's cbor");
+        let mut refused = 0;
+        for i in 0..signed.len() {
+            let mut bad = signed.clone();
+            bad[i] ^= 0x01;
+            if verifier.open(Kind::Ack, &bad).is_err() {
+                refused += 1;
+            } else {
+                // Only a change that decodes to the same signed content could pass; there is
+                // none in this encoding (no unprotected header, no slack).
+                panic!("byte {i} altered and still believed");
+            }
+        }
+        assert_eq!(refused, signed.len());
+    }
+
+    #[test]
+    fn an_object_signed_as_one_kind_is_not_read_as_another() {
+        let (_, _, signer, verifier) = setup();
+        let signed = signer.sign(Kind::Ack, b"x");
+        assert!(matches!(
+            verifier.open(Kind::Obligation, &signed),
+            Err(SignedError::ContentType { .. })
+        ));
+    }
+
+    #[test]
+    fn a_certificate_from_another_deployment_is_refused() {
+        let (_, other, _, verifier) = setup();
+        let stranger = Signer::new(&other.issue(&id("principal")).unwrap()).unwrap();
+        let signed = stranger.sign(Kind::Obligation, b"x");
+        assert!(matches!(
+            verifier.open(Kind::Obligation, &signed),
+            Err(SignedError::Certificate(_))
+        ));
+    }
+
+    #[test]
+    fn a_signature_under_a_borrowed_certificate_is_refused() {
+        // A member that puts another agent's certificate in its own envelope: the chain is
+        // good and names the victim, but the key that signed is not that certificate's.
+        let (ca, _, victim, verifier) = setup();
+        let rogue = Signer::new(&ca.issue(&id("rogue")).unwrap()).unwrap();
+        let forged = Signer {
+            agent: victim.agent.clone(),
+            cert: victim.cert.clone(),
+            key: rogue.key.clone(),
+        };
+        let signed = forged.sign(Kind::Ack, b"applied");
+        assert_eq!(
+            verifier.open(Kind::Ack, &signed),
+            Err(SignedError::Signature)
+        );
+    }
+
+    #[test]
+    fn unsigned_and_garbage_bytes_are_refused_without_panicking() {
+        let (_, _, _, verifier) = setup();
+        for bytes in [&b""[..], b"\xd2", b"\xd2\x84", b"\xa0", b"plain cbor? no"] {
+            assert!(matches!(
+                verifier.open(Kind::Obligation, bytes),
+                Err(SignedError::Malformed(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn a_p256_identity_cannot_sign() {
+        let ca = Ca::generate("t").unwrap();
+        let mut identity = ca.issue(&id("old")).unwrap();
+        identity.key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+            .unwrap()
+            .serialize_der();
+        assert!(matches!(
+            Signer::new(&identity),
+            Err(IdentityError::KeyType(_))
+        ));
+    }
+}
