@@ -171,6 +171,10 @@ pub struct StatusJson {
     /// (`[limits] requests_per_second_per_peer`).
     #[serde(default)]
     pub slowed: std::collections::BTreeMap<String, u64>,
+    /// Obligations and acks dropped per peer because their end-to-end signature did not
+    /// verify.
+    #[serde(default)]
+    pub unverified: std::collections::BTreeMap<String, u64>,
     /// The pending set.
     pub pending: Vec<PendingJson>,
     /// Recent outcomes.
@@ -277,6 +281,11 @@ impl From<Status> for StatusJson {
             agent: s.agent.to_string(),
             peers: s.peers.iter().map(ToString::to_string).collect(),
             slowed: s.slowed.iter().map(|(p, n)| (p.to_string(), *n)).collect(),
+            unverified: s
+                .unverified
+                .iter()
+                .map(|(p, n)| (p.to_string(), *n))
+                .collect(),
             pending: s
                 .pending
                 .iter()

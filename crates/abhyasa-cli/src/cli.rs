@@ -1580,6 +1580,9 @@ fn print_status(s: &StatusJson) {
     for (peer, n) in &s.slowed {
         println!("slowed: {n} object(s) from {peer} dropped by the per-peer rate limit");
     }
+    for (peer, n) in &s.unverified {
+        println!("unverified: {n} object(s) from {peer} dropped: signature does not verify");
+    }
     println!("\nas principal — pending ({}):", s.pending.len());
     for p in &s.pending {
         let says = if p.says.is_empty() {

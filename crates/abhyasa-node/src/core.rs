@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use abhyasa_custody::{Channel, Custodian, CustodianEvent, Receiver, ReceiverEvent};
-use abhyasa_moq::{Accepted, Session, SessionEvent, Track};
+use abhyasa_moq::{Accepted, Session, SessionEvent, SignedKind, Signer, Track, Verifier};
 use abhyasa_store::{GroupCommit, GroupError, Op, Store};
 use abhyasa_wire::{decode, decode_obligation, encode, AgentId, CustodyAck, UnixMillis};
 use tokio::sync::{broadcast, mpsc};
@@ -77,6 +77,8 @@ impl Bucket {
 pub(crate) enum Internal {
     Up(Session),
     Event(AgentId, usize, SessionEvent),
+    /// An object from this session peer whose signature did not verify, and why.
+    Unverified(AgentId, String),
     /// The executor ran an accepted effect.
     Executed(AgentId, abhyasa_ledger::OpKey, abhyasa_ledger::Vector),
 }
@@ -95,6 +97,10 @@ fn is_blocked(blocked: &Blocked, peer: &AgentId) -> bool {
 
 pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, NodeError> {
     let agent = b.identity.agent.clone();
+    // End-to-end signatures: everything custody sends is signed with the certificate's key,
+    // and nothing custody receives is acted on unless it verifies (`abhyasa_moq::signed`).
+    let signer = Arc::new(Signer::new(&b.identity)?);
+    let verifier = Arc::new(Verifier::new(b.identity.ca.clone()));
     let store = Store::open(&db_path, b.store.clone())?;
     let t = now();
     let seed = t.0 ^ 0x9e37_79b9_7f4a_7c15;
@@ -139,9 +145,11 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         );
         let limits = b.limits;
         let per_peer = SessionsPerPeer::default();
+        let verifier = verifier.clone();
         tokio::spawn(async move {
             while let Some(incoming) = endpoint.accept().await {
                 let (itx, me, blocked) = (itx.clone(), me.clone(), blocked.clone());
+                let verifier = verifier.clone();
                 let (mcp_tx, per_peer) = (mcp_tx.clone(), per_peer.clone());
                 tokio::spawn(async move {
                     match Session::accept_any_with(incoming, &me, limits.session).await {
@@ -151,7 +159,7 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
                         }
                         Ok(Accepted::Custody(s, rx)) => {
                             per_peer.admit(s.peer(), s.connection(), limits.sessions_per_peer);
-                            forward(s, rx, itx).await
+                            forward(s, rx, itx, verifier).await
                         }
                         Ok(Accepted::Mcp(c)) if is_blocked(&blocked, c.peer()) => {
                             c.close("blocked");
@@ -183,6 +191,7 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         );
         let stall = b.transport.stall_redial;
         let session_limits = b.limits.session;
+        let verifier = verifier.clone();
         tokio::spawn(async move {
             let mut backoff = Duration::from_millis(50);
             let mut failures = 0u32;
@@ -206,7 +215,7 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
                                 backoff = Duration::from_millis(50);
                                 failures = 0;
                                 let conn = s.connection().clone();
-                                tokio::spawn(forward(s, rx, itx.clone()));
+                                tokio::spawn(forward(s, rx, itx.clone(), verifier.clone()));
                                 match stall {
                                     Some(min) => {
                                         if watch_for_stall(&conn, min).await {
@@ -272,6 +281,8 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         rate: b.limits.requests_per_second_per_peer,
         buckets: HashMap::new(),
         slowed: std::collections::BTreeMap::new(),
+        unverified: std::collections::BTreeMap::new(),
+        signer,
     };
     tokio::spawn(core.run(rx, irx));
     Ok(Node {
@@ -326,19 +337,26 @@ async fn watch_for_stall(conn: &quinn::Connection, min: Duration) -> bool {
 }
 
 /// Hands a session to the core and forwards its events, tagged with its connection id.
-async fn forward(s: Session, mut rx: mpsc::Receiver<SessionEvent>, itx: mpsc::Sender<Internal>) {
+/// Obligations and acks are verified here, on the session's own task (off the core, across
+/// cores): each must be signed end to end by the session's peer; the core sees only the
+/// signed object's bytes. What does not verify is dropped and reported.
+async fn forward(
+    s: Session,
+    mut rx: mpsc::Receiver<SessionEvent>,
+    itx: mpsc::Sender<Internal>,
+    verifier: Arc<Verifier>,
+) {
     let (peer, id) = (s.peer().clone(), s.connection().stable_id());
     if itx.send(Internal::Up(s)).await.is_err() {
         return;
     }
     while let Some(e) = rx.recv().await {
         let closed = matches!(e, SessionEvent::Closed(_));
-        if itx
-            .send(Internal::Event(peer.clone(), id, e))
-            .await
-            .is_err()
-            || closed
-        {
+        let msg = match verified(&verifier, &peer, e) {
+            Ok(e) => Internal::Event(peer.clone(), id, e),
+            Err(why) => Internal::Unverified(peer.clone(), why),
+        };
+        if itx.send(msg).await.is_err() || closed {
             return;
         }
     }
@@ -349,6 +367,29 @@ async fn forward(s: Session, mut rx: mpsc::Receiver<SessionEvent>, itx: mpsc::Se
             SessionEvent::Closed("events ended".into()),
         ))
         .await;
+}
+
+/// `e` with a custody object's signed envelope opened, if it is signed by `peer`; other
+/// events as they are.
+fn verified(verifier: &Verifier, peer: &AgentId, e: SessionEvent) -> Result<SessionEvent, String> {
+    let SessionEvent::Object { track, payload } = e else {
+        return Ok(e);
+    };
+    let kind = match track {
+        Track::Obligations => SignedKind::Obligation,
+        Track::Acks => SignedKind::Ack,
+        // Ledger messages carry their own signatures, checked by the ledger.
+        Track::Ledger => return Ok(SessionEvent::Object { track, payload }),
+    };
+    let opened = verifier.open(kind, &payload).map_err(|e| e.to_string())?;
+    // On a direct session the signer must be the peer TLS authenticated.
+    if &opened.signer != peer {
+        return Err(format!("signed by {}, not the session's peer", opened.signer));
+    }
+    Ok(SessionEvent::Object {
+        track,
+        payload: opened.payload,
+    })
 }
 
 struct Core {
@@ -385,6 +426,10 @@ struct Core {
     rate: u32,
     buckets: HashMap<AgentId, Bucket>,
     slowed: std::collections::BTreeMap<AgentId, u64>,
+    /// Objects dropped per peer because their signature did not verify.
+    unverified: std::collections::BTreeMap<AgentId, u64>,
+    /// Signs what custody sends.
+    signer: Arc<Signer>,
 }
 
 /// Obligations delivered through [`Node::deliver`], waiting for their acks.
@@ -643,6 +688,7 @@ impl Core {
                     applied,
                     peers: self.sessions.keys().cloned().collect(),
                     slowed: self.slowed.clone(),
+                    unverified: self.unverified.clone(),
                 });
             }
             Command::Honours(reply) => {
@@ -833,6 +879,13 @@ impl Core {
                 info!(%peer, "session up");
                 self.sessions.insert(peer.clone(), s);
                 let _ = self.events.send(NodeEvent::PeerUp(peer));
+            }
+            Internal::Unverified(peer, why) => {
+                let n = self.unverified.entry(peer.clone()).or_default();
+                *n += 1;
+                if *n == 1 || n.is_power_of_two() {
+                    warn!(%peer, reason = why, dropped = *n, "dropped an object whose signature does not verify");
+                }
             }
             Internal::Executed(payer, key, charge) => {
                 if let Some(l) = &mut self.ledger {
@@ -1055,7 +1108,9 @@ impl Core {
             };
             let datagram = t.channel == Channel::Datagram;
             let bytes = encode(&t.obligation);
+            let signer = self.signer.clone();
             tokio::spawn(async move {
+                let bytes = signer.sign(SignedKind::Obligation, &bytes);
                 if let Err(e) = s.send_group(Track::Obligations, &[bytes], datagram).await {
                     debug!(%e, "obligation not sent");
                 }
@@ -1071,7 +1126,9 @@ impl Core {
                 continue; // The custodian will redeliver; the ack is re-sent then.
             };
             let bytes = encode(&a.ack);
+            let signer = self.signer.clone();
             tokio::spawn(async move {
+                let bytes = signer.sign(SignedKind::Ack, &bytes);
                 if let Err(e) = s.send_group(Track::Acks, &[bytes], false).await {
                     debug!(%e, "ack not sent");
                 }

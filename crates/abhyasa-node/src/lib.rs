@@ -85,6 +85,9 @@ pub enum NodeError {
     /// The QUIC endpoint could not be built.
     #[error("endpoint: {0}")]
     Endpoint(#[from] abhyasa_moq::EndpointError),
+    /// The identity cannot sign end to end (its certificate key is not Ed25519).
+    #[error("identity: {0}")]
+    Identity(#[from] abhyasa_moq::IdentityError),
     /// The custodian refused the obligation.
     #[error("issue: {0}")]
     Issue(#[from] abhyasa_custody::IssueError),
@@ -171,6 +174,10 @@ pub struct Status {
     /// Objects dropped unread per peer by the rate limit
     /// ([`Limits::requests_per_second_per_peer`]) since the node started.
     pub slowed: BTreeMap<AgentId, u64>,
+    /// Obligations and acks dropped unread per session peer because their end-to-end
+    /// signature did not verify (unsigned, altered, not chaining to the deployment CA, or
+    /// signed by another agent than the session's peer) since the node started.
+    pub unverified: BTreeMap<AgentId, u64>,
 }
 
 /// Where the core sends an obligation's terminal record, keyed by its id (no broadcast).

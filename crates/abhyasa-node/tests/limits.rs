@@ -8,10 +8,10 @@ mod common;
 use std::time::{Duration, Instant};
 
 use abhyasa_custody::CustodianConfig;
-use abhyasa_moq::{Ca, Session, SessionEvent};
+use abhyasa_moq::Ca;
 use abhyasa_node::{Limits, Node};
-use abhyasa_wire::{AgentId, Outcome};
-use common::{free_addr, id, revoke};
+use abhyasa_wire::Outcome;
+use common::{free_addr, id, revoke, session};
 
 /// Waits until `conn` closes and returns its reason, or `None` if it is still open after
 /// `wait`.
@@ -23,35 +23,6 @@ async fn closed_within(conn: &quinn::Connection, wait: Duration) -> Option<Strin
         Ok(other) => Some(format!("{other:?}")),
         Err(_) => None,
     }
-}
-
-/// A custody session of `who` with the node, set up (its subscriptions granted).
-async fn session(ca: &Ca, who: &AgentId, node: &Node) -> (Session, quinn::Endpoint) {
-    let ep = abhyasa_moq::endpoint(
-        &ca.issue(who).unwrap(),
-        "127.0.0.1:0".parse().unwrap(),
-        &abhyasa_moq::TransportSettings::default(),
-    )
-    .unwrap();
-    let (s, mut rx) = Session::connect(&ep, node.local_addr(), node.agent(), who)
-        .await
-        .unwrap();
-    // The node has subscribed to all that is addressed to it: the session is up on its side.
-    tokio::time::timeout(Duration::from_secs(5), async {
-        let mut tracks = std::collections::BTreeSet::new();
-        while let Some(e) = rx.recv().await {
-            if let SessionEvent::PeerSubscribed(t) = e {
-                tracks.insert(format!("{t:?}"));
-                if tracks.len() == 3 {
-                    return;
-                }
-            }
-        }
-    })
-    .await
-    .expect("the node subscribed");
-    tokio::spawn(async move { while rx.recv().await.is_some() {} });
-    (s, ep)
 }
 
 /// A node `agent-a` with `limits`, storing under `dir`.
@@ -76,15 +47,15 @@ async fn a_session_past_the_per_peer_limit_replaces_the_oldest_and_others_stay()
     };
     let node = node_with(&ca, dir.path(), limits).await;
     let (b, c) = (id("agent-b"), id("agent-c"));
-    let (other, _ec) = session(&ca, &c, &node).await;
-    let (first, _e1) = session(&ca, &b, &node).await;
-    let (second, _e2) = session(&ca, &b, &node).await;
+    let (other, _rc, _ec) = session(&ca, &c, &node).await;
+    let (first, _r1, _e1) = session(&ca, &b, &node).await;
+    let (second, _r2, _e2) = session(&ca, &b, &node).await;
     // At the limit: both of b's sessions are up.
     let settle = Duration::from_millis(300);
     assert_eq!(closed_within(first.connection(), settle).await, None);
     assert_eq!(closed_within(second.connection(), settle).await, None);
     // One past it: the oldest goes, naming the limit.
-    let (third, _e3) = session(&ca, &b, &node).await;
+    let (third, _r3, _e3) = session(&ca, &b, &node).await;
     let reason = closed_within(first.connection(), Duration::from_secs(5))
         .await
         .expect("the oldest session is closed");
@@ -219,7 +190,7 @@ async fn ledger_messages_past_the_rate_are_dropped_and_counted() {
     };
     let node = node_with(&ca, dir.path(), limits).await;
     let b = id("agent-b");
-    let (s, _e) = session(&ca, &b, &node).await;
+    let (s, _r, _e) = session(&ca, &b, &node).await;
     let sent = 10 * u64::from(RATE);
     let started = Instant::now();
     for n in 0..sent {
