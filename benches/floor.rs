@@ -8,7 +8,7 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use abhyasa::custody::CustodianConfig;
-use abhyasa::moq::{endpoint, Ca, TransportSettings};
+use abhyasa::moq::{endpoint, Ca, SignedKind, Signer, TransportSettings, Verifier};
 use abhyasa::node::Node;
 use abhyasa::store::GroupConfig;
 use abhyasa::wire::{AgentId, Outcome};
@@ -151,6 +151,32 @@ fn floor(c: &mut Criterion) {
             })
         })
     });
+
+    // End-to-end signatures (issue #15): what each obligation and each ack costs its sender
+    // (sign) and its receiver (verify, the certificate already validated once and cached;
+    // and a first sight of a certificate, validated against the CA).
+    let signer = Signer::new(&ca.issue(&p).unwrap()).unwrap();
+    let cbor = abhyasa::wire::encode(&obligation(1, &a, 60_000));
+    let signed = signer.sign(SignedKind::Obligation, &cbor);
+    let verifier = Verifier::new(ca.certificate().clone());
+    g.bench_function("sign_obligation", |b| {
+        b.iter(|| signer.sign(SignedKind::Obligation, &cbor))
+    });
+    g.bench_function("verify_obligation_cached_certificate", |b| {
+        b.iter(|| verifier.open(SignedKind::Obligation, &signed).unwrap())
+    });
+    g.bench_function("verify_obligation_first_sight", |b| {
+        b.iter(|| {
+            Verifier::new(ca.certificate().clone())
+                .open(SignedKind::Obligation, &signed)
+                .unwrap()
+        })
+    });
+    println!(
+        "signed obligation: {} bytes of CBOR, {} bytes signed",
+        cbor.len(),
+        signed.len()
+    );
 
     for (name, linger) in [
         ("discharge_group_linger_500us", Duration::from_micros(500)),

@@ -107,7 +107,7 @@ impl Signer {
     pub fn new(identity: &Identity) -> Result<Self, IdentityError> {
         let key = SigningKey::from_pkcs8_der(&identity.key).map_err(|_| {
             IdentityError::KeyType(format!(
-                "{}: the certificate key is not Ed25519; reissue it (abhyasa init)",
+                "{}: the certificate key is not Ed25519, which end-to-end signing needs; reissue it (`abhyasa certs issue`)",
                 identity.agent
             ))
         })?;

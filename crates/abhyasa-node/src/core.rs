@@ -384,7 +384,10 @@ fn verified(verifier: &Verifier, peer: &AgentId, e: SessionEvent) -> Result<Sess
     let opened = verifier.open(kind, &payload).map_err(|e| e.to_string())?;
     // On a direct session the signer must be the peer TLS authenticated.
     if &opened.signer != peer {
-        return Err(format!("signed by {}, not the session's peer", opened.signer));
+        return Err(format!(
+            "signed by {}, not the session's peer",
+            opened.signer
+        ));
     }
     Ok(SessionEvent::Object {
         track,

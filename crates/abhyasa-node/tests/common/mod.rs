@@ -66,7 +66,11 @@ pub fn custodian() -> CustodianConfig {
 
 /// A raw custody session of `who` with the node, set up (the node subscribed to all three
 /// tracks addressed to it), with its events and endpoint.
-pub async fn session(ca: &Ca, who: &AgentId, node: &Node) -> (Session, mpsc::Receiver<SessionEvent>, quinn::Endpoint) {
+pub async fn session(
+    ca: &Ca,
+    who: &AgentId,
+    node: &Node,
+) -> (Session, mpsc::Receiver<SessionEvent>, quinn::Endpoint) {
     let ep = abhyasa_moq::endpoint(
         &ca.issue(who).unwrap(),
         "127.0.0.1:0".parse().unwrap(),
@@ -92,4 +96,3 @@ pub async fn session(ca: &Ca, who: &AgentId, node: &Node) -> (Session, mpsc::Rec
     .expect("the node subscribed");
     (s, rx, ep)
 }
-
