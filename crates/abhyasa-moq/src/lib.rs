@@ -14,6 +14,7 @@ pub mod endpoint;
 pub mod identity;
 pub mod impaired;
 pub mod mcp;
+pub mod relay;
 pub mod session;
 pub mod signed;
 
@@ -23,6 +24,7 @@ pub use endpoint::{
 pub use identity::{agent_of, Ca, Identity, IdentityError};
 pub use impaired::ImpairmentHandle;
 pub use mcp::{McpChannel, McpRole, McpSender};
+pub use relay::{RelayEvent, RelaySession};
 pub use session::{
     namespace, Accepted, SendError, Session, SessionError, SessionEvent, SessionLimits, Track,
 };

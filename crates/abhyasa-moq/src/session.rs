@@ -38,7 +38,7 @@ pub enum Track {
 }
 
 impl Track {
-    const ALL: [Track; 3] = [Track::Obligations, Track::Acks, Track::Ledger];
+    pub(crate) const ALL: [Track; 3] = [Track::Obligations, Track::Acks, Track::Ledger];
 
     fn prefix(self) -> &'static str {
         match self {
@@ -61,7 +61,7 @@ impl Track {
         }
     }
 
-    fn parse(name: &[u8]) -> Option<(Track, &[u8])> {
+    pub(crate) fn parse(name: &[u8]) -> Option<(Track, &[u8])> {
         Track::ALL.into_iter().find_map(|t| {
             name.strip_prefix(t.prefix().as_bytes())
                 .map(|rest| (t, rest))
@@ -135,7 +135,7 @@ mod code {
 
 const SETUP_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_CONTROL_BUFFER: usize = 1 << 17;
-const MAX_STREAM_BYTES: usize = 2 << 20;
+pub(crate) const MAX_STREAM_BYTES: usize = 2 << 20;
 
 #[derive(Default)]
 struct State {
@@ -580,12 +580,12 @@ impl Session {
                     return "control stream ended".into();
                 }
                 Err(e) => {
-                    close(&self.0.conn, &e);
+                    close_with(&self.0.conn, &e);
                     return format!("closed: {e}");
                 }
             };
             if let Err(e) = self.handle_control(msg, events).await {
-                close(&self.0.conn, &e);
+                close_with(&self.0.conn, &e);
                 return format!("closed: {e}");
             }
         }
@@ -863,7 +863,7 @@ impl Session {
                 Err(_) => continue, // A reset stream loses only itself.
             };
             if let Err(e) = self.handle_stream(&bytes, events).await {
-                close(&self.0.conn, &e);
+                close_with(&self.0.conn, &e);
                 return;
             }
         }
@@ -916,7 +916,7 @@ impl Session {
                     }
                 }
                 Err(e) => {
-                    close(&self.0.conn, &e);
+                    close_with(&self.0.conn, &e);
                     return;
                 }
             }
@@ -1015,7 +1015,7 @@ fn check_setup(
         Err(e) => Err(e),
     };
     checked.map_err(|e| {
-        close(conn, &e);
+        close_with(conn, &e);
         e.into()
     })
 }
@@ -1050,7 +1050,7 @@ pub(crate) async fn read_control(
     }
 }
 
-fn close(conn: &quinn::Connection, e: &MoqtError) {
+pub(crate) fn close_with(conn: &quinn::Connection, e: &MoqtError) {
     let code = u32::try_from(e.to_code()).unwrap_or(code::INTERNAL_ERROR);
     conn.close(code.into(), e.to_string().as_bytes());
 }

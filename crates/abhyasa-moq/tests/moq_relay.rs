@@ -51,6 +51,42 @@ impl Drop for Relay {
     }
 }
 
+/// Starts the relay (its certificate issued by `ca` for `relay`, files under `dir`) on a free
+/// loopback port, or says it skipped and returns `None` when there is no binary.
+fn start_relay(ca: &Ca, dir: &std::path::Path) -> Option<(Relay, SocketAddr, PathBuf)> {
+    let Some(bin) = relay_binary() else {
+        eprintln!(
+            "SKIPPED: no moq-relay binary (scripts/moq-relay.sh builds it; or set ABHYASA_MOQ_RELAY)"
+        );
+        return None;
+    };
+    ca.issue(&id("relay")).unwrap().save(dir).unwrap();
+    let port = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    // Anonymous sessions may publish and subscribe under `abhyasa/`: the relay does not read
+    // client certificates under a public grant (our end-to-end signatures are what will).
+    let relay = Relay(
+        Command::new(&bin)
+            .arg("--listen")
+            .arg(addr.to_string())
+            .arg("--listen-tls-cert")
+            .arg(dir.join("relay.pem"))
+            .arg("--listen-tls-key")
+            .arg(dir.join("relay.key"))
+            .args(["--listen-version", "moq-transport-14"])
+            .args(["--auth-public", "abhyasa/**"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    Some((relay, addr, bin))
+}
+
 /// One side's control stream, read with our codec.
 struct ControlStream {
     send: quinn::SendStream,
@@ -150,38 +186,11 @@ fn obligation(principal: &AgentId, agent: &AgentId) -> Obligation {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_obligation_reaches_its_agent_through_an_unmodified_moq_relay() {
-    let Some(bin) = relay_binary() else {
-        eprintln!(
-            "SKIPPED: no moq-relay binary (scripts/moq-relay.sh builds it; or set ABHYASA_MOQ_RELAY)"
-        );
-        return;
-    };
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::generate("relay-test").unwrap();
-    ca.issue(&id("relay")).unwrap().save(dir.path()).unwrap();
-    let port = std::net::UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    // Anonymous sessions may publish and subscribe under `abhyasa/`: the relay does not read
-    // client certificates under a public grant (our end-to-end signatures are what will).
-    let _relay = Relay(
-        Command::new(&bin)
-            .arg("--listen")
-            .arg(addr.to_string())
-            .arg("--listen-tls-cert")
-            .arg(dir.path().join("relay.pem"))
-            .arg("--listen-tls-key")
-            .arg(dir.path().join("relay.key"))
-            .args(["--listen-version", "moq-transport-14"])
-            .args(["--auth-public", "abhyasa/**"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let Some((_relay, addr, bin)) = start_relay(&ca, dir.path()) else {
+        return;
+    };
     // The relay listens once its socket is bound: retry the dial until then.
     let (principal, agent) = (id("principal"), id("agent-1"));
     let started = std::time::Instant::now();
@@ -331,4 +340,128 @@ async fn an_obligation_reaches_its_agent_through_an_unmodified_moq_relay() {
         got.len(),
         bin.display()
     );
+}
+
+/// Dials the relay as `agent` with a `RelaySession`, retrying until the relay listens.
+async fn relay_session(
+    ca: &Ca,
+    agent: &AgentId,
+    addr: SocketAddr,
+) -> (
+    abhyasa_moq::RelaySession,
+    tokio::sync::mpsc::Receiver<abhyasa_moq::RelayEvent>,
+    quinn::Endpoint,
+) {
+    let e = endpoint(
+        &ca.issue(agent).unwrap(),
+        "127.0.0.1:0".parse().unwrap(),
+        &TransportSettings::default(),
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    loop {
+        match tokio::time::timeout(
+            Duration::from_secs(2),
+            abhyasa_moq::RelaySession::connect(&e, addr, &id("relay"), agent),
+        )
+        .await
+        {
+            Ok(Ok((s, rx))) => return (s, rx, e),
+            _ if started.elapsed() < WAIT => tokio::time::sleep(Duration::from_millis(50)).await,
+            other => panic!("no relay session in {WAIT:?}: {other:?}"),
+        }
+    }
+}
+
+/// The next event `want` picks, within `WAIT`.
+async fn next_relay_event<T>(
+    rx: &mut tokio::sync::mpsc::Receiver<abhyasa_moq::RelayEvent>,
+    want: impl Fn(abhyasa_moq::RelayEvent) -> Option<T>,
+) -> T {
+    tokio::time::timeout(WAIT, async {
+        loop {
+            let e = rx.recv().await.expect("relay session events");
+            if let abhyasa_moq::RelayEvent::Closed(why) = &e {
+                panic!("relay session closed: {why}");
+            }
+            if let Some(t) = want(e) {
+                return t;
+            }
+        }
+    })
+    .await
+    .expect("a relay event in time")
+}
+
+/// Two nodes' `RelaySession`s meet at the unmodified relay with nothing configured but its
+/// address: each finds the other's namespace, subscribes to what is addressed to it, and is
+/// told when the other subscribed; then objects flow both ways on streams, and a datagram
+/// (each its own group) as well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_relay_sessions_find_each_other_and_exchange_objects() {
+    use abhyasa_moq::{RelayEvent, Track};
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate("relay-test").unwrap();
+    let Some((_relay, addr, _)) = start_relay(&ca, dir.path()) else {
+        return;
+    };
+    let (principal, agent) = (id("principal"), id("agent-1"));
+    let (p, mut prx, _pe) = relay_session(&ca, &principal, addr).await;
+    let (a, mut arx, _ae) = relay_session(&ca, &agent, addr).await;
+    // Each learns the other subscribed to all three tracks addressed to it.
+    for (rx, other) in [(&mut prx, &agent), (&mut arx, &principal)] {
+        let mut tracks = std::collections::BTreeSet::new();
+        while tracks.len() < 3 {
+            let t = next_relay_event(rx, |e| match e {
+                RelayEvent::PeerSubscribed { peer, track } => Some((peer, track)),
+                _ => None,
+            })
+            .await;
+            assert_eq!(&t.0, other);
+            tracks.insert(t.1);
+        }
+    }
+    assert!(p.is_subscribed(&agent, Track::Obligations));
+    assert!(!p.is_subscribed(&id("agent-2"), Track::Obligations));
+    // Until the far side's SUBSCRIBE_OK reaches us, objects could still be dropped by the
+    // relay (no subscriber yet): give the subscriptions a moment to settle.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let object = |from: &AgentId| {
+        let from = from.clone();
+        move |e| match e {
+            RelayEvent::Object {
+                from: f,
+                track,
+                payload,
+            } if f == from => Some((track, payload)),
+            _ => None,
+        }
+    };
+    p.send_group(&agent, Track::Obligations, &[b"obligation".to_vec()], false)
+        .await
+        .unwrap();
+    assert_eq!(
+        next_relay_event(&mut arx, object(&principal)).await,
+        (Track::Obligations, b"obligation".to_vec())
+    );
+    a.send_group(&principal, Track::Acks, &[b"ack".to_vec()], false)
+        .await
+        .unwrap();
+    assert_eq!(
+        next_relay_event(&mut prx, object(&agent)).await,
+        (Track::Acks, b"ack".to_vec())
+    );
+    p.send_group(&agent, Track::Obligations, &[b"best effort".to_vec()], true)
+        .await
+        .unwrap();
+    assert_eq!(
+        next_relay_event(&mut arx, object(&principal)).await,
+        (Track::Obligations, b"best effort".to_vec())
+    );
+    // Nobody subscribed for agent-2: nothing to send it on.
+    assert!(p
+        .send_group(&id("agent-2"), Track::Obligations, &[vec![1]], false)
+        .await
+        .is_err());
 }

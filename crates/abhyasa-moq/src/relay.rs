@@ -1,0 +1,681 @@
+//! Custody through an MOQT relay (draft-14; made against `moq-relay` 0.17 run unmodified).
+//!
+//! One QUIC session to the relay carries every logical peer. The node:
+//!
+//! - publishes its namespace `(abhyasa, v1, <self>)` (PUBLISH_NAMESPACE) and subscribes to the
+//!   prefix `(abhyasa, v1)` (SUBSCRIBE_NAMESPACE), so the relay tells it of every other node's
+//!   namespace (PUBLISH_NAMESPACE from the relay), now and when one comes back;
+//! - for each such namespace `(abhyasa, v1, X)`, subscribes to `to/<self>`, `acks/<self>` and
+//!   `ledger/<self>` there: what X addresses to it;
+//! - answers the SUBSCRIBEs the relay forwards for its own tracks `to|acks|ledger/<X>`: X is
+//!   listening, and custody re-offers what is pending for X.
+//!
+//! The relay does not authenticate who subscribes or publishes (`moq-relay --auth-public`
+//! admits anyone under the prefix): who sent an object is proven only by its end-to-end
+//! signature ([`crate::signed`]), which the node checks against the namespace the object came
+//! from. Anyone who reaches the relay can *read* what is published under the prefix: run the
+//! relay inside the deployment's own network, or behind its authentication.
+//!
+//! Group ids of each track start at the session's start time in microseconds, so a relay that
+//! still holds a track of an earlier session of ours never takes a new group for an old one.
+//! A datagram is always object 0 of its own group (the relay forwards datagrams only so).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use abhyasa_wire::moqt::{
+    Control, Filter, MoqtError, Namespace, ObjectBody, ObjectDatagram, StreamObject,
+    SubgroupHeader, SubgroupId,
+};
+use abhyasa_wire::AgentId;
+use tokio::sync::{mpsc, Mutex};
+
+use crate::session::{
+    client_setup, close_with, namespace, read_control, SendError, SessionError, Track,
+    MAX_STREAM_BYTES,
+};
+
+/// What the relay session tells its owner.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RelayEvent {
+    /// An object on a track `from` addresses to us (its namespace is `from`'s; the object's
+    /// own signature must still say so).
+    Object {
+        /// The namespace the object came from.
+        from: AgentId,
+        /// Which track.
+        track: Track,
+        /// The payload.
+        payload: Vec<u8>,
+    },
+    /// `peer` subscribed (through the relay) to our track for it.
+    PeerSubscribed {
+        /// Who.
+        peer: AgentId,
+        /// Which track.
+        track: Track,
+    },
+    /// The session with the relay ended.
+    Closed(String),
+}
+
+/// A request this side makes of the relay.
+#[derive(Clone, Debug)]
+enum Request {
+    PublishNamespace,
+    SubscribeNamespace,
+    Subscribe(AgentId, Track),
+}
+
+/// Subscriptions of ours and of others (through the relay) a session holds at most: a relay
+/// that forwards more is refused the rest.
+const MAX_SUBSCRIPTIONS: usize = 100_000;
+/// How long an object of an unknown alias waits for a pending SUBSCRIBE_OK.
+const ALIAS_WAIT: Duration = Duration::from_secs(1);
+/// The Maximum Request ID granted to the relay, raised by this much when it is blocked.
+const REQUEST_WINDOW: u64 = 1 << 16;
+
+#[derive(Default)]
+struct State {
+    next_request: u64,
+    peer_max_request: u64,
+    blocked: Vec<Request>,
+    blocked_reported: bool,
+    our_max_request: u64,
+    /// Our requests awaiting an answer.
+    requested: HashMap<u64, Request>,
+    /// Our subscriptions, pending or granted.
+    subscribed: HashSet<(AgentId, Track)>,
+    /// Granted subscriptions of ours: request id → (peer, track).
+    granted: HashMap<u64, (AgentId, Track)>,
+    /// Aliases the relay granted us.
+    inbound: HashMap<u64, (AgentId, Track)>,
+    /// Subscriptions the relay forwarded to our tracks: (peer, track) → (request id, alias).
+    outbound: HashMap<(AgentId, Track), (u64, u64)>,
+    next_alias: u64,
+    next_group: u64,
+}
+
+struct Inner {
+    me: AgentId,
+    relay: AgentId,
+    conn: quinn::Connection,
+    control: Mutex<quinn::SendStream>,
+    state: std::sync::Mutex<State>,
+    answered: tokio::sync::Notify,
+}
+
+/// A session with an MOQT relay carrying custody for every peer that meets us there.
+#[derive(Clone)]
+pub struct RelaySession(Arc<Inner>);
+
+impl std::fmt::Debug for RelaySession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RelaySession")
+            .field("me", &self.0.me)
+            .field("relay", &self.0.relay)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RelaySession {
+    /// Dials the relay at `addr`, whose certificate (from the deployment CA) must name
+    /// `relay`, and starts: our namespace published, theirs subscribed to.
+    pub async fn connect(
+        endpoint: &quinn::Endpoint,
+        addr: std::net::SocketAddr,
+        relay: &AgentId,
+        me: &AgentId,
+    ) -> Result<(RelaySession, mpsc::Receiver<RelayEvent>), SessionError> {
+        let setup = client_setup(endpoint, addr, relay, None, REQUEST_WINDOW).await?;
+        let first_group = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_micros() as u64)
+            .unwrap_or(0);
+        let state = State {
+            peer_max_request: setup.peer_max,
+            our_max_request: REQUEST_WINDOW,
+            next_alias: 1,
+            next_group: first_group,
+            ..State::default()
+        };
+        let session = RelaySession(Arc::new(Inner {
+            me: me.clone(),
+            relay: relay.clone(),
+            conn: setup.conn,
+            control: Mutex::new(setup.send),
+            state: std::sync::Mutex::new(state),
+            answered: tokio::sync::Notify::new(),
+        }));
+        let (tx, rx) = mpsc::channel(4_096);
+        let (s, events) = (session.clone(), tx.clone());
+        let (recv, buf) = (setup.recv, setup.buf);
+        tokio::spawn(async move {
+            let start = async {
+                s.request(Request::PublishNamespace).await?;
+                s.request(Request::SubscribeNamespace).await
+            };
+            if let Err(e) = start.await {
+                let _ = events.send(RelayEvent::Closed(e)).await;
+                return;
+            }
+            let reason = s.control_loop(recv, buf, &events).await;
+            let _ = events.send(RelayEvent::Closed(reason)).await;
+        });
+        let (s, events) = (session.clone(), tx.clone());
+        tokio::spawn(async move { s.streams_loop(&events).await });
+        let s = session.clone();
+        tokio::spawn(async move { s.datagrams_loop(&tx).await });
+        Ok((session, rx))
+    }
+
+    /// The relay's name.
+    pub fn relay(&self) -> &AgentId {
+        &self.0.relay
+    }
+
+    /// The QUIC connection to the relay.
+    pub fn connection(&self) -> &quinn::Connection {
+        &self.0.conn
+    }
+
+    /// Whether `peer` subscribed (through the relay) to our `track` for it.
+    pub fn is_subscribed(&self, peer: &AgentId, track: Track) -> bool {
+        self.state().outbound.contains_key(&(peer.clone(), track))
+    }
+
+    /// Closes the session with the relay.
+    pub fn close(&self, reason: &str) {
+        self.0.conn.close(0u32.into(), reason.as_bytes());
+    }
+
+    /// Sends one group of objects on our `track` for `peer`. `datagram`: each object as an
+    /// OBJECT_DATAGRAM of its own group when it fits the path, else one subgroup stream.
+    pub async fn send_group(
+        &self,
+        peer: &AgentId,
+        track: Track,
+        payloads: &[Vec<u8>],
+        datagram: bool,
+    ) -> Result<(), SendError> {
+        let limit = self.0.conn.max_datagram_size();
+        let fits = |p: &Vec<u8>| limit.is_some_and(|l| p.len() + 24 <= l);
+        let as_datagrams = datagram && payloads.iter().all(fits);
+        let (alias, group) = {
+            let mut st = self.state();
+            let Some(&(_, alias)) = st.outbound.get(&(peer.clone(), track)) else {
+                return Err(SendError::NotSubscribed(track));
+            };
+            let group = st.next_group;
+            st.next_group += if as_datagrams {
+                payloads.len() as u64
+            } else {
+                1
+            };
+            (alias, group)
+        };
+        if as_datagrams {
+            for (i, p) in payloads.iter().enumerate() {
+                let d = ObjectDatagram {
+                    track_alias: alias,
+                    group: group + i as u64,
+                    object_id: None,
+                    priority: 0,
+                    extensions: None,
+                    end_of_group: true,
+                    body: ObjectBody::Payload(p.clone()),
+                };
+                self.0
+                    .conn
+                    .send_datagram(d.encode().into())
+                    .map_err(|e| SendError::Closed(e.to_string()))?;
+            }
+            return Ok(());
+        }
+        let mut out = Vec::new();
+        SubgroupHeader {
+            track_alias: alias,
+            group,
+            subgroup: SubgroupId::Zero,
+            priority: 0,
+            extensions: false,
+            end_of_group: true,
+        }
+        .encode(&mut out);
+        for p in payloads {
+            StreamObject {
+                object_id_delta: 0,
+                extensions: vec![],
+                body: ObjectBody::Payload(p.clone()),
+            }
+            .encode(false, &mut out);
+        }
+        let closed = |e: &dyn std::fmt::Display| SendError::Closed(e.to_string());
+        let mut stream = self.0.conn.open_uni().await.map_err(|e| closed(&e))?;
+        stream.write_all(&out).await.map_err(|e| closed(&e))?;
+        stream.finish().map_err(|e| closed(&e))?;
+        Ok(())
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.0.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    async fn write_control(&self, msg: Control) -> Result<(), String> {
+        let mut out = Vec::new();
+        msg.encode(&mut out);
+        self.0
+            .control
+            .lock()
+            .await
+            .write_all(&out)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// Sends `req` now if the relay's Maximum Request ID allows, else queues it and reports
+    /// REQUESTS_BLOCKED once.
+    async fn request(&self, req: Request) -> Result<(), String> {
+        let (id, blocked_at) = {
+            let mut st = self.state();
+            if st.next_request < st.peer_max_request {
+                let id = st.next_request;
+                st.next_request += 2;
+                st.requested.insert(id, req.clone());
+                (Some(id), None)
+            } else {
+                st.blocked.push(req.clone());
+                let report = !st.blocked_reported;
+                st.blocked_reported = true;
+                (None, report.then_some(st.peer_max_request))
+            }
+        };
+        if let Some(max) = blocked_at {
+            return self.write_control(Control::RequestsBlocked { max }).await;
+        }
+        let Some(request_id) = id else {
+            return Ok(());
+        };
+        let msg = match req {
+            Request::PublishNamespace => Control::PublishNamespace {
+                request_id,
+                namespace: namespace(&self.0.me),
+                params: vec![],
+            },
+            Request::SubscribeNamespace => Control::SubscribeNamespace {
+                request_id,
+                prefix: Namespace::from_strs(&["abhyasa", "v1"]),
+                params: vec![],
+            },
+            Request::Subscribe(peer, track) => Control::Subscribe {
+                request_id,
+                namespace: namespace(&peer),
+                name: track.name(&self.0.me),
+                priority: 0,
+                group_order: 1,
+                forward: 1,
+                filter: Filter::LargestObject,
+                params: vec![],
+            },
+        };
+        self.write_control(msg).await
+    }
+
+    async fn control_loop(
+        &self,
+        mut recv: quinn::RecvStream,
+        mut buf: Vec<u8>,
+        events: &mpsc::Sender<RelayEvent>,
+    ) -> String {
+        loop {
+            let msg = match read_control(&mut recv, &mut buf).await {
+                Ok(Some(m)) => m,
+                Ok(None) => {
+                    if let Some(reason) = self.0.conn.close_reason() {
+                        return format!("closed: {reason}");
+                    }
+                    self.close("control stream ended");
+                    return "control stream ended".into();
+                }
+                Err(e) => {
+                    close_with(&self.0.conn, &e);
+                    return format!("closed: {e}");
+                }
+            };
+            if let Err(e) = self.handle_control(msg, events).await {
+                close_with(&self.0.conn, &e);
+                return format!("closed: {e}");
+            }
+        }
+    }
+
+    /// A request id of the relay's: below our grant, or the session ends.
+    fn check_request_id(&self, id: u64) -> Result<(), MoqtError> {
+        if id >= self.state().our_max_request {
+            return Err(MoqtError::TooManyRequests {
+                limit: self.state().our_max_request,
+            });
+        }
+        Ok(())
+    }
+
+    /// The peer whose namespace `ns` is, if it is another Abhyasa node's.
+    fn peer_of(&self, ns: &Namespace) -> Option<AgentId> {
+        match ns.0.as_slice() {
+            [a, v, id] if a == b"abhyasa" && v == b"v1" => std::str::from_utf8(id)
+                .ok()
+                .and_then(|s| AgentId::new(s).ok())
+                .filter(|p| *p != self.0.me),
+            _ => None,
+        }
+    }
+
+    async fn handle_control(
+        &self,
+        msg: Control,
+        events: &mpsc::Sender<RelayEvent>,
+    ) -> Result<(), MoqtError> {
+        let io = |_| MoqtError::ProtocolViolation("control stream write failed");
+        match msg {
+            Control::SubscribeNamespace { request_id, .. } => {
+                // The relay asks which namespaces we publish: ours, announced already.
+                self.check_request_id(request_id)?;
+                self.write_control(Control::SubscribeNamespaceOk { request_id })
+                    .await
+                    .map_err(io)?;
+            }
+            Control::PublishNamespace {
+                request_id,
+                namespace: ns,
+                ..
+            } => {
+                self.check_request_id(request_id)?;
+                self.write_control(Control::PublishNamespaceOk { request_id })
+                    .await
+                    .map_err(io)?;
+                if let Some(peer) = self.peer_of(&ns) {
+                    let new: Vec<Track> = {
+                        let mut st = self.state();
+                        Track::ALL
+                            .into_iter()
+                            .filter(|t| {
+                                st.subscribed.len() < MAX_SUBSCRIPTIONS
+                                    && st.subscribed.insert((peer.clone(), *t))
+                            })
+                            .collect()
+                    };
+                    for t in new {
+                        self.request(Request::Subscribe(peer.clone(), t))
+                            .await
+                            .map_err(io)?;
+                    }
+                }
+            }
+            Control::PublishNamespaceDone { namespace: ns } => {
+                if let Some(peer) = self.peer_of(&ns) {
+                    let mut st = self.state();
+                    st.subscribed.retain(|(p, _)| *p != peer);
+                    st.inbound.retain(|_, (p, _)| *p != peer);
+                    st.granted.retain(|_, (p, _)| *p != peer);
+                }
+            }
+            Control::Subscribe {
+                request_id,
+                namespace: ns,
+                name,
+                ..
+            } => {
+                self.check_request_id(request_id)?;
+                let wanted = (ns == namespace(&self.0.me))
+                    .then(|| Track::parse(&name))
+                    .flatten()
+                    .and_then(|(t, rest)| {
+                        let peer = AgentId::new(std::str::from_utf8(rest).ok()?).ok()?;
+                        Some((peer, t))
+                    });
+                let granted = wanted.and_then(|(peer, track)| {
+                    let mut st = self.state();
+                    let key = (peer.clone(), track);
+                    if st.outbound.len() >= MAX_SUBSCRIPTIONS && !st.outbound.contains_key(&key) {
+                        return None;
+                    }
+                    let alias = st.next_alias;
+                    st.next_alias += 1;
+                    st.outbound.insert(key, (request_id, alias));
+                    Some((peer, track, alias))
+                });
+                match granted {
+                    Some((peer, track, alias)) => {
+                        self.write_control(Control::SubscribeOk {
+                            request_id,
+                            track_alias: alias,
+                            expires: 0,
+                            group_order: 1,
+                            largest: None,
+                            params: vec![],
+                        })
+                        .await
+                        .map_err(io)?;
+                        let _ = events
+                            .send(RelayEvent::PeerSubscribed { peer, track })
+                            .await;
+                    }
+                    None => {
+                        self.write_control(Control::SubscribeError {
+                            request_id,
+                            code: 0x4,
+                            reason: "no such track here".into(),
+                        })
+                        .await
+                        .map_err(io)?;
+                    }
+                }
+            }
+            Control::Unsubscribe { request_id } => {
+                let ended = {
+                    let mut st = self.state();
+                    let key = st
+                        .outbound
+                        .iter()
+                        .find(|(_, (id, _))| *id == request_id)
+                        .map(|(k, _)| k.clone());
+                    key.map(|k| st.outbound.remove(&k))
+                };
+                if ended.is_some() {
+                    self.write_control(Control::PublishDone {
+                        request_id,
+                        status: 0x3,
+                        stream_count: 0,
+                        reason: String::new(),
+                    })
+                    .await
+                    .map_err(io)?;
+                }
+            }
+            Control::SubscribeOk {
+                request_id,
+                track_alias,
+                ..
+            } => {
+                let mut st = self.state();
+                match st.requested.remove(&request_id) {
+                    Some(Request::Subscribe(peer, track)) => {
+                        st.inbound.insert(track_alias, (peer.clone(), track));
+                        st.granted.insert(request_id, (peer, track));
+                    }
+                    _ => {
+                        return Err(MoqtError::ProtocolViolation(
+                            "SUBSCRIBE_OK for no subscription",
+                        ))
+                    }
+                }
+                drop(st);
+                self.0.answered.notify_waiters();
+            }
+            Control::SubscribeError {
+                request_id, reason, ..
+            } => {
+                let req = self.state().requested.remove(&request_id);
+                if let Some(Request::Subscribe(peer, track)) = req {
+                    // Asked again when the relay next announces that namespace.
+                    self.state().subscribed.remove(&(peer.clone(), track));
+                    tracing::debug!(%peer, ?track, reason, "relay refused a subscription");
+                }
+                self.0.answered.notify_waiters();
+            }
+            Control::PublishDone { request_id, .. } => {
+                let mut st = self.state();
+                if let Some(key) = st.granted.remove(&request_id) {
+                    st.inbound.retain(|_, v| *v != key);
+                    st.subscribed.remove(&key);
+                }
+            }
+            Control::PublishNamespaceError { reason, .. } => {
+                // Without our namespace nobody can subscribe to us: nothing to do here.
+                tracing::warn!(relay = %self.0.relay, reason, "the relay refused our namespace");
+                self.close(&format!("the relay refused our namespace: {reason}"));
+            }
+            Control::SubscribeNamespaceError { reason, .. } => {
+                tracing::warn!(relay = %self.0.relay, reason, "the relay refused the namespace prefix");
+                self.close(&format!("the relay refused the namespace prefix: {reason}"));
+            }
+            Control::MaxRequestId { request_id: max } => {
+                let waiting = {
+                    let mut st = self.state();
+                    if max <= st.peer_max_request {
+                        return Err(MoqtError::ProtocolViolation(
+                            "MAX_REQUEST_ID did not increase",
+                        ));
+                    }
+                    st.peer_max_request = max;
+                    st.blocked_reported = false;
+                    std::mem::take(&mut st.blocked)
+                };
+                for req in waiting {
+                    self.request(req).await.map_err(io)?;
+                }
+            }
+            Control::RequestsBlocked { .. } => {
+                let max = {
+                    let mut st = self.state();
+                    st.our_max_request += REQUEST_WINDOW;
+                    st.our_max_request
+                };
+                self.write_control(Control::MaxRequestId { request_id: max })
+                    .await
+                    .map_err(io)?;
+            }
+            Control::Goaway { .. } => {
+                tracing::info!(relay = %self.0.relay, "relay is going away");
+                self.close("goaway");
+            }
+            Control::ClientSetup { .. } | Control::ServerSetup { .. } => {
+                return Err(MoqtError::ProtocolViolation("setup after setup"));
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The (peer, track) `alias` names, waiting briefly while a subscription of ours awaits
+    /// its answer (see `Session`: objects may overtake their SUBSCRIBE_OK).
+    async fn inbound(&self, alias: u64) -> Option<(AgentId, Track)> {
+        let deadline = tokio::time::Instant::now() + ALIAS_WAIT;
+        loop {
+            let answered = self.0.answered.notified();
+            tokio::pin!(answered);
+            answered.as_mut().enable();
+            {
+                let st = self.state();
+                if let Some(v) = st.inbound.get(&alias) {
+                    return Some(v.clone());
+                }
+                if !st
+                    .requested
+                    .values()
+                    .any(|r| matches!(r, Request::Subscribe(..)))
+                {
+                    return None;
+                }
+            }
+            if tokio::time::timeout_at(deadline, answered).await.is_err() {
+                return None;
+            }
+        }
+    }
+
+    async fn streams_loop(&self, events: &mpsc::Sender<RelayEvent>) {
+        while let Ok(mut recv) = self.0.conn.accept_uni().await {
+            let Ok(bytes) = recv.read_to_end(MAX_STREAM_BYTES).await else {
+                continue; // A reset stream loses only itself.
+            };
+            if let Err(e) = self.handle_stream(&bytes, events).await {
+                close_with(&self.0.conn, &e);
+                return;
+            }
+        }
+    }
+
+    async fn handle_stream(
+        &self,
+        bytes: &[u8],
+        events: &mpsc::Sender<RelayEvent>,
+    ) -> Result<(), MoqtError> {
+        let Some((header, mut at)) = SubgroupHeader::decode(bytes)? else {
+            return Err(MoqtError::ProtocolViolation(
+                "stream ended inside its header",
+            ));
+        };
+        let target = self.inbound(header.track_alias).await;
+        // One object per group is what a node sends; more are ignored (custody re-offers).
+        let mut taken = 0;
+        while at < bytes.len() && taken < MAX_OBJECTS_PER_GROUP {
+            taken += 1;
+            let Some((object, used)) = StreamObject::decode(&bytes[at..], header.extensions)?
+            else {
+                return Err(MoqtError::ProtocolViolation(
+                    "stream ended inside an object",
+                ));
+            };
+            at += used;
+            if let (Some((from, track)), ObjectBody::Payload(payload)) = (&target, object.body) {
+                let _ = events
+                    .send(RelayEvent::Object {
+                        from: from.clone(),
+                        track: *track,
+                        payload,
+                    })
+                    .await;
+            }
+        }
+        Ok(())
+    }
+
+    async fn datagrams_loop(&self, events: &mpsc::Sender<RelayEvent>) {
+        while let Ok(d) = self.0.conn.read_datagram().await {
+            match ObjectDatagram::decode(&d) {
+                Ok(d) => {
+                    if let (Some((from, track)), ObjectBody::Payload(payload)) =
+                        (self.inbound(d.track_alias).await, d.body)
+                    {
+                        let _ = events
+                            .send(RelayEvent::Object {
+                                from,
+                                track,
+                                payload,
+                            })
+                            .await;
+                    }
+                }
+                Err(e) => {
+                    close_with(&self.0.conn, &e);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Objects taken from one subgroup stream.
+const MAX_OBJECTS_PER_GROUP: usize = 64;
