@@ -6,7 +6,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use abhyasa_custody::{Channel, Custodian, CustodianEvent, Receiver, ReceiverEvent};
-use abhyasa_moq::{Accepted, Session, SessionEvent, SignedKind, Signer, Track, Verifier};
+use abhyasa_moq::{
+    Accepted, RelayEvent, RelaySession, Session, SessionEvent, SignedKind, Signer, Track, Verifier,
+};
+
+use crate::link::Link;
 use abhyasa_store::{GroupCommit, GroupError, Op, Store};
 use abhyasa_wire::{decode, decode_obligation, encode, AgentId, CustodyAck, UnixMillis};
 use tokio::sync::{broadcast, mpsc};
@@ -75,7 +79,7 @@ impl Bucket {
 }
 
 pub(crate) enum Internal {
-    Up(Session),
+    Up(Link),
     Event(AgentId, usize, SessionEvent),
     /// An object from this session peer whose signature did not verify, and why.
     Unverified(AgentId, String),
@@ -256,6 +260,46 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         });
     }
 
+    // Relay loops: one session per relay, re-dialed after loss.
+    for (name, addr) in b.relays.clone() {
+        let (endpoint, itx, me, verifier) = (
+            endpoint.clone(),
+            itx.clone(),
+            agent.clone(),
+            verifier.clone(),
+        );
+        tokio::spawn(async move {
+            let mut backoff = Duration::from_millis(50);
+            let dial = async {
+                loop {
+                    match tokio::time::timeout(
+                        DIAL_ATTEMPT_LONG,
+                        RelaySession::connect(&endpoint, addr, &name, &me),
+                    )
+                    .await
+                    {
+                        Ok(Ok((r, rx))) => {
+                            info!(relay = %name, "relay session up");
+                            backoff = Duration::from_millis(50);
+                            let conn = r.connection().clone();
+                            tokio::spawn(forward_relay(r, rx, itx.clone(), verifier.clone()));
+                            conn.closed().await;
+                            info!(relay = %name, "relay session down");
+                        }
+                        Ok(Err(e)) => debug!(relay = %name, %e, "relay dial failed"),
+                        Err(_) => debug!(relay = %name, "relay dial attempt timed out"),
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+            };
+            tokio::select! {
+                () = dial => {}
+                () = itx.closed() => {}
+            }
+        });
+    }
+
     let core = Core {
         agent: agent.clone(),
         custodian,
@@ -347,7 +391,7 @@ async fn forward(
     verifier: Arc<Verifier>,
 ) {
     let (peer, id) = (s.peer().clone(), s.connection().stable_id());
-    if itx.send(Internal::Up(s)).await.is_err() {
+    if itx.send(Internal::Up(Link::Direct(s))).await.is_err() {
         return;
     }
     while let Some(e) = rx.recv().await {
@@ -369,6 +413,57 @@ async fn forward(
         .await;
 }
 
+/// Hands the peers met at a relay to the core and forwards their events, tagged with the
+/// relay connection's id. A peer is up (again) each time it subscribes to our tracks for it;
+/// objects are verified as on a direct session, the signer held to the namespace they came
+/// from. When the relay session ends, every peer met there is down.
+async fn forward_relay(
+    r: RelaySession,
+    mut rx: mpsc::Receiver<RelayEvent>,
+    itx: mpsc::Sender<Internal>,
+    verifier: Arc<Verifier>,
+) {
+    let id = r.connection().stable_id();
+    let mut met = std::collections::BTreeSet::new();
+    while let Some(e) = rx.recv().await {
+        let msgs = match e {
+            RelayEvent::PeerSubscribed { peer, track } => {
+                met.insert(peer.clone());
+                vec![
+                    Internal::Up(Link::Relayed(r.clone(), peer.clone())),
+                    Internal::Event(peer, id, SessionEvent::PeerSubscribed(track)),
+                ]
+            }
+            RelayEvent::Object {
+                from,
+                track,
+                payload,
+            } => vec![
+                match verified(&verifier, &from, SessionEvent::Object { track, payload }) {
+                    Ok(e) => Internal::Event(from, id, e),
+                    Err(why) => Internal::Unverified(from, why),
+                },
+            ],
+            RelayEvent::Closed(reason) => {
+                for peer in std::mem::take(&mut met) {
+                    let closed = SessionEvent::Closed(reason.clone());
+                    let _ = itx.send(Internal::Event(peer, id, closed)).await;
+                }
+                return;
+            }
+        };
+        for m in msgs {
+            if itx.send(m).await.is_err() {
+                return;
+            }
+        }
+    }
+    for peer in met {
+        let closed = SessionEvent::Closed("relay events ended".into());
+        let _ = itx.send(Internal::Event(peer, id, closed)).await;
+    }
+}
+
 /// `e` with a custody object's signed envelope opened, if it is signed by `peer`; other
 /// events as they are.
 fn verified(verifier: &Verifier, peer: &AgentId, e: SessionEvent) -> Result<SessionEvent, String> {
@@ -382,7 +477,8 @@ fn verified(verifier: &Verifier, peer: &AgentId, e: SessionEvent) -> Result<Sess
         Track::Ledger => return Ok(SessionEvent::Object { track, payload }),
     };
     let opened = verifier.open(kind, &payload).map_err(|e| e.to_string())?;
-    // On a direct session the signer must be the peer TLS authenticated.
+    // The signer must be the peer: the one TLS authenticated on a direct session, the owner
+    // of the namespace the object came from through a relay.
     if &opened.signer != peer {
         return Err(format!(
             "signed by {}, not the session's peer",
@@ -402,7 +498,7 @@ struct Core {
     group: GroupCommit,
     custodian_config: abhyasa_custody::CustodianConfig,
     receiver_config: abhyasa_custody::ReceiverConfig,
-    sessions: HashMap<AgentId, Session>,
+    sessions: HashMap<AgentId, Link>,
     events: broadcast::Sender<NodeEvent>,
     blocked: Blocked,
     endpoint: quinn::Endpoint,
@@ -873,15 +969,28 @@ impl Core {
     fn internal(&mut self, msg: Internal) {
         let t = now();
         match msg {
-            Internal::Up(s) => {
-                let peer = s.peer().clone();
+            Internal::Up(link) => {
+                let peer = link.peer().clone();
                 if is_blocked(&self.blocked, &peer) {
-                    s.close("blocked");
+                    link.close("blocked");
                     return;
                 }
-                info!(%peer, "session up");
-                self.sessions.insert(peer.clone(), s);
-                let _ = self.events.send(NodeEvent::PeerUp(peer));
+                // A peer met at a relay does not displace an open direct session with it.
+                let direct_open = |l: &Link| matches!(l, Link::Direct(_)) && l.is_open();
+                if matches!(link, Link::Relayed(..))
+                    && self.sessions.get(&peer).is_some_and(direct_open)
+                {
+                    return;
+                }
+                let same = self
+                    .sessions
+                    .get(&peer)
+                    .is_some_and(|l| l.stable_id() == link.stable_id());
+                self.sessions.insert(peer.clone(), link);
+                if !same {
+                    info!(%peer, "session up");
+                    let _ = self.events.send(NodeEvent::PeerUp(peer));
+                }
             }
             Internal::Unverified(peer, why) => {
                 let n = self.unverified.entry(peer.clone()).or_default();
@@ -930,7 +1039,7 @@ impl Core {
                     if self
                         .sessions
                         .get(&peer)
-                        .is_some_and(|s| s.connection().stable_id() == conn)
+                        .is_some_and(|s| s.stable_id() == conn)
                     {
                         self.sessions.remove(&peer);
                         info!(%peer, reason, "session down");

@@ -10,7 +10,7 @@ use abhyasa_ledger::{
     LedgerError, LedgerEvent, LedgerMessage, LedgerSigningKey, OpKey, OpState, OutgoingState,
     Permit, PersistToken, Receipt, Refusal, RootGrant, RootId, Signed, TransferId, Vector,
 };
-use abhyasa_moq::{Session, Track};
+use abhyasa_moq::Track;
 use abhyasa_store::{Op, Store};
 use abhyasa_wire::{decode, encode, AgentId, UnixMillis};
 use tokio::sync::oneshot;
@@ -613,7 +613,7 @@ impl LedgerPart {
     pub(crate) fn release(
         &mut self,
         now: UnixMillis,
-        sessions: &HashMap<AgentId, Session>,
+        sessions: &HashMap<AgentId, crate::link::Link>,
         mut executed: impl FnMut(Execute, Arc<dyn Executor>),
         events: &mut Vec<LedgerEvent>,
     ) -> bool {

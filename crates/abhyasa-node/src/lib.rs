@@ -20,6 +20,7 @@
 
 mod core;
 pub mod ledger;
+mod link;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -340,6 +341,7 @@ pub struct NodeBuilder {
     identity: Identity,
     listen: SocketAddr,
     peers: BTreeMap<AgentId, SocketAddr>,
+    relays: BTreeMap<AgentId, SocketAddr>,
     state_dir: Option<PathBuf>,
     transport: TransportSettings,
     custodian: CustodianConfig,
@@ -393,6 +395,18 @@ impl NodeBuilder {
     /// A peer to dial (and re-dial after loss).
     pub fn peer(mut self, agent: AgentId, addr: SocketAddr) -> Self {
         self.peers.insert(agent, addr);
+        self
+    }
+
+    /// An MOQT relay to meet peers at (draft-14; `moq-relay` 0.17 runs unmodified), dialed
+    /// and re-dialed after loss like a peer. Its certificate, from the deployment CA, must
+    /// name `name`. Through it the node publishes its namespace, finds every other node's
+    /// (SUBSCRIBE_NAMESPACE `abhyasa/v1`), subscribes to what each addresses to it, and
+    /// serves custody to whoever subscribes to its tracks; who sent an object is proven by its
+    /// end-to-end signature only. A relay restart is a partition: custody retries, and
+    /// re-offers when the peer subscribes again.
+    pub fn relay(mut self, name: AgentId, addr: SocketAddr) -> Self {
+        self.relays.insert(name, addr);
         self
     }
 
@@ -466,6 +480,7 @@ impl Node {
             identity,
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             peers: BTreeMap::new(),
+            relays: BTreeMap::new(),
             state_dir: None,
             transport: TransportSettings::default(),
             custodian: CustodianConfig::default(),
