@@ -447,6 +447,9 @@ struct NodeConfig {
     admin_allow_remote: bool,
     #[serde(default)]
     peers: Vec<PeerConfig>,
+    /// MOQT relays to meet peers at (`[[relays]] url = "moqt://host:port"`).
+    #[serde(default)]
+    relays: Vec<RelayConfig>,
     #[serde(default)]
     custody: CustodyConfig,
     #[serde(default)]
@@ -544,6 +547,38 @@ impl TransportConfig {
                 .then(|| Duration::from_millis(self.stall_redial_ms)),
             ..TransportSettings::default()
         })
+    }
+}
+
+/// An MOQT relay (draft-14, e.g. `moq-relay` 0.17) the node meets its peers at.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RelayConfig {
+    /// `moqt://host:port`.
+    url: String,
+    /// The name the relay's certificate (issued by the deployment CA) carries; default
+    /// `relay`.
+    #[serde(default = "default_relay_name")]
+    name: String,
+}
+
+fn default_relay_name() -> String {
+    "relay".into()
+}
+
+impl RelayConfig {
+    /// The relay's address, from `moqt://host:port` (a name is resolved once, at start).
+    fn addr(&self) -> std::result::Result<SocketAddr, String> {
+        use std::net::ToSocketAddrs;
+        let rest = self
+            .url
+            .strip_prefix("moqt://")
+            .ok_or_else(|| format!("relay url {:?}: expected moqt://host:port", self.url))?;
+        rest.trim_end_matches('/')
+            .to_socket_addrs()
+            .map_err(|e| format!("relay url {:?}: {e}", self.url))?
+            .next()
+            .ok_or_else(|| format!("relay url {:?}: no address", self.url))
     }
 }
 
@@ -1224,6 +1259,10 @@ impl NodeConfig {
                 }
             }
         }
+        for r in &self.relays {
+            AgentId::new(r.name.clone()).map_err(|e| format!("relay name {:?}: {e}", r.name))?;
+            r.addr()?;
+        }
         Ok(())
     }
 }
@@ -1399,6 +1438,9 @@ async fn build_node(config: &NodeConfig) -> Result<Node> {
         if p.transport.as_deref().unwrap_or("moqt") == "moqt" {
             builder = builder.peer(AgentId::new(p.id.clone())?, p.addr()?);
         }
+    }
+    for r in &config.relays {
+        builder = builder.relay(AgentId::new(r.name.clone())?, r.addr()?);
     }
     if let Some(l) = &config.ledger {
         let executor: Option<Arc<dyn abhyasa_node::Executor>> = if l.gateway {
@@ -1639,5 +1681,50 @@ fn print_status(s: &StatusJson) {
     println!("\nrecently applied ({}):", s.applied.len());
     for a in s.applied.iter().rev().take(20) {
         println!("  {}  {} (from {})", a.id, a.says, a.issuer);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_config_text;
+
+    const BASE: &str = r#"
+agent = "agent-1"
+listen = "127.0.0.1:0"
+certs = "certs"
+state = "state"
+"#;
+
+    #[test]
+    fn a_relay_is_configured_by_url_and_name_and_bad_ones_are_refused() {
+        let with = |relays: &str| check_config_text(&format!("{BASE}{relays}"));
+        assert_eq!(
+            with("[[relays]]\nurl = \"moqt://127.0.0.1:4443\"\n"),
+            Ok(())
+        );
+        assert_eq!(
+            with("[[relays]]\nurl = \"moqt://127.0.0.1:4443/\"\nname = \"relay-eu.1\"\n"),
+            Ok(())
+        );
+        let refused = [
+            (
+                "[[relays]]\nurl = \"https://127.0.0.1:4443\"\n",
+                "expected moqt://host:port",
+            ),
+            ("[[relays]]\nurl = \"moqt://127.0.0.1\"\n", "relay url"),
+            (
+                "[[relays]]\nurl = \"moqt://127.0.0.1:1\"\nname = \"Relay/1\"\n",
+                "relay name",
+            ),
+            ("[[relays]]\nname = \"relay\"\n", "missing field `url`"),
+            (
+                "[[relays]]\nurl = \"moqt://127.0.0.1:1\"\nca = \"x\"\n",
+                "unknown field `ca`",
+            ),
+        ];
+        for (text, says) in refused {
+            let err = with(text).expect_err(text);
+            assert!(err.contains(says), "{text}: {err}");
+        }
     }
 }
