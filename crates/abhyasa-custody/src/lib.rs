@@ -125,6 +125,10 @@ pub enum Mutation {
     SupersededBeforeDuplicate,
     /// Receiver: no supersession check (an older decision overrides a newer one).
     NoSupersessionCheck,
+    /// Node (modelled by the simulation's network): an obligation or ack is handed to the
+    /// machine without checking its end-to-end signature, so what a relay altered or forged
+    /// is acted on.
+    AcceptUnverified,
 }
 
 /// The custodian's seeded RNG. Comparable and hashable by its exact stream position, so a

@@ -4,7 +4,8 @@
 //! ```text
 //!  seed ──▶ Scenario (swarm: network, faults, workload, timing)
 //!       ──▶ World: virtual clock · custodian + receivers + rogue · lossy, duplicating,
-//!                  reordering, partitioning network of encoded bytes · disks that keep only
+//!                  reordering, partitioning network of signed encoded bytes, with a relay
+//!                  on the path that alters, relabels and forges · disks that keep only
 //!                  committed records · crashes at any step, power loss after a commit
 //!       ──▶ checkers during the run and at its end ──▶ RunReport (violations)
 //! ```
@@ -28,7 +29,7 @@ pub use scenario::{NetParams, Scenario, TargetParams};
 pub use world::RunReport;
 
 /// Every mutant, by its command-line name.
-pub const MUTANTS: [(&str, Mutation); 14] = [
+pub const MUTANTS: [(&str, Mutation); 15] = [
     ("no_idempotency_check", Mutation::NoIdempotencyCheck),
     ("ack_before_persist", Mutation::AckBeforePersist),
     ("apply_after_deadline", Mutation::ApplyAfterDeadline),
@@ -64,6 +65,7 @@ pub const MUTANTS: [(&str, Mutation); 14] = [
         Mutation::SupersededBeforeDuplicate,
     ),
     ("no_supersession_check", Mutation::NoSupersessionCheck),
+    ("accept_unverified", Mutation::AcceptUnverified),
 ];
 
 /// The mutant with this command-line name.
@@ -145,6 +147,8 @@ mod tests {
             total.declines_malformed += r.declines_malformed;
             total.declines_refused += r.declines_refused;
             total.declines_superseded += r.declines_superseded;
+            total.tampered += r.tampered;
+            total.unverified += r.unverified;
         }
         assert!(total.applied > 0 && total.declined > 0 && total.escalated > 0);
         assert!(total.best_effort > 0 && total.crashes > 0 && total.reconciled > 0);
@@ -158,6 +162,8 @@ mod tests {
             "{total:?}"
         );
         assert!(total.declines_superseded > 0, "{total:?}");
+        // The tampering relay ran, and what it sent was dropped unread.
+        assert!(total.tampered > 0 && total.unverified > 0, "{total:?}");
     }
 
     #[test]

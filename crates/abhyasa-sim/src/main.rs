@@ -62,6 +62,8 @@ impl Totals for RunReport {
         self.declines_malformed += r.declines_malformed;
         self.declines_refused += r.declines_refused;
         self.declines_superseded += r.declines_superseded;
+        self.tampered += r.tampered;
+        self.unverified += r.unverified;
         (r.violations.len(), r.violations.into_iter().next())
     }
 }
@@ -180,9 +182,10 @@ fn main() -> ExitCode {
                 Err(code) => return code,
             };
             eprintln!(
-                "crashes={} reconciled={} resubscriptions={} full_refusals={} declines: malformed={} refused={} superseded={} failing_seeds={failing}",
+                "crashes={} reconciled={} resubscriptions={} full_refusals={} declines: malformed={} refused={} superseded={} relay: tampered={} unverified={} failing_seeds={failing}",
                 r.crashes, r.reconciled, r.resubscriptions, r.full_refusals,
-                r.declines_malformed, r.declines_refused, r.declines_superseded
+                r.declines_malformed, r.declines_refused, r.declines_superseded,
+                r.tampered, r.unverified
             );
             println!(
                 "custody: seeds={} obligations={} applied={} declined={} escalated={} best_effort={} violations={violations}",

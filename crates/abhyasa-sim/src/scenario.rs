@@ -36,6 +36,11 @@ pub struct NetParams {
     pub replay: f64,
     /// Probability that an obligation is also delivered to a target it does not name.
     pub misroute: f64,
+    /// Probability that the relay on the path sends, beside a message, a copy it altered (one
+    /// bit), relabelled (claimed from another node) or replaced by a forgery of its own (an
+    /// `applied` ack for some obligation, signed with the relay's own valid key and claimed
+    /// from the obligation's target). Every such copy must be dropped as unverified.
+    pub tamper: f64,
 }
 
 /// One target agent.
@@ -251,6 +256,7 @@ impl Scenario {
             } else {
                 0.0
             },
+            tamper: 0.0, // drawn last, below
         };
         let custodian = CustodianConfig {
             response_timeout_ms: rng.random_range(10..=150),
@@ -279,6 +285,12 @@ impl Scenario {
             max_clock_skew_ms: skew_limit,
             max_inflight: if rng.random_bool(0.2) { 1 } else { 4_096 },
             ..ReceiverConfig::default()
+        };
+        let mut net = net;
+        net.tamper = if rng.random_bool(0.4) {
+            rng.random_range(0.0..0.3)
+        } else {
+            0.0
         };
         Self {
             epoch,

@@ -18,12 +18,56 @@ use rand::Rng;
 use crate::oracle::{self, PrincipalOracle, ReceiverOracle};
 use crate::scenario::{Scenario, MAX_REPLAY};
 
-/// What crosses the simulated network: encoded bytes, as on a real link.
+/// What crosses the simulated network: encoded bytes, signed by their sender, as on a real
+/// link.
 #[derive(Clone, Debug)]
 enum Message {
-    Obligation(Vec<u8>),
-    Ack(Vec<u8>),
+    Obligation(Signed),
+    Ack(Signed),
 }
+
+impl Message {
+    fn signed(&self) -> &Signed {
+        match self {
+            Message::Obligation(s) | Message::Ack(s) => s,
+        }
+    }
+
+    fn signed_mut(&mut self) -> &mut Signed {
+        match self {
+            Message::Obligation(s) | Message::Ack(s) => s,
+        }
+    }
+}
+
+/// The simulation's stand-in for the COSE_Sign1 envelope (`abhyasa_moq::signed`): `tag` is a
+/// keyed digest of the bytes that only `signer`'s key produces. Before a machine sees a
+/// message the world checks the tag and that the signer is the node the message claims to
+/// come from — what a node does with the real envelope.
+#[derive(Clone, Debug)]
+struct Signed {
+    signer: usize,
+    bytes: Vec<u8>,
+    tag: u64,
+}
+
+impl Signed {
+    fn new(signer: usize, bytes: Vec<u8>) -> Self {
+        let tag = signature(signer, &bytes);
+        Self { signer, bytes, tag }
+    }
+}
+
+/// The digest only `signer`'s key produces (the model: nobody else ever computes it for them).
+fn signature(signer: usize, bytes: &[u8]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (0x6162_6879_6173_61u64, signer, bytes).hash(&mut h);
+    h.finish()
+}
+
+/// The relay on the path: a deployment member with its own valid key.
+const RELAY: usize = usize::MAX - 1;
 
 #[derive(Clone, Debug)]
 enum Event {
@@ -133,6 +177,11 @@ pub struct RunReport {
     pub lost: u64,
     /// Obligations applied more than once by a receiver.
     pub double_applied: u64,
+    /// Copies the relay altered, relabelled or forged.
+    pub tampered: u64,
+    /// Messages dropped because their signature did not verify (or did not name the node
+    /// they claimed to come from).
+    pub unverified: u64,
     /// Invariant violations found, described.
     pub violations: Vec<String>,
 }
@@ -328,9 +377,13 @@ impl World {
                 None => None,
             };
             if let Some(at) = at {
-                // Back into true time; a timer in the past is due now.
-                let t = (at.0 as i64 - node.skew - self.scenario.epoch as i64).max(self.now as i64)
-                    as u64;
+                // Back into true time; a timer in the past is due now. Wide arithmetic: a
+                // timer near `u64::MAX` (a deadline a relay altered, under the
+                // `accept_unverified` mutant) is far in the future, not wrapped into the past.
+                let t =
+                    (i128::from(at.0) - i128::from(node.skew) - i128::from(self.scenario.epoch))
+                        .max(i128::from(self.now));
+                let t = u64::try_from(t).unwrap_or(u64::MAX);
                 if best.is_none_or(|(b, _)| t < b) {
                     best = Some((t, i));
                 }
@@ -447,6 +500,13 @@ impl World {
         if self.nodes[to].machine.is_none() {
             return;
         }
+        let s = message.signed();
+        if s.tag != signature(s.signer, &s.bytes) || s.signer != from {
+            self.report.unverified += 1;
+            if self.scenario.custodian.mutation != Some(Mutation::AcceptUnverified) {
+                return;
+            }
+        }
         let now = self.time(to);
         let from_agent = if from == usize::MAX {
             self.rogue.clone()
@@ -455,7 +515,7 @@ impl World {
         };
         let unsupported = self.nodes[to].unsupported.clone();
         match (&mut self.nodes[to].machine, message) {
-            (Some(Machine::Receiver(r)), Message::Obligation(bytes)) => {
+            (Some(Machine::Receiver(r)), Message::Obligation(Signed { bytes, .. })) => {
                 match decode_obligation(&bytes) {
                     Ok(o) if unsupported.contains(&o.kind()) => {
                         r.handle_unreadable(
@@ -479,7 +539,7 @@ impl World {
                     },
                 }
             }
-            (Some(Machine::Custodian(c)), Message::Ack(bytes)) => {
+            (Some(Machine::Custodian(c)), Message::Ack(Signed { bytes, .. })) => {
                 match decode::<CustodyAck>(&bytes) {
                     Ok(ack) => {
                         c.handle_ack(now, &from_agent, ack);
@@ -531,7 +591,7 @@ impl World {
             Event::Deliver {
                 from: usize::MAX,
                 to: PRINCIPAL,
-                message: Message::Ack(encode(&ack)),
+                message: Message::Ack(Signed::new(usize::MAX, encode(&ack))),
             },
         );
     }
@@ -574,7 +634,7 @@ impl World {
                         _ => encode(&t.obligation),
                     };
                     if let Some(to) = self.nodes.iter().position(|n| n.agent == t.to) {
-                        sends.push((to, Message::Obligation(bytes)));
+                        sends.push((to, Message::Obligation(Signed::new(node, bytes))));
                     }
                 }
             }
@@ -618,7 +678,7 @@ impl World {
                         ));
                     }
                     if let Some(to) = self.nodes.iter().position(|n| n.agent == a.to) {
-                        sends.push((to, Message::Ack(encode(&a.ack))));
+                        sends.push((to, Message::Ack(Signed::new(node, encode(&a.ack)))));
                     }
                 }
             }
@@ -684,6 +744,9 @@ impl World {
                 self.deliver_at(self.now + net.delay, from, other, &message);
             }
         }
+        if net.tamper > 0.0 && self.rng.random_bool(net.tamper) {
+            self.tamper(from, to, &message);
+        }
         if self.rng.random_bool(net.replay) {
             // A stale copy, long after the original.
             let at = self.now + self.rng.random_range(200..=MAX_REPLAY);
@@ -712,6 +775,57 @@ impl World {
             }
             let delay = net.delay + self.rng.random_range(0..=net.jitter);
             self.deliver_at(self.now + delay, from, to, &message);
+        }
+    }
+
+    /// The relay on the path sends, beside `message`, a copy it altered, relabelled or replaced
+    /// by a forgery of its own. Each must be dropped as unverified before a machine sees it.
+    fn tamper(&mut self, from: usize, to: usize, message: &Message) {
+        self.report.tampered += 1;
+        let at = self.now + self.scenario.net.delay;
+        match self.rng.random_range(0..3u8) {
+            0 => {
+                // One bit of the signed bytes flipped.
+                let mut m = message.clone();
+                let bytes = &mut m.signed_mut().bytes;
+                if !bytes.is_empty() {
+                    let i = self.rng.random_range(0..bytes.len());
+                    bytes[i] ^= 1 << self.rng.random_range(0..8u32);
+                }
+                self.deliver_at(at, from, to, &m);
+            }
+            1 => {
+                // Claimed to come from another node (a namespace it does not own).
+                let n = self.nodes.len();
+                let other = (from.min(n - 1) + self.rng.random_range(1..n)) % n;
+                if other != from {
+                    self.deliver_at(at, other, to, message);
+                }
+            }
+            _ => {
+                // Forged: an `applied` ack for some obligation, signed by the relay and claimed
+                // from the obligation's target.
+                let issued: Vec<_> = self
+                    .issued
+                    .values()
+                    .map(|o| (o.id, o.target.clone()))
+                    .collect();
+                if issued.is_empty() {
+                    return;
+                }
+                let (id, target) = issued[self.rng.random_range(0..issued.len())].clone();
+                let Some(t) = self.nodes.iter().position(|n| n.agent == target) else {
+                    return;
+                };
+                let ack = CustodyAck {
+                    obligation_id: id,
+                    target,
+                    status: AckStatus::Applied,
+                    acked_at: UnixMillis(self.scenario.epoch + self.now),
+                };
+                let forged = Message::Ack(Signed::new(RELAY, encode(&ack)));
+                self.deliver_at(at, t, PRINCIPAL, &forged);
+            }
         }
     }
 
