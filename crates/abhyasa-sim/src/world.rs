@@ -62,7 +62,7 @@ impl Signed {
 fn signature(signer: usize, bytes: &[u8]) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    (0x6162_6879_6173_61u64, signer, bytes).hash(&mut h);
+    (0x0061_6268_7961_7361_u64, signer, bytes).hash(&mut h);
     h.finish()
 }
 
