@@ -538,7 +538,7 @@ async fn a_hostile_relay_causes_no_wrongful_apply_or_discharge() {
         loop {
             let s1 = a1.status().await.unwrap().unverified;
             let s2 = a2.status().await.unwrap().unverified;
-            if s1.get(&id("principal")).is_some() && s2.get(&id("principal")).is_some() {
+            if s1.contains_key(&id("principal")) && s2.contains_key(&id("principal")) {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
