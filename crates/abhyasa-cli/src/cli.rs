@@ -560,6 +560,10 @@ struct RelayConfig {
     /// `relay`.
     #[serde(default = "default_relay_name")]
     name: String,
+    /// Meet only these peers here (subscribe to their namespaces only); default: everyone.
+    /// Applies to every relay of the node.
+    #[serde(default)]
+    peers: Option<Vec<String>>,
 }
 
 fn default_relay_name() -> String {
@@ -1262,6 +1266,9 @@ impl NodeConfig {
         for r in &self.relays {
             AgentId::new(r.name.clone()).map_err(|e| format!("relay name {:?}: {e}", r.name))?;
             r.addr()?;
+            for p in r.peers.iter().flatten() {
+                AgentId::new(p.clone()).map_err(|e| format!("relay peer {p:?}: {e}"))?;
+            }
         }
         Ok(())
     }
@@ -1441,6 +1448,11 @@ async fn build_node(config: &NodeConfig) -> Result<Node> {
     }
     for r in &config.relays {
         builder = builder.relay(AgentId::new(r.name.clone())?, r.addr()?);
+        if let Some(peers) = &r.peers {
+            let peers: std::result::Result<Vec<_>, _> =
+                peers.iter().map(|p| AgentId::new(p.clone())).collect();
+            builder = builder.relay_peers(peers?);
+        }
     }
     if let Some(l) = &config.ledger {
         let executor: Option<Arc<dyn abhyasa_node::Executor>> = if l.gateway {
@@ -1706,6 +1718,10 @@ state = "state"
             with("[[relays]]\nurl = \"moqt://127.0.0.1:4443/\"\nname = \"relay-eu.1\"\n"),
             Ok(())
         );
+        assert_eq!(
+            with("[[relays]]\nurl = \"moqt://127.0.0.1:4443\"\npeers = [\"principal\"]\n"),
+            Ok(())
+        );
         let refused = [
             (
                 "[[relays]]\nurl = \"https://127.0.0.1:4443\"\n",
@@ -1720,6 +1736,10 @@ state = "state"
             (
                 "[[relays]]\nurl = \"moqt://127.0.0.1:1\"\nca = \"x\"\n",
                 "unknown field `ca`",
+            ),
+            (
+                "[[relays]]\nurl = \"moqt://127.0.0.1:1\"\npeers = [\"a b\"]\n",
+                "relay peer",
             ),
         ];
         for (text, says) in refused {

@@ -100,6 +100,8 @@ struct State {
 struct Inner {
     me: AgentId,
     relay: AgentId,
+    /// Whose namespaces to subscribe to; `None`: everyone's the relay announces.
+    interest: Option<HashSet<AgentId>>,
     conn: quinn::Connection,
     control: Mutex<quinn::SendStream>,
     state: std::sync::Mutex<State>,
@@ -121,12 +123,26 @@ impl std::fmt::Debug for RelaySession {
 
 impl RelaySession {
     /// Dials the relay at `addr`, whose certificate (from the deployment CA) must name
-    /// `relay`, and starts: our namespace published, theirs subscribed to.
+    /// `relay`, and starts: our namespace published, every other node's subscribed to.
     pub async fn connect(
         endpoint: &quinn::Endpoint,
         addr: std::net::SocketAddr,
         relay: &AgentId,
         me: &AgentId,
+    ) -> Result<(RelaySession, mpsc::Receiver<RelayEvent>), SessionError> {
+        Self::connect_with(endpoint, addr, relay, me, None).await
+    }
+
+    /// [`RelaySession::connect`], subscribing only to the namespaces of `interest` when it is
+    /// given (an agent that serves one principal needs only that principal's tracks; without
+    /// it every node subscribes to every other: three subscriptions per pair at the relay).
+    /// Anyone may still subscribe to *our* tracks for them.
+    pub async fn connect_with(
+        endpoint: &quinn::Endpoint,
+        addr: std::net::SocketAddr,
+        relay: &AgentId,
+        me: &AgentId,
+        interest: Option<HashSet<AgentId>>,
     ) -> Result<(RelaySession, mpsc::Receiver<RelayEvent>), SessionError> {
         let setup = client_setup(endpoint, addr, relay, None, REQUEST_WINDOW).await?;
         let first_group = SystemTime::now()
@@ -143,6 +159,7 @@ impl RelaySession {
         let session = RelaySession(Arc::new(Inner {
             me: me.clone(),
             relay: relay.clone(),
+            interest,
             conn: setup.conn,
             control: Mutex::new(setup.send),
             state: std::sync::Mutex::new(state),
@@ -394,7 +411,10 @@ impl RelaySession {
                 self.write_control(Control::PublishNamespaceOk { request_id })
                     .await
                     .map_err(io)?;
-                if let Some(peer) = self.peer_of(&ns) {
+                let wanted = self
+                    .peer_of(&ns)
+                    .filter(|p| self.0.interest.as_ref().is_none_or(|only| only.contains(p)));
+                if let Some(peer) = wanted {
                     let new: Vec<Track> = {
                         let mut st = self.state();
                         Track::ALL

@@ -464,4 +464,41 @@ async fn two_relay_sessions_find_each_other_and_exchange_objects() {
         .send_group(&id("agent-2"), Track::Obligations, &[vec![1]], false)
         .await
         .is_err());
+
+    // agent-2 means to meet only the principal there: the principal hears from it, agent-1
+    // does not (no subscriptions between the two agents at the relay).
+    let e2 = endpoint(
+        &ca.issue(&id("agent-2")).unwrap(),
+        "127.0.0.1:0".parse().unwrap(),
+        &TransportSettings::default(),
+    )
+    .unwrap();
+    let (_c, _crx) = abhyasa_moq::RelaySession::connect_with(
+        &e2,
+        addr,
+        &id("relay"),
+        &id("agent-2"),
+        Some([principal.clone()].into_iter().collect()),
+    )
+    .await
+    .unwrap();
+    let heard = next_relay_event(&mut prx, |e| match e {
+        RelayEvent::PeerSubscribed { peer, .. } => Some(peer),
+        _ => None,
+    })
+    .await;
+    assert_eq!(heard, id("agent-2"));
+    let from_agent_2 = tokio::time::timeout(Duration::from_millis(500), async {
+        loop {
+            match arx.recv().await {
+                Some(RelayEvent::PeerSubscribed { peer, .. }) if peer == id("agent-2") => {
+                    return peer
+                }
+                Some(_) => {}
+                None => std::future::pending::<()>().await,
+            }
+        }
+    })
+    .await;
+    assert!(from_agent_2.is_err(), "agent-2 subscribed to agent-1");
 }

@@ -268,13 +268,14 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
             agent.clone(),
             verifier.clone(),
         );
+        let interest = b.relay_interest.clone();
         tokio::spawn(async move {
             let mut backoff = Duration::from_millis(50);
             let dial = async {
                 loop {
                     match tokio::time::timeout(
                         DIAL_ATTEMPT_LONG,
-                        RelaySession::connect(&endpoint, addr, &name, &me),
+                        RelaySession::connect_with(&endpoint, addr, &name, &me, interest.clone()),
                     )
                     .await
                     {

@@ -342,6 +342,7 @@ pub struct NodeBuilder {
     listen: SocketAddr,
     peers: BTreeMap<AgentId, SocketAddr>,
     relays: BTreeMap<AgentId, SocketAddr>,
+    relay_interest: Option<std::collections::HashSet<AgentId>>,
     state_dir: Option<PathBuf>,
     transport: TransportSettings,
     custodian: CustodianConfig,
@@ -407,6 +408,14 @@ impl NodeBuilder {
     /// re-offers when the peer subscribes again.
     pub fn relay(mut self, name: AgentId, addr: SocketAddr) -> Self {
         self.relays.insert(name, addr);
+        self
+    }
+
+    /// At relays, subscribe only to these peers' namespaces (default: every node's the relay
+    /// announces). An agent that serves a few principals names them: without it, N nodes at
+    /// one relay hold 3·N·(N−1) subscriptions there (docs/SCALE.md).
+    pub fn relay_peers(mut self, peers: impl IntoIterator<Item = AgentId>) -> Self {
+        self.relay_interest = Some(peers.into_iter().collect());
         self
     }
 
@@ -481,6 +490,7 @@ impl Node {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             peers: BTreeMap::new(),
             relays: BTreeMap::new(),
+            relay_interest: None,
             state_dir: None,
             transport: TransportSettings::default(),
             custodian: CustodianConfig::default(),
