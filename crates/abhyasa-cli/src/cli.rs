@@ -345,6 +345,22 @@ enum SweepCommand {
         #[arg(long, default_value_t = 3)]
         runs: u32,
     },
+    /// One principal and N agents in this process, met directly and (with `moq-relay`
+    /// installed by scripts/moq-relay.sh) at the relay: obligations/s, latency, memory/node.
+    Fanout {
+        /// Agent counts, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "10,100,1000")]
+        agents: Vec<usize>,
+        /// Obligations per point, spread over the agents.
+        #[arg(long, default_value_t = 5_000)]
+        obligations: u64,
+        /// Obligations in flight at once.
+        #[arg(long, default_value_t = 256)]
+        window: usize,
+        /// Only the direct points, even when the relay is installed.
+        #[arg(long)]
+        direct_only: bool,
+    },
     /// Resident memory per pending obligation, and over a million obligations passed through.
     Memory {
         /// Obligations left pending (their agent unreachable).
@@ -891,6 +907,26 @@ async fn run(command: Command) -> Result<ExitCode> {
                         .await
                         .map(|r| print!("{}", sweep::recovery_csv(&sweep::recovery_medians(&r))))
                 }
+                SweepCommand::Fanout {
+                    agents,
+                    obligations,
+                    window,
+                    direct_only,
+                } => crate::fanout::fanout_to(
+                    &crate::fanout::FanoutSweep {
+                        agents,
+                        obligations,
+                        window,
+                        relay: if direct_only {
+                            None
+                        } else {
+                            crate::fanout::relay_binary()
+                        },
+                    },
+                    &out,
+                )
+                .await
+                .map(|p| print!("{}", crate::fanout::fanout_csv(&p))),
                 SweepCommand::Memory {
                     pending,
                     through,

@@ -8,6 +8,7 @@ pub mod admin;
 pub mod audit;
 mod cli;
 pub mod demo;
+pub mod fanout;
 pub mod ledger_cli;
 pub mod mcp_cli;
 pub mod soak;

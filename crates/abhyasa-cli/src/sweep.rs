@@ -115,7 +115,7 @@ fn temp_dir() -> Result<tempfile::TempDir, Error> {
     Ok(tempfile::tempdir_in(std::env::current_dir()?)?)
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
+pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
@@ -460,7 +460,7 @@ pub struct MemoryPoint {
 }
 
 /// This process's resident memory, KiB (Linux `/proc/self/status`).
-fn rss_kib() -> Result<u64, Error> {
+pub(crate) fn rss_kib() -> Result<u64, Error> {
     let status = std::fs::read_to_string("/proc/self/status")?;
     status
         .lines()

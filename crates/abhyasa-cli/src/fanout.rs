@@ -1,0 +1,319 @@
+//! `abhyasa sweep fanout`: one principal and N agents in this process, each a real node with its
+//! own redb file, meeting directly (the principal dials every agent) or at an unmodified
+//! `moq-relay` (each agent subscribing only to the principal's namespace). Per point: durable
+//! obligations per second with a bounded window in flight, issue→`applied` percentiles, time
+//! for every agent to be reachable, and resident memory per node.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use abhyasa_custody::CustodianConfig;
+use abhyasa_moq::Ca;
+use abhyasa_node::Node;
+use abhyasa_store::StoreConfig;
+use abhyasa_wire::{
+    AgentId, ConsentDecision, ConsentPayload, Obligation, ObligationId, Outcome, Payload, Scope,
+    UnixMillis,
+};
+
+use crate::sweep::{percentile, plot, rss_kib, unix_ms, write, Axes, Error, Series};
+
+/// What to sweep.
+#[derive(Clone, Debug)]
+pub struct FanoutSweep {
+    /// Agent counts.
+    pub agents: Vec<usize>,
+    /// Obligations issued per point, spread over the agents round-robin.
+    pub obligations: u64,
+    /// Obligations in flight at once.
+    pub window: usize,
+    /// The `moq-relay` binary: relay points run only with it.
+    pub relay: Option<PathBuf>,
+}
+
+/// One point.
+#[derive(Clone, Debug)]
+pub struct FanoutPoint {
+    /// `direct` or `relay`.
+    pub mode: &'static str,
+    /// Agents.
+    pub agents: usize,
+    /// Obligations issued.
+    pub obligations: u64,
+    /// Of them, ended other than `applied` (escalated at the deadline when the machine could
+    /// not keep up).
+    pub not_applied: u64,
+    /// Seconds from start until the principal could reach every agent.
+    pub connect_s: f64,
+    /// Obligations applied per second, first issue to last outcome.
+    pub per_s: f64,
+    /// Issue→applied, median and 99th percentile, ms.
+    pub p50_ms: f64,
+    /// See `p50_ms`.
+    pub p99_ms: f64,
+    /// Resident memory of the process with every node up, divided by the nodes, KiB.
+    pub kib_per_node: f64,
+}
+
+/// The relay process, killed when dropped.
+struct RelayProcess(Child);
+
+impl Drop for RelayProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `$ABHYASA_MOQ_RELAY`, or where `scripts/moq-relay.sh` installs it.
+pub fn relay_binary() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("ABHYASA_MOQ_RELAY") {
+        return Some(p.into());
+    }
+    let cache = std::env::var_os("ABHYASA_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/abhyasa")))?;
+    let bin = cache.join("moq-relay-0.17.10/bin/moq-relay");
+    bin.exists().then_some(bin)
+}
+
+/// A consent revocation `n` from `principal` to `target`.
+fn obligation(principal: &AgentId, target: &AgentId, n: u64) -> Result<Obligation, Error> {
+    let t = unix_ms();
+    Ok(Obligation {
+        id: ObligationId::from_u128((u128::from(t) << 40) | u128::from(n)),
+        issuer: principal.clone(),
+        target: target.clone(),
+        created_at: UnixMillis(t),
+        deadline: UnixMillis(t + 120_000),
+        max_retries: 1_000,
+        sequence: None,
+        payload: Payload::AnumatiConsent(ConsentPayload {
+            decision: Some(ConsentDecision::Revoke),
+            scope: Scope::new(format!("scope-{}", n % 8))?,
+        }),
+    })
+}
+
+/// One point: `agents` agents, met directly or at the relay `relay`.
+async fn point(s: &FanoutSweep, agents: usize, relay: Option<&Path>) -> Result<FanoutPoint, Error> {
+    let dir = tempfile::tempdir_in(std::env::current_dir()?)?;
+    let ca = Ca::generate("abhyasa-fanout")?;
+    let principal_id = AgentId::new("principal")?;
+    let store = StoreConfig {
+        cache_bytes: 1 << 20,
+        ..StoreConfig::default()
+    };
+    let _relay = match relay {
+        Some(bin) => {
+            ca.issue(&AgentId::new("relay")?)?.save(dir.path())?;
+            let port = std::net::UdpSocket::bind("127.0.0.1:0")?
+                .local_addr()?
+                .port();
+            let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse()?;
+            let child = Command::new(bin)
+                .arg("--listen")
+                .arg(addr.to_string())
+                .arg("--listen-tls-cert")
+                .arg(dir.path().join("relay.pem"))
+                .arg("--listen-tls-key")
+                .arg(dir.path().join("relay.key"))
+                .args(["--listen-version", "moq-transport-14"])
+                .args(["--auth-public", "abhyasa/**"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()?;
+            Some((RelayProcess(child), addr))
+        }
+        None => None,
+    };
+    let rss0 = rss_kib()?;
+    let started = Instant::now();
+    let mut nodes = Vec::with_capacity(agents);
+    let mut ids = Vec::with_capacity(agents);
+    for i in 0..agents {
+        let a = AgentId::new(format!("agent-{i}"))?;
+        let mut b = Node::builder(ca.issue(&a)?)
+            .state_dir(dir.path().join(a.as_str()))
+            .store(store.clone());
+        if let Some((_, addr)) = &_relay {
+            b = b
+                .relay(AgentId::new("relay")?, *addr)
+                .relay_peers([principal_id.clone()]);
+        }
+        nodes.push(b.build().await?);
+        ids.push(a);
+    }
+    let mut b = Node::builder(ca.issue(&principal_id)?)
+        .state_dir(dir.path().join("principal"))
+        .store(store.clone())
+        .custodian(CustodianConfig {
+            max_pending: usize::MAX,
+            max_pending_per_target: usize::MAX,
+            ..CustodianConfig::default()
+        });
+    match &_relay {
+        Some((_, addr)) => b = b.relay(AgentId::new("relay")?, *addr),
+        None => {
+            for (a, n) in ids.iter().zip(&nodes) {
+                b = b.peer(a.clone(), n.local_addr());
+            }
+        }
+    }
+    let principal = Arc::new(b.build().await?);
+    let reach = Instant::now() + Duration::from_secs(300);
+    loop {
+        let up = principal.status().await?.peers.len();
+        if up == agents {
+            break;
+        }
+        if Instant::now() > reach {
+            return Err(format!("{up} of {agents} agents reachable after 300 s").into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let connect_s = started.elapsed().as_secs_f64();
+    let kib_per_node = rss_kib()?.saturating_sub(rss0) as f64 / (agents + 1) as f64;
+
+    let window = Arc::new(tokio::sync::Semaphore::new(s.window.max(1)));
+    let mut tasks = tokio::task::JoinSet::new();
+    let started = Instant::now();
+    for n in 0..s.obligations {
+        let permit = window.clone().acquire_owned().await?;
+        let o = obligation(&principal_id, &ids[n as usize % agents], n)?;
+        let principal = principal.clone();
+        tasks.spawn(async move {
+            let t = Instant::now();
+            let h = principal.issue(o).await?;
+            let (record, _) = h.outcome().await.ok_or("the principal stopped")?;
+            drop(permit);
+            let applied = record.outcome == Outcome::Applied;
+            Ok::<_, Error>(applied.then(|| t.elapsed().as_secs_f64() * 1e3))
+        });
+    }
+    let mut ms = Vec::with_capacity(s.obligations as usize);
+    let mut not_applied = 0;
+    while let Some(r) = tasks.join_next().await {
+        match r?? {
+            Some(t) => ms.push(t),
+            None => not_applied += 1,
+        }
+    }
+    let took = started.elapsed().as_secs_f64();
+    ms.sort_by(f64::total_cmp);
+    let point = FanoutPoint {
+        mode: if relay.is_some() { "relay" } else { "direct" },
+        agents,
+        obligations: s.obligations,
+        not_applied,
+        connect_s,
+        per_s: ms.len() as f64 / took,
+        p50_ms: percentile(&ms, 0.5),
+        p99_ms: percentile(&ms, 0.99),
+        kib_per_node,
+    };
+    match Arc::try_unwrap(principal) {
+        Ok(p) => p.shutdown().await,
+        Err(_) => return Err("the principal is still shared".into()),
+    }
+    for n in nodes {
+        n.shutdown().await;
+    }
+    Ok(point)
+}
+
+/// Runs the sweep: every agent count directly, then (with the relay binary) through the relay.
+pub async fn fanout(s: &FanoutSweep) -> Result<Vec<FanoutPoint>, Error> {
+    let mut points = Vec::new();
+    let modes: Vec<Option<&Path>> = std::iter::once(None)
+        .chain(s.relay.as_deref().map(Some))
+        .collect();
+    for relay in modes {
+        for &n in &s.agents {
+            let p = point(s, n, relay).await?;
+            eprintln!(
+                "fanout: {} agents={} connect={:.1}s {:.0}/s p50={:.1}ms p99={:.1}ms {:.0} KiB/node not_applied={}",
+                p.mode, p.agents, p.connect_s, p.per_s, p.p50_ms, p.p99_ms, p.kib_per_node, p.not_applied
+            );
+            points.push(p);
+        }
+    }
+    if s.relay.is_none() {
+        eprintln!("fanout: SKIPPED the relay points: no moq-relay binary (scripts/moq-relay.sh)");
+    }
+    Ok(points)
+}
+
+/// The sweep as CSV.
+pub fn fanout_csv(points: &[FanoutPoint]) -> String {
+    let mut out = String::from(
+        "mode,agents,obligations,not_applied,connect_s,per_s,p50_ms,p99_ms,kib_per_node\n",
+    );
+    for p in points {
+        let _ = writeln!(
+            out,
+            "{},{},{},{},{:.2},{:.0},{:.2},{:.2},{:.0}",
+            p.mode,
+            p.agents,
+            p.obligations,
+            p.not_applied,
+            p.connect_s,
+            p.per_s,
+            p.p50_ms,
+            p.p99_ms,
+            p.kib_per_node
+        );
+    }
+    out
+}
+
+/// Runs the sweep and writes `fanout.csv`, `fanout.svg` (obligations/s) and
+/// `fanout-latency.svg` (p50, p99) under `out`.
+pub async fn fanout_to(s: &FanoutSweep, out: &Path) -> Result<Vec<FanoutPoint>, Error> {
+    let points = fanout(s).await?;
+    write(out, "fanout.csv", &fanout_csv(&points))?;
+    let line = |mode: &str, label: String, y: fn(&FanoutPoint) -> f64| Series {
+        label,
+        points: points
+            .iter()
+            .filter(|p| p.mode == mode)
+            .map(|p| (p.agents as f64, y(p)))
+            .collect(),
+    };
+    let modes: Vec<&str> = ["direct", "relay"]
+        .into_iter()
+        .filter(|m| points.iter().any(|p| p.mode == *m))
+        .collect();
+    plot(
+        &out.join("fanout.svg"),
+        &Axes {
+            title: "One principal, N agents: durable obligations per second",
+            x: "agents",
+            y: "obligations/s",
+            log_x: true,
+        },
+        &modes
+            .iter()
+            .map(|m| line(m, (*m).to_string(), |p| p.per_s))
+            .collect::<Vec<_>>(),
+    )?;
+    let mut latency = Vec::new();
+    for m in &modes {
+        latency.push(line(m, format!("{m} p50"), |p| p.p50_ms));
+        latency.push(line(m, format!("{m} p99"), |p| p.p99_ms));
+    }
+    plot(
+        &out.join("fanout-latency.svg"),
+        &Axes {
+            title: "One principal, N agents: issue to applied",
+            x: "agents",
+            y: "ms",
+            log_x: true,
+        },
+        &latency,
+    )?;
+    Ok(points)
+}
