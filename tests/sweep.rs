@@ -113,3 +113,50 @@ async fn memory_sweep_holds_obligations_pending_then_passes_them_through() {
     let svg = std::fs::read_to_string(out.path().join("memory.svg")).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("pending (agent unreachable)"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fanout_sweep_applies_everything_at_every_agent_count() {
+    use abhyasa_cli::fanout::{fanout_to, relay_binary, FanoutSweep};
+    let out = tempfile::tempdir().unwrap();
+    let relay = relay_binary();
+    if relay.is_none() {
+        eprintln!("fanout: relay points SKIPPED: no moq-relay binary (scripts/moq-relay.sh)");
+    }
+    let points = fanout_to(
+        &FanoutSweep {
+            agents: vec![1, 4],
+            obligations: 40,
+            window: 8,
+            relay: relay.clone(),
+        },
+        out.path(),
+    )
+    .await
+    .unwrap();
+    let modes = if relay.is_some() { 2 } else { 1 };
+    assert_eq!(points.len(), 2 * modes);
+    for p in &points {
+        assert_eq!((p.obligations, p.not_applied), (40, 0), "{p:?}");
+        assert!(
+            p.per_s > 0.0 && p.p50_ms > 0.0 && p.p99_ms >= p.p50_ms,
+            "{p:?}"
+        );
+    }
+    assert_eq!(
+        points
+            .iter()
+            .map(|p| (p.mode, p.agents))
+            .collect::<Vec<_>>()[..2],
+        [("direct", 1), ("direct", 4)]
+    );
+    let csv = std::fs::read_to_string(out.path().join("fanout.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 1 + points.len());
+    assert!(
+        csv.lines().nth(2).unwrap().starts_with("direct,4,40,0,"),
+        "{csv}"
+    );
+    for svg in ["fanout.svg", "fanout-latency.svg"] {
+        let text = std::fs::read_to_string(out.path().join(svg)).unwrap();
+        assert!(text.starts_with("<svg"), "{svg}");
+    }
+}
