@@ -114,7 +114,7 @@ impl Ca {
         Ok(Identity {
             agent: agent.clone(),
             chain: vec![cert.der().clone()],
-            key: key.serialize_der(),
+            key: ed25519_pkcs8_v1(&key.serialize_der())?,
             ca: self.cert.clone(),
         })
     }
@@ -213,6 +213,22 @@ pub fn agent_of(cert: &CertificateDer<'_>) -> Result<AgentId, IdentityError> {
     AgentId::new(name).map_err(|e| IdentityError::NoAgentId(e.to_string()))
 }
 
+/// An Ed25519 private key as PKCS#8 v1 (RFC 8410 §7: the algorithm and the 32-byte seed).
+/// ring writes v2 (with the public key appended), which OpenSSL's PEM reader — Python's `ssl`,
+/// curl, most TLS stacks of other ecosystems — refuses; rustls and ed25519-dalek read both.
+fn ed25519_pkcs8_v1(der: &[u8]) -> Result<Vec<u8>, IdentityError> {
+    use ed25519_dalek::pkcs8::DecodePrivateKey;
+    let key = ed25519_dalek::SigningKey::from_pkcs8_der(der)
+        .map_err(|e| IdentityError::KeyType(format!("not an Ed25519 PKCS#8 key: {e}")))?;
+    const PREFIX: [u8; 16] = [
+        0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04,
+        0x20,
+    ];
+    let mut out = PREFIX.to_vec();
+    out.extend_from_slice(key.as_bytes());
+    Ok(out)
+}
+
 fn pem_encode(label: &str, der: &[u8]) -> String {
     pem::encode(&pem::Pem::new(label, der.to_vec()))
 }
@@ -266,6 +282,12 @@ mod tests {
         let agent = AgentId::new("agent-1").unwrap();
         let id = ca.issue(&agent).unwrap();
         assert_eq!(agent_of(&id.chain[0]).unwrap(), agent);
+        // PKCS#8 v1 Ed25519 (48 bytes: RFC 8410's form, which OpenSSL reads).
+        assert_eq!(id.key.len(), 48);
+        assert_eq!(
+            &id.key[..16],
+            b"\x30\x2e\x02\x01\x00\x30\x05\x06\x03\x2b\x65\x70\x04\x22\x04\x20"
+        );
         id.save(dir.path()).unwrap();
         let loaded = Identity::load(dir.path(), &agent).unwrap();
         assert_eq!(loaded.chain, id.chain);
