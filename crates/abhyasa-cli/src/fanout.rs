@@ -6,7 +6,6 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -58,26 +57,9 @@ pub struct FanoutPoint {
     pub kib_per_node: f64,
 }
 
-/// The relay process, killed when dropped.
-struct RelayProcess(Child);
-
-impl Drop for RelayProcess {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// `$ABHYASA_MOQ_RELAY`, or where `scripts/moq-relay.sh` installs it.
+/// The `moq-relay` binary, when installed (`abhyasa_moq::moq_relay_binary`).
 pub fn relay_binary() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("ABHYASA_MOQ_RELAY") {
-        return Some(p.into());
-    }
-    let cache = std::env::var_os("ABHYASA_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/abhyasa")))?;
-    let bin = cache.join("moq-relay-0.17.10/bin/moq-relay");
-    bin.exists().then_some(bin)
+    abhyasa_moq::moq_relay_binary()
 }
 
 /// A consent revocation `n` from `principal` to `target`.
@@ -114,19 +96,8 @@ async fn point(s: &FanoutSweep, agents: usize, relay: Option<&Path>) -> Result<F
                 .local_addr()?
                 .port();
             let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse()?;
-            let child = Command::new(bin)
-                .arg("--listen")
-                .arg(addr.to_string())
-                .arg("--listen-tls-cert")
-                .arg(dir.path().join("relay.pem"))
-                .arg("--listen-tls-key")
-                .arg(dir.path().join("relay.key"))
-                .args(["--listen-version", "moq-transport-14"])
-                .args(["--auth-public", "abhyasa/**"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()?;
-            Some((RelayProcess(child), addr))
+            let relay = abhyasa_moq::MoqRelayProcess::spawn(bin, addr, dir.path())?;
+            Some((relay, addr))
         }
         None => None,
     };

@@ -24,7 +24,7 @@ pub use endpoint::{
 pub use identity::{agent_of, Ca, Identity, IdentityError};
 pub use impaired::ImpairmentHandle;
 pub use mcp::{McpChannel, McpRole, McpSender};
-pub use relay::{RelayEvent, RelaySession};
+pub use relay::{moq_relay_binary, MoqRelayProcess, RelayEvent, RelaySession};
 pub use session::{
     namespace, Accepted, SendError, Session, SessionError, SessionEvent, SessionLimits, Track,
 };

@@ -10,10 +10,9 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use abhyasa_moq::{endpoint, namespace, Ca, TransportSettings};
+use abhyasa_moq::{endpoint, moq_relay_binary, namespace, Ca, MoqRelayProcess, TransportSettings};
 use abhyasa_wire::moqt::{
     Control, Filter, KeyValue, Namespace, ObjectBody, StreamObject, SubgroupHeader, SubgroupId,
     DRAFT_14,
@@ -29,32 +28,10 @@ fn id(s: &str) -> AgentId {
     AgentId::new(s).unwrap()
 }
 
-/// `$ABHYASA_MOQ_RELAY`, or where `scripts/moq-relay.sh` installs it.
-fn relay_binary() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("ABHYASA_MOQ_RELAY") {
-        return Some(p.into());
-    }
-    let cache = std::env::var_os("ABHYASA_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/abhyasa")))?;
-    let bin = cache.join("moq-relay-0.17.10/bin/moq-relay");
-    bin.exists().then_some(bin)
-}
-
-/// The relay process, killed when dropped.
-struct Relay(Child);
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Starts the relay (its certificate issued by `ca` for `relay`, files under `dir`) on a free
 /// loopback port, or says it skipped and returns `None` when there is no binary.
-fn start_relay(ca: &Ca, dir: &std::path::Path) -> Option<(Relay, SocketAddr, PathBuf)> {
-    let Some(bin) = relay_binary() else {
+fn start_relay(ca: &Ca, dir: &std::path::Path) -> Option<(MoqRelayProcess, SocketAddr, PathBuf)> {
+    let Some(bin) = moq_relay_binary() else {
         eprintln!(
             "SKIPPED: no moq-relay binary (scripts/moq-relay.sh builds it; or set ABHYASA_MOQ_RELAY)"
         );
@@ -67,23 +44,7 @@ fn start_relay(ca: &Ca, dir: &std::path::Path) -> Option<(Relay, SocketAddr, Pat
         .unwrap()
         .port();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    // Anonymous sessions may publish and subscribe under `abhyasa/`: the relay does not read
-    // client certificates under a public grant (our end-to-end signatures are what will).
-    let relay = Relay(
-        Command::new(&bin)
-            .arg("--listen")
-            .arg(addr.to_string())
-            .arg("--listen-tls-cert")
-            .arg(dir.join("relay.pem"))
-            .arg("--listen-tls-key")
-            .arg(dir.join("relay.key"))
-            .args(["--listen-version", "moq-transport-14"])
-            .args(["--auth-public", "abhyasa/**"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let relay = MoqRelayProcess::spawn(&bin, addr, dir).unwrap();
     Some((relay, addr, bin))
 }
 

@@ -7,11 +7,10 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::Duration;
 
-use abhyasa_moq::Ca;
+use abhyasa_moq::{moq_relay_binary, Ca, MoqRelayProcess};
 use abhyasa_node::{IssueHandle, Node};
 use abhyasa_wire::{
     AgentId, BeliefUpdatePayload, ConsentDecision, ConsentPayload, Obligation, ObligationId,
@@ -20,49 +19,6 @@ use abhyasa_wire::{
 use common::{custodian, id, revoke};
 
 const WAIT: Duration = Duration::from_secs(30);
-
-/// `$ABHYASA_MOQ_RELAY`, or where `scripts/moq-relay.sh` installs it.
-fn relay_binary() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("ABHYASA_MOQ_RELAY") {
-        return Some(p.into());
-    }
-    let cache = std::env::var_os("ABHYASA_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/abhyasa")))?;
-    let bin = cache.join("moq-relay-0.17.10/bin/moq-relay");
-    bin.exists().then_some(bin)
-}
-
-/// The relay process, killed when dropped.
-struct Relay(Child);
-
-impl Relay {
-    /// Starts the relay on `addr` with the certificate in `dir` (issued for `relay`).
-    fn start(bin: &Path, addr: SocketAddr, dir: &Path) -> Relay {
-        Relay(
-            Command::new(bin)
-                .arg("--listen")
-                .arg(addr.to_string())
-                .arg("--listen-tls-cert")
-                .arg(dir.join("relay.pem"))
-                .arg("--listen-tls-key")
-                .arg(dir.join("relay.key"))
-                .args(["--listen-version", "moq-transport-14"])
-                .args(["--auth-public", "abhyasa/**"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap(),
-        )
-    }
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// A node named `who` that meets its peers only at the relay.
 async fn node(ca: &Ca, who: &AgentId, dir: &Path, relay: SocketAddr) -> Node {
@@ -127,7 +83,7 @@ async fn applied(node: &Node) -> Vec<ObligationId> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn custody_through_an_unmodified_moq_relay_survives_its_restart_and_escalates() {
-    let Some(bin) = relay_binary() else {
+    let Some(bin) = moq_relay_binary() else {
         eprintln!(
             "SKIPPED: no moq-relay binary (scripts/moq-relay.sh builds it; or set ABHYASA_MOQ_RELAY)"
         );
@@ -137,7 +93,7 @@ async fn custody_through_an_unmodified_moq_relay_survives_its_restart_and_escala
     let ca = Ca::generate("relay-test").unwrap();
     ca.issue(&id("relay")).unwrap().save(dir.path()).unwrap();
     let addr = common::free_addr();
-    let mut relay = Some(Relay::start(&bin, addr, dir.path()));
+    let mut relay = Some(MoqRelayProcess::spawn(&bin, addr, dir.path()).unwrap());
 
     let p = id("principal");
     let agents = [id("agent-1"), id("agent-2"), id("agent-3")];
@@ -180,7 +136,7 @@ async fn custody_through_an_unmodified_moq_relay_survives_its_restart_and_escala
     tokio::time::sleep(Duration::from_secs(1)).await;
     let pending = principal.status().await.unwrap().pending.len();
     assert_eq!(pending, 2, "both wait in custody while the relay is down");
-    relay = Some(Relay::start(&bin, addr, dir.path()));
+    relay = Some(MoqRelayProcess::spawn(&bin, addr, dir.path()).unwrap());
     let got = outcomes(handles).await;
     assert!(got.iter().all(|o| *o == Outcome::Applied), "{got:?}");
     for (i, n) in nodes.iter().enumerate().take(2) {
