@@ -1,5 +1,5 @@
 //! The ledger across three `abhyasa node` processes over loopback QUIC, driven only through
-//! the CLI: `certs init/issue` (which write the ledger keys), TOML configs with a `[ledger]`
+//! the CLI: `certs init/issue` (the ledger keys are the certificates' keys), TOML configs with a `[ledger]`
 //! section, `ledger grant` at the root, `ledger delegate` to the child, `ledger spend` at the
 //! child through the gateway (SIGKILLed and restarted while operations are in flight), `ledger
 //! status --json`; then, with every node stopped, `ledger check` over the three state
@@ -38,7 +38,8 @@ fn grant_delegate_spend_and_check_across_three_node_processes() {
     for a in ["root", "child", "gw"] {
         ok(&["certs", "issue", a, "--dir", c]);
     }
-    assert!(certs.join("issuer.ledger.key").exists() && certs.join("gw.ledger.pub").exists());
+    // The issuer signs root grants with its certificate's key, like every ledger signer.
+    assert!(certs.join("issuer.pem").exists() && certs.join("issuer.key").exists());
 
     let ports: Vec<u16> = (0..3).map(|_| free_udp().port()).collect();
     let names = ["root", "child", "gw"];
@@ -231,13 +232,14 @@ fn grant_delegate_spend_and_check_across_three_node_processes() {
     for p in procs.iter_mut() {
         p.take().unwrap().stop();
     }
-    // The auditor holds public keys only: no agent's (or the issuer's) secret key.
+    // The auditor holds public certificates only (the CA's and the agents'): no agent's
+    // (or the issuer's) secret key.
     let public = dir.path().join("public-keys");
     std::fs::create_dir_all(&public).unwrap();
     for entry in std::fs::read_dir(&certs).unwrap() {
         let path = entry.unwrap().path();
         let name = path.file_name().unwrap().to_str().unwrap().to_owned();
-        if name.ends_with(".ledger.pub") {
+        if name.ends_with(".pem") {
             std::fs::copy(&path, public.join(&name)).unwrap();
         }
     }
@@ -258,5 +260,30 @@ fn grant_delegate_spend_and_check_across_three_node_processes() {
         out.trim_end()
             .ends_with("operations=6 effects=6 violations=0"),
         "{out}"
+    );
+
+    // The same files with the issuer's certificate swapped for another deployment's (an
+    // issuer key the CA never certified): the auditor does not trust it and says so.
+    let other = dir.path().join("other-deployment");
+    let o = other.to_str().unwrap();
+    ok(&["certs", "init", "--dir", o]);
+    std::fs::copy(other.join("issuer.pem"), public.join("issuer.pem")).unwrap();
+    let out = abhyasa(&[
+        "ledger",
+        "check",
+        "--certs",
+        c,
+        "--branch",
+        &format!("root={}", state(0).display()),
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("not trusting") && err.contains("issuer.pem"),
+        "{err}"
+    );
+    assert!(
+        err.contains("root grant issuer issuer: no certificate of the deployment"),
+        "{err}"
     );
 }

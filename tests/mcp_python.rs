@@ -4,7 +4,7 @@
 //! malformed envelope refused with nothing applied, no double apply, and a budget-gated tool:
 //! refused without a permit, run once with one, a replay answered with the same receipt).
 //!
-//! The permits come from a real ledger branch here, signed with the principal's key file
+//! The permits come from a real ledger branch here, signed with the principal's certificate key
 //! from the same certificates directory, over a root grant signed by the issuer's; the
 //! receipts the Python client got back settle that branch, and the amounts are checked
 //! against figures written out here.
@@ -15,10 +15,11 @@
 use std::path::Path;
 
 use abhyasa::ledger::{
-    signing_key, Branch, BranchConfig, CreditId, Dim, Keyring, Label, LedgerMessage,
-    LedgerSigningKey, OpKey, OpState, Permit, RootGrant, RootId, Signed, Vector,
+    Branch, BranchConfig, CreditId, Dim, Keyring, Label, LedgerMessage, LedgerSigningKey, OpKey,
+    OpState, Permit, RootGrant, RootId, Signed, Vector,
 };
 use abhyasa::mcp::{permit_to_meta, receipt_from_meta, tool_effect, ToolBudget, META_RECEIPT};
+use abhyasa::moq::{Identity, Signer};
 use abhyasa::wire::{AgentId, UnixMillis};
 use serde_json::{json, Map, Value};
 
@@ -32,15 +33,10 @@ fn cents(n: u64) -> Vector {
     Vector::of(&[("cents", n)]).unwrap()
 }
 
-/// The secret key in `<certs>/<name>.ledger.key` (hex seed).
+/// `name`'s ledger signing key: its certificate's key, `<certs>/<name>.key`.
 fn key_file(certs: &Path, name: &str) -> LedgerSigningKey {
-    let hex = std::fs::read_to_string(certs.join(format!("{name}.ledger.key"))).unwrap();
-    let hex = hex.trim();
-    let seed: Vec<u8> = (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-        .collect();
-    signing_key(seed.try_into().unwrap())
+    let identity = Identity::load(certs, &id(name)).unwrap();
+    Signer::new(&identity).unwrap().key().clone()
 }
 
 fn settle_persists(b: &mut Branch) {

@@ -191,10 +191,10 @@ enum LedgerCli {
     Grant {
         #[command(flatten)]
         admin: AdminTarget,
-        /// Directory with the ledger key files.
+        /// The certificates directory (the issuer's certificate and key).
         #[arg(long, default_value = "certs")]
         certs: PathBuf,
-        /// The issuer (its key file `<issuer>.ledger.key` signs).
+        /// The issuer (its certificate key, `<issuer>.key`, signs).
         #[arg(long, default_value = "issuer")]
         issuer: String,
         /// The holder agent (the node at --admin).
@@ -497,7 +497,7 @@ struct LedgerConfig {
     /// As a gateway: how long a settled acceptance is kept after its permit expired, ms
     /// (0: for ever).
     gateway_retain_ms: u64,
-    /// Who may sign root grants (their `<name>.ledger.pub` is in the certs directory).
+    /// Who may sign root grants (their certificates `<name>.pem` are in the certs directory).
     issuers: Vec<String>,
 }
 
@@ -975,10 +975,13 @@ async fn run(command: Command) -> Result<ExitCode> {
         Command::Certs {
             command: CertsCommand::Init { dir },
         } => {
-            Ca::generate("abhyasa deployment CA")?.save(&dir)?;
-            ledger_cli::write_keypair(&dir, "issuer").map_err(|e| e.to_string())?;
+            let ca = Ca::generate("abhyasa deployment CA")?;
+            ca.save(&dir)?;
+            // The budget issuer signs root grants with its certificate key, like every
+            // ledger signer.
+            ca.issue(&AgentId::new("issuer")?)?.save(&dir)?;
             println!(
-                "wrote {0}/ca.pem, {0}/ca.key and the budget issuer's {0}/issuer.ledger.key (.pub)",
+                "wrote {0}/ca.pem, {0}/ca.key and the budget issuer's {0}/issuer.pem, {0}/issuer.key",
                 dir.display()
             );
             Ok(ExitCode::SUCCESS)
@@ -988,11 +991,7 @@ async fn run(command: Command) -> Result<ExitCode> {
         } => {
             let agent = AgentId::new(agent)?;
             Ca::load(&dir)?.issue(&agent)?.save(&dir)?;
-            ledger_cli::write_keypair(&dir, agent.as_str()).map_err(|e| e.to_string())?;
-            println!(
-                "wrote {0}/{agent}.pem, {0}/{agent}.key and {0}/{agent}.ledger.key (.pub)",
-                dir.display()
-            );
+            println!("wrote {0}/{agent}.pem and {0}/{agent}.key", dir.display());
             Ok(ExitCode::SUCCESS)
         }
         Command::Node { config } => node(config).await,
@@ -1501,7 +1500,6 @@ async fn build_node(config: &NodeConfig) -> Result<Node> {
             None
         };
         builder = builder.ledger(abhyasa_node::LedgerSetup {
-            key: ledger_cli::load_key(&config.certs, agent.as_str()).map_err(|e| e.to_string())?,
             keys: ledger_cli::load_keyring(&config.certs, &l.issuers).map_err(|e| e.to_string())?,
             executor,
             resend_ms: l.resend_ms,

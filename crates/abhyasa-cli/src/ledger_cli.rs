@@ -1,10 +1,11 @@
 //! `abhyasa ledger …`: ledger key files, the reference gateway executor, admin requests, and
 //! the offline checker over nodes' state directories.
 //!
-//! Key files live beside the certificates: `<agent>.ledger.key` (the ed25519 seed, hex,
-//! secret) and `<agent>.ledger.pub` (the public key, hex). `abhyasa certs init` writes the
-//! issuer's (`issuer.ledger.*`), `abhyasa certs issue <agent>` the agent's. A node trusts every
-//! `*.ledger.pub` in its certificates directory.
+//! Ledger keys are certificate keys: an agent signs its ledger messages with the Ed25519 key
+//! of its certificate (`<agent>.pem`, `<agent>.key`), and a node trusts the key of every
+//! certificate in its certificates directory that chains to the deployment CA (`ca.pem`) —
+//! so the keyring binds each key to the agent its certificate names. `abhyasa certs init`
+//! issues the budget issuer's certificate (`issuer.pem`) beside the CA.
 
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
@@ -14,9 +15,10 @@ use std::sync::Mutex;
 
 use abhyasa_ledger::check::{audit, audit_gateway, check, EffectInstance, Violation, World};
 use abhyasa_ledger::{
-    signing_key, Branch, CreditId, Dim, Effect, Gateway, Keyring, Label, LedgerSigningKey,
-    LedgerVerifyingKey, OpKey, RootGrant, RootId, Signed, TransferId, Vector,
+    Branch, CreditId, Dim, Effect, Gateway, Keyring, Label, LedgerSigningKey, OpKey, RootGrant,
+    RootId, Signed, TransferId, Vector,
 };
+use abhyasa_moq::{certified_keys, Identity, Signer};
 use abhyasa_node::{Executor, LedgerCommand, LedgerReply, LedgerStatus};
 use abhyasa_store::{Store, StoreConfig};
 use abhyasa_wire::{decode, encode, AgentId};
@@ -29,64 +31,35 @@ fn hex_decode(s: &str) -> Result<Vec<u8>, Error> {
     Ok(hex::decode(s.trim())?)
 }
 
-/// Writes a new ledger key pair for `name` into `dir`; refuses to overwrite.
-pub fn write_keypair(dir: &Path, name: &str) -> Result<PathBuf, Error> {
-    let path = dir.join(format!("{name}.ledger.key"));
-    if path.exists() {
-        return Err(format!("{} exists; not overwriting", path.display()).into());
-    }
-    let seed: [u8; 32] = rand::random();
-    let key = signing_key(seed);
-    std::fs::create_dir_all(dir)?;
-    std::fs::write(&path, hex::encode(seed))?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-    }
-    std::fs::write(
-        dir.join(format!("{name}.ledger.pub")),
-        hex::encode(key.verifying_key().to_bytes()),
-    )?;
-    Ok(path)
-}
-
-/// Reads `<dir>/<name>.ledger.key`.
+/// The ledger signing key of `name`: the key of its certificate `<dir>/<name>.pem`, read
+/// from `<dir>/<name>.key` and checked to be that certificate's.
 pub fn load_key(dir: &Path, name: &str) -> Result<LedgerSigningKey, Error> {
-    let path = dir.join(format!("{name}.ledger.key"));
-    let bytes = hex_decode(
-        &std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?,
-    )?;
-    let seed: [u8; 32] = bytes
-        .try_into()
-        .map_err(|_| format!("{}: not a 32-byte key", path.display()))?;
-    Ok(signing_key(seed))
+    let identity = Identity::load(dir, &AgentId::new(name)?)?;
+    Ok(Signer::new(&identity)?.key().clone())
 }
 
-/// Every `<agent>.ledger.pub` in `dir`; root grants are trusted from `issuers` only.
+/// The ledger keyring of a deployment: the key of every agent certificate in `dir` that
+/// chains to `dir/ca.pem` (public files only); root grants are trusted from `issuers` only.
+/// Certificate files that do not verify are not trusted, and said so on standard error.
 pub fn load_keyring(dir: &Path, issuers: &[String]) -> Result<Keyring, Error> {
-    let mut keys = Vec::new();
-    for entry in std::fs::read_dir(dir)? {
-        let path = entry?.path();
-        let Some(name) = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_suffix(".ledger.pub"))
-        else {
-            continue;
-        };
-        let bytes: [u8; 32] = hex_decode(&std::fs::read_to_string(&path)?)?
-            .try_into()
-            .map_err(|_| format!("{}: not a 32-byte key", path.display()))?;
-        let key = LedgerVerifyingKey::from_bytes(&bytes)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        keys.push((AgentId::new(name)?, key));
+    let found = certified_keys(dir)?;
+    for (path, why) in &found.refused {
+        eprintln!("ledger keyring: not trusting {}: {why}", path.display());
     }
     let issuers = issuers
         .iter()
         .map(|i| AgentId::new(i.clone()))
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(Keyring::new(keys).with_issuers(issuers))
+    for issuer in &issuers {
+        if !found.keys.contains_key(issuer) {
+            return Err(format!(
+                "root grant issuer {issuer}: no certificate of the deployment in {}",
+                dir.display()
+            )
+            .into());
+        }
+    }
+    Ok(Keyring::new(found.keys).with_issuers(issuers))
 }
 
 /// Parses `cents=40,calls=1`.
@@ -226,7 +199,7 @@ impl LedgerRequest {
     }
 }
 
-/// Signs a root grant with the issuer's key file, as hex CBOR for [`LedgerRequest::Grant`].
+/// Signs a root grant with the issuer's certificate key, as hex CBOR for [`LedgerRequest::Grant`].
 pub fn signed_grant(
     certs: &Path,
     issuer: &str,

@@ -3,18 +3,19 @@
 //! node), the tool runs once, and the receipt on the result settles the caller's branch.
 //! Expected amounts are written out here, not read back from the code under test.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use abhyasa_ledger::{
-    signing_key, Branch, BranchConfig, CreditId, Dim, Keyring, Label, LedgerMessage,
-    LedgerSigningKey, OpKey, OpState, Permit, Receipt, RootGrant, RootId, Signed, Vector,
+    Branch, BranchConfig, CreditId, Dim, Keyring, Label, LedgerMessage, LedgerSigningKey, OpKey,
+    OpState, Permit, Receipt, RootGrant, RootId, Signed, Vector,
 };
 use abhyasa_mcp::{
     permit_to_meta, receipt_from_meta, tool_effect, AgentServer, BudgetedCallError, Governance,
     PrincipalClient, ToolBudget, META_PERMIT,
 };
-use abhyasa_moq::Ca;
+use abhyasa_moq::{Ca, Identity, Signer};
 use abhyasa_node::{Executor, LedgerCommand, LedgerReply, LedgerSetup, Node};
 use abhyasa_wire::{encode, AgentId, UnixMillis};
 use rmcp::model::{CallToolRequestParams, CallToolResult, RequestMetaObject};
@@ -25,10 +26,22 @@ use serde_json::{json, Map, Value};
 mod common;
 use common::{connect, host_tool, id};
 
+/// One deployment for these tests: a CA and the certificate of everyone who signs ledger
+/// messages (a node signs with its certificate's key).
+fn ident(name: &str) -> Identity {
+    static D: OnceLock<BTreeMap<&'static str, Identity>> = OnceLock::new();
+    D.get_or_init(|| {
+        let ca = Ca::generate("t").unwrap();
+        ["issuer", "principal", "mallory", "agent-1"]
+            .into_iter()
+            .map(|n| (n, ca.issue(&id(n)).unwrap()))
+            .collect()
+    })[name]
+        .clone()
+}
+
 fn key(name: &str) -> LedgerSigningKey {
-    let mut seed = [0u8; 32];
-    seed[..name.len()].copy_from_slice(name.as_bytes());
-    signing_key(seed)
+    Signer::new(&ident(name)).unwrap().key().clone()
 }
 
 fn keyring() -> Keyring {
@@ -138,12 +151,10 @@ struct Fixture {
 
 async fn fixture() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
-    let ca = Ca::generate("t").unwrap();
     let executor_runs = Arc::new(AtomicU32::new(0));
-    let node = Node::builder(ca.issue(&id("agent-1")).unwrap())
+    let node = Node::builder(ident("agent-1"))
         .state_dir(dir.path().join("agent"))
         .ledger(LedgerSetup {
-            key: key("agent-1"),
             keys: keyring(),
             executor: Some(Arc::new(NoResumes(executor_runs.clone()))),
             resend_ms: 500,
@@ -317,11 +328,9 @@ async fn a_second_permit_is_a_second_run_and_a_reused_key_for_another_call_is_re
 async fn the_callers_node_reserves_carries_the_permit_and_settles_from_the_receipt() {
     let f = fixture().await;
     let dir = tempfile::tempdir().unwrap();
-    let ca = Ca::generate("t").unwrap();
-    let principal = Node::builder(ca.issue(&id("principal")).unwrap())
+    let principal = Node::builder(ident("principal"))
         .state_dir(dir.path().join("principal"))
         .ledger(LedgerSetup {
-            key: key("principal"),
             keys: keyring(),
             executor: None,
             resend_ms: 50,

@@ -46,6 +46,9 @@ pub enum IdentityError {
     /// A certificate names no valid agent id.
     #[error("certificate names no valid agent id: {0}")]
     NoAgentId(String),
+    /// Two certificates speak for one agent with different keys.
+    #[error("{0}")]
+    Ambiguous(String),
 }
 
 /// A deployment CA: the one root every agent certificate chains to.

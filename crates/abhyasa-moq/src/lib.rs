@@ -28,4 +28,7 @@ pub use relay::{moq_relay_binary, MoqRelayProcess, RelayEvent, RelaySession};
 pub use session::{
     namespace, Accepted, SendError, Session, SessionError, SessionEvent, SessionLimits, Track,
 };
-pub use signed::{Kind as SignedKind, Opened, SignedError, Signer, Verifier};
+pub use signed::{
+    certificate_key, certified_keys, CertifiedKeys, Kind as SignedKind, Opened, SignedError,
+    Signer, Verifier,
+};

@@ -15,6 +15,12 @@
 //!
 //! Verified certificates are cached (by their DER) so a steady peer costs one Ed25519
 //! verification per object, not a chain validation.
+//!
+//! The same certificate key signs the agent's ledger messages (`abhyasa_ledger`), whose
+//! signed bytes begin with the domain tag `abhyasa/v1/ledger/`; a COSE `Sig_structure`
+//! begins with a CBOR array header (0x84) and a TLS 1.3 CertificateVerify with 64 spaces, so
+//! no signature made for one use verifies as another. [`certified_keys`] reads the keys a
+//! deployment's certificates bind to their agents, for the ledger's keyring.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -127,6 +133,12 @@ impl Signer {
             cert: cert.to_vec(),
             key,
         })
+    }
+
+    /// The certificate's Ed25519 key: the agent's one signing key, which also signs its
+    /// ledger messages (domain-separated; see the module docs).
+    pub fn key(&self) -> &SigningKey {
+        &self.key
     }
 
     /// The agent this signer signs as.
@@ -249,6 +261,15 @@ impl Verifier {
         })
     }
 
+    /// The agent and Ed25519 key a certificate binds, after the same checks as [`open`]
+    /// makes of a sender's certificate (chain to the deployment CA, client-auth use, valid
+    /// now, agent id, key type).
+    ///
+    /// [`open`]: Verifier::open
+    pub fn certified(&self, cert: &[u8]) -> Result<(AgentId, VerifyingKey), SignedError> {
+        self.sender(cert).map(|k| (k.agent, k.key))
+    }
+
     /// The sender `cert` proves, from the cache or by validating it.
     fn sender(&self, cert: &[u8]) -> Result<Known, SignedError> {
         let now = UnixTime::now();
@@ -295,6 +316,75 @@ impl Verifier {
     fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<u8>, Known>> {
         self.known.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// The Ed25519 key of `identity`'s certificate (which must be its private key's).
+pub fn certificate_key(identity: &Identity) -> Result<VerifyingKey, IdentityError> {
+    Signer::new(identity).map(|s| s.key.verifying_key())
+}
+
+/// The keys a deployment's certificates bind to their agents.
+#[derive(Debug, Default)]
+pub struct CertifiedKeys {
+    /// Each agent's certificate key.
+    pub keys: std::collections::BTreeMap<AgentId, VerifyingKey>,
+    /// Certificate files that were not trusted, and why (another CA, expired, no agent id,
+    /// not Ed25519, not a certificate).
+    pub refused: Vec<(std::path::PathBuf, String)>,
+}
+
+/// Every agent certificate in `dir` (`*.pem` but `ca.pem`) that verifies against the
+/// deployment CA `dir/ca.pem`, as agent → key. Only public files are read. A file that does
+/// not verify is listed in `refused`, not trusted; two certificates naming one agent with
+/// different keys are an error (which one speaks for the agent would be a guess).
+pub fn certified_keys(dir: &std::path::Path) -> Result<CertifiedKeys, IdentityError> {
+    use rustls::pki_types::pem::PemObject;
+    let io = |path: &std::path::Path| {
+        let path = path.to_owned();
+        move |source| IdentityError::Io { path, source }
+    };
+    let ca_path = dir.join("ca.pem");
+    let ca = CertificateDer::from_pem_slice(&std::fs::read(&ca_path).map_err(io(&ca_path))?)
+        .map_err(|_| IdentityError::Pem {
+            path: ca_path.clone(),
+            what: "certificate",
+        })?;
+    let verifier = Verifier::new(ca);
+    let mut out = CertifiedKeys::default();
+    let mut paths: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
+        .map_err(io(dir))?
+        .map(|e| e.map(|e| e.path()).map_err(io(dir)))
+        .collect::<Result<_, _>>()?;
+    paths.sort();
+    for path in paths {
+        if path.extension().and_then(|e| e.to_str()) != Some("pem") || path == ca_path {
+            continue;
+        }
+        let bytes = std::fs::read(&path).map_err(io(&path))?;
+        let leaf = match CertificateDer::pem_slice_iter(&bytes).next() {
+            Some(Ok(c)) => c,
+            _ => {
+                out.refused.push((path, "not a PEM certificate".into()));
+                continue;
+            }
+        };
+        match verifier.certified(&leaf) {
+            Ok((agent, key)) => match out.keys.get(&agent) {
+                Some(k) if *k != key => {
+                    return Err(IdentityError::Ambiguous(format!(
+                        "two certificates in {} name {agent} with different keys (one is {})",
+                        dir.display(),
+                        path.display()
+                    )))
+                }
+                _ => {
+                    out.keys.insert(agent, key);
+                }
+            },
+            Err(e) => out.refused.push((path, e.to_string())),
+        }
+    }
+    Ok(out)
 }
 
 /// The Ed25519 key a certificate holds, and its notAfter (Unix seconds).
@@ -428,6 +518,50 @@ mod tests {
         assert!(matches!(
             Signer::new(&identity),
             Err(IdentityError::KeyType(_))
+        ));
+    }
+
+    #[test]
+    fn certified_keys_are_read_from_certificates_of_the_deployment_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ca, other) = (Ca::generate("t").unwrap(), Ca::generate("u").unwrap());
+        ca.save(dir.path()).unwrap();
+        let (alice, bob) = (
+            ca.issue(&id("alice")).unwrap(),
+            ca.issue(&id("bob")).unwrap(),
+        );
+        alice.save(dir.path()).unwrap();
+        bob.save(dir.path()).unwrap();
+        // Another deployment's certificate for a third agent, and a file that is no
+        // certificate: neither is trusted, both are reported.
+        let foreign = other.issue(&id("mallory")).unwrap();
+        foreign.save(dir.path()).unwrap();
+        std::fs::write(dir.path().join("notes.pem"), "not a certificate").unwrap();
+
+        let found = certified_keys(dir.path()).unwrap();
+        let expected: Vec<(AgentId, VerifyingKey)> = [&alice, &bob]
+            .map(|i| {
+                let key = SigningKey::from_pkcs8_der(&i.key).unwrap().verifying_key();
+                (i.agent.clone(), key)
+            })
+            .into();
+        assert_eq!(found.keys.into_iter().collect::<Vec<_>>(), expected);
+        let refused: Vec<String> = found
+            .refused
+            .iter()
+            .map(|(p, _)| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(refused, ["mallory.pem", "notes.pem"]);
+        assert_eq!(certificate_key(&alice).unwrap(), expected[0].1);
+
+        // A second certificate for alice with another key: which one speaks for her is a
+        // guess, so the whole directory is refused.
+        let again = ca.issue(&id("alice")).unwrap();
+        let chain = pem::encode(&pem::Pem::new("CERTIFICATE", again.chain[0].to_vec()));
+        std::fs::write(dir.path().join("alice-reissued.pem"), chain).unwrap();
+        assert!(matches!(
+            certified_keys(dir.path()),
+            Err(IdentityError::Ambiguous(_))
         ));
     }
 }

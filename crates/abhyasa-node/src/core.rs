@@ -111,7 +111,12 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
     let custodian = store.recover_custodian(agent.clone(), b.custodian.clone(), seed, t)?;
     let receiver = store.recover_receiver(agent.clone(), b.receiver.clone())?;
     let ledger = match b.ledger.clone() {
-        Some(setup) => Some(LedgerPart::recover(&agent, setup, &store)?),
+        Some(setup) => Some(LedgerPart::recover(
+            &agent,
+            signer.key().clone(),
+            setup,
+            &store,
+        )?),
         None => None,
     };
     let (path, store_config) = (db_path.clone(), b.store.clone());
@@ -1135,11 +1140,12 @@ impl Core {
             now(),
         );
         let (a2, a3, setup) = (agent.clone(), agent.clone(), self.ledger_setup.clone());
+        let key = self.signer.key().clone();
         let recovered = self.group.read(move |s| {
             let c = s.recover_custodian(agent, cc, t.0, t)?;
             let r = s.recover_receiver(a2, rc)?;
             let l = match setup {
-                Some(setup) => Some(LedgerPart::recover(&a3, setup, s)?),
+                Some(setup) => Some(LedgerPart::recover(&a3, key, setup, s)?),
                 None => None,
             };
             Ok::<_, NodeError>((c, r, l))

@@ -32,12 +32,13 @@ pub trait Executor: Send + Sync + 'static {
     ) -> Vector;
 }
 
-/// What a node needs to take part in the ledger.
+/// What a node needs to take part in the ledger. Its ledger messages are signed with its
+/// certificate's key (the node's identity), so a ledger key is always bound to the
+/// certificate that names its agent.
 #[derive(Clone)]
 pub struct LedgerSetup {
-    /// This agent's ledger signing key.
-    pub key: LedgerSigningKey,
-    /// Verifying keys of every agent (issuers, branches, gateways) it trusts.
+    /// Verifying keys of every agent (issuers, branches, gateways) it trusts: their
+    /// certificate keys ([`abhyasa_moq::certified_keys`], [`abhyasa_moq::certificate_key`]).
     pub keys: Keyring,
     /// When set, the node is also a gateway that runs effects with this executor.
     pub executor: Option<Arc<dyn Executor>>,
@@ -272,9 +273,21 @@ fn reply_key(m: &LedgerMessage) -> Option<OpKey> {
 impl LedgerPart {
     pub(crate) fn recover(
         me: &AgentId,
+        key: LedgerSigningKey,
         setup: LedgerSetup,
         store: &Store,
     ) -> Result<Self, crate::NodeError> {
+        // The keyring must hold this node's own certificate key, or every peer that shares
+        // it would refuse what this node signs.
+        if let Some(listed) = setup.keys.get(me) {
+            if listed != key.verifying_key() {
+                return Err(crate::NodeError::Identity(
+                    abhyasa_moq::IdentityError::KeyType(format!(
+                        "{me}: the ledger keyring holds another key for this agent than its certificate's"
+                    )),
+                ));
+            }
+        }
         let config = BranchConfig {
             resend_ms: setup.resend_ms,
             max_journal_steps: setup.max_journal_steps,
@@ -284,7 +297,7 @@ impl LedgerPart {
         };
         let (branch, rejected) = Branch::recover(
             me.clone(),
-            setup.key.clone(),
+            key.clone(),
             setup.keys.clone(),
             config,
             store.ledger_journal()?,
@@ -301,7 +314,7 @@ impl LedgerPart {
                 // Fail closed here too: a checkpoint that does not verify or match.
                 let g = Gateway::recover_checked(
                     me.clone(),
-                    setup.key.clone(),
+                    key.clone(),
                     setup.keys.clone(),
                     None,
                     store.gateway_log()?,

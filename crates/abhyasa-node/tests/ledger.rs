@@ -3,12 +3,13 @@
 //! delegation to the child → the child spends through the gateway → settled; then the
 //! independent checker over the three files.
 
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use abhyasa_ledger::check::{check, EffectInstance, World};
 use abhyasa_ledger::*;
-use abhyasa_moq::Ca;
+use abhyasa_moq::{Ca, Identity, Signer};
 use abhyasa_node::{Executor, LedgerCommand, LedgerReply, LedgerSetup, Node, NodeEvent};
 use abhyasa_store::{Store, StoreConfig};
 use abhyasa_wire::UnixMillis;
@@ -16,10 +17,26 @@ use abhyasa_wire::UnixMillis;
 mod common;
 use common::id;
 
+/// One deployment for the tests of this file: a CA and the certificates of everyone who
+/// signs ledger messages. A node signs with its certificate's key.
+fn deployment() -> &'static BTreeMap<&'static str, Identity> {
+    static D: OnceLock<BTreeMap<&'static str, Identity>> = OnceLock::new();
+    D.get_or_init(|| {
+        let ca = Ca::generate("ledger-test").unwrap();
+        ["issuer", "root", "child", "gw"]
+            .into_iter()
+            .map(|n| (n, ca.issue(&id(n)).unwrap()))
+            .collect()
+    })
+}
+
+fn ident(n: &str) -> Identity {
+    deployment()[n].clone()
+}
+
+/// `n`'s certificate key, with which its ledger messages are signed.
 fn sk(n: &str) -> LedgerSigningKey {
-    let mut seed = [0u8; 32];
-    seed[..n.len()].copy_from_slice(n.as_bytes());
-    signing_key(seed)
+    Signer::new(&ident(n)).unwrap().key().clone()
 }
 
 fn keys() -> Keyring {
@@ -56,9 +73,8 @@ impl Executor for Recorder {
     }
 }
 
-fn setup(n: &str, executor: Option<Arc<dyn Executor>>) -> LedgerSetup {
+fn setup(executor: Option<Arc<dyn Executor>>) -> LedgerSetup {
     LedgerSetup {
-        key: sk(n),
         keys: keys(),
         executor,
         resend_ms: 100,
@@ -78,25 +94,24 @@ fn cents(n: u64) -> Vector {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grant_delegate_spend_settle_across_three_nodes() {
     let dir = tempfile::tempdir().unwrap();
-    let ca = Ca::generate("ledger-test").unwrap();
     let recorder = Arc::new(Recorder::default());
-    let gw = Node::builder(ca.issue(&id("gw")).unwrap())
+    let gw = Node::builder(ident("gw"))
         .state_dir(dir.path().join("gw"))
-        .ledger(setup("gw", Some(recorder.clone())))
+        .ledger(setup(Some(recorder.clone())))
         .build()
         .await
         .unwrap();
-    let child = Node::builder(ca.issue(&id("child")).unwrap())
+    let child = Node::builder(ident("child"))
         .state_dir(dir.path().join("child"))
         .peer(id("gw"), gw.local_addr())
-        .ledger(setup("child", None))
+        .ledger(setup(None))
         .build()
         .await
         .unwrap();
-    let root = Node::builder(ca.issue(&id("root")).unwrap())
+    let root = Node::builder(ident("root"))
         .state_dir(dir.path().join("root"))
         .peer(id("child"), child.local_addr())
-        .ledger(setup("root", None))
+        .ledger(setup(None))
         .build()
         .await
         .unwrap();
@@ -355,7 +370,6 @@ async fn grant_delegate_spend_settle_across_three_nodes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_journal_that_does_not_replay_stops_the_node() {
     let dir = tempfile::tempdir().unwrap();
-    let ca = Ca::generate("ledger-test").unwrap();
     // A root grant in the journal signed by "root" itself, not by a trusted issuer: a budget
     // minted by a member.
     let grant = RootGrant {
@@ -377,9 +391,9 @@ async fn a_journal_that_does_not_replay_stops_the_node() {
             .commit(&[abhyasa_store::Op::Ledger(step.clone())])
             .unwrap();
     }
-    let built = Node::builder(ca.issue(&id("root")).unwrap())
+    let built = Node::builder(ident("root"))
         .state_dir(dir.path())
-        .ledger(setup("root", None))
+        .ledger(setup(None))
         .build()
         .await;
     match built {
@@ -394,4 +408,34 @@ async fn a_journal_that_does_not_replay_stops_the_node() {
     let (_, rejected) = Branch::replay(id("root"), keys(), store.ledger_journal().unwrap());
     assert_eq!(rejected.len(), 1);
     assert_eq!(rejected[0].0, step);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyring_that_holds_another_key_for_the_node_itself_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    // The keyring says "root" signs with the child's key: every peer sharing it would refuse
+    // what root signs with its certificate's key, so the node does not start.
+    let mut wrong = setup(None);
+    wrong.keys = Keyring::new(
+        [("issuer", "issuer"), ("root", "child"), ("child", "child")]
+            .map(|(n, k)| (id(n), sk(k).verifying_key())),
+    )
+    .with_issuers([id("issuer")]);
+    let built = Node::builder(ident("root"))
+        .state_dir(dir.path().join("wrong"))
+        .ledger(wrong)
+        .build()
+        .await;
+    assert!(
+        matches!(built, Err(abhyasa_node::NodeError::Identity(_))),
+        "{:?}",
+        built.err()
+    );
+    let node = Node::builder(ident("root"))
+        .state_dir(dir.path().join("right"))
+        .ledger(setup(None))
+        .build()
+        .await
+        .unwrap();
+    node.shutdown().await;
 }
