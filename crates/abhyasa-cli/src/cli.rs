@@ -572,14 +572,22 @@ impl TransportConfig {
 struct RelayConfig {
     /// `moqt://host:port`.
     url: String,
-    /// The name the relay's certificate (issued by the deployment CA) carries; default
-    /// `relay`.
+    /// The name the relay's certificate carries (as its agent id when the deployment CA
+    /// issued it, as a DNS name under `ca`); default `relay`.
     #[serde(default = "default_relay_name")]
     name: String,
     /// Meet only these peers here (subscribe to their namespaces only); default: everyone.
     /// Applies to every relay of the node.
     #[serde(default)]
     peers: Option<Vec<String>>,
+    /// The relay operator's CA certificate (PEM) that issued the relay's certificate for
+    /// `name`, when it is not the deployment CA.
+    #[serde(default)]
+    ca: Option<PathBuf>,
+    /// Or the SHA-256 of the relay's certificate (DER), hex, colons allowed (a self-signed
+    /// relay: `openssl x509 -in relay.pem -outform der | sha256sum`).
+    #[serde(default)]
+    fingerprint: Option<String>,
 }
 
 fn default_relay_name() -> String {
@@ -587,6 +595,32 @@ fn default_relay_name() -> String {
 }
 
 impl RelayConfig {
+    /// How the relay's certificate is trusted: by `ca`, by `fingerprint`, or (neither) as a
+    /// deployment certificate naming `name`.
+    fn trust(&self) -> std::result::Result<abhyasa_moq::RelayTrust, String> {
+        use abhyasa_moq::RelayTrust;
+        match (&self.ca, &self.fingerprint) {
+            (Some(_), Some(_)) => Err(format!(
+                "relay {:?}: give `ca` or `fingerprint`, not both",
+                self.url
+            )),
+            (Some(path), None) => abhyasa_moq::read_certificate(path)
+                .map(RelayTrust::Ca)
+                .map_err(|e| format!("relay ca: {e}")),
+            (None, Some(hexed)) => {
+                let digits: String = hexed.chars().filter(|c| *c != ':').collect();
+                hex::decode(digits.trim())
+                    .ok()
+                    .and_then(|b| <[u8; 32]>::try_from(b).ok())
+                    .map(RelayTrust::Fingerprint)
+                    .ok_or_else(|| {
+                        format!("relay fingerprint {hexed:?}: expected 32 bytes of hex (SHA-256)")
+                    })
+            }
+            (None, None) => Ok(RelayTrust::Deployment),
+        }
+    }
+
     /// The relay's address, from `moqt://host:port` (a name is resolved once, at start).
     fn addr(&self) -> std::result::Result<SocketAddr, String> {
         use std::net::ToSocketAddrs;
@@ -1301,6 +1335,7 @@ impl NodeConfig {
         for r in &self.relays {
             AgentId::new(r.name.clone()).map_err(|e| format!("relay name {:?}: {e}", r.name))?;
             r.addr()?;
+            r.trust()?;
             for p in r.peers.iter().flatten() {
                 AgentId::new(p.clone()).map_err(|e| format!("relay peer {p:?}: {e}"))?;
             }
@@ -1482,7 +1517,7 @@ async fn build_node(config: &NodeConfig) -> Result<Node> {
         }
     }
     for r in &config.relays {
-        builder = builder.relay(AgentId::new(r.name.clone())?, r.addr()?);
+        builder = builder.relay_trusting(AgentId::new(r.name.clone())?, r.addr()?, r.trust()?);
         if let Some(peers) = &r.peers {
             let peers: std::result::Result<Vec<_>, _> =
                 peers.iter().map(|p| AgentId::new(p.clone())).collect();
@@ -1768,8 +1803,20 @@ state = "state"
             ),
             ("[[relays]]\nname = \"relay\"\n", "missing field `url`"),
             (
-                "[[relays]]\nurl = \"moqt://127.0.0.1:1\"\nca = \"x\"\n",
-                "unknown field `ca`",
+                "[[relays]]\nurl = \"moqt://127.0.0.1:1\"\ncert = \"x\"\n",
+                "unknown field `cert`",
+            ),
+            (
+                "[[relays]]\nurl = \"moqt://127.0.0.1:1\"\nca = \"/nonexistent/ca.pem\"\n",
+                "relay ca: /nonexistent/ca.pem",
+            ),
+            (
+                "[[relays]]\nurl = \"moqt://127.0.0.1:1\"\nfingerprint = \"ab:cd\"\n",
+                "expected 32 bytes of hex",
+            ),
+            (
+                "[[relays]]\nurl = \"moqt://127.0.0.1:1\"\nfingerprint = \"zz\"\n",
+                "expected 32 bytes of hex",
             ),
             (
                 "[[relays]]\nurl = \"moqt://127.0.0.1:1\"\npeers = [\"a b\"]\n",
@@ -1780,5 +1827,42 @@ state = "state"
             let err = with(text).expect_err(text);
             assert!(err.contains(says), "{text}: {err}");
         }
+    }
+
+    #[test]
+    fn a_relay_is_trusted_by_its_operators_ca_or_a_fingerprint_but_not_both() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = abhyasa_moq::Ca::generate("relay operator").unwrap();
+        ca.save(dir.path()).unwrap();
+        let pem = dir.path().join("ca.pem");
+        let config = |extra: &str| -> super::RelayConfig {
+            toml::from_str(&format!("url = \"moqt://127.0.0.1:1\"\n{extra}")).unwrap()
+        };
+        let by_ca = config(&format!("ca = {:?}", pem.display().to_string()));
+        assert_eq!(
+            by_ca.trust(),
+            Ok(abhyasa_moq::RelayTrust::Ca(ca.certificate().clone()))
+        );
+        let hexed = "00:11:22:33:44:55:66:77:88:99:aa:bb:cc:dd:ee:ff:00:11:22:33:44:55:66:77:88:99:aa:bb:cc:dd:ee:ff";
+        let mut want = [0u8; 32];
+        for (i, b) in want.iter_mut().enumerate() {
+            *b = (i as u8 % 16) * 0x11;
+        }
+        assert_eq!(
+            config(&format!("fingerprint = {hexed:?}")).trust(),
+            Ok(abhyasa_moq::RelayTrust::Fingerprint(want))
+        );
+        assert_eq!(config("").trust(), Ok(abhyasa_moq::RelayTrust::Deployment));
+        let both = config(&format!(
+            "ca = {:?}\nfingerprint = {hexed:?}",
+            pem.display().to_string()
+        ));
+        assert!(both.trust().unwrap_err().contains("not both"));
+        std::fs::write(dir.path().join("bad.pem"), "no").unwrap();
+        let bad = config(&format!(
+            "ca = {:?}",
+            dir.path().join("bad.pem").display().to_string()
+        ));
+        assert!(bad.trust().unwrap_err().contains("not a PEM certificate"));
     }
 }

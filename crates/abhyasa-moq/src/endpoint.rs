@@ -153,6 +153,121 @@ fn configs(
     Ok((server, client))
 }
 
+/// How a node trusts an MOQT relay's certificate. Whichever it is, the node presents its own
+/// deployment certificate as the client, and what crosses the relay is believed only from its
+/// end-to-end signature (`signed`): the relay's identity decides where the node connects,
+/// never who sent an object.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum RelayTrust {
+    /// Issued by the deployment CA and naming the relay as its agent id (the default).
+    #[default]
+    Deployment,
+    /// Issued by this CA (the relay operator's) and valid for the relay's name as a DNS name.
+    Ca(CertificateDer<'static>),
+    /// Exactly the certificate whose DER has this SHA-256 (a relay with a self-signed or
+    /// privately issued certificate); its name and issuer are not looked at.
+    Fingerprint([u8; 32]),
+}
+
+/// The client configuration that dials a relay trusted as `trust`, presenting `identity`;
+/// `None` for [`RelayTrust::Deployment`] (the endpoint's own client configuration, with the
+/// relay's agent id checked after the handshake).
+pub fn relay_client_config(
+    identity: &Identity,
+    settings: &TransportSettings,
+    trust: &RelayTrust,
+) -> Result<Option<quinn::ClientConfig>, EndpointError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])?;
+    let builder =
+        match trust {
+            RelayTrust::Deployment => return Ok(None),
+            RelayTrust::Ca(ca) => {
+                let mut roots = rustls::RootCertStore::empty();
+                roots.add(ca.clone())?;
+                builder.with_root_certificates(roots)
+            }
+            RelayTrust::Fingerprint(sha256) => builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(Pinned {
+                    sha256: *sha256,
+                    provider,
+                })),
+        };
+    let mut client =
+        builder.with_client_auth_cert(identity.chain.clone(), identity.private_key())?;
+    client.alpn_protocols = vec![ALPN.to_vec()];
+    let client =
+        QuicClientConfig::try_from(client).map_err(|e| EndpointError::Crypto(e.to_string()))?;
+    let mut client = quinn::ClientConfig::new(Arc::new(client));
+    client.transport_config(transport(settings)?);
+    Ok(Some(client))
+}
+
+/// Trusts one certificate, by the SHA-256 of its DER; the handshake signature is still
+/// verified against that certificate's key.
+#[derive(Debug)]
+struct Pinned {
+    sha256: [u8; 32],
+    provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+impl rustls::client::danger::ServerCertVerifier for Pinned {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        use sha2::Digest;
+        let got: [u8; 32] = sha2::Sha256::digest(end_entity.as_ref()).into();
+        if got == self.sha256 {
+            Ok(rustls::client::danger::ServerCertVerified::assertion())
+        } else {
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::ApplicationVerificationFailure,
+            ))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
 /// Like [`endpoint`], with every datagram it sends impaired by `spec` (netem rules, in
 /// process). Returns a handle to the impairment's counters.
 pub fn impaired_endpoint(
@@ -183,4 +298,99 @@ pub fn peer_agent(conn: &quinn::Connection) -> Option<AgentId> {
     let identity = conn.peer_identity()?;
     let chain = identity.downcast::<Vec<CertificateDer<'static>>>().ok()?;
     agent_of(chain.first()?).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::Ca;
+
+    fn id(s: &str) -> AgentId {
+        AgentId::new(s).unwrap()
+    }
+
+    /// A relay whose certificate (for `relay.example`) comes from its operator's CA, not the
+    /// deployment's; it asks for a client certificate of the deployment CA, and reports the
+    /// agent each handshake proved.
+    fn relay_server(operator: &Ca, deployment: &Ca) -> (quinn::Endpoint, CertificateDer<'static>) {
+        let relay = operator.issue(&id("relay.example")).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(deployment.certificate().clone()).unwrap();
+        let clients = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots),
+            provider.clone(),
+        )
+        .build()
+        .unwrap();
+        let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_client_cert_verifier(clients)
+            .with_single_cert(relay.chain.clone(), relay.private_key())
+            .unwrap();
+        tls.alpn_protocols = vec![ALPN.to_vec()];
+        let server =
+            quinn::ServerConfig::with_crypto(Arc::new(QuicServerConfig::try_from(tls).unwrap()));
+        let ep = quinn::Endpoint::server(server, "127.0.0.1:0".parse().unwrap()).unwrap();
+        (ep, relay.chain[0].clone())
+    }
+
+    #[tokio::test]
+    async fn a_relay_is_trusted_by_its_operators_ca_or_its_fingerprint_and_nothing_else() {
+        use sha2::Digest;
+        let (operator, deployment) = (
+            Ca::generate("operator").unwrap(),
+            Ca::generate("d").unwrap(),
+        );
+        let (server, relay_cert) = relay_server(&operator, &deployment);
+        let addr = server.local_addr().unwrap();
+        // The relay accepts every handshake and records whom it authenticated.
+        let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Some(incoming) = server.accept().await {
+                let tx = seen_tx.clone();
+                tokio::spawn(async move {
+                    if let Ok(conn) = incoming.await {
+                        let _ = tx.send(peer_agent(&conn));
+                        conn.closed().await;
+                    }
+                });
+            }
+        });
+        let me = deployment.issue(&id("principal")).unwrap();
+        let settings = TransportSettings::default();
+        let client = endpoint(&me, "127.0.0.1:0".parse().unwrap(), &settings).unwrap();
+        let dial = |trust: RelayTrust, name: &'static str| {
+            let client = client.clone();
+            let config = relay_client_config(&me, &settings, &trust).unwrap();
+            async move {
+                let connecting = match config {
+                    Some(c) => client.connect_with(c, addr, name).unwrap(),
+                    None => client.connect(addr, name).unwrap(),
+                };
+                connecting.await.map(|c| c.close(0u32.into(), b"done"))
+            }
+        };
+        let pin: [u8; 32] = sha2::Sha256::digest(relay_cert.as_ref()).into();
+        let mut wrong_pin = pin;
+        wrong_pin[31] ^= 1;
+        let operator_ca = RelayTrust::Ca(operator.certificate().clone());
+
+        assert!(dial(operator_ca.clone(), "relay.example").await.is_ok());
+        assert!(dial(RelayTrust::Fingerprint(pin), "any-name").await.is_ok());
+        // Both handshakes presented our deployment certificate.
+        for _ in 0..2 {
+            assert_eq!(seen.recv().await.unwrap(), Some(id("principal")));
+        }
+        // Refused: another name under the operator's CA, the deployment CA for a relay it
+        // never certified (the default), another CA, a fingerprint one bit off.
+        assert!(dial(operator_ca, "other.example").await.is_err());
+        assert!(dial(RelayTrust::Deployment, "relay.example").await.is_err());
+        let stranger = RelayTrust::Ca(Ca::generate("x").unwrap().certificate().clone());
+        assert!(dial(stranger, "relay.example").await.is_err());
+        assert!(dial(RelayTrust::Fingerprint(wrong_pin), "relay.example")
+            .await
+            .is_err());
+    }
 }

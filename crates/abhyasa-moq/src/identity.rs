@@ -131,7 +131,7 @@ impl Ca {
 
     /// Reads `ca.pem` and `ca.key` from `dir`.
     pub fn load(dir: &Path) -> Result<Self, IdentityError> {
-        let cert = read_cert(&dir.join("ca.pem"))?;
+        let cert = read_certificate(&dir.join("ca.pem"))?;
         let key_path = dir.join("ca.key");
         let pem = read(&key_path)?;
         let key =
@@ -191,7 +191,7 @@ impl Identity {
             agent: agent.clone(),
             chain,
             key: key.secret_der().to_vec(),
-            ca: read_cert(&dir.join("ca.pem"))?,
+            ca: read_certificate(&dir.join("ca.pem"))?,
         })
     }
 }
@@ -243,7 +243,8 @@ fn read(path: &Path) -> Result<Vec<u8>, IdentityError> {
     })
 }
 
-fn read_cert(path: &Path) -> Result<CertificateDer<'static>, IdentityError> {
+/// The (first) certificate of the PEM file `path`.
+pub fn read_certificate(path: &Path) -> Result<CertificateDer<'static>, IdentityError> {
     CertificateDer::from_pem_slice(&read(path)?).map_err(|_| IdentityError::Pem {
         path: path.to_owned(),
         what: "certificate",

@@ -19,9 +19,10 @@ pub mod session;
 pub mod signed;
 
 pub use endpoint::{
-    endpoint, impaired_endpoint, peer_agent, Congestion, EndpointError, TransportSettings,
+    endpoint, impaired_endpoint, peer_agent, relay_client_config, Congestion, EndpointError,
+    RelayTrust, TransportSettings,
 };
-pub use identity::{agent_of, Ca, Identity, IdentityError};
+pub use identity::{agent_of, read_certificate, Ca, Identity, IdentityError};
 pub use impaired::ImpairmentHandle;
 pub use mcp::{McpChannel, McpRole, McpSender};
 pub use relay::{moq_relay_binary, MoqRelayProcess, RelayEvent, RelaySession};

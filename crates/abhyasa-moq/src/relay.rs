@@ -130,21 +130,24 @@ impl RelaySession {
         relay: &AgentId,
         me: &AgentId,
     ) -> Result<(RelaySession, mpsc::Receiver<RelayEvent>), SessionError> {
-        Self::connect_with(endpoint, addr, relay, me, None).await
+        Self::connect_with(endpoint, addr, relay, me, None, None).await
     }
 
     /// [`RelaySession::connect`], subscribing only to the namespaces of `interest` when it is
     /// given (an agent that serves one principal needs only that principal's tracks; without
     /// it every node subscribes to every other: three subscriptions per pair at the relay).
-    /// Anyone may still subscribe to *our* tracks for them.
+    /// Anyone may still subscribe to *our* tracks for them. With `client` (from
+    /// [`relay_client_config`](crate::relay_client_config)) the relay is trusted by its own
+    /// CA, for the name `relay`, or by its certificate's fingerprint instead.
     pub async fn connect_with(
         endpoint: &quinn::Endpoint,
         addr: std::net::SocketAddr,
         relay: &AgentId,
         me: &AgentId,
         interest: Option<HashSet<AgentId>>,
+        client: Option<quinn::ClientConfig>,
     ) -> Result<(RelaySession, mpsc::Receiver<RelayEvent>), SessionError> {
-        let setup = client_setup(endpoint, addr, relay, None, REQUEST_WINDOW).await?;
+        let setup = client_setup(endpoint, addr, relay, None, REQUEST_WINDOW, client).await?;
         let first_group = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_micros() as u64)

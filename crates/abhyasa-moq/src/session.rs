@@ -268,7 +268,15 @@ impl Session {
         me: &AgentId,
         limits: SessionLimits,
     ) -> Result<(Session, mpsc::Receiver<SessionEvent>), SessionError> {
-        let setup = client_setup(endpoint, addr, expected, None, limits.max_request_id()).await?;
+        let setup = client_setup(
+            endpoint,
+            addr,
+            expected,
+            None,
+            limits.max_request_id(),
+            None,
+        )
+        .await?;
         Ok(Self::start(
             me.clone(),
             setup.peer,
@@ -942,16 +950,30 @@ pub(crate) async fn client_setup(
     expected: &AgentId,
     path: Option<&[u8]>,
     max_request_id: u64,
+    client: Option<quinn::ClientConfig>,
 ) -> Result<ClientSetup, SessionError> {
-    let conn = endpoint.connect(addr, expected.as_str())?.await?;
-    let peer = peer_agent(&conn)
-        .ok_or_else(|| SessionError::Identity("no agent id in certificate".into()))?;
-    if &peer != expected {
-        conn.close(code::INTERNAL_ERROR.into(), b"unexpected peer");
-        return Err(SessionError::Identity(format!(
-            "dialed {expected}, reached {peer}"
-        )));
-    }
+    let (conn, peer) = match client {
+        // A relay trusted by its own CA or fingerprint: the handshake checked it, and it is
+        // known by the name it was dialed as.
+        Some(client) => (
+            endpoint
+                .connect_with(client, addr, expected.as_str())?
+                .await?,
+            expected.clone(),
+        ),
+        None => {
+            let conn = endpoint.connect(addr, expected.as_str())?.await?;
+            let peer = peer_agent(&conn)
+                .ok_or_else(|| SessionError::Identity("no agent id in certificate".into()))?;
+            if &peer != expected {
+                conn.close(code::INTERNAL_ERROR.into(), b"unexpected peer");
+                return Err(SessionError::Identity(format!(
+                    "dialed {expected}, reached {peer}"
+                )));
+            }
+            (conn, peer)
+        }
+    };
     let (mut send, mut recv) = conn.open_bi().await?;
     let mut params = Vec::new();
     if let Some(path) = path {

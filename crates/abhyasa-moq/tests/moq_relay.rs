@@ -440,6 +440,7 @@ async fn two_relay_sessions_find_each_other_and_exchange_objects() {
         &id("relay"),
         &id("agent-2"),
         Some([principal.clone()].into_iter().collect()),
+        None,
     )
     .await
     .unwrap();

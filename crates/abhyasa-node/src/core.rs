@@ -266,7 +266,9 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
     }
 
     // Relay loops: one session per relay, re-dialed after loss.
-    for (name, addr) in b.relays.clone() {
+    for (name, (addr, trust)) in b.relays.clone() {
+        let client = abhyasa_moq::relay_client_config(&b.identity, &b.transport, &trust)
+            .map_err(NodeError::from)?;
         let (endpoint, itx, me, verifier) = (
             endpoint.clone(),
             itx.clone(),
@@ -280,7 +282,14 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
                 loop {
                     match tokio::time::timeout(
                         DIAL_ATTEMPT_LONG,
-                        RelaySession::connect_with(&endpoint, addr, &name, &me, interest.clone()),
+                        RelaySession::connect_with(
+                            &endpoint,
+                            addr,
+                            &name,
+                            &me,
+                            interest.clone(),
+                            client.clone(),
+                        ),
                     )
                     .await
                     {

@@ -341,7 +341,7 @@ pub struct NodeBuilder {
     identity: Identity,
     listen: SocketAddr,
     peers: BTreeMap<AgentId, SocketAddr>,
-    relays: BTreeMap<AgentId, SocketAddr>,
+    relays: BTreeMap<AgentId, (SocketAddr, abhyasa_moq::RelayTrust)>,
     relay_interest: Option<std::collections::HashSet<AgentId>>,
     state_dir: Option<PathBuf>,
     transport: TransportSettings,
@@ -406,8 +406,21 @@ impl NodeBuilder {
     /// serves custody to whoever subscribes to its tracks; who sent an object is proven by its
     /// end-to-end signature only. A relay restart is a partition: custody retries, and
     /// re-offers when the peer subscribes again.
-    pub fn relay(mut self, name: AgentId, addr: SocketAddr) -> Self {
-        self.relays.insert(name, addr);
+    pub fn relay(self, name: AgentId, addr: SocketAddr) -> Self {
+        self.relay_trusting(name, addr, abhyasa_moq::RelayTrust::Deployment)
+    }
+
+    /// [`NodeBuilder::relay`] for a relay whose certificate is trusted as `trust` says: the
+    /// relay operator's CA (for `name` as a DNS name) or the certificate's SHA-256
+    /// fingerprint, instead of the deployment CA. The node still presents its own
+    /// certificate, and still believes only end-to-end signatures.
+    pub fn relay_trusting(
+        mut self,
+        name: AgentId,
+        addr: SocketAddr,
+        trust: abhyasa_moq::RelayTrust,
+    ) -> Self {
+        self.relays.insert(name, (addr, trust));
         self
     }
 

@@ -170,3 +170,53 @@ async fn custody_through_an_unmodified_moq_relay_survives_its_restart_and_escala
     }
     drop(relay);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_with_its_operators_certificate_is_trusted_by_ca_or_fingerprint() {
+    use abhyasa_moq::RelayTrust;
+    use sha2::Digest;
+    let Some(bin) = moq_relay_binary() else {
+        eprintln!(
+            "SKIPPED: no moq-relay binary (scripts/moq-relay.sh builds it; or set ABHYASA_MOQ_RELAY)"
+        );
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // The relay's certificate comes from its operator's CA, for a DNS name; the deployment CA
+    // never saw it.
+    let operator = Ca::generate("relay operator").unwrap();
+    let cert = operator.issue(&id("relay.example")).unwrap();
+    cert.save(dir.path()).unwrap();
+    for ext in ["pem", "key"] {
+        std::fs::rename(
+            dir.path().join(format!("relay.example.{ext}")),
+            dir.path().join(format!("relay.{ext}")),
+        )
+        .unwrap();
+    }
+    let addr = common::free_addr();
+    let _relay = MoqRelayProcess::spawn(&bin, addr, dir.path()).unwrap();
+
+    let ca = Ca::generate("relay-test").unwrap();
+    let (p, a) = (id("principal"), id("agent-1"));
+    let dial = |who: &AgentId, trust: RelayTrust| {
+        Node::builder(ca.issue(who).unwrap())
+            .state_dir(dir.path().join(who.as_str()))
+            .relay_trusting(id("relay.example"), addr, trust)
+            .custodian(custodian())
+            .build()
+    };
+    // The principal trusts the operator's CA; the agent pins the certificate itself.
+    let principal = dial(&p, RelayTrust::Ca(operator.certificate().clone()))
+        .await
+        .unwrap();
+    let pin: [u8; 32] = sha2::Sha256::digest(cert.chain[0].as_ref()).into();
+    let agent = dial(&a, RelayTrust::Fingerprint(pin)).await.unwrap();
+
+    let o = obligation(1, 0, &a, 60_000);
+    let handle = principal.issue(o.clone()).await.unwrap();
+    assert_eq!(outcomes(vec![handle]).await, [Outcome::Applied]);
+    assert_eq!(applied(&agent).await, [o.id]);
+    principal.shutdown().await;
+    agent.shutdown().await;
+}
