@@ -10,6 +10,7 @@
 
 #![warn(missing_docs, unreachable_pub)]
 
+mod dataplane;
 pub mod endpoint;
 pub mod identity;
 pub mod impaired;

@@ -22,18 +22,15 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use abhyasa_wire::moqt::{
-    Control, Filter, MoqtError, Namespace, ObjectBody, ObjectDatagram, StreamObject,
-    SubgroupHeader, SubgroupId,
-};
+use abhyasa_wire::moqt::{Control, Filter, MoqtError, Namespace};
 use abhyasa_wire::AgentId;
 use tokio::sync::{mpsc, Mutex};
 
+use crate::dataplane::{self, Grouping, Lookup, RequestFlow, Take};
 use crate::session::{
     client_setup, close_with, namespace, read_control, SendError, SessionError, Track,
-    MAX_STREAM_BYTES,
 };
 
 /// What the relay session tells its owner.
@@ -71,17 +68,12 @@ enum Request {
 /// Subscriptions of ours and of others (through the relay) a session holds at most: a relay
 /// that forwards more is refused the rest.
 const MAX_SUBSCRIPTIONS: usize = 100_000;
-/// How long an object of an unknown alias waits for a pending SUBSCRIBE_OK.
-const ALIAS_WAIT: Duration = Duration::from_secs(1);
 /// The Maximum Request ID granted to the relay, raised by this much when it is blocked.
 const REQUEST_WINDOW: u64 = 1 << 16;
 
-#[derive(Default)]
 struct State {
-    next_request: u64,
-    peer_max_request: u64,
-    blocked: Vec<Request>,
-    blocked_reported: bool,
+    /// Our request ids, within the relay's Maximum Request ID.
+    flow: RequestFlow<Request>,
     our_max_request: u64,
     /// Our requests awaiting an answer.
     requested: HashMap<u64, Request>,
@@ -153,11 +145,15 @@ impl RelaySession {
             .map(|d| d.as_micros() as u64)
             .unwrap_or(0);
         let state = State {
-            peer_max_request: setup.peer_max,
+            flow: RequestFlow::new(0, setup.peer_max),
             our_max_request: REQUEST_WINDOW,
+            requested: HashMap::new(),
+            subscribed: HashSet::new(),
+            granted: HashMap::new(),
+            inbound: HashMap::new(),
+            outbound: HashMap::new(),
             next_alias: 1,
             next_group: first_group,
-            ..State::default()
         };
         let session = RelaySession(Arc::new(Inner {
             me: me.clone(),
@@ -184,9 +180,9 @@ impl RelaySession {
             let _ = events.send(RelayEvent::Closed(reason)).await;
         });
         let (s, events) = (session.clone(), tx.clone());
-        tokio::spawn(async move { s.streams_loop(&events).await });
+        tokio::spawn(async move { dataplane::streams_loop(&s, &events).await });
         let s = session.clone();
-        tokio::spawn(async move { s.datagrams_loop(&tx).await });
+        tokio::spawn(async move { dataplane::datagrams_loop(&s, &tx).await });
         Ok((session, rx))
     }
 
@@ -219,9 +215,8 @@ impl RelaySession {
         payloads: &[Vec<u8>],
         datagram: bool,
     ) -> Result<(), SendError> {
-        let limit = self.0.conn.max_datagram_size();
-        let fits = |p: &Vec<u8>| limit.is_some_and(|l| p.len() + 24 <= l);
-        let as_datagrams = datagram && payloads.iter().all(fits);
+        let conn = &self.0.conn;
+        let as_datagrams = datagram && dataplane::fit_datagrams(conn, payloads);
         let (alias, group) = {
             let mut st = self.state();
             let Some(&(_, alias)) = st.outbound.get(&(peer.clone(), track)) else {
@@ -236,46 +231,10 @@ impl RelaySession {
             (alias, group)
         };
         if as_datagrams {
-            for (i, p) in payloads.iter().enumerate() {
-                let d = ObjectDatagram {
-                    track_alias: alias,
-                    group: group + i as u64,
-                    object_id: None,
-                    priority: 0,
-                    extensions: None,
-                    end_of_group: true,
-                    body: ObjectBody::Payload(p.clone()),
-                };
-                self.0
-                    .conn
-                    .send_datagram(d.encode().into())
-                    .map_err(|e| SendError::Closed(e.to_string()))?;
-            }
-            return Ok(());
+            // A group per datagram: a relay forwards each whole.
+            return dataplane::send_datagrams(conn, alias, group, payloads, Grouping::GroupEach);
         }
-        let mut out = Vec::new();
-        SubgroupHeader {
-            track_alias: alias,
-            group,
-            subgroup: SubgroupId::Zero,
-            priority: 0,
-            extensions: false,
-            end_of_group: true,
-        }
-        .encode(&mut out);
-        for p in payloads {
-            StreamObject {
-                object_id_delta: 0,
-                extensions: vec![],
-                body: ObjectBody::Payload(p.clone()),
-            }
-            .encode(false, &mut out);
-        }
-        let closed = |e: &dyn std::fmt::Display| SendError::Closed(e.to_string());
-        let mut stream = self.0.conn.open_uni().await.map_err(|e| closed(&e))?;
-        stream.write_all(&out).await.map_err(|e| closed(&e))?;
-        stream.finish().map_err(|e| closed(&e))?;
-        Ok(())
+        dataplane::send_subgroup(conn, alias, group, payloads, || {}).await
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -297,25 +256,20 @@ impl RelaySession {
     /// Sends `req` now if the relay's Maximum Request ID allows, else queues it and reports
     /// REQUESTS_BLOCKED once.
     async fn request(&self, req: Request) -> Result<(), String> {
-        let (id, blocked_at) = {
+        let taken = {
             let mut st = self.state();
-            if st.next_request < st.peer_max_request {
-                let id = st.next_request;
-                st.next_request += 2;
+            let taken = st.flow.take(req.clone());
+            if let Take::Send(id) = taken {
                 st.requested.insert(id, req.clone());
-                (Some(id), None)
-            } else {
-                st.blocked.push(req.clone());
-                let report = !st.blocked_reported;
-                st.blocked_reported = true;
-                (None, report.then_some(st.peer_max_request))
             }
+            taken
         };
-        if let Some(max) = blocked_at {
-            return self.write_control(Control::RequestsBlocked { max }).await;
-        }
-        let Some(request_id) = id else {
-            return Ok(());
+        let request_id = match taken {
+            Take::Send(id) => id,
+            Take::Blocked(None) => return Ok(()),
+            Take::Blocked(Some(max)) => {
+                return self.write_control(Control::RequestsBlocked { max }).await
+            }
         };
         let msg = match req {
             Request::PublishNamespace => Control::PublishNamespace {
@@ -564,17 +518,7 @@ impl RelaySession {
                 self.close(&format!("the relay refused the namespace prefix: {reason}"));
             }
             Control::MaxRequestId { request_id: max } => {
-                let waiting = {
-                    let mut st = self.state();
-                    if max <= st.peer_max_request {
-                        return Err(MoqtError::ProtocolViolation(
-                            "MAX_REQUEST_ID did not increase",
-                        ));
-                    }
-                    st.peer_max_request = max;
-                    st.blocked_reported = false;
-                    std::mem::take(&mut st.blocked)
-                };
+                let waiting = self.state().flow.raise(max)?;
                 for req in waiting {
                     self.request(req).await.map_err(io)?;
                 }
@@ -602,100 +546,55 @@ impl RelaySession {
     }
 
     /// The (peer, track) `alias` names, waiting briefly while a subscription of ours awaits
-    /// its answer (see `Session`: objects may overtake their SUBSCRIBE_OK).
+    /// its answer (objects may overtake their SUBSCRIBE_OK; `dataplane::resolve_alias`).
     async fn inbound(&self, alias: u64) -> Option<(AgentId, Track)> {
-        let deadline = tokio::time::Instant::now() + ALIAS_WAIT;
-        loop {
-            let answered = self.0.answered.notified();
-            tokio::pin!(answered);
-            answered.as_mut().enable();
-            {
-                let st = self.state();
-                if let Some(v) = st.inbound.get(&alias) {
-                    return Some(v.clone());
-                }
-                if !st
+        dataplane::resolve_alias(&self.0.answered, || {
+            let st = self.state();
+            match st.inbound.get(&alias) {
+                Some(v) => Lookup::Known(v.clone()),
+                None if st
                     .requested
                     .values()
-                    .any(|r| matches!(r, Request::Subscribe(..)))
+                    .any(|r| matches!(r, Request::Subscribe(..))) =>
                 {
-                    return None;
+                    Lookup::Pending
                 }
+                None => Lookup::Unknown,
             }
-            if tokio::time::timeout_at(deadline, answered).await.is_err() {
-                return None;
-            }
-        }
+        })
+        .await
+    }
+}
+
+impl dataplane::Inbound for RelaySession {
+    type Target = (AgentId, Track);
+    type Event = RelayEvent;
+
+    fn conn(&self) -> &quinn::Connection {
+        &self.0.conn
     }
 
-    async fn streams_loop(&self, events: &mpsc::Sender<RelayEvent>) {
-        while let Ok(mut recv) = self.0.conn.accept_uni().await {
-            let Ok(bytes) = recv.read_to_end(MAX_STREAM_BYTES).await else {
-                continue; // A reset stream loses only itself.
-            };
-            if let Err(e) = self.handle_stream(&bytes, events).await {
-                close_with(&self.0.conn, &e);
-                return;
-            }
-        }
+    fn remote(&self) -> &AgentId {
+        &self.0.relay
     }
 
-    async fn handle_stream(
+    /// One object per group is what a node sends; more are ignored (custody re-offers).
+    fn max_objects_per_group(&self) -> usize {
+        MAX_OBJECTS_PER_GROUP
+    }
+
+    fn resolve(
         &self,
-        bytes: &[u8],
-        events: &mpsc::Sender<RelayEvent>,
-    ) -> Result<(), MoqtError> {
-        let Some((header, mut at)) = SubgroupHeader::decode(bytes)? else {
-            return Err(MoqtError::ProtocolViolation(
-                "stream ended inside its header",
-            ));
-        };
-        let target = self.inbound(header.track_alias).await;
-        // One object per group is what a node sends; more are ignored (custody re-offers).
-        let mut taken = 0;
-        while at < bytes.len() && taken < MAX_OBJECTS_PER_GROUP {
-            taken += 1;
-            let Some((object, used)) = StreamObject::decode(&bytes[at..], header.extensions)?
-            else {
-                return Err(MoqtError::ProtocolViolation(
-                    "stream ended inside an object",
-                ));
-            };
-            at += used;
-            if let (Some((from, track)), ObjectBody::Payload(payload)) = (&target, object.body) {
-                let _ = events
-                    .send(RelayEvent::Object {
-                        from: from.clone(),
-                        track: *track,
-                        payload,
-                    })
-                    .await;
-            }
-        }
-        Ok(())
+        alias: u64,
+    ) -> impl std::future::Future<Output = Option<(AgentId, Track)>> + Send {
+        self.inbound(alias)
     }
 
-    async fn datagrams_loop(&self, events: &mpsc::Sender<RelayEvent>) {
-        while let Ok(d) = self.0.conn.read_datagram().await {
-            match ObjectDatagram::decode(&d) {
-                Ok(d) => {
-                    if let (Some((from, track)), ObjectBody::Payload(payload)) =
-                        (self.inbound(d.track_alias).await, d.body)
-                    {
-                        let _ = events
-                            .send(RelayEvent::Object {
-                                from,
-                                track,
-                                payload,
-                            })
-                            .await;
-                    }
-                }
-                Err(e) => {
-                    close_with(&self.0.conn, &e);
-                    return;
-                }
-            }
+    fn event(&self, (from, track): &(AgentId, Track), payload: Vec<u8>) -> RelayEvent {
+        RelayEvent::Object {
+            from: from.clone(),
+            track: *track,
+            payload,
         }
     }
 }

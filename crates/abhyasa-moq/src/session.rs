@@ -17,13 +17,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use abhyasa_wire::moqt::{
-    Control, KeyValue, MoqtError, Namespace, ObjectBody, ObjectDatagram, StreamObject,
-    SubgroupHeader, SubgroupId, DRAFT_14,
-};
+use abhyasa_wire::moqt::{Control, KeyValue, MoqtError, Namespace, DRAFT_14};
 use abhyasa_wire::AgentId;
 use tokio::sync::{mpsc, Mutex};
 
+use crate::dataplane::{self, Grouping, Lookup, RequestFlow, Take};
 use crate::endpoint::peer_agent;
 
 /// One of the three tracks a side publishes for its peer.
@@ -137,7 +135,6 @@ const SETUP_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_CONTROL_BUFFER: usize = 1 << 17;
 pub(crate) const MAX_STREAM_BYTES: usize = 2 << 20;
 
-#[derive(Default)]
 struct State {
     /// Tracks the peer subscribed to, with the peer's request id.
     outbound: HashMap<Track, u64>,
@@ -149,18 +146,12 @@ struct State {
     requested: HashMap<u64, Track>,
     /// Track aliases the peer granted us → track.
     inbound: HashMap<u64, Track>,
-    /// Our next request id.
-    next_request: u64,
+    /// Our request ids, within the peer's Maximum Request ID.
+    flow: RequestFlow<Request>,
     /// The peer's next expected request id.
     peer_next_request: u64,
     /// Whether the peer sent GOAWAY.
     goaway: bool,
-    /// The peer's Maximum Request ID: we may only use ids below it.
-    peer_max_request: u64,
-    /// Requests waiting for the peer to raise its Maximum Request ID.
-    blocked: Vec<Request>,
-    /// Whether REQUESTS_BLOCKED was sent for the current maximum.
-    blocked_reported: bool,
     /// The Maximum Request ID we granted the peer.
     our_max_request: u64,
 }
@@ -182,9 +173,6 @@ fn max_request_id(params: &[KeyValue]) -> u64 {
         })
         .unwrap_or(0)
 }
-
-/// How long an object with an unknown track alias waits for a pending SUBSCRIBE_OK.
-const ALIAS_WAIT: Duration = Duration::from_secs(1);
 
 /// What a session holds its peer to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -372,11 +360,15 @@ impl Session {
     ) -> (Session, mpsc::Receiver<SessionEvent>) {
         let (send, recv, buf) = control;
         let state = State {
-            next_request: parity,
+            outbound: HashMap::new(),
+            streams: HashMap::new(),
+            groups: HashMap::new(),
+            requested: HashMap::new(),
+            inbound: HashMap::new(),
+            flow: RequestFlow::new(parity, peer_max),
             peer_next_request: 1 - parity,
-            peer_max_request: peer_max,
+            goaway: false,
             our_max_request: limits.max_request_id(),
-            ..State::default()
         };
         let session = Session(Arc::new(Inner {
             me,
@@ -400,9 +392,9 @@ impl Session {
         });
         let s = session.clone();
         let events = tx.clone();
-        tokio::spawn(async move { s.streams_loop(&events).await });
+        tokio::spawn(async move { dataplane::streams_loop(&s, &events).await });
         let s = session.clone();
-        tokio::spawn(async move { s.datagrams_loop(&tx).await });
+        tokio::spawn(async move { dataplane::datagrams_loop(&s, &tx).await });
         (session, rx)
     }
 
@@ -433,27 +425,20 @@ impl Session {
     /// Sends `req` now if the peer's Maximum Request ID allows, else queues it and reports
     /// REQUESTS_BLOCKED once.
     async fn request(&self, req: Request) -> Result<(), String> {
-        let (id, blocked_at) = {
+        let taken = {
             let mut st = self.state();
-            if st.next_request < st.peer_max_request {
-                let id = st.next_request;
-                st.next_request += 2;
-                if let Request::Subscribe(track) = req {
-                    st.requested.insert(id, track);
-                }
-                (Some(id), None)
-            } else {
-                st.blocked.push(req.clone());
-                let report = !st.blocked_reported;
-                st.blocked_reported = true;
-                (None, report.then_some(st.peer_max_request))
+            let taken = st.flow.take(req.clone());
+            if let (Take::Send(id), Request::Subscribe(track)) = (&taken, &req) {
+                st.requested.insert(*id, *track);
             }
+            taken
         };
-        if let Some(max) = blocked_at {
-            return self.write_control(Control::RequestsBlocked { max }).await;
-        }
-        let Some(request_id) = id else {
-            return Ok(());
+        let request_id = match taken {
+            Take::Send(id) => id,
+            Take::Blocked(None) => return Ok(()),
+            Take::Blocked(Some(max)) => {
+                return self.write_control(Control::RequestsBlocked { max }).await
+            }
         };
         let msg = match req {
             Request::PublishNamespace => Control::PublishNamespace {
@@ -512,59 +497,20 @@ impl Session {
             *g += 1;
             *g - 1
         };
-        let limit = self.0.conn.max_datagram_size();
-        let fits = |p: &Vec<u8>| limit.is_some_and(|l| p.len() + 24 <= l);
-        if datagram && payloads.iter().all(fits) {
-            for (i, p) in payloads.iter().enumerate() {
-                let d = ObjectDatagram {
-                    track_alias: track.alias(),
-                    group,
-                    object_id: (i > 0).then_some(i as u64),
-                    priority: 0,
-                    extensions: None,
-                    end_of_group: i + 1 == payloads.len(),
-                    body: ObjectBody::Payload(p.clone()),
-                };
-                self.0
-                    .conn
-                    .send_datagram(d.encode().into())
-                    .map_err(|e| SendError::Closed(e.to_string()))?;
-            }
-            return Ok(());
+        let conn = &self.0.conn;
+        if datagram && dataplane::fit_datagrams(conn, payloads) {
+            return dataplane::send_datagrams(
+                conn,
+                track.alias(),
+                group,
+                payloads,
+                Grouping::OneGroup,
+            );
         }
-        let header = SubgroupHeader {
-            track_alias: track.alias(),
-            group,
-            subgroup: SubgroupId::Zero,
-            priority: 0,
-            extensions: false,
-            end_of_group: true,
-        };
-        let mut out = Vec::new();
-        header.encode(&mut out);
-        for p in payloads {
-            StreamObject {
-                object_id_delta: 0,
-                extensions: vec![],
-                body: ObjectBody::Payload(p.clone()),
-            }
-            .encode(false, &mut out);
-        }
-        let mut stream = self
-            .0
-            .conn
-            .open_uni()
-            .await
-            .map_err(|e| SendError::Closed(e.to_string()))?;
-        *self.state().streams.entry(track).or_insert(0) += 1;
-        stream
-            .write_all(&out)
-            .await
-            .map_err(|e| SendError::Closed(e.to_string()))?;
-        stream
-            .finish()
-            .map_err(|e| SendError::Closed(e.to_string()))?;
-        Ok(())
+        dataplane::send_subgroup(conn, track.alias(), group, payloads, || {
+            *self.state().streams.entry(track).or_insert(0) += 1;
+        })
+        .await
     }
 
     async fn control_loop(
@@ -810,17 +756,7 @@ impl Session {
                 }
             }
             Control::MaxRequestId { request_id: max } => {
-                let waiting = {
-                    let mut st = self.state();
-                    if max <= st.peer_max_request {
-                        return Err(MoqtError::ProtocolViolation(
-                            "MAX_REQUEST_ID did not increase",
-                        ));
-                    }
-                    st.peer_max_request = max;
-                    st.blocked_reported = false;
-                    std::mem::take(&mut st.blocked)
-                };
+                let waiting = self.state().flow.raise(max)?;
                 for req in waiting {
                     self.request(req).await.map_err(io)?;
                 }
@@ -837,97 +773,47 @@ impl Session {
         Ok(())
     }
 
-    /// The track `alias` names, or `None` for an alias the peer never granted. Objects may
-    /// overtake the SUBSCRIBE_OK that grants their alias (draft-14 §10.2, §10.4.2: the
-    /// receiver "MAY ... buffer it for a brief period"): while a subscription of ours awaits
-    /// its answer, an unknown alias waits for that answer, up to `ALIAS_WAIT`, instead of
-    /// being dropped at once. Without a pending subscription it is dropped at once.
+    /// The track `alias` names, or `None` for an alias the peer never granted. While a
+    /// subscription of ours awaits its answer, an unknown alias waits for that answer (up to
+    /// [`dataplane::ALIAS_WAIT`]: objects may overtake their SUBSCRIBE_OK) instead of being
+    /// dropped at once.
     async fn inbound_track(&self, alias: u64) -> Option<Track> {
-        let deadline = tokio::time::Instant::now() + ALIAS_WAIT;
-        loop {
-            let answered = self.0.answered.notified();
-            tokio::pin!(answered);
-            // Registered before the check: an answer between the check and the wait wakes it.
-            answered.as_mut().enable();
-            {
-                let st = self.state();
-                if let Some(track) = st.inbound.get(&alias) {
-                    return Some(*track);
-                }
-                if st.requested.is_empty() {
-                    return None;
-                }
+        dataplane::resolve_alias(&self.0.answered, || {
+            let st = self.state();
+            match st.inbound.get(&alias) {
+                Some(track) => Lookup::Known(*track),
+                None if st.requested.is_empty() => Lookup::Unknown,
+                None => Lookup::Pending,
             }
-            if tokio::time::timeout_at(deadline, answered).await.is_err() {
-                return None;
-            }
-        }
+        })
+        .await
+    }
+}
+
+impl dataplane::Inbound for Session {
+    type Target = Track;
+    type Event = SessionEvent;
+
+    fn conn(&self) -> &quinn::Connection {
+        &self.0.conn
     }
 
-    async fn streams_loop(&self, events: &mpsc::Sender<SessionEvent>) {
-        while let Ok(mut recv) = self.0.conn.accept_uni().await {
-            let bytes = match recv.read_to_end(MAX_STREAM_BYTES).await {
-                Ok(b) => b,
-                Err(_) => continue, // A reset stream loses only itself.
-            };
-            if let Err(e) = self.handle_stream(&bytes, events).await {
-                close_with(&self.0.conn, &e);
-                return;
-            }
-        }
+    fn remote(&self) -> &AgentId {
+        &self.0.peer
     }
 
-    async fn handle_stream(
-        &self,
-        bytes: &[u8],
-        events: &mpsc::Sender<SessionEvent>,
-    ) -> Result<(), MoqtError> {
-        let Some((header, mut at)) = SubgroupHeader::decode(bytes)? else {
-            return Err(MoqtError::ProtocolViolation(
-                "stream ended inside its header",
-            ));
-        };
-        let track = self.inbound_track(header.track_alias).await;
-        let mut taken = 0usize;
-        while at < bytes.len() {
-            if taken == self.0.limits.max_objects_per_group {
-                tracing::warn!(
-                    peer = %self.0.peer,
-                    limit = self.0.limits.max_objects_per_group,
-                    ignored_bytes = bytes.len() - at,
-                    "objects per group limit: the rest of the group is ignored"
-                );
-                break;
-            }
-            taken += 1;
-            let Some((object, used)) = StreamObject::decode(&bytes[at..], header.extensions)?
-            else {
-                return Err(MoqtError::ProtocolViolation(
-                    "stream ended inside an object",
-                ));
-            };
-            at += used;
-            if let (Some(track), ObjectBody::Payload(payload)) = (track, object.body) {
-                let _ = events.send(SessionEvent::Object { track, payload }).await;
-            }
-        }
-        Ok(())
+    fn max_objects_per_group(&self) -> usize {
+        self.0.limits.max_objects_per_group
     }
 
-    async fn datagrams_loop(&self, events: &mpsc::Sender<SessionEvent>) {
-        while let Ok(d) = self.0.conn.read_datagram().await {
-            match ObjectDatagram::decode(&d) {
-                Ok(d) => {
-                    let track = self.inbound_track(d.track_alias).await;
-                    if let (Some(track), ObjectBody::Payload(payload)) = (track, d.body) {
-                        let _ = events.send(SessionEvent::Object { track, payload }).await;
-                    }
-                }
-                Err(e) => {
-                    close_with(&self.0.conn, &e);
-                    return;
-                }
-            }
+    fn resolve(&self, alias: u64) -> impl std::future::Future<Output = Option<Track>> + Send {
+        self.inbound_track(alias)
+    }
+
+    fn event(&self, track: &Track, payload: Vec<u8>) -> SessionEvent {
+        SessionEvent::Object {
+            track: *track,
+            payload,
         }
     }
 }
