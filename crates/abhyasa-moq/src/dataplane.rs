@@ -1,18 +1,19 @@
 //! What a direct [`Session`](crate::Session) and a [`RelaySession`](crate::RelaySession)
 //! share below their control messages: sending one group of objects (as OBJECT_DATAGRAMs or on
 //! one subgroup stream), taking objects from incoming subgroup streams and datagrams, waiting
-//! for a track alias whose SUBSCRIBE_OK an object overtook, and request-id flow control.
+//! for a track alias whose SUBSCRIBE_OK an object overtook, the control stream's read loop and
+//! writes, and request-id flow control.
 
 use std::future::Future;
 use std::time::Duration;
 
 use abhyasa_wire::moqt::{
-    MoqtError, ObjectBody, ObjectDatagram, StreamObject, SubgroupHeader, SubgroupId,
+    Control, MoqtError, ObjectBody, ObjectDatagram, StreamObject, SubgroupHeader, SubgroupId,
 };
 use abhyasa_wire::AgentId;
 use tokio::sync::mpsc;
 
-use crate::session::{close_with, SendError, MAX_STREAM_BYTES};
+use crate::session::{close_with, read_control, SendError, MAX_STREAM_BYTES};
 
 /// How long an object of an unknown track alias waits for a pending SUBSCRIBE_OK.
 pub(crate) const ALIAS_WAIT: Duration = Duration::from_secs(1);
@@ -216,6 +217,57 @@ pub(crate) async fn datagrams_loop<I: Inbound>(inbound: &I, events: &mpsc::Sende
                 close_with(inbound.conn(), &e);
                 return;
             }
+        }
+    }
+}
+
+/// Writes one control message on the session's control stream.
+pub(crate) async fn write_control(
+    control: &tokio::sync::Mutex<quinn::SendStream>,
+    msg: Control,
+) -> Result<(), String> {
+    let mut out = Vec::new();
+    msg.encode(&mut out);
+    control
+        .lock()
+        .await
+        .write_all(&out)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// Reads control messages until the stream or the session ends, handing each to `handle`;
+/// returns why it ended. A message that does not parse, or that `handle` refuses, closes the
+/// session with the draft's error code; a stream that ends closes it with NO_ERROR, unless the
+/// connection already closed (by the peer, or by a limit here), whose reason is kept.
+pub(crate) async fn control_loop<F, Fut>(
+    conn: &quinn::Connection,
+    mut recv: quinn::RecvStream,
+    mut buf: Vec<u8>,
+    mut handle: F,
+) -> String
+where
+    F: FnMut(Control) -> Fut,
+    Fut: Future<Output = Result<(), MoqtError>>,
+{
+    loop {
+        let msg = match read_control(&mut recv, &mut buf).await {
+            Ok(Some(m)) => m,
+            Ok(None) => {
+                if let Some(reason) = conn.close_reason() {
+                    return format!("closed: {reason}");
+                }
+                conn.close(0u32.into(), b"control stream ended");
+                return "control stream ended".into();
+            }
+            Err(e) => {
+                close_with(conn, &e);
+                return format!("closed: {e}");
+            }
+        };
+        if let Err(e) = handle(msg).await {
+            close_with(conn, &e);
+            return format!("closed: {e}");
         }
     }
 }

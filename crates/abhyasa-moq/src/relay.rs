@@ -29,9 +29,7 @@ use abhyasa_wire::AgentId;
 use tokio::sync::{mpsc, Mutex};
 
 use crate::dataplane::{self, Grouping, Lookup, RequestFlow, Take};
-use crate::session::{
-    client_setup, close_with, namespace, read_control, SendError, SessionError, Track,
-};
+use crate::session::{client_setup, namespace, SendError, SessionError, Track};
 
 /// What the relay session tells its owner.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -242,15 +240,7 @@ impl RelaySession {
     }
 
     async fn write_control(&self, msg: Control) -> Result<(), String> {
-        let mut out = Vec::new();
-        msg.encode(&mut out);
-        self.0
-            .control
-            .lock()
-            .await
-            .write_all(&out)
-            .await
-            .map_err(|e| e.to_string())
+        dataplane::write_control(&self.0.control, msg).await
     }
 
     /// Sends `req` now if the relay's Maximum Request ID allows, else queues it and reports
@@ -298,30 +288,14 @@ impl RelaySession {
 
     async fn control_loop(
         &self,
-        mut recv: quinn::RecvStream,
-        mut buf: Vec<u8>,
+        recv: quinn::RecvStream,
+        buf: Vec<u8>,
         events: &mpsc::Sender<RelayEvent>,
     ) -> String {
-        loop {
-            let msg = match read_control(&mut recv, &mut buf).await {
-                Ok(Some(m)) => m,
-                Ok(None) => {
-                    if let Some(reason) = self.0.conn.close_reason() {
-                        return format!("closed: {reason}");
-                    }
-                    self.close("control stream ended");
-                    return "control stream ended".into();
-                }
-                Err(e) => {
-                    close_with(&self.0.conn, &e);
-                    return format!("closed: {e}");
-                }
-            };
-            if let Err(e) = self.handle_control(msg, events).await {
-                close_with(&self.0.conn, &e);
-                return format!("closed: {e}");
-            }
-        }
+        dataplane::control_loop(&self.0.conn, recv, buf, |msg| {
+            self.handle_control(msg, events)
+        })
+        .await
     }
 
     /// A request id of the relay's: below our grant, or the session ends.

@@ -461,15 +461,7 @@ impl Session {
     }
 
     async fn write_control(&self, msg: Control) -> Result<(), String> {
-        let mut out = Vec::new();
-        msg.encode(&mut out);
-        self.0
-            .control
-            .lock()
-            .await
-            .write_all(&out)
-            .await
-            .map_err(|e| e.to_string())
+        dataplane::write_control(&self.0.control, msg).await
     }
 
     async fn announce_and_subscribe(&self) -> Result<(), String> {
@@ -515,34 +507,14 @@ impl Session {
 
     async fn control_loop(
         &self,
-        mut recv: quinn::RecvStream,
-        mut buf: Vec<u8>,
+        recv: quinn::RecvStream,
+        buf: Vec<u8>,
         events: &mpsc::Sender<SessionEvent>,
     ) -> String {
-        loop {
-            let msg = match read_control(&mut recv, &mut buf).await {
-                Ok(Some(m)) => m,
-                Ok(None) => {
-                    // The connection was closed (by the peer, or by a limit here): keep its
-                    // reason rather than overwrite it with a local close.
-                    if let Some(reason) = self.0.conn.close_reason() {
-                        return format!("closed: {reason}");
-                    }
-                    self.0
-                        .conn
-                        .close(code::NO_ERROR.into(), b"control stream ended");
-                    return "control stream ended".into();
-                }
-                Err(e) => {
-                    close_with(&self.0.conn, &e);
-                    return format!("closed: {e}");
-                }
-            };
-            if let Err(e) = self.handle_control(msg, events).await {
-                close_with(&self.0.conn, &e);
-                return format!("closed: {e}");
-            }
-        }
+        dataplane::control_loop(&self.0.conn, recv, buf, |msg| {
+            self.handle_control(msg, events)
+        })
+        .await
     }
 
     fn check_request_id(&self, id: u64) -> Result<(), MoqtError> {
