@@ -127,6 +127,7 @@ async fn fanout_sweep_applies_everything_at_every_agent_count() {
             agents: vec![1, 4],
             obligations: 40,
             window: 8,
+            direct: true,
             relay: relay.clone(),
         },
         out.path(),

@@ -358,8 +358,11 @@ enum SweepCommand {
         #[arg(long, default_value_t = 256)]
         window: usize,
         /// Only the direct points, even when the relay is installed.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "relay_only")]
         direct_only: bool,
+        /// Only the relay points (it must be installed).
+        #[arg(long)]
+        relay_only: bool,
     },
     /// Resident memory per pending obligation, and over a million obligations passed through.
     Memory {
@@ -946,11 +949,13 @@ async fn run(command: Command) -> Result<ExitCode> {
                     obligations,
                     window,
                     direct_only,
+                    relay_only,
                 } => crate::fanout::fanout_to(
                     &crate::fanout::FanoutSweep {
                         agents,
                         obligations,
                         window,
+                        direct: !relay_only,
                         relay: if direct_only {
                             None
                         } else {

@@ -29,6 +29,8 @@ pub struct FanoutSweep {
     pub obligations: u64,
     /// Obligations in flight at once.
     pub window: usize,
+    /// Whether to run the direct points.
+    pub direct: bool,
     /// The `moq-relay` binary: relay points run only with it.
     pub relay: Option<PathBuf>,
 }
@@ -199,7 +201,10 @@ async fn point(s: &FanoutSweep, agents: usize, relay: Option<&Path>) -> Result<F
 /// Runs the sweep: every agent count directly, then (with the relay binary) through the relay.
 pub async fn fanout(s: &FanoutSweep) -> Result<Vec<FanoutPoint>, Error> {
     let mut points = Vec::new();
-    let modes: Vec<Option<&Path>> = std::iter::once(None)
+    let modes: Vec<Option<&Path>> = s
+        .direct
+        .then_some(None)
+        .into_iter()
         .chain(s.relay.as_deref().map(Some))
         .collect();
     for relay in modes {

@@ -127,7 +127,7 @@ impl McpChannel {
         let grant = crate::SessionLimits::default()
             .max_requests
             .saturating_mul(2);
-        let s = client_setup(endpoint, addr, expected, Some(MCP_PATH), grant, None).await?;
+        let s = client_setup(endpoint, addr, expected, Some(MCP_PATH), grant, None, &[]).await?;
         let id = format!("{:016x}", rand_u64(&s.conn));
         let ns = mcp_namespace(&id);
         let channel = Self::start(McpRole::Client, s.peer, s.conn, s.send, s.recv, s.buf);

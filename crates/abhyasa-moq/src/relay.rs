@@ -4,7 +4,9 @@
 //!
 //! - publishes its namespace `(abhyasa, v1, <self>)` (PUBLISH_NAMESPACE) and subscribes to the
 //!   prefix `(abhyasa, v1)` (SUBSCRIBE_NAMESPACE), so the relay tells it of every other node's
-//!   namespace (PUBLISH_NAMESPACE from the relay), now and when one comes back;
+//!   namespace (PUBLISH_NAMESPACE from the relay), now and when one comes back — or, given the
+//!   peers it serves (`interest`), to each of their namespaces alone, so the relay announces
+//!   only those;
 //! - for each such namespace `(abhyasa, v1, X)`, subscribes to `to/<self>`, `acks/<self>` and
 //!   `ledger/<self>` there: what X addresses to it;
 //! - answers the SUBSCRIBEs the relay forwards for its own tracks `to|acks|ledger/<X>`: X is
@@ -24,7 +26,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use abhyasa_wire::moqt::{Control, Filter, MoqtError, Namespace};
+use abhyasa_wire::moqt::{Control, Filter, KeyValue, MoqtError, Namespace};
 use abhyasa_wire::AgentId;
 use tokio::sync::{mpsc, Mutex};
 
@@ -59,13 +61,16 @@ pub enum RelayEvent {
 #[derive(Clone, Debug)]
 enum Request {
     PublishNamespace,
-    SubscribeNamespace,
+    /// SUBSCRIBE_NAMESPACE of this prefix.
+    SubscribeNamespace(Namespace),
     Subscribe(AgentId, Track),
 }
 
 /// Subscriptions of ours and of others (through the relay) a session holds at most: a relay
 /// that forwards more is refused the rest.
 const MAX_SUBSCRIPTIONS: usize = 100_000;
+/// The MoQ Solicit setup option (draft-lcurley-moq-solicit-00).
+const SOLICIT: u64 = 0x40B5A;
 /// The Maximum Request ID granted to the relay, raised by this much when it is blocked.
 const REQUEST_WINDOW: u64 = 1 << 16;
 
@@ -77,6 +82,8 @@ struct State {
     requested: HashMap<u64, Request>,
     /// Our subscriptions, pending or granted.
     subscribed: HashSet<(AgentId, Track)>,
+    /// The peers whose namespaces the relay announced to us (and did not withdraw).
+    seen: HashSet<AgentId>,
     /// Granted subscriptions of ours: request id → (peer, track).
     granted: HashMap<u64, (AgentId, Track)>,
     /// Aliases the relay granted us.
@@ -137,7 +144,24 @@ impl RelaySession {
         interest: Option<HashSet<AgentId>>,
         client: Option<quinn::ClientConfig>,
     ) -> Result<(RelaySession, mpsc::Receiver<RelayEvent>), SessionError> {
-        let setup = client_setup(endpoint, addr, relay, None, REQUEST_WINDOW, client).await?;
+        // SOLICIT = 1 (draft-lcurley-moq-solicit-00, a setup option other peers ignore):
+        // announce to us only the namespaces we ask for with SUBSCRIBE_NAMESPACE. Without it
+        // `moq-relay` tells every draft-14 client of every namespace it holds — with N nodes
+        // at one relay, N² announcements, whatever each asked for.
+        let solicit = [KeyValue::Int {
+            key: SOLICIT,
+            value: 1,
+        }];
+        let setup = client_setup(
+            endpoint,
+            addr,
+            relay,
+            None,
+            REQUEST_WINDOW,
+            client,
+            &solicit,
+        )
+        .await?;
         let first_group = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_micros() as u64)
@@ -147,6 +171,7 @@ impl RelaySession {
             our_max_request: REQUEST_WINDOW,
             requested: HashMap::new(),
             subscribed: HashSet::new(),
+            seen: HashSet::new(),
             granted: HashMap::new(),
             inbound: HashMap::new(),
             outbound: HashMap::new(),
@@ -168,7 +193,21 @@ impl RelaySession {
         tokio::spawn(async move {
             let start = async {
                 s.request(Request::PublishNamespace).await?;
-                s.request(Request::SubscribeNamespace).await
+                // With an interest, only those namespaces: the relay then announces N of
+                // them, not every node's (with everyone at one relay, announcements to all
+                // would be N² messages).
+                let prefixes: Vec<Namespace> = match &s.0.interest {
+                    Some(only) => {
+                        let mut peers: Vec<&AgentId> = only.iter().collect();
+                        peers.sort();
+                        peers.into_iter().map(namespace).collect()
+                    }
+                    None => vec![Namespace::from_strs(&["abhyasa", "v1"])],
+                };
+                for prefix in prefixes {
+                    s.request(Request::SubscribeNamespace(prefix)).await?;
+                }
+                Ok::<(), String>(())
             };
             if let Err(e) = start.await {
                 let _ = events.send(RelayEvent::Closed(e)).await;
@@ -187,6 +226,14 @@ impl RelaySession {
     /// The relay's name.
     pub fn relay(&self) -> &AgentId {
         &self.0.relay
+    }
+
+    /// The peers whose namespaces the relay has announced to us, sorted: everyone's there,
+    /// or with an interest only those peers'.
+    pub fn peers_seen(&self) -> Vec<AgentId> {
+        let mut seen: Vec<AgentId> = self.state().seen.iter().cloned().collect();
+        seen.sort();
+        seen
     }
 
     /// The QUIC connection to the relay.
@@ -267,9 +314,9 @@ impl RelaySession {
                 namespace: namespace(&self.0.me),
                 params: vec![],
             },
-            Request::SubscribeNamespace => Control::SubscribeNamespace {
+            Request::SubscribeNamespace(prefix) => Control::SubscribeNamespace {
                 request_id,
-                prefix: Namespace::from_strs(&["abhyasa", "v1"]),
+                prefix,
                 params: vec![],
             },
             Request::Subscribe(peer, track) => Control::Subscribe {
@@ -342,8 +389,14 @@ impl RelaySession {
                 self.write_control(Control::PublishNamespaceOk { request_id })
                     .await
                     .map_err(io)?;
-                let wanted = self
-                    .peer_of(&ns)
+                let announced = self.peer_of(&ns);
+                if let Some(p) = &announced {
+                    let mut st = self.state();
+                    if st.seen.len() < MAX_SUBSCRIPTIONS {
+                        st.seen.insert(p.clone());
+                    }
+                }
+                let wanted = announced
                     .filter(|p| self.0.interest.as_ref().is_none_or(|only| only.contains(p)));
                 if let Some(peer) = wanted {
                     let new: Vec<Track> = {
@@ -366,6 +419,7 @@ impl RelaySession {
             Control::PublishNamespaceDone { namespace: ns } => {
                 if let Some(peer) = self.peer_of(&ns) {
                     let mut st = self.state();
+                    st.seen.remove(&peer);
                     st.subscribed.retain(|(p, _)| *p != peer);
                     st.inbound.retain(|_, (p, _)| *p != peer);
                     st.granted.retain(|_, (p, _)| *p != peer);

@@ -263,6 +263,7 @@ impl Session {
             None,
             limits.max_request_id(),
             None,
+            &[],
         )
         .await?;
         Ok(Self::start(
@@ -809,6 +810,7 @@ pub(crate) async fn client_setup(
     path: Option<&[u8]>,
     max_request_id: u64,
     client: Option<quinn::ClientConfig>,
+    extra: &[KeyValue],
 ) -> Result<ClientSetup, SessionError> {
     let (conn, peer) = match client {
         // A relay trusted by its own CA or fingerprint: the handshake checked it, and it is
@@ -844,6 +846,7 @@ pub(crate) async fn client_setup(
         key: 0x02,
         value: max_request_id,
     });
+    params.extend_from_slice(extra);
     let mut out = Vec::new();
     Control::ClientSetup {
         versions: vec![DRAFT_14],
