@@ -434,7 +434,7 @@ async fn two_relay_sessions_find_each_other_and_exchange_objects() {
         &TransportSettings::default(),
     )
     .unwrap();
-    let (_c, _crx) = abhyasa_moq::RelaySession::connect_with(
+    let (c, _crx) = abhyasa_moq::RelaySession::connect_with(
         &e2,
         addr,
         &id("relay"),
@@ -465,6 +465,6 @@ async fn two_relay_sessions_find_each_other_and_exchange_objects() {
     assert!(from_agent_2.is_err(), "agent-2 subscribed to agent-1");
     // Nor did the relay tell agent-2 of agent-1 at all: it asked for the principal's
     // namespace alone. agent-1 asked for every namespace and was told of both.
-    assert_eq!(_c.peers_seen(), [principal.clone()]);
+    assert_eq!(c.peers_seen(), std::slice::from_ref(&principal));
     assert_eq!(a.peers_seen(), [id("agent-2"), principal.clone()]);
 }
