@@ -3,7 +3,7 @@
 # target: target,seconds,execs,execs_per_s,cov,ft,corpus,crashes.
 #
 #   scripts/fuzz.sh 15                      # the core targets, 15 s each (what .ci/run does)
-#   scripts/fuzz.sh 600 --bindings          # also the MCP, A2A and config targets
+#   scripts/fuzz.sh 600 --bindings          # also the MCP, A2A, config and signed-envelope targets
 #   scripts/fuzz.sh 3600 obligation ledger  # some targets for an hour each
 #
 # Each target reads fuzz/seeds/<target> (committed: the golden vectors and hand-made bodies)
@@ -19,7 +19,7 @@ bindings=()
 if [ "${1:-}" = "--bindings" ]; then
   shift
   features=(--features bindings)
-  bindings=(mcp_meta a2a_json config)
+  bindings=(mcp_meta a2a_json config signed)
 fi
 if rustup run nightly rustc --version >/dev/null 2>&1; then
   fuzz=(cargo +nightly fuzz)
@@ -31,7 +31,7 @@ fi
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
   # Every target but the bindings' (which need the feature), then those if asked for.
-  mapfile -t targets < <("${fuzz[@]}" list | grep -vxE 'mcp_meta|a2a_json|config')
+  mapfile -t targets < <("${fuzz[@]}" list | grep -vxE 'mcp_meta|a2a_json|config|signed')
   targets+=("${bindings[@]}")
 fi
 "${fuzz[@]}" build -O "${features[@]}" >&2

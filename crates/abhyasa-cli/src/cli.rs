@@ -495,7 +495,8 @@ struct LedgerConfig {
     /// Journal steps after which the branch checkpoints and the journal before it is
     /// dropped (`docs/LEDGER.md`); 0: never.
     checkpoint_steps: u64,
-    /// How long a permit this branch signs stays valid, ms (0: for ever).
+    /// How long a permit this branch signs stays valid, ms (0: for ever, and gateways that
+    /// forget settled acceptances — `gateway_retain_ms` > 0, the default — refuse it).
     permit_ttl_ms: u64,
     /// As a gateway: how long a settled acceptance is kept after its permit expired, ms
     /// (0: for ever).

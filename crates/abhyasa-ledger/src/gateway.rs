@@ -188,7 +188,9 @@ impl Gateway {
 
     /// Forget settled acceptances `ms` after their permits expired ([`handle_timeout`]
     /// prunes them): the log stays bounded by the rate of settlements times the permits'
-    /// lifetime plus `ms`. Acceptances of permits without expiry are kept for ever.
+    /// lifetime plus `ms`. Such a gateway accepts only permits that expire (a permit without
+    /// one is refused, `Refusal::NoExpiry`); an acceptance without expiry from a log written
+    /// before retention was on is kept for ever.
     ///
     /// [`handle_timeout`]: Self::handle_timeout
     pub fn retaining(mut self, ms: u64) -> Self {
@@ -382,6 +384,10 @@ impl Gateway {
         let lax = self.mutation == Some(LedgerMutation::GatewayAcceptsExpired);
         if b.expires.is_some_and(|e| e < now) && !lax {
             return self.refuse(from, key, Refusal::Expired);
+        }
+        // A gateway that forgets keeps its log bounded only if every acceptance can expire.
+        if b.expires.is_none() && self.retain_ms.is_some() {
+            return self.refuse(from, key, Refusal::NoExpiry);
         }
         let fence = self.fences.get(&b.credit).copied().unwrap_or(0);
         if b.epoch < fence && self.mutation != Some(LedgerMutation::GatewayWithoutFence) {

@@ -2627,6 +2627,52 @@ fn a_forgotten_acceptance_is_refused_when_replayed_and_never_proven_without_effe
 }
 
 #[test]
+fn a_gateway_that_forgets_takes_only_permits_that_expire() {
+    // Permits without expiry (ttl 0) at a gateway that forgets: refused, nothing recorded or
+    // run, the atoms quarantined until evidence (a refusal is none).
+    let mut n = Net::new(&[("cents", 100)], None);
+    expiring(&mut n, 0, 50, None);
+    n.r.advance_clock(UnixMillis(1_000));
+    n.spend(ROOT_CREDIT, "one", &[("cents", 10)], 1);
+    let mut refused = Vec::new();
+    n.run(&v(&[("cents", 6)]), &mut |to, m| {
+        if to == &id("r") && matches!(m, LedgerMessage::Refused { .. }) {
+            refused.push(m.clone());
+        }
+        false
+    });
+    assert_eq!(n.r.operation(key(1)).unwrap().binding.expires, None);
+    assert!(refused.contains(&LedgerMessage::Refused {
+        key: key(1),
+        reason: Refusal::NoExpiry
+    }));
+    assert!(n.g.acceptance(&id("r"), key(1)).is_none());
+    assert!(n.effects.is_empty());
+    assert!(!n
+        .log_g
+        .iter()
+        .any(|r| matches!(r, GatewayRecord::Accepted { .. })));
+    assert_eq!(
+        n.r.operation(key(1)).map(|o| &o.state),
+        Some(&OpState::Quarantined)
+    );
+    assert_eq!(n.violations(), vec![]);
+
+    // The same permit at a gateway that keeps everything: accepted, run, settled.
+    let mut n = Net::new(&[("cents", 100)], None);
+    expiring(&mut n, 0, 50, None);
+    n.g = Gateway::new(id("g"), sk(4), n.keys.clone(), None);
+    n.r.advance_clock(UnixMillis(1_000));
+    n.spend(ROOT_CREDIT, "one", &[("cents", 10)], 1);
+    n.run(&v(&[("cents", 6)]), &mut |_, _| false);
+    assert!(matches!(
+        n.r.operation(key(1)).map(|o| &o.state),
+        Some(OpState::Settled { .. })
+    ));
+    assert_eq!(n.effects.len(), 1);
+}
+
+#[test]
 fn the_checkers_catch_a_gateway_that_forgets_too_early_or_accepts_the_expired() {
     // Forgetting a settled acceptance before its permit expired: the replay runs again.
     let mut n = Net::new(&[("cents", 100)], Some(LedgerMutation::PruneBeforeExpiry));

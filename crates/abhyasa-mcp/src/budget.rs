@@ -150,6 +150,9 @@ pub fn refusal_words(r: Refusal) -> &'static str {
         Refusal::Forgotten => {
             "it expired so long ago that the gateway no longer knows whether it ran"
         }
+        Refusal::NoExpiry => {
+            "it never expires, and this gateway takes only permits that do (set permit_ttl_ms)"
+        }
     }
 }
 

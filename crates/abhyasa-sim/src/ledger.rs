@@ -351,6 +351,12 @@ impl Sim {
             0
         };
         p.retain_ms = rng.random_bool(0.7).then(|| rng.random_range(0..1_000));
+        // A gateway that forgets refuses permits without expiry (`Refusal::NoExpiry`): keep
+        // a few such seeds for that path (no extra draw, so other seeds are unchanged) and
+        // let the rest spend.
+        if p.permit_ttl_ms == 0 {
+            p.retain_ms = p.retain_ms.filter(|ms| *ms < 150);
+        }
         let mut all: Vec<(AgentId, _)> = BRANCHES
             .iter()
             .chain(GATEWAYS.iter())

@@ -701,7 +701,8 @@ pub struct Binding {
     pub payer: AgentId,
     /// After this instant (Unix ms, the gateway's clock) the gateway refuses the permit, and
     /// once the acceptance of an expired permit has settled and outlived the gateway's
-    /// retention, the gateway may forget it. Absent: never expires (and is never forgotten);
+    /// retention, the gateway may forget it. Absent: never expires (and is never forgotten:
+    /// a gateway that forgets refuses such a permit, `Refusal::NoExpiry`);
     /// an absent field encodes as before, so older bindings keep their digests.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires: Option<UnixMillis>,
@@ -816,6 +817,9 @@ pub enum Refusal {
     /// The binding expired before what the gateway has pruned: it can neither accept it nor
     /// prove it never had an effect (the payer's operation can only be forfeited).
     Forgotten,
+    /// The permit carries no expiry and the gateway forgets settled acceptances: it would have
+    /// to keep this one for ever, so it takes only permits that expire.
+    NoExpiry,
 }
 
 /// Everything on a `ledger/<peer>` track.

@@ -1,0 +1,67 @@
+//! The end-to-end signature envelope (COSE_Sign1, `abhyasa_moq::signed`) as a receiver opens
+//! it, in two modes chosen by the first byte:
+//!
+//! - raw: the rest is handed to `Verifier::open` as it is — it must refuse or open, never panic;
+//! - forged: the rest is `[payload length][payload][(offset u16, xor u8)…]`; the payload is
+//!   signed by a real agent of the deployment, the envelope altered at those offsets, then
+//!   opened. Whatever the alteration, an envelope that opens must say exactly what was signed
+//!   and by whom: no change to the bytes yields another payload, another signer, or the other
+//!   kind.
+#![no_main]
+
+use std::sync::OnceLock;
+
+use abhyasa_moq::{Ca, SignedKind, Signer, Verifier};
+use abhyasa_wire::AgentId;
+use libfuzzer_sys::fuzz_target;
+
+fn deployment() -> &'static (Signer, Verifier) {
+    static D: OnceLock<(Signer, Verifier)> = OnceLock::new();
+    D.get_or_init(|| {
+        let ca = Ca::generate("fuzz").expect("a CA");
+        let identity = ca
+            .issue(&AgentId::new("principal").expect("an agent id"))
+            .expect("a certificate");
+        let signer = Signer::new(&identity).expect("an Ed25519 identity");
+        (signer, Verifier::new(ca.certificate().clone()))
+    })
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    let (signer, verifier) = deployment();
+    let kind = if mode & 1 == 0 {
+        SignedKind::Obligation
+    } else {
+        SignedKind::Ack
+    };
+    if mode & 2 == 0 {
+        let _ = verifier.open(kind, rest);
+        return;
+    }
+    let Some((&len, rest)) = rest.split_first() else {
+        return;
+    };
+    let len = usize::from(len).min(rest.len());
+    let (payload, edits) = rest.split_at(len);
+    let mut envelope = signer.sign(kind, payload);
+    for edit in edits.chunks_exact(3) {
+        let at = usize::from(u16::from_le_bytes([edit[0], edit[1]])) % envelope.len();
+        envelope[at] ^= edit[2];
+    }
+    let other = if kind == SignedKind::Obligation {
+        SignedKind::Ack
+    } else {
+        SignedKind::Obligation
+    };
+    assert!(
+        verifier.open(other, &envelope).is_err(),
+        "an envelope opened as the other kind"
+    );
+    if let Ok(opened) = verifier.open(kind, &envelope) {
+        assert_eq!(opened.payload, payload, "an altered envelope opened to another payload");
+        assert_eq!(&opened.signer, signer.agent(), "an altered envelope named another signer");
+    }
+});
