@@ -46,6 +46,14 @@ fn settle_persists(b: &mut Branch) {
 }
 
 const ROOT: RootId = RootId::from_u128(9);
+/// The wall clock, as the node's gateway reads it.
+fn wall_clock() -> UnixMillis {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    UnixMillis(since.as_millis() as u64)
+}
+
 const CREDIT: CreditId = CreditId::from_u128(1);
 
 /// The tool `book` of the script's config: 25 cents for travel.
@@ -75,12 +83,18 @@ fn the_python_mcp_sdk_drives_the_stdio_server() {
         ["issuer", "principal", "agent-1"].map(|n| (id(n), key_file(&certs, n).verifying_key())),
     )
     .with_issuers([id("issuer")]);
+    // Permits that expire in an hour of real time: the node's gateway forgets settled
+    // acceptances (`gateway_retain_ms`), so it takes only permits that expire.
     let mut b = Branch::new(
         id("principal"),
         key_file(&certs, "principal"),
         keys,
-        BranchConfig::default(),
+        BranchConfig {
+            permit_ttl_ms: 3_600_000,
+            ..BranchConfig::default()
+        },
     );
+    b.advance_clock(wall_clock());
     let grant = RootGrant {
         root: ROOT,
         issuer: id("issuer"),

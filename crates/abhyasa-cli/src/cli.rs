@@ -291,7 +291,8 @@ enum LedgerCli {
     },
     /// Run the L1–L7 checker over stopped nodes' state directories.
     Check {
-        /// Directory with the ledger key files.
+        /// The certificates directory: the CA's and the agents' certificates (public files
+        /// only; their keys are the ledger keys).
         #[arg(long, default_value = "certs")]
         certs: PathBuf,
         /// A branch node: AGENT=STATE_DIR (repeatable).

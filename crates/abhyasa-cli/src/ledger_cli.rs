@@ -1,5 +1,5 @@
-//! `abhyasa ledger …`: ledger key files, the reference gateway executor, admin requests, and
-//! the offline checker over nodes' state directories.
+//! `abhyasa ledger …`: ledger keys and keyrings, the reference gateway executor, admin
+//! requests, and the offline checker over nodes' state directories.
 //!
 //! Ledger keys are certificate keys: an agent signs its ledger messages with the Ed25519 key
 //! of its certificate (`<agent>.pem`, `<agent>.key`), and a node trusts the key of every

@@ -79,11 +79,26 @@ impl Executor for NoResumes {
     }
 }
 
+/// The wall clock, as the node's gateway reads it.
+fn wall_clock() -> UnixMillis {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    UnixMillis(since.as_millis() as u64)
+}
+
 const CREDIT: CreditId = CreditId::from_u128(1);
 
 /// A branch for `who` holding a root grant of 100 cents for travel.
 fn branch(who: &str) -> Branch {
-    let mut b = Branch::new(id(who), key(who), keyring(), BranchConfig::default());
+    // Permits that expire in an hour of real time: the gateway forgets settled acceptances,
+    // so it takes only permits that expire.
+    let config = BranchConfig {
+        permit_ttl_ms: 3_600_000,
+        ..BranchConfig::default()
+    };
+    let mut b = Branch::new(id(who), key(who), keyring(), config);
+    b.advance_clock(wall_clock());
     let grant = RootGrant {
         root: RootId::from_u128(7),
         issuer: id("issuer"),
