@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use abhyasa::custody::CustodianConfig;
-use abhyasa::moq::{endpoint, Ca, Session, SessionEvent, Track, TransportSettings};
-use abhyasa::node::Node;
+use abhyasa::moq::{endpoint, Ca, Session, SessionEvent, SessionLimits, Track, TransportSettings};
+use abhyasa::node::{Limits, Node};
 use abhyasa::wire::{encode, AgentId, Outcome};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
@@ -50,12 +50,21 @@ fn nodes(
     p: &AgentId,
     a: &AgentId,
     group: abhyasa::store::GroupConfig,
+    per_group: usize,
 ) -> (Arc<Node>, Node, tempfile::TempDir) {
+    let limits = Limits {
+        session: SessionLimits {
+            max_objects_per_group: per_group,
+            ..SessionLimits::default()
+        },
+        ..Limits::default()
+    };
     let dir = tempfile::tempdir_in(std::env::current_dir().unwrap()).unwrap();
     let (principal, agent) = rt.block_on(async {
         let agent = Node::builder(ca.issue(a).unwrap())
             .state_dir(dir.path().join("a"))
             .group(group)
+            .limits(limits)
             .build()
             .await
             .unwrap();
@@ -63,6 +72,7 @@ fn nodes(
             .peer(a.clone(), agent.local_addr())
             .state_dir(dir.path().join("p"))
             .group(group)
+            .limits(limits)
             .custodian(CustodianConfig {
                 response_timeout_ms: 2_000,
                 ..CustodianConfig::default()
@@ -113,7 +123,9 @@ async fn stop(principal: Arc<Node>, agent: Node) {
 }
 
 /// Custody throughput as the number in flight grows (issue #13 measured it falling past
-/// 1,024): 256, 1,024 and 4,096 issued at once to one agent, each awaited to `applied`.
+/// 1,024): 256, 1,024 and 4,096 issued at once to one agent, each awaited to `applied` — the
+/// nodes sending what is ready in groups of up to 64 objects (the default), and one object per
+/// group (`objects_per_group = 1`, how a node sent before), in the same run.
 fn window(c: &mut Criterion) {
     let rt = runtime();
     let mut g = group(c, "custody_in_flight");
@@ -122,24 +134,26 @@ fn window(c: &mut Criterion) {
         AgentId::new("principal").unwrap(),
         AgentId::new("agent-1").unwrap(),
     );
-    let (principal, agent, _dir) = nodes(&rt, &ca, &p, &a, Default::default());
     let mut n = 1u128;
-    for in_flight in [256u64, 1_024, 4_096] {
-        g.throughput(Throughput::Elements(in_flight));
-        g.bench_function(format!("{in_flight}"), |b| {
-            b.iter_custom(|iters| {
-                rt.block_on(issue_and_await(
-                    &principal,
-                    std::slice::from_ref(&a),
-                    &mut n,
-                    iters,
-                    in_flight,
-                ))
-            })
-        });
+    for (suffix, per_group) in [("", 64), ("_one_per_group", 1)] {
+        let (principal, agent, _dir) = nodes(&rt, &ca, &p, &a, Default::default(), per_group);
+        for in_flight in [256u64, 1_024, 4_096] {
+            g.throughput(Throughput::Elements(in_flight));
+            g.bench_function(format!("{in_flight}{suffix}"), |b| {
+                b.iter_custom(|iters| {
+                    rt.block_on(issue_and_await(
+                        &principal,
+                        std::slice::from_ref(&a),
+                        &mut n,
+                        iters,
+                        in_flight,
+                    ))
+                })
+            });
+        }
+        rt.block_on(stop(principal, agent));
     }
     g.finish();
-    rt.block_on(stop(principal, agent));
 }
 
 /// The same with the obligations spread over 10 and 100 agents (each its own node, store and
@@ -227,7 +241,7 @@ fn throughput(c: &mut Criterion) {
             max_delay: linger,
             ..Default::default()
         };
-        let (principal, agent, _dir) = nodes(&rt, &ca, &p, &a, group);
+        let (principal, agent, _dir) = nodes(&rt, &ca, &p, &a, group, 64);
         g.bench_function(name, |b| {
             b.iter_custom(|iters| {
                 rt.block_on(issue_and_await(
@@ -285,6 +299,39 @@ fn throughput(c: &mut Criterion) {
                         let (s, bytes) = (sender.clone(), encode(&obligation(n, &a, 120_000)));
                         tasks.push(tokio::spawn(async move {
                             s.send_group(Track::Obligations, &[bytes], false).await
+                        }));
+                    }
+                    let mut got = 0;
+                    while got < BATCH {
+                        if let Some(SessionEvent::Object { .. }) = events.recv().await {
+                            got += 1;
+                        }
+                    }
+                    for t in tasks {
+                        t.await.unwrap().unwrap();
+                    }
+                }
+                start.elapsed()
+            })
+        })
+    });
+    // The same objects in groups of 64, as custody now sends what is ready.
+    g.bench_function("best_effort_groups_of_64", |b| {
+        b.iter_custom(|iters| {
+            rt.block_on(async {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    let mut tasks = Vec::new();
+                    let objects: Vec<Vec<u8>> = (0..BATCH)
+                        .map(|_| {
+                            n += 1;
+                            encode(&obligation(n, &a, 120_000))
+                        })
+                        .collect();
+                    for chunk in objects.chunks(64) {
+                        let (s, chunk) = (sender.clone(), chunk.to_vec());
+                        tasks.push(tokio::spawn(async move {
+                            s.send_group(Track::Obligations, &chunk, false).await
                         }));
                     }
                     let mut got = 0;

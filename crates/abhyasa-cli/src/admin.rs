@@ -175,6 +175,12 @@ pub struct StatusJson {
     /// verify.
     #[serde(default)]
     pub unverified: std::collections::BTreeMap<String, u64>,
+    /// Custody objects (obligations, acks) sent since the node started.
+    #[serde(default)]
+    pub sent_objects: u64,
+    /// The groups they left in (what is ready at once goes in one group per peer).
+    #[serde(default)]
+    pub sent_groups: u64,
     /// The pending set.
     pub pending: Vec<PendingJson>,
     /// Recent outcomes.
@@ -286,6 +292,8 @@ impl From<Status> for StatusJson {
                 .iter()
                 .map(|(p, n)| (p.to_string(), *n))
                 .collect(),
+            sent_objects: s.sent.objects,
+            sent_groups: s.sent.groups,
             pending: s
                 .pending
                 .iter()

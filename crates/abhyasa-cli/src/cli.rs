@@ -1713,6 +1713,12 @@ fn print_status(s: &StatusJson) {
     for (peer, n) in &s.unverified {
         println!("unverified: {n} object(s) from {peer} dropped: signature does not verify");
     }
+    if s.sent_objects > 0 {
+        println!(
+            "sent: {} custody object(s) in {} group(s)",
+            s.sent_objects, s.sent_groups
+        );
+    }
     println!("\nas principal — pending ({}):", s.pending.len());
     for p in &s.pending {
         let says = if p.says.is_empty() {

@@ -342,6 +342,8 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         slowed: std::collections::BTreeMap::new(),
         unverified: std::collections::BTreeMap::new(),
         signer,
+        batch: b.limits.session.max_objects_per_group.clamp(1, MAX_BATCH),
+        sent: crate::Sent::default(),
     };
     tokio::spawn(core.run(rx, irx));
     Ok(Node {
@@ -358,6 +360,9 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
 /// The first dial attempts after a success are this short (see `stall_redial`): a
 /// handshake's own Initial retransmissions back off within an attempt, so while a link is
 /// down a fresh attempt every few hundred ms gets through sooner once it is back.
+/// The most objects a node puts in one group it sends (a relay session takes 64 of a group).
+const MAX_BATCH: usize = 64;
+
 const DIAL_ATTEMPT_SHORT: Duration = Duration::from_millis(400);
 /// How many short attempts before the long ones (about 4 s of a dead link).
 const SHORT_ATTEMPTS: u32 = 10;
@@ -506,6 +511,38 @@ fn verified(verifier: &Verifier, peer: &AgentId, e: SessionEvent) -> Result<Sess
     })
 }
 
+/// Objects leaving in groups: one open group per peer and channel, at most `batch` objects
+/// each, in the order they were added.
+struct Groups {
+    batch: usize,
+    open: HashMap<(AgentId, bool), usize>,
+    groups: Vec<(Link, bool, Vec<Vec<u8>>)>,
+}
+
+impl Groups {
+    fn new(batch: usize) -> Self {
+        Self {
+            batch,
+            open: HashMap::new(),
+            groups: Vec::new(),
+        }
+    }
+
+    /// Adds `bytes` to the open group for `link`'s peer on this channel, or opens one.
+    fn add(&mut self, link: &Link, datagram: bool, bytes: Vec<u8>) {
+        let key = (link.peer().clone(), datagram);
+        if let Some(&i) = self.open.get(&key) {
+            let objects = &mut self.groups[i].2;
+            if objects.len() < self.batch {
+                objects.push(bytes);
+                return;
+            }
+        }
+        self.open.insert(key, self.groups.len());
+        self.groups.push((link.clone(), datagram, vec![bytes]));
+    }
+}
+
 struct Core {
     agent: AgentId,
     custodian: Custodian,
@@ -544,6 +581,11 @@ struct Core {
     unverified: std::collections::BTreeMap<AgentId, u64>,
     /// Signs what custody sends.
     signer: Arc<Signer>,
+    /// Objects per group sent (obligations, acks): the session's `max_objects_per_group`,
+    /// at most [`MAX_BATCH`].
+    batch: usize,
+    /// Custody objects and groups handed to sessions.
+    sent: crate::Sent,
 }
 
 /// Obligations delivered through [`Node::deliver`], waiting for their acks.
@@ -803,6 +845,7 @@ impl Core {
                     peers: self.sessions.keys().cloned().collect(),
                     slowed: self.slowed.clone(),
                     unverified: self.unverified.clone(),
+                    sent: self.sent,
                 });
             }
             Command::Honours(reply) => {
@@ -1223,6 +1266,10 @@ impl Core {
     }
 
     fn release(&mut self) {
+        // What is ready to go now leaves in groups, one per peer and channel (at most
+        // `batch` objects each, in the order custody handed them out): one stream and one
+        // task per group rather than per object. Each object keeps its own signature.
+        let mut obligations = Groups::new(self.batch);
         while let Some(t) = self.custodian.poll_transmit() {
             if let Some(binding) = self.bindings.get(&t.to) {
                 if binding.send(encode(&t.obligation)).is_ok() {
@@ -1231,36 +1278,41 @@ impl Core {
                 // The binding let go: custody retries, over a session if one comes up.
                 self.bindings.remove(&t.to);
             }
-            let Some(s) = self.sessions.get(&t.to).cloned() else {
+            let Some(s) = self.sessions.get(&t.to) else {
                 continue; // No session: custody retries, and re-offers on the next subscription.
             };
             let datagram = t.channel == Channel::Datagram;
             let bytes = encode(&t.obligation);
-            let signer = self.signer.clone();
-            tokio::spawn(async move {
-                let bytes = signer.sign(SignedKind::Obligation, &bytes);
-                if let Err(e) = s.send_group(Track::Obligations, &[bytes], datagram).await {
-                    debug!(%e, "obligation not sent");
-                }
-            });
+            obligations.add(s, datagram, bytes);
         }
+        let mut acks = Groups::new(self.batch);
         while let Some(a) = self.receiver.poll_transmit() {
             for d in &mut self.deliveries {
                 if d.from == a.to && d.ids.contains(&Some(a.ack.obligation_id)) {
                     d.acks.insert(a.ack.obligation_id, a.ack.clone());
                 }
             }
-            let Some(s) = self.sessions.get(&a.to).cloned() else {
+            let Some(s) = self.sessions.get(&a.to) else {
                 continue; // The custodian will redeliver; the ack is re-sent then.
             };
-            let bytes = encode(&a.ack);
-            let signer = self.signer.clone();
-            tokio::spawn(async move {
-                let bytes = signer.sign(SignedKind::Ack, &bytes);
-                if let Err(e) = s.send_group(Track::Acks, &[bytes], false).await {
-                    debug!(%e, "ack not sent");
-                }
-            });
+            acks.add(s, false, encode(&a.ack));
+        }
+        for (kind, track, groups) in [
+            (SignedKind::Obligation, Track::Obligations, obligations),
+            (SignedKind::Ack, Track::Acks, acks),
+        ] {
+            for (s, datagram, objects) in groups.groups {
+                self.sent.groups += 1;
+                self.sent.objects += objects.len() as u64;
+                let signer = self.signer.clone();
+                tokio::spawn(async move {
+                    let signed: Vec<Vec<u8>> =
+                        objects.iter().map(|b| signer.sign(kind, b)).collect();
+                    if let Err(e) = s.send_group(track, &signed, datagram).await {
+                        debug!(%e, ?track, objects = signed.len(), "group not sent");
+                    }
+                });
+            }
         }
         while let Some(e) = self.custodian.poll_event() {
             let event = match e {

@@ -179,6 +179,19 @@ pub struct Status {
     /// signature did not verify (unsigned, altered, not chaining to the deployment CA, or
     /// signed by another agent than the session's peer) since the node started.
     pub unverified: BTreeMap<AgentId, u64>,
+    /// Custody objects (obligations and acks) handed to sessions since the node started, and
+    /// the groups they left in: what is ready at once leaves in groups of up to
+    /// `objects_per_group` per peer ([`Limits::session`], at most 64).
+    pub sent: Sent,
+}
+
+/// Custody objects sent and the groups they went in (see [`Status::sent`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Sent {
+    /// Obligations and acks handed to a session (each one signed object).
+    pub objects: u64,
+    /// The groups (one subgroup stream, or a run of datagrams, each) they went in.
+    pub groups: u64,
 }
 
 /// Where the core sends an obligation's terminal record, keyed by its id (no broadcast).

@@ -264,3 +264,81 @@ async fn every_handle_gets_its_own_outcome_however_many_wait_and_a_reissue_gets_
     principal.shutdown().await;
     agent.shutdown().await;
 }
+
+/// Obligations issued together leave in groups (one stream per peer for what is ready at
+/// once), and so do the agent's acks; `objects_per_group = 1` sends one object per group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_is_ready_at_once_leaves_in_groups_up_to_the_limit() {
+    for per_group in [64usize, 1] {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Ca::generate("t").unwrap();
+        let (p, a) = (id("principal"), id("agent-1"));
+        let limits = abhyasa_node::Limits {
+            session: abhyasa_moq::SessionLimits {
+                max_objects_per_group: per_group,
+                ..abhyasa_moq::SessionLimits::default()
+            },
+            ..abhyasa_node::Limits::default()
+        };
+        let a_addr = free_addr();
+        let agent = Node::builder(ca.issue(&a).unwrap())
+            .listen(a_addr)
+            .state_dir(dir.path().join("a"))
+            .limits(limits)
+            .build()
+            .await
+            .unwrap();
+        let principal = std::sync::Arc::new(
+            Node::builder(ca.issue(&p).unwrap())
+                .peer(a.clone(), a_addr)
+                .state_dir(dir.path().join("p"))
+                .custodian(custodian())
+                .limits(limits)
+                .build()
+                .await
+                .unwrap(),
+        );
+        // One first, so the session is up before the burst.
+        let h = principal.issue(revoke(1, &a, 60_000)).await.unwrap();
+        assert_eq!(h.outcome().await.unwrap().0.outcome, Outcome::Applied);
+        let n = 300u128;
+        let tasks: Vec<_> = (2..2 + n)
+            .map(|k| {
+                let (principal, o) = (principal.clone(), revoke(k, &a, 60_000));
+                tokio::spawn(async move {
+                    let h = principal.issue(o).await.unwrap();
+                    h.outcome().await.unwrap().0.outcome
+                })
+            })
+            .collect();
+        for t in tasks {
+            let got = tokio::time::timeout(Duration::from_secs(60), t)
+                .await
+                .expect("answered")
+                .unwrap();
+            assert_eq!(got, Outcome::Applied);
+        }
+        let sent = principal.status().await.unwrap().sent;
+        let acked = agent.status().await.unwrap().sent;
+        println!("objects_per_group {per_group}: obligations {sent:?}, acks {acked:?}");
+        assert!(sent.objects > n as u64, "obligations sent: {sent:?}");
+        assert!(acked.objects > n as u64, "acks sent: {acked:?}");
+        if per_group == 1 {
+            assert_eq!(sent.groups, sent.objects, "one obligation per group");
+            assert_eq!(acked.groups, acked.objects, "one ack per group");
+        } else {
+            assert!(
+                sent.groups * 4 <= sent.objects,
+                "obligations issued together left one by one: {sent:?}"
+            );
+            assert!(
+                acked.groups * 2 <= acked.objects,
+                "acks committed together left one by one: {acked:?}"
+            );
+        }
+        if let Ok(p) = std::sync::Arc::try_unwrap(principal) {
+            p.shutdown().await;
+        }
+        agent.shutdown().await;
+    }
+}

@@ -631,22 +631,20 @@ impl Store {
                         .insert(token.as_str(), dropped)?;
                 }
                 // The expiry rows follow the record's expiry; the issuers named by the old
-                // rows move with it, so each governed-by row is forgotten with the record.
+                // rows move with it, so each governed-by row and last sequence is forgotten
+                // with the record. A record kept for good has its rows at `FOR_GOOD`, so its
+                // issuers move too when another issuer gives the token an expiry.
                 let mut by_expiry = txn.open_table(RECV_TOKENS_BY_EXPIRY)?;
                 let mut issuers = vec![issuer.as_str().to_owned()];
-                let old = held_token.and_then(|(_, e)| e);
-                let new = now.and_then(|(_, e)| e);
+                let row_at = |e: Option<UnixMillis>| e.map_or(FOR_GOOD, |e| e.0);
+                let old = held_token.map(|(_, e)| row_at(e));
+                let new = now.map(|(_, e)| row_at(e));
                 if let Some(at) = old.filter(|at| Some(*at) != new) {
-                    issuers.extend(token_expiry_rows(
-                        &mut by_expiry,
-                        at.0,
-                        token.as_str(),
-                        true,
-                    )?);
+                    issuers.extend(token_expiry_rows(&mut by_expiry, at, token.as_str(), true)?);
                 }
                 if let Some(at) = new {
                     for i in &issuers {
-                        by_expiry.insert((at.0, token.as_str(), i.as_str()), ())?;
+                        by_expiry.insert((at, token.as_str(), i.as_str()), ())?;
                     }
                 }
             }
@@ -943,7 +941,9 @@ impl Store {
         for entry in txn.open_table(RECV_TOKENS_BY_EXPIRY)?.iter()? {
             let (k, _) = entry?;
             let (at, token, _) = k.value();
-            expiry.insert(token.to_owned(), UnixMillis(at));
+            if at != FOR_GOOD {
+                expiry.insert(token.to_owned(), UnixMillis(at));
+            }
         }
         let (mut dropped, mut cached) = (Vec::new(), Vec::new());
         for entry in txn.open_table(RECV_TOKENS)?.iter()? {
@@ -1239,6 +1239,10 @@ impl Store {
         Ok(out)
     }
 }
+
+/// Where the receiver's token-expiry index keeps the issuers of a token record kept for good
+/// (no expiry): never reached by maintenance, moved when the record is given an expiry.
+const FOR_GOOD: u64 = u64::MAX;
 
 /// The issuers of the rows `(at, token, issuer)` of the receiver's token-expiry index;
 /// with `remove`, the rows are deleted too.

@@ -755,3 +755,65 @@ fn token_records_are_forgotten_on_disk_at_the_tokens_own_expiry_and_not_before()
     assert_eq!(governed(&store, 13), Some(13));
     assert_eq!(sequences(&store), 1);
 }
+
+/// A token cached for good by one issuer, then dropped until an expiry by another: at that
+/// expiry every issuer's last sequence and governed-by row goes with the record, on disk as in
+/// memory (the first issuer's rows used to stay on disk for good and come back at restart).
+#[test]
+fn a_token_kept_for_good_then_given_an_expiry_takes_every_issuers_rows_with_it() {
+    let (mut store, mut backend) = memory_store();
+    let q = AgentId::new("q").unwrap();
+    let token = TokenId::new("t").unwrap();
+    let from = |id: u128, issuer: &AgentId, action: TokenAction, expires: Option<u64>| {
+        let mut o = obligation(
+            id,
+            Payload::OauthToken(TokenPayload {
+                action,
+                token_id: token.clone(),
+                client_id: ClientId::new("c").unwrap(),
+                expires_at: expires.map(UnixMillis),
+            }),
+        );
+        o.issuer = issuer.clone();
+        o
+    };
+    let rows = |s: &Store| {
+        let held = s
+            .recover_receiver(a(), ReceiverConfig::default())
+            .unwrap()
+            .held();
+        let governed = [p(), q.clone()].map(|i| {
+            s.governed_by(&GovernedKey::Token(i, token.clone()))
+                .unwrap()
+        });
+        (held.sequences, governed.iter().flatten().count())
+    };
+    let mut r = Receiver::new(a(), ReceiverConfig::default());
+    // p caches the token for good (sequence 1).
+    r.handle_obligation(UnixMillis(5), &p(), from(1, &p(), TokenAction::Issue, None));
+    persist_receiver(&mut r, &mut store);
+    let mut store = reopen(&mut backend);
+    assert_eq!(
+        store.receiver_state().token_record(&token),
+        Some((false, None))
+    );
+    assert_eq!(rows(&store), (1, 1));
+    // q revokes it until 2,000 (sequence 2): the record is dropped until then.
+    r.handle_obligation(
+        UnixMillis(6),
+        &q,
+        from(2, &q, TokenAction::Revoke, Some(2_000)),
+    );
+    persist_receiver(&mut r, &mut store);
+    let mut store = reopen(&mut backend);
+    assert_eq!(
+        store.receiver_state().token_record(&token),
+        Some((true, Some(UnixMillis(2_000))))
+    );
+    assert_eq!(rows(&store), (2, 2));
+    assert_eq!(store.maintain(UnixMillis(1_999)).unwrap().tokens_expired, 0);
+    assert_eq!(store.maintain(UnixMillis(2_000)).unwrap().tokens_expired, 1);
+    let store = reopen(&mut backend);
+    assert_eq!(store.receiver_state().token_record(&token), None);
+    assert_eq!(rows(&store), (0, 0), "rows outlived the token's record");
+}
