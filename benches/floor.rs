@@ -46,15 +46,37 @@ async fn pair(
 }
 
 /// `iters` obligations, each issued and awaited to `applied` before the next.
-async fn one_at_a_time(principal: &Node, a: &AgentId, n: &mut u128, iters: u64) -> Duration {
+async fn one_at_a_time(
+    principal: &Node,
+    a: &AgentId,
+    n: &mut u128,
+    iters: u64,
+    each: &mut Vec<Duration>,
+) -> Duration {
     let start = Instant::now();
     for _ in 0..iters {
         *n += 1;
+        let one = Instant::now();
         let h = principal.issue(obligation(*n, a, 60_000)).await.unwrap();
         let (record, _) = h.outcome().await.unwrap();
+        each.push(one.elapsed());
         assert_eq!(record.outcome, Outcome::Applied);
     }
     start.elapsed()
+}
+
+/// The median and 99th percentile of every discharge timed (warm-up included).
+fn percentiles(name: &str, each: &mut [Duration]) {
+    each.sort_unstable();
+    let at = |q: f64| each[((each.len() - 1) as f64 * q).round() as usize];
+    if !each.is_empty() {
+        println!(
+            "{name}: {} discharges one at a time, p50 {:.3} ms, p99 {:.3} ms",
+            each.len(),
+            at(0.5).as_secs_f64() * 1e3,
+            at(0.99).as_secs_f64() * 1e3
+        );
+    }
 }
 
 fn floor(c: &mut Criterion) {
@@ -189,9 +211,13 @@ fn floor(c: &mut Criterion) {
         };
         let (principal, agent) = rt.block_on(pair(&ca, &p, &a, sub.path(), group));
         let mut n = 1u128;
+        let mut each = Vec::new();
         g.bench_function(name, |b| {
-            b.iter_custom(|iters| rt.block_on(one_at_a_time(&principal, &a, &mut n, iters)))
+            b.iter_custom(|iters| {
+                rt.block_on(one_at_a_time(&principal, &a, &mut n, iters, &mut each))
+            })
         });
+        percentiles(name, &mut each);
         rt.block_on(async {
             principal.shutdown().await;
             agent.shutdown().await;
@@ -287,9 +313,11 @@ fn jetstream(c: &mut Criterion) {
     );
     let (principal, agent) = rt.block_on(pair(&ca, &p, &a, dir.path(), GroupConfig::default()));
     let mut n = 1u128;
+    let mut each = Vec::new();
     g.bench_function("abhyasa_discharge_one", |b| {
-        b.iter_custom(|iters| rt.block_on(one_at_a_time(&principal, &a, &mut n, iters)))
+        b.iter_custom(|iters| rt.block_on(one_at_a_time(&principal, &a, &mut n, iters, &mut each)))
     });
+    percentiles("abhyasa_discharge_one", &mut each);
     g.bench_function("abhyasa_discharge_256_in_flight", |b| {
         b.iter_custom(|iters| {
             rt.block_on(async {

@@ -753,21 +753,27 @@ impl Core {
         let known: HashMap<abhyasa_wire::ObligationId, Ended> = if ids.is_empty() {
             Default::default()
         } else {
-            self.group
-                .read(move |s| {
-                    ids.into_iter()
-                        .filter(|id| s.knows(*id).unwrap_or(false))
-                        .map(|id| {
-                            let ended = s
-                                .terminal(id)
-                                .ok()
-                                .flatten()
-                                .map(|r| (r, s.escalation(id).ok().flatten()));
-                            (id, ended)
-                        })
-                        .collect()
-                })
-                .unwrap_or_default()
+            // Answered into a oneshot: the core's worker thread is not blocked meanwhile.
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let asked = self.group.read_then(move |s| {
+                let known = ids
+                    .into_iter()
+                    .filter(|id| s.knows(*id).unwrap_or(false))
+                    .map(|id| {
+                        let ended = s
+                            .terminal(id)
+                            .ok()
+                            .flatten()
+                            .map(|r| (r, s.escalation(id).ok().flatten()));
+                        (id, ended)
+                    })
+                    .collect();
+                let _ = tx.send(known);
+            });
+            match asked {
+                Ok(()) => rx.await.unwrap_or_default(),
+                Err(_) => Default::default(),
+            }
         };
         for cmd in batch {
             match cmd {
@@ -1126,10 +1132,12 @@ impl Core {
                 l.drain(&mut ops);
             }
             if !ops.is_empty() {
-                let ticket = self.group.submit(ops);
-                let outcome = tokio::task::spawn_blocking(move || ticket.wait())
-                    .await
-                    .unwrap_or(Err(GroupError::Stopped));
+                // The writer thread answers into a oneshot: no thread blocks on the commit.
+                let (done, outcome) = tokio::sync::oneshot::channel();
+                self.group.submit_then(ops, move |r| {
+                    let _ = done.send(r);
+                });
+                let outcome = outcome.await.unwrap_or(Err(GroupError::Stopped));
                 match outcome {
                     Ok(()) => {
                         let t = now();

@@ -62,12 +62,13 @@ pub struct GroupStats {
 }
 
 type ReadFn = Box<dyn FnOnce(&Store) + Send>;
+type DoneFn = Box<dyn FnOnce(Result<(), GroupError>) + Send>;
 type Reopen = Box<dyn FnMut() -> Result<Store, StoreError> + Send>;
 
 enum Request {
     Write {
         ops: Vec<Op>,
-        done: SyncSender<Result<(), GroupError>>,
+        done: DoneFn,
     },
     Read(ReadFn),
     Maintain {
@@ -131,11 +132,27 @@ impl GroupCommit {
     /// Queues `ops` for the next group commit.
     pub fn submit(&self, ops: Vec<Op>) -> Ticket {
         let (done, wait) = mpsc::sync_channel(1);
+        self.submit_then(ops, move |outcome| {
+            let _ = done.send(outcome);
+        });
+        Ticket(wait)
+    }
+
+    /// Queues `ops` for the next group commit; the writer thread calls `done` with the
+    /// commit's outcome (an async caller sends it into its own channel, with no thread
+    /// blocked on a [`Ticket`]). If the writer has stopped, `done` is dropped uncalled.
+    pub fn submit_then(
+        &self,
+        ops: Vec<Op>,
+        done: impl FnOnce(Result<(), GroupError>) + Send + 'static,
+    ) {
         if let Some(tx) = &self.tx {
             // A send error means the writer stopped; the dropped `done` reports it.
-            let _ = tx.send(Request::Write { ops, done });
+            let _ = tx.send(Request::Write {
+                ops,
+                done: Box::new(done),
+            });
         }
-        Ticket(wait)
     }
 
     /// Runs `f` on the writer thread, between commits, and returns its result.
@@ -150,6 +167,15 @@ impl GroupCommit {
         })))
         .map_err(|_| GroupError::Stopped)?;
         wait.recv().map_err(|_| GroupError::Stopped)
+    }
+
+    /// Runs `f` on the writer thread, between commits, without waiting for it: `f` sends its
+    /// result wherever the caller waits (an async caller, into its own channel). If the
+    /// writer has stopped, `f` is dropped unrun.
+    pub fn read_then(&self, f: impl FnOnce(&Store) + Send + 'static) -> Result<(), GroupError> {
+        let tx = self.tx.as_ref().ok_or(GroupError::Stopped)?;
+        tx.send(Request::Read(Box::new(f)))
+            .map_err(|_| GroupError::Stopped)
     }
 
     /// Queues [`Store::maintain`] on the writer thread, after the writes queued before it.
@@ -246,14 +272,14 @@ fn run(
                 }
                 Err(_) => {
                     for w in waiters {
-                        let _ = w.send(Err(GroupError::Stopped));
+                        w(Err(GroupError::Stopped));
                     }
                     return None;
                 }
             }
         }
         for w in waiters {
-            let _ = w.send(outcome.clone());
+            w(outcome.clone());
         }
         for f in reads.drain(..) {
             f(&store);
