@@ -115,6 +115,30 @@ async fn issue_and_await(
     start.elapsed()
 }
 
+/// Benchmarks `name`: `in_flight` obligations issued at once to `a`, each awaited to
+/// `applied`.
+fn bench_issue(
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    rt: &tokio::runtime::Runtime,
+    principal: &Arc<Node>,
+    a: &AgentId,
+    n: &mut u128,
+    in_flight: u64,
+) {
+    g.bench_function(name, |b| {
+        b.iter_custom(|iters| {
+            rt.block_on(issue_and_await(
+                principal,
+                std::slice::from_ref(a),
+                n,
+                iters,
+                in_flight,
+            ))
+        })
+    });
+}
+
 async fn stop(principal: Arc<Node>, agent: Node) {
     if let Ok(p) = Arc::try_unwrap(principal) {
         p.shutdown().await;
@@ -139,17 +163,8 @@ fn window(c: &mut Criterion) {
         let (principal, agent, _dir) = nodes(&rt, &ca, &p, &a, Default::default(), per_group);
         for in_flight in [256u64, 1_024, 4_096] {
             g.throughput(Throughput::Elements(in_flight));
-            g.bench_function(format!("{in_flight}{suffix}"), |b| {
-                b.iter_custom(|iters| {
-                    rt.block_on(issue_and_await(
-                        &principal,
-                        std::slice::from_ref(&a),
-                        &mut n,
-                        iters,
-                        in_flight,
-                    ))
-                })
-            });
+            let name = format!("{in_flight}{suffix}");
+            bench_issue(&mut g, &name, &rt, &principal, &a, &mut n, in_flight);
         }
         rt.block_on(stop(principal, agent));
     }
@@ -242,17 +257,7 @@ fn throughput(c: &mut Criterion) {
             ..Default::default()
         };
         let (principal, agent, _dir) = nodes(&rt, &ca, &p, &a, group, 64);
-        g.bench_function(name, |b| {
-            b.iter_custom(|iters| {
-                rt.block_on(issue_and_await(
-                    &principal,
-                    std::slice::from_ref(&a),
-                    &mut n,
-                    iters,
-                    BATCH,
-                ))
-            })
-        });
+        bench_issue(&mut g, name, &rt, &principal, &a, &mut n, BATCH);
         rt.block_on(stop(principal, agent));
     }
 
@@ -288,66 +293,47 @@ fn throughput(c: &mut Criterion) {
         }
         (sp, ra)
     });
-    g.bench_function("best_effort_no_custody", |b| {
-        b.iter_custom(|iters| {
-            rt.block_on(async {
-                let start = Instant::now();
-                for _ in 0..iters {
-                    let mut tasks = Vec::new();
-                    for _ in 0..BATCH {
-                        n += 1;
-                        let (s, bytes) = (sender.clone(), encode(&obligation(n, &a, 120_000)));
-                        tasks.push(tokio::spawn(async move {
-                            s.send_group(Track::Obligations, &[bytes], false).await
-                        }));
-                    }
-                    let mut got = 0;
-                    while got < BATCH {
-                        if let Some(SessionEvent::Object { .. }) = events.recv().await {
-                            got += 1;
+    // One object per group, each on its own task (how a node sent before 2026-12-02), and
+    // groups of 64 (as custody now sends what is ready at once).
+    for (name, per_group) in [
+        ("best_effort_no_custody", 1),
+        ("best_effort_groups_of_64", 64),
+    ] {
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                rt.block_on(async {
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        let objects: Vec<Vec<u8>> = (0..BATCH)
+                            .map(|_| {
+                                n += 1;
+                                encode(&obligation(n, &a, 120_000))
+                            })
+                            .collect();
+                        let tasks: Vec<_> = objects
+                            .chunks(per_group)
+                            .map(|chunk| {
+                                let (s, chunk) = (sender.clone(), chunk.to_vec());
+                                tokio::spawn(async move {
+                                    s.send_group(Track::Obligations, &chunk, false).await
+                                })
+                            })
+                            .collect();
+                        let mut got = 0;
+                        while got < BATCH {
+                            if let Some(SessionEvent::Object { .. }) = events.recv().await {
+                                got += 1;
+                            }
+                        }
+                        for t in tasks {
+                            t.await.unwrap().unwrap();
                         }
                     }
-                    for t in tasks {
-                        t.await.unwrap().unwrap();
-                    }
-                }
-                start.elapsed()
+                    start.elapsed()
+                })
             })
-        })
-    });
-    // The same objects in groups of 64, as custody now sends what is ready.
-    g.bench_function("best_effort_groups_of_64", |b| {
-        b.iter_custom(|iters| {
-            rt.block_on(async {
-                let start = Instant::now();
-                for _ in 0..iters {
-                    let mut tasks = Vec::new();
-                    let objects: Vec<Vec<u8>> = (0..BATCH)
-                        .map(|_| {
-                            n += 1;
-                            encode(&obligation(n, &a, 120_000))
-                        })
-                        .collect();
-                    for chunk in objects.chunks(64) {
-                        let (s, chunk) = (sender.clone(), chunk.to_vec());
-                        tasks.push(tokio::spawn(async move {
-                            s.send_group(Track::Obligations, &chunk, false).await
-                        }));
-                    }
-                    let mut got = 0;
-                    while got < BATCH {
-                        if let Some(SessionEvent::Object { .. }) = events.recv().await {
-                            got += 1;
-                        }
-                    }
-                    for t in tasks {
-                        t.await.unwrap().unwrap();
-                    }
-                }
-                start.elapsed()
-            })
-        })
-    });
+        });
+    }
     g.finish();
 }
 
