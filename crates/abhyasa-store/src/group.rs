@@ -1,5 +1,6 @@
 //! Group commit: one writer thread owns the [`Store`]; callers submit ops and wait on a
-//! [`Ticket`]. The writer takes the first request and everything already queued behind it (up
+//! [`Ticket`], or hand [`GroupCommit::submit_then`] a function the writer calls with the
+//! outcome (an async caller's way: no thread blocks on the commit). The writer takes the first request and everything already queued behind it (up
 //! to `max_ops`) and commits at once, in **one** `Durability::Immediate` transaction, then
 //! releases every waiter with the same outcome. Nothing waits for company when the writer is
 //! idle: what arrives while a commit runs forms the next batch. (`max_delay` adds an optional
