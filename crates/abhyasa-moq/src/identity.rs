@@ -236,7 +236,7 @@ fn pem_encode(label: &str, der: &[u8]) -> String {
     pem::encode(&pem::Pem::new(label, der.to_vec()))
 }
 
-fn read(path: &Path) -> Result<Vec<u8>, IdentityError> {
+pub(crate) fn read(path: &Path) -> Result<Vec<u8>, IdentityError> {
     std::fs::read(path).map_err(|source| IdentityError::Io {
         path: path.to_owned(),
         source,

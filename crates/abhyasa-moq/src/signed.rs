@@ -344,12 +344,7 @@ pub fn certified_keys(dir: &std::path::Path) -> Result<CertifiedKeys, IdentityEr
         move |source| IdentityError::Io { path, source }
     };
     let ca_path = dir.join("ca.pem");
-    let ca = CertificateDer::from_pem_slice(&std::fs::read(&ca_path).map_err(io(&ca_path))?)
-        .map_err(|_| IdentityError::Pem {
-            path: ca_path.clone(),
-            what: "certificate",
-        })?;
-    let verifier = Verifier::new(ca);
+    let verifier = Verifier::new(crate::identity::read_certificate(&ca_path)?);
     let mut out = CertifiedKeys::default();
     let mut paths: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
         .map_err(io(dir))?
@@ -360,7 +355,7 @@ pub fn certified_keys(dir: &std::path::Path) -> Result<CertifiedKeys, IdentityEr
         if path.extension().and_then(|e| e.to_str()) != Some("pem") || path == ca_path {
             continue;
         }
-        let bytes = std::fs::read(&path).map_err(io(&path))?;
+        let bytes = crate::identity::read(&path)?;
         let leaf = match CertificateDer::pem_slice_iter(&bytes).next() {
             Some(Ok(c)) => c,
             _ => {
