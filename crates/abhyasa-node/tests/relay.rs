@@ -145,6 +145,31 @@ async fn custody_through_an_unmodified_moq_relay_survives_its_restart_and_escala
         assert_eq!(applied(n.as_ref().unwrap()).await, want, "{}", agents[i]);
     }
 
+    // A burst to one agent, issued together, leaves in groups of several objects; the relay
+    // carries each group whole.
+    let before = principal.status().await.unwrap().sent;
+    let burst: Vec<_> = (0..40u128)
+        .map(|k| obligation(3_000 + k, 0, &agents[0], 60_000))
+        .collect();
+    expected[0].extend(burst.iter().map(|o| o.id));
+    let handles = futures::future::join_all(burst.into_iter().map(|o| principal.issue(o)))
+        .await
+        .into_iter()
+        .map(|h| h.unwrap())
+        .collect();
+    let got = outcomes(handles).await;
+    assert!(got.iter().all(|o| *o == Outcome::Applied), "{got:?}");
+    let mut want = expected[0].clone();
+    want.sort();
+    assert_eq!(applied(nodes[0].as_ref().unwrap()).await, want);
+    let after = principal.status().await.unwrap().sent;
+    let (objects, groups) = (after.objects - before.objects, after.groups - before.groups);
+    assert!(objects >= 40, "{objects} objects sent for a burst of 40");
+    assert!(
+        groups * 4 <= objects,
+        "the burst left in {groups} groups for {objects} objects"
+    );
+
     // agent-3 goes offline; its obligation's deadline passes: escalated, never lost.
     nodes[2].take().unwrap().shutdown().await;
     let h = principal
@@ -161,7 +186,8 @@ async fn custody_through_an_unmodified_moq_relay_survives_its_restart_and_escala
     }
     eprintln!(
         "relay custody: 9 obligations of 3 kinds applied at 3 agents, the relay restarted and 2 \
-         issued meanwhile applied after, 1 to an offline agent escalated, through {}",
+         issued meanwhile applied after, a burst of 40 carried in groups, 1 to an offline agent \
+         escalated, through {}",
         bin.display()
     );
     principal.shutdown().await;
