@@ -1,6 +1,6 @@
 //! Exhaustive model check of the real ledger branch and gateway (not an abstraction of them)
 //! with stateright — the reclaim scope to completion (every reachable state), the lineage scope
-//! to a depth bound: one root of 3 atoms held by `root`, a split and a join, a
+//! to a depth bound (and, without duplication, to completion: an ignored test of minutes): one root of 3 atoms held by `root`, a split and a join, a
 //! 1-atom transfer to `child`, an operation at the gateway from each branch, reclaim by epoch
 //! fence and forfeiture; a network that loses, duplicates and reorders; one crash of any
 //! component (including a crash right after a durable step, before what it released is sent,
@@ -276,7 +276,22 @@ enum Scope {
     LineageComplete,
 }
 
-struct LedgerModel(Scope, Option<LedgerMutation>);
+/// How many crashes, duplications and timer firings one exploration may use.
+#[derive(Clone, Copy)]
+struct Faults {
+    crashes: u8,
+    dups: u8,
+    ticks: u8,
+}
+
+/// One of each: what every scope explores unless it says otherwise.
+const ONE_OF_EACH: Faults = Faults {
+    crashes: 1,
+    dups: 1,
+    ticks: 1,
+};
+
+struct LedgerModel(Scope, Option<LedgerMutation>, Faults);
 
 impl LedgerModel {
     fn acts(&self) -> &'static [Act] {
@@ -320,9 +335,9 @@ impl Model for LedgerModel {
             net: BTreeMap::new(),
             effects: Vec::new(),
             done: BTreeSet::new(),
-            crashes_left: 1,
-            dups_left: 1,
-            ticks_left: 1,
+            crashes_left: self.2.crashes,
+            dups_left: self.2.dups,
+            ticks_left: self.2.ticks,
             mutation: self.1,
             seen: Seen::default(),
         };
@@ -526,7 +541,12 @@ impl Model for LedgerModel {
 
 /// Explores `scope` breadth first, to `depth` or (with `None`) until no new state is found.
 fn run(scope: Scope, depth: Option<usize>, name: &str) {
-    let mut checker = LedgerModel(scope, None).checker().threads(2);
+    run_with(scope, ONE_OF_EACH, depth, name);
+}
+
+/// [`run`] with a fault budget of its own.
+fn run_with(scope: Scope, faults: Faults, depth: Option<usize>, name: &str) {
+    let mut checker = LedgerModel(scope, None, faults).checker().threads(2);
     if let Some(depth) = depth {
         checker = checker.target_max_depth(depth);
     }
@@ -565,6 +585,24 @@ fn ledger_model_check_lineage() {
     );
 }
 
+/// The whole lineage scope (spending from the join and from the transfer) to completion, with
+/// one crash and one timer but no duplication — duplication is explored to completion in the
+/// other two scopes. Minutes on two cores: run with `--ignored`.
+#[test]
+#[ignore = "minutes: cargo test -p abhyasa-sim --release --test ledger_model_check -- --ignored"]
+fn ledger_model_check_whole_lineage_to_completion() {
+    run_with(
+        Scope::Lineage,
+        Faults {
+            crashes: 1,
+            dups: 0,
+            ticks: 1,
+        },
+        None,
+        "split, join, transfer, spend from both; one crash, one timer, no duplicate",
+    );
+}
+
 #[test]
 fn ledger_model_check_lineage_to_completion() {
     run(
@@ -576,12 +614,16 @@ fn ledger_model_check_lineage_to_completion() {
 
 #[test]
 fn the_model_finds_a_gateway_that_accepts_a_key_twice() {
-    let checker = LedgerModel(Scope::Reclaim, Some(LedgerMutation::GatewayAcceptsKeyTwice))
-        .checker()
-        .threads(2)
-        .target_max_depth(8)
-        .spawn_bfs()
-        .join();
+    let checker = LedgerModel(
+        Scope::Reclaim,
+        Some(LedgerMutation::GatewayAcceptsKeyTwice),
+        ONE_OF_EACH,
+    )
+    .checker()
+    .threads(2)
+    .target_max_depth(8)
+    .spawn_bfs()
+    .join();
     let path = checker
         .discovery("L1-L7 hold")
         .expect("a counterexample to L1-L7");
