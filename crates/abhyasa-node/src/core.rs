@@ -357,12 +357,12 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
     })
 }
 
-/// The first dial attempts after a success are this short (see `stall_redial`): a
-/// handshake's own Initial retransmissions back off within an attempt, so while a link is
-/// down a fresh attempt every few hundred ms gets through sooner once it is back.
 /// The most objects a node puts in one group it sends (a relay session takes 64 of a group).
 const MAX_BATCH: usize = 64;
 
+/// The first dial attempts after a success are this short (see `stall_redial`): a
+/// handshake's own Initial retransmissions back off within an attempt, so while a link is
+/// down a fresh attempt every few hundred ms gets through sooner once it is back.
 const DIAL_ATTEMPT_SHORT: Duration = Duration::from_millis(400);
 /// How many short attempts before the long ones (about 4 s of a dead link).
 const SHORT_ATTEMPTS: u32 = 10;

@@ -1,7 +1,7 @@
 //! Group commit: one writer thread owns the [`Store`]; callers submit ops and wait on a
 //! [`Ticket`], or hand [`GroupCommit::submit_then`] a function the writer calls with the
-//! outcome (an async caller's way: no thread blocks on the commit). The writer takes the first request and everything already queued behind it (up
-//! to `max_ops`) and commits at once, in **one** `Durability::Immediate` transaction, then
+//! outcome (an async caller's way: no thread blocks on the commit). The writer takes the
+//! first request and everything already queued behind it (up to `max_ops`) and commits at once, in **one** `Durability::Immediate` transaction, then
 //! releases every waiter with the same outcome. Nothing waits for company when the writer is
 //! idle: what arrives while a commit runs forms the next batch. (`max_delay` adds an optional
 //! linger for company.)
@@ -162,11 +162,9 @@ impl GroupCommit {
         f: impl FnOnce(&Store) -> T + Send + 'static,
     ) -> Result<T, GroupError> {
         let (done, wait) = mpsc::sync_channel(1);
-        let tx = self.tx.as_ref().ok_or(GroupError::Stopped)?;
-        tx.send(Request::Read(Box::new(move |store| {
+        self.read_then(move |store| {
             let _ = done.send(f(store));
-        })))
-        .map_err(|_| GroupError::Stopped)?;
+        })?;
         wait.recv().map_err(|_| GroupError::Stopped)
     }
 
