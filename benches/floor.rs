@@ -187,6 +187,21 @@ fn floor(c: &mut Criterion) {
     g.bench_function("verify_obligation_cached_certificate", |b| {
         b.iter(|| verifier.open(SignedKind::Obligation, &signed).unwrap())
     });
+    // A group's worth from one sender, as a session's task verifies what arrived together
+    // (per obligation: divide by 64).
+    let group: Vec<Vec<u8>> = (0..64)
+        .map(|i| {
+            let cbor = abhyasa::wire::encode(&obligation(i, &a, 60_000));
+            signer.sign(SignedKind::Obligation, &cbor)
+        })
+        .collect();
+    g.bench_function("verify_64_obligations_together_cached_certificate", |b| {
+        b.iter(|| {
+            let opened =
+                verifier.open_all(group.iter().map(|s| (SignedKind::Obligation, s.as_slice())));
+            assert!(opened.iter().all(Result::is_ok));
+        })
+    });
     g.bench_function("verify_obligation_first_sight", |b| {
         b.iter(|| {
             Verifier::new(ca.certificate().clone())

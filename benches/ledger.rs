@@ -201,11 +201,13 @@ fn gateway_node(
     path: std::path::PathBuf,
     from_payer: std::sync::mpsc::Receiver<Vec<LedgerMessage>>,
     to_payer: std::sync::mpsc::Sender<Vec<LedgerMessage>>,
+    together: bool,
 ) -> std::thread::JoinHandle<()> {
     // Named, so a per-thread profile (`perf report --sort comm`) tells the nodes apart.
     let gateway = std::thread::Builder::new().name("gateway-node".into());
     let spawned = gateway.spawn(move || {
         let mut g = Gateway::new(id("g"), signing_key([3; 32]), keys(), None);
+        let keyring = g.keyring().clone();
         let mut store = Store::open(path, StoreConfig::default()).unwrap();
         let charge = Vector::of(&[("cents", 730), ("calls", 1)]).unwrap();
         let mut inbox: std::collections::VecDeque<LedgerMessage> = Default::default();
@@ -220,6 +222,9 @@ fn gateway_node(
                 inbox.extend(batch);
             }
             let n = inbox.len().min(MAX_GROUP);
+            if together {
+                keyring.verify_together(inbox.iter().take(n));
+            }
             for m in inbox.drain(..n) {
                 g.handle_message(&id("r"), m);
             }
@@ -244,12 +249,16 @@ fn gateway_node(
 fn pay(
     r: &mut Branch,
     store: &mut Store,
-    to_gateway: &std::sync::mpsc::Sender<Vec<LedgerMessage>>,
-    from_gateway: &std::sync::mpsc::Receiver<Vec<LedgerMessage>>,
+    (to_gateway, from_gateway): (
+        &std::sync::mpsc::Sender<Vec<LedgerMessage>>,
+        &std::sync::mpsc::Receiver<Vec<LedgerMessage>>,
+    ),
     next: &mut u64,
     in_flight: u64,
     total: u64,
+    together: bool,
 ) {
+    let keyring = r.keyring().clone();
     let (mut started, mut settled, mut outstanding) = (0u64, 0u64, 0u64);
     let mut replies: std::collections::VecDeque<LedgerMessage> = Default::default();
     while settled < total {
@@ -276,6 +285,9 @@ fn pay(
             replies.extend(batch);
         }
         let n = replies.len().min(MAX_GROUP);
+        if together {
+            keyring.verify_together(replies.iter().take(n));
+        }
         for m in replies.drain(..n) {
             r.handle_message(UnixMillis(1), &id("g"), m);
         }
@@ -299,34 +311,49 @@ fn two_nodes(c: &mut Criterion) {
     grp.sample_size(10)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(5));
-    for in_flight in [1u64, 16, 256, 1024] {
+    // Each side verifies the signatures of what it takes at once one by one as it handles
+    // them, or (`_together`) in one batch first.
+    let runs = [
+        (1u64, false),
+        (16, false),
+        (256, false),
+        (256, true),
+        (1024, false),
+        (1024, true),
+    ];
+    for (in_flight, together) in runs {
+        let name = match together {
+            false => format!("in_flight_{in_flight}"),
+            true => format!("in_flight_{in_flight}_together"),
+        };
         let (to_gateway, gateway_in) = std::sync::mpsc::channel();
         let (gateway_out, from_gateway) = std::sync::mpsc::channel();
         let gateway = gateway_node(
-            dir.path().join(format!("tg{in_flight}.redb")),
+            dir.path().join(format!("g-{name}.redb")),
             gateway_in,
             gateway_out,
+            together,
         );
         let (mut r, _) = setup();
         let mut store = Store::open(
-            dir.path().join(format!("tb{in_flight}.redb")),
+            dir.path().join(format!("b-{name}.redb")),
             StoreConfig::default(),
         )
         .unwrap();
         let mut next = 0;
         let per_iteration = (in_flight * 4).max(16);
         grp.throughput(Throughput::Elements(per_iteration));
-        grp.bench_function(format!("in_flight_{in_flight}"), |b| {
+        grp.bench_function(name, |b| {
             b.iter_custom(|iterations| {
                 let started = Instant::now();
                 pay(
                     &mut r,
                     &mut store,
-                    &to_gateway,
-                    &from_gateway,
+                    (&to_gateway, &from_gateway),
                     &mut next,
                     in_flight,
                     iterations * per_iteration,
+                    together,
                 );
                 started.elapsed()
             })
@@ -396,6 +423,19 @@ fn signature_floor(c: &mut Criterion) {
     });
     grp.bench_function("verify_a_receipt", |b| {
         b.iter(|| receipt.open(&gateway.verifying_key()).unwrap())
+    });
+    // The same signature check, 64 receipts from one gateway in one batch (per receipt:
+    // divide by 64). Only the signatures: what `verify_together` adds to the decode.
+    let v = receipt.to_verify();
+    let signature = v.signature.unwrap();
+    grp.bench_function("verify_64_receipt_signatures_together", |b| {
+        b.iter(|| {
+            let mut batch = abhyasa_wire::sig::Batch::new();
+            for _ in 0..64 {
+                batch.push(&gateway.verifying_key(), &v.message, &signature);
+            }
+            assert!(batch.verify_all().into_iter().all(|ok| ok));
+        })
     });
     grp.finish();
 }

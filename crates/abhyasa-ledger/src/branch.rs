@@ -477,6 +477,13 @@ impl Branch {
         &self.me
     }
 
+    /// The keyring this branch trusts; a clone shares its memory of verified signatures, so
+    /// messages verified together through it ([`Keyring::verify_together`]) are not verified
+    /// again when handled.
+    pub fn keyring(&self) -> &Keyring {
+        &self.keys
+    }
+
     /// Refuse (`true`) or accept incoming transfers from now on.
     pub fn set_refusing(&mut self, refusing: bool) {
         self.refusing = refusing;

@@ -319,6 +319,13 @@ impl Gateway {
         &self.me
     }
 
+    /// The keyring this gateway trusts; a clone shares its memory of verified signatures, so
+    /// messages verified together through it ([`Keyring::verify_together`]) are not verified
+    /// again when handled.
+    pub fn keyring(&self) -> &Keyring {
+        &self.keys
+    }
+
     /// Handles a message from `from`.
     pub fn handle_message(&mut self, from: &AgentId, msg: LedgerMessage) {
         match msg {

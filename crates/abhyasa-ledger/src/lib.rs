@@ -86,6 +86,46 @@ impl Keyring {
         self.keys.get(agent).copied()
     }
 
+    /// Verifies the signatures at the top of `messages` together (one batch equation when
+    /// all hold: `abhyasa_wire::sig`, with the answers verifying each alone gives) and
+    /// remembers those that hold, so that handling the messages after — by a branch or gateway
+    /// sharing this keyring's memory — verifies nothing again. A signature that fails, or whose
+    /// signer this keyring does not know, is not remembered: handling its message refuses it
+    /// as before. Returns how many were verified and remembered now.
+    pub fn verify_together<'a>(
+        &self,
+        messages: impl IntoIterator<Item = &'a LedgerMessage>,
+    ) -> usize {
+        let mut batch = abhyasa_wire::sig::Batch::new();
+        let mut fingerprints = Vec::new();
+        let mut queued = std::collections::HashSet::new();
+        {
+            let verified = self.verified.lock().unwrap_or_else(|e| e.into_inner());
+            for v in messages.into_iter().filter_map(LedgerMessage::to_verify) {
+                let (Some(key), Some(signature)) = (self.keys.get(v.signer), v.signature) else {
+                    continue;
+                };
+                if verified.contains(&v.fingerprint) || !queued.insert(v.fingerprint) {
+                    continue;
+                }
+                batch.push(key, &v.message, &signature);
+                fingerprints.push(v.fingerprint);
+            }
+        }
+        let good: Vec<Digest> = fingerprints
+            .into_iter()
+            .zip(batch.verify_all())
+            .filter_map(|(f, ok)| ok.then_some(f))
+            .collect();
+        let mut verified = self.verified.lock().unwrap_or_else(|e| e.into_inner());
+        if verified.len() + good.len() > VERIFIED_MEMORY {
+            verified.clear();
+        }
+        let n = good.len();
+        verified.extend(good);
+        n
+    }
+
     /// Opens `signed`, which must come from `expected`.
     pub fn open<T: SignedObject>(
         &self,

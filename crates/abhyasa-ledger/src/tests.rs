@@ -2825,3 +2825,54 @@ fn a_gateway_checkpoint_keeps_what_is_live_and_refuses_what_does_not_match() {
         "{found:?}"
     );
 }
+
+/// Signatures verified together are remembered only when they hold: handling the message
+/// after opens the good ones from memory and still refuses the bad ones.
+#[test]
+fn signatures_verified_together_are_remembered_only_when_they_hold() {
+    let keys = Keyring::new([
+        (id("r"), sk(2).verifying_key()),
+        (id("g"), sk(4).verifying_key()),
+    ]);
+    let fence = |epoch| Fence {
+        root: RootId::from_u128(7),
+        credit: ROOT_CREDIT,
+        epoch,
+        holder: id("r"),
+    };
+    let good = Signed::sign(&fence(1), &id("r"), &sk(2));
+    let also_good = Signed::sign(&fence(2), &id("r"), &sk(2));
+    // Claims r, signed with g's key.
+    let forged = Signed::sign(&fence(3), &id("r"), &sk(4));
+    // A signer the keyring does not know.
+    let stranger = Signed::sign(&fence(4), &id("x"), &sk(9));
+    let messages = vec![
+        LedgerMessage::Fence(good.clone()),
+        LedgerMessage::Pending {
+            key: OpKey::from_u128(1),
+        },
+        LedgerMessage::Fence(forged.clone()),
+        LedgerMessage::Fence(stranger.clone()),
+        LedgerMessage::Fence(good.clone()),
+        LedgerMessage::Fence(also_good.clone()),
+    ];
+    assert_eq!(
+        keys.verify_together(&messages),
+        2,
+        "the two good ones, once each"
+    );
+    assert_eq!(
+        keys.verify_together(&messages),
+        0,
+        "remembered: nothing to verify again"
+    );
+    assert_eq!(keys.open(&good, &id("r")).unwrap(), fence(1));
+    assert_eq!(keys.open(&also_good, &id("r")).unwrap(), fence(2));
+    assert_eq!(
+        keys.open(&forged, &id("r")),
+        Err(SignatureError::BadSignature)
+    );
+    assert!(keys.open(&stranger, &id("x")).is_err());
+    // A clone shares the memory (a branch or gateway made with it).
+    assert_eq!(keys.clone().verify_together(&messages[..1]), 0);
+}

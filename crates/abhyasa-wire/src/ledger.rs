@@ -4,8 +4,9 @@
 //!
 //! Signed objects travel as [`Signed`]: the exact canonical CBOR bytes of the body, the
 //! signer, and an ed25519 signature over a domain-separated message (`abhyasa/v1/ledger/`,
-//! the object's tag, a zero byte, the body bytes). [`Signed::open`] verifies strictly
-//! (`verify_strict`: no small-order keys, no malleable signatures), decodes strictly, checks
+//! the object's tag, a zero byte, the body bytes). [`Signed::open`] verifies by the project's
+//! one rule ([`crate::sig`]: ZIP 215, no small-order keys, no non-canonical `s`, the same
+//! answer alone or in a batch), decodes strictly, checks
 //! the object's own rules, and refuses a body that is not in canonical form, so one value
 //! has exactly one signed form.
 
@@ -868,6 +869,38 @@ pub enum LedgerMessage {
     Fenced(Signed<Fenced>),
 }
 
+/// A signed object's signature, what it signs and who claims it ([`Signed::to_verify`]).
+#[derive(Debug)]
+pub struct ToVerify<'a> {
+    /// The agent that claims the signature.
+    pub signer: &'a AgentId,
+    /// [`Signed::fingerprint`].
+    pub fingerprint: Digest,
+    /// The exact bytes signed (domain tag and body).
+    pub message: Vec<u8>,
+    /// The signature, if it has a signature's length.
+    pub signature: Option<Signature>,
+}
+
+impl LedgerMessage {
+    /// The signed object this message carries at its top, if any (what its receiver verifies
+    /// first).
+    pub fn to_verify(&self) -> Option<ToVerify<'_>> {
+        match self {
+            LedgerMessage::Transfer(s) => Some(s.to_verify()),
+            LedgerMessage::Decision(s) => Some(s.to_verify()),
+            LedgerMessage::Dispatch { permit, .. } => Some(permit.to_verify()),
+            LedgerMessage::Receipt(s) => Some(s.to_verify()),
+            LedgerMessage::NoEffect(s) => Some(s.to_verify()),
+            LedgerMessage::Fence(s) => Some(s.to_verify()),
+            LedgerMessage::Fenced(s) => Some(s.to_verify()),
+            LedgerMessage::Refused { .. }
+            | LedgerMessage::Query { .. }
+            | LedgerMessage::Pending { .. } => None,
+        }
+    }
+}
+
 /// A ledger object that is signed.
 pub trait SignedObject: Serialize + DeserializeOwned {
     /// The domain-separation tag.
@@ -1049,8 +1082,13 @@ impl<T: SignedObject> Signed<T> {
             .as_slice()
             .try_into()
             .map_err(|_| SignatureError::BadSignature)?;
-        key.verify_strict(&message(T::TAG, &self.body.0), &Signature::from_bytes(&sig))
-            .map_err(|_| SignatureError::BadSignature)?;
+        if !crate::sig::verify(
+            key,
+            &message(T::TAG, &self.body.0),
+            &Signature::from_bytes(&sig),
+        ) {
+            return Err(SignatureError::BadSignature);
+        }
         self.decode_checked()
     }
 
@@ -1075,6 +1113,19 @@ impl<T: SignedObject> Signed<T> {
             &self.body.0,
             &self.signature.0,
         ])
+    }
+
+    /// What verifying this object's signature takes besides the key, to verify it together
+    /// with others ([`crate::sig::Batch`]) and remember the answer under its fingerprint.
+    pub fn to_verify(&self) -> ToVerify<'_> {
+        ToVerify {
+            signer: &self.signer,
+            fingerprint: self.fingerprint(),
+            message: message(T::TAG, &self.body.0),
+            signature: <[u8; 64]>::try_from(self.signature.0.as_slice())
+                .ok()
+                .map(|s| Signature::from_bytes(&s)),
+        }
     }
 
     /// [`open`](Self::open) with the key `keys` holds for the signer, checking the signer
@@ -1140,8 +1191,13 @@ impl SignedRecord {
             .as_slice()
             .try_into()
             .map_err(|_| SignatureError::BadSignature)?;
-        key.verify_strict(&message(tag, &self.body.0), &Signature::from_bytes(&sig))
-            .map_err(|_| SignatureError::BadSignature)?;
+        if !crate::sig::verify(
+            key,
+            &message(tag, &self.body.0),
+            &Signature::from_bytes(&sig),
+        ) {
+            return Err(SignatureError::BadSignature);
+        }
         Ok(&self.body.0)
     }
 

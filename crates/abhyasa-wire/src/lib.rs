@@ -46,6 +46,7 @@ mod ids;
 pub mod ledger;
 pub mod moqt;
 mod obligation;
+pub mod sig;
 pub mod words;
 
 use serde::de::DeserializeOwned;
