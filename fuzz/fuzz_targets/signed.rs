@@ -6,7 +6,8 @@
 //!   signed by a real agent of the deployment, the envelope altered at those offsets, then
 //!   opened. Whatever the alteration, an envelope that opens must say exactly what was signed
 //!   and by whom: no change to the bytes yields another payload, another signer, or the other
-//!   kind.
+//!   kind. Opened in a batch beside a good envelope (`Verifier::open_all`), it must get the
+//!   answer it gets alone, and the neighbour must still open.
 #![no_main]
 
 use std::sync::OnceLock;
@@ -60,8 +61,15 @@ fuzz_target!(|data: &[u8]| {
         verifier.open(other, &envelope).is_err(),
         "an envelope opened as the other kind"
     );
-    if let Ok(opened) = verifier.open(kind, &envelope) {
+    let alone = verifier.open(kind, &envelope);
+    if let Ok(opened) = &alone {
         assert_eq!(opened.payload, payload, "an altered envelope opened to another payload");
         assert_eq!(&opened.signer, signer.agent(), "an altered envelope named another signer");
     }
+    // Verified in a batch beside an untouched envelope, it gets the answer it gets alone, and
+    // so does its neighbour (the batch equation and each alone agree under ZIP 215).
+    let good = signer.sign(kind, b"a neighbour");
+    let together = verifier.open_all([(kind, envelope.as_slice()), (kind, good.as_slice())]);
+    assert_eq!(together[0], alone, "a batch answered otherwise than the envelope alone");
+    assert!(together[1].is_ok(), "a good neighbour refused in a batch");
 });
