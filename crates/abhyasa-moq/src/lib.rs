@@ -31,6 +31,6 @@ pub use session::{
     namespace, Accepted, SendError, Session, SessionError, SessionEvent, SessionLimits, Track,
 };
 pub use signed::{
-    certificate_key, certified_keys, decode_acks, encode_acks, CertifiedKeys, Kind as SignedKind,
-    Opened, SignedError, Signer, Verifier, MAX_ACKS_PER_ENVELOPE,
+    certificate_key, certified_keys, CertifiedKeys, Kind as SignedKind, Opened, SignedError,
+    Signer, Verifier,
 };

@@ -44,11 +44,6 @@ pub enum Kind {
     Obligation,
     /// A custody ack, agent → principal.
     Ack,
-    /// Several custody acks, agent → principal, under one signature: the payload is a CBOR
-    /// array of byte strings, each one ack's CBOR ([`encode_acks`], [`decode_acks`]). What a
-    /// node acks at once leaves so — one signature and one verification for the group, not
-    /// one per ack.
-    Acks,
 }
 
 impl Kind {
@@ -57,54 +52,8 @@ impl Kind {
         match self {
             Kind::Obligation => "application/abhyasa-obligation+cbor",
             Kind::Ack => "application/abhyasa-ack+cbor",
-            Kind::Acks => "application/abhyasa-acks+cbor",
         }
     }
-}
-
-/// Most acks one [`Kind::Acks`] envelope carries (a group's most objects, as a relay session
-/// takes them).
-pub const MAX_ACKS_PER_ENVELOPE: usize = 64;
-
-/// The payload of a [`Kind::Acks`] envelope: `acks` (each an ack's CBOR) as a CBOR array of
-/// byte strings. At most [`MAX_ACKS_PER_ENVELOPE`]; the caller splits more.
-pub fn encode_acks(acks: &[Vec<u8>]) -> Vec<u8> {
-    let value = Value::Array(acks.iter().map(|a| Value::Bytes(a.clone())).collect());
-    let mut out = Vec::with_capacity(acks.iter().map(|a| a.len() + 3).sum::<usize>() + 3);
-    // Writing a value of arrays and byte strings to a Vec cannot fail.
-    coset::cbor::ser::into_writer(&value, &mut out)
-        .unwrap_or_else(|e| unreachable!("CBOR encoding into a Vec failed: {e}"));
-    out
-}
-
-/// The acks (each an ack's CBOR, unread) in a [`Kind::Acks`] payload: exactly an array of
-/// byte strings in the form [`encode_acks`] writes, nothing after it, at most
-/// [`MAX_ACKS_PER_ENVELOPE`] of them.
-pub fn decode_acks(payload: &[u8]) -> Result<Vec<Vec<u8>>, SignedError> {
-    let bad = |why: &str| SignedError::Malformed(format!("acks payload: {why}"));
-    let value: Value = coset::cbor::de::from_reader(payload).map_err(|e| bad(&e.to_string()))?;
-    let Value::Array(items) = value else {
-        return Err(bad("not an array"));
-    };
-    if items.len() > MAX_ACKS_PER_ENVELOPE {
-        return Err(bad(&format!(
-            "{} acks, at most {MAX_ACKS_PER_ENVELOPE}",
-            items.len()
-        )));
-    }
-    let acks = items
-        .into_iter()
-        .map(|v| match v {
-            Value::Bytes(b) => Ok(b),
-            _ => Err(bad("an item is not a byte string")),
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    // One form only: what re-encodes otherwise (trailing bytes, indefinite lengths, longer
-    // heads) is refused.
-    if encode_acks(&acks) != payload {
-        return Err(bad("not in canonical form"));
-    }
-    Ok(acks)
 }
 
 /// Why a signed object was not believed. Each is a reason to drop it unread: an object
@@ -590,48 +539,6 @@ mod tests {
         assert_eq!(together[13], Err(SignedError::Signature));
         assert_eq!(together[20].as_ref().unwrap().signer, id("agent"));
         assert_eq!(together[0].as_ref().unwrap().payload, vec![0u8; 30]);
-    }
-
-    #[test]
-    fn acks_signed_together_open_to_each_ack_and_bad_payloads_are_refused() {
-        let (_, _, signer, verifier) = setup();
-        let acks: Vec<Vec<u8>> = (0..5u8).map(|i| vec![0xa4, i, i]).collect();
-        let signed = signer.sign(Kind::Acks, &encode_acks(&acks));
-        let opened = verifier.open(Kind::Acks, &signed).unwrap();
-        assert_eq!(decode_acks(&opened.payload).unwrap(), acks);
-        // Read as one ack, or an ack read as several: refused by content type.
-        assert!(matches!(
-            verifier.open(Kind::Ack, &signed),
-            Err(SignedError::ContentType { .. })
-        ));
-        let single = signer.sign(Kind::Ack, &acks[0]);
-        assert!(matches!(
-            verifier.open(Kind::Acks, &single),
-            Err(SignedError::ContentType { .. })
-        ));
-        assert_eq!(
-            decode_acks(&encode_acks(&[])).unwrap(),
-            Vec::<Vec<u8>>::new()
-        );
-        let full: Vec<Vec<u8>> = vec![vec![1]; MAX_ACKS_PER_ENVELOPE];
-        assert_eq!(decode_acks(&encode_acks(&full)).unwrap(), full);
-        let mut refused = vec![
-            encode_acks(&[full.clone(), vec![vec![1]]].concat()), // one past the limit
-            vec![0xa0],                                           // a map
-            vec![0x81, 0x01],                                     // [1]: not bytes
-            vec![0x9f, 0x41, 0x01, 0xff],                         // indefinite length
-            vec![0x81, 0x58, 0x01, 0x01],                         // a longer head than needed
-            b"\x81\x41".to_vec(),                                 // cut short
-        ];
-        let mut trailing = encode_acks(&acks);
-        trailing.push(0);
-        refused.push(trailing);
-        for bytes in refused {
-            assert!(
-                matches!(decode_acks(&bytes), Err(SignedError::Malformed(_))),
-                "{bytes:02x?} read as acks"
-            );
-        }
     }
 
     #[test]

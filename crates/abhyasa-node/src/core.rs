@@ -7,8 +7,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use abhyasa_custody::{Channel, Custodian, CustodianEvent, Receiver, ReceiverEvent};
 use abhyasa_moq::{
-    decode_acks, encode_acks, Accepted, RelayEvent, RelaySession, Session, SessionEvent,
-    SignedError, SignedKind, Signer, Track, Verifier,
+    Accepted, RelayEvent, RelaySession, Session, SessionEvent, SignedKind, Signer, Track, Verifier,
 };
 
 use crate::link::Link;
@@ -422,16 +421,14 @@ async fn forward(
     let mut arrived = Vec::with_capacity(VERIFY_BATCH);
     while rx.recv_many(&mut arrived, VERIFY_BATCH).await > 0 {
         let events = arrived.drain(..).map(|e| (peer.clone(), e)).collect();
-        for (peer, results) in verified_all(&verifier, events) {
-            for e in results {
-                let closed = matches!(e, Ok(SessionEvent::Closed(_)));
-                let msg = match e {
-                    Ok(e) => Internal::Event(peer.clone(), id, e),
-                    Err(why) => Internal::Unverified(peer.clone(), why),
-                };
-                if itx.send(msg).await.is_err() || closed {
-                    return;
-                }
+        for (peer, e) in verified_all(&verifier, events) {
+            let closed = matches!(e, Ok(SessionEvent::Closed(_)));
+            let msg = match e {
+                Ok(e) => Internal::Event(peer, id, e),
+                Err(why) => Internal::Unverified(peer, why),
+            };
+            if itx.send(msg).await.is_err() || closed {
+                return;
             }
         }
     }
@@ -501,7 +498,7 @@ async fn forward_relay(
         }
         let mut opened = verified_all(&verifier, objects).into_iter();
         for m in msgs {
-            let out = match m {
+            let m = match m {
                 Slot::Closed(reason) => {
                     for peer in std::mem::take(&mut met) {
                         let closed = SessionEvent::Closed(reason.clone());
@@ -509,23 +506,15 @@ async fn forward_relay(
                     }
                     return;
                 }
-                Slot::Send(m) => vec![m],
-                // One object may be several (acks under one signature).
+                Slot::Send(m) => m,
                 Slot::Object => match opened.next() {
-                    Some((from, results)) => results
-                        .into_iter()
-                        .map(|r| match r {
-                            Ok(e) => Internal::Event(from.clone(), id, e),
-                            Err(why) => Internal::Unverified(from.clone(), why),
-                        })
-                        .collect(),
+                    Some((from, Ok(e))) => Internal::Event(from, id, e),
+                    Some((from, Err(why))) => Internal::Unverified(from, why),
                     None => continue,
                 },
             };
-            for m in out {
-                if itx.send(m).await.is_err() {
-                    return;
-                }
+            if itx.send(m).await.is_err() {
+                return;
             }
         }
     }
@@ -553,7 +542,7 @@ pub(crate) struct Checks {
 fn verified_all(
     checks: &Checks,
     events: Vec<(AgentId, SessionEvent)>,
-) -> Vec<(AgentId, Vec<Result<SessionEvent, String>>)> {
+) -> Vec<(AgentId, Result<SessionEvent, String>)> {
     if let Some(keys) = &checks.ledger {
         let ledger: Vec<abhyasa_ledger::LedgerMessage> = events
             .iter()
@@ -576,7 +565,7 @@ fn verified_all(
         } => Some(SignedKind::Obligation),
         SessionEvent::Object {
             track: Track::Acks, ..
-        } => Some(SignedKind::Acks),
+        } => Some(SignedKind::Ack),
         // Ledger messages carry their own signatures, checked by the ledger.
         _ => None,
     };
@@ -587,42 +576,27 @@ fn verified_all(
             _ => None,
         }))
         .into_iter();
-    let mut out = Vec::with_capacity(events.len());
-    for (peer, e) in events {
-        let Some(k) = kind(&e) else {
-            out.push((peer, vec![Ok(e)]));
-            continue;
-        };
-        let SessionEvent::Object { track, payload } = e else {
-            continue; // `kind` is some only for objects.
-        };
-        let mut result = opened.next().unwrap_or(Err(SignedError::Signature));
-        // One ack signed alone (a sender that does not group its acks) is read as well.
-        if let Err(SignedError::ContentType { got: Some(got), .. }) = &result {
-            if k == SignedKind::Acks && got == SignedKind::Ack.content_type() {
-                result = checks.objects.open(SignedKind::Ack, &payload).map(|mut o| {
-                    o.payload = encode_acks(&[o.payload]);
-                    o
-                });
+    events
+        .into_iter()
+        .map(|(peer, e)| {
+            if kind(&e).is_none() {
+                return (peer, Ok(e));
             }
-        }
-        let object = |payload| SessionEvent::Object { track, payload };
-        let results = match result {
-            Ok(o) if o.signer != peer => vec![Err(format!(
-                "signed by {}, not the session's peer",
-                o.signer
-            ))],
-            // Several acks under one signature: an event for each.
-            Ok(o) if k == SignedKind::Acks => match decode_acks(&o.payload) {
-                Ok(acks) => acks.into_iter().map(|a| Ok(object(a))).collect(),
-                Err(e) => vec![Err(e.to_string())],
-            },
-            Ok(o) => vec![Ok(object(o.payload))],
-            Err(e) => vec![Err(e.to_string())],
-        };
-        out.push((peer, results));
-    }
-    out
+            let SessionEvent::Object { track, .. } = e else {
+                return (peer, Ok(e));
+            };
+            let result = match opened.next() {
+                Some(Ok(o)) if o.signer == peer => Ok(SessionEvent::Object {
+                    track,
+                    payload: o.payload,
+                }),
+                Some(Ok(o)) => Err(format!("signed by {}, not the session's peer", o.signer)),
+                Some(Err(e)) => Err(e.to_string()),
+                None => Err("not verified".into()),
+            };
+            (peer, result)
+        })
+        .collect()
 }
 
 /// Objects leaving in groups: one open group per peer and channel, at most `batch` objects
@@ -1419,21 +1393,17 @@ impl Core {
             };
             acks.add(s, false, encode(&a.ack));
         }
-        // Obligations are signed one by one (each may travel alone: a datagram, a retry);
-        // a group's acks under one signature, as one object (`SignedKind::Acks`).
         for (kind, track, groups) in [
             (SignedKind::Obligation, Track::Obligations, obligations),
-            (SignedKind::Acks, Track::Acks, acks),
+            (SignedKind::Ack, Track::Acks, acks),
         ] {
             for (s, datagram, objects) in groups.groups {
                 self.sent.groups += 1;
                 self.sent.objects += objects.len() as u64;
                 let signer = self.signer.clone();
                 tokio::spawn(async move {
-                    let signed: Vec<Vec<u8>> = match kind {
-                        SignedKind::Acks => vec![signer.sign(kind, &encode_acks(&objects))],
-                        _ => objects.iter().map(|b| signer.sign(kind, b)).collect(),
-                    };
+                    let signed: Vec<Vec<u8>> =
+                        objects.iter().map(|b| signer.sign(kind, b)).collect();
                     if let Err(e) = s.send_group(track, &signed, datagram).await {
                         debug!(%e, ?track, objects = signed.len(), "group not sent");
                     }
@@ -1545,44 +1515,11 @@ mod tests {
                 q.clone(),
                 object(Track::Acks, other.sign(SignedKind::Ack, b"a-2")),
             ),
-            // Three acks under one signature: three events.
-            (
-                q.clone(),
-                object(
-                    Track::Acks,
-                    other.sign(
-                        SignedKind::Acks,
-                        &abhyasa_moq::encode_acks(&[
-                            b"a-3".to_vec(),
-                            b"a-4".to_vec(),
-                            b"a-5".to_vec(),
-                        ]),
-                    ),
-                ),
-            ),
-            // Several acks signed by another member than the session's peer: refused whole.
-            (
-                p.clone(),
-                object(
-                    Track::Acks,
-                    other.sign(
-                        SignedKind::Acks,
-                        &abhyasa_moq::encode_acks(&[b"a-6".to_vec()]),
-                    ),
-                ),
-            ),
             (p.clone(), SessionEvent::Closed("bye".into())),
         ];
-        // One entry per event that arrived; each may open to several (acks signed together).
-        let per_event = verified_all(&verifier, events);
-        let sizes: Vec<usize> = per_event.iter().map(|(_, r)| r.len()).collect();
-        assert_eq!(sizes, [1, 1, 1, 1, 1, 1, 1, 3, 1, 1]);
-        let out: Vec<(AgentId, Result<SessionEvent, String>)> = per_event
-            .into_iter()
-            .flat_map(|(peer, rs)| rs.into_iter().map(move |r| (peer.clone(), r)))
-            .collect();
+        let out = verified_all(&verifier, events);
         let peers: Vec<&AgentId> = out.iter().map(|(peer, _)| peer).collect();
-        assert_eq!(peers, [&p, &p, &p, &p, &p, &p, &q, &q, &q, &q, &p, &p]);
+        assert_eq!(peers, [&p, &p, &p, &p, &p, &p, &q, &p]);
         let results: Vec<Result<&SessionEvent, ()>> = out
             .iter()
             .map(|(_, r)| r.as_ref().map_err(|_| ()))
@@ -1600,15 +1537,10 @@ mod tests {
                 Err(()),
                 Err(()),
                 Ok(&object(Track::Acks, b"a-2".to_vec())),
-                Ok(&object(Track::Acks, b"a-3".to_vec())),
-                Ok(&object(Track::Acks, b"a-4".to_vec())),
-                Ok(&object(Track::Acks, b"a-5".to_vec())),
-                Err(()),
                 Ok(&SessionEvent::Closed("bye".into())),
             ]
         );
         assert!(matches!(&out[4].1, Err(why) if why.contains("not the session's peer")));
-        assert!(matches!(&out[10].1, Err(why) if why.contains("not the session's peer")));
     }
 
     /// The bucket holds one second's worth: at the rate, a burst of exactly that many is
