@@ -180,6 +180,57 @@ mod tests {
             .is_ok());
     }
 
+    /// The case the rule exists for: a signer crafts a signature whose `R` has a small-order
+    /// component. RFC 8032's cofactorless check (`verify_strict`) refuses it; a batch under that
+    /// check would accept it whenever its random coefficient cancels the component. Under
+    /// ZIP 215 it is accepted alone and in every batch — one answer everywhere.
+    #[test]
+    fn a_crafted_mixed_order_signature_gets_one_answer_alone_and_in_any_batch() {
+        use curve25519_dalek::{constants, EdwardsPoint, Scalar};
+        use sha2::{Digest as _, Sha512};
+        let signer = key(7);
+        let a = signer.to_scalar();
+        let public = signer.verifying_key();
+        let message = b"a receipt the signer means to disown later";
+        for (i, torsion) in constants::EIGHT_TORSION.iter().enumerate().skip(1) {
+            let r = Scalar::from(1_000_003u64 + i as u64);
+            let big_r: EdwardsPoint = constants::ED25519_BASEPOINT_POINT * r + torsion;
+            let r_bytes = big_r.compress().to_bytes();
+            let k = Scalar::from_hash(
+                Sha512::new()
+                    .chain_update(r_bytes)
+                    .chain_update(public.as_bytes())
+                    .chain_update(message),
+            );
+            let s = r + k * a;
+            let mut bytes = [0u8; 64];
+            bytes[..32].copy_from_slice(&r_bytes);
+            bytes[32..].copy_from_slice(s.as_bytes());
+            let crafted = Signature::from_bytes(&bytes);
+
+            assert!(
+                public.verify_strict(message, &crafted).is_err(),
+                "torsion point {i}: the cofactorless check refuses it"
+            );
+            assert!(
+                verify(&public, message, &crafted),
+                "torsion point {i}: alone"
+            );
+            for neighbours in 0..6u8 {
+                let mut batch = Batch::new();
+                let others: Vec<Vec<u8>> = (0..neighbours).map(|n| vec![n; 9]).collect();
+                for m in &others {
+                    batch.push(&public, m, &signer.sign(m));
+                }
+                batch.push(&public, message, &crafted);
+                assert!(
+                    batch.verify_all().into_iter().all(|ok| ok),
+                    "torsion point {i}, {neighbours} neighbours: in a batch"
+                );
+            }
+        }
+    }
+
     #[test]
     fn an_empty_batch_is_empty() {
         assert!(Batch::new().verify_all().is_empty());
