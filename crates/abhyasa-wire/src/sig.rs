@@ -36,12 +36,9 @@ pub fn verify(key: &VerifyingKey, message: &[u8], signature: &Signature) -> bool
 #[derive(Default)]
 pub struct Batch {
     batch: ed25519_zebra::batch::Verifier,
-    items: Vec<Option<Queued>>,
-}
-
-/// One queued signature, kept to verify it alone when the batch as a whole fails.
-struct Queued {
-    item: ed25519_zebra::batch::Item,
+    /// Each signature queued (kept to verify it alone when the batch fails), `None` for a
+    /// refused key.
+    items: Vec<Option<ed25519_zebra::batch::Item>>,
 }
 
 impl std::fmt::Debug for Batch {
@@ -82,7 +79,7 @@ impl Batch {
             message,
         ));
         self.batch.queue(item.clone());
-        self.items.push(Some(Queued { item }));
+        self.items.push(Some(item));
     }
 
     /// Whether each queued signature verifies, in the order queued: one batch equation when
@@ -96,7 +93,7 @@ impl Batch {
             .map(|q| match q {
                 None => false,
                 Some(_) if whole => true,
-                Some(q) => q.item.verify_single().is_ok(),
+                Some(item) => item.verify_single().is_ok(),
             })
             .collect()
     }
