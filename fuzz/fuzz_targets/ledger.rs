@@ -15,6 +15,7 @@ fuzz_target!(|data: &[u8]| {
     match &m {
         LedgerMessage::Transfer(s) => drop(s.decode_checked()),
         LedgerMessage::Decision(s) => drop(s.decode_checked()),
+        LedgerMessage::SourceDecision(s) => drop(s.decode_checked()),
         LedgerMessage::Dispatch { permit, .. } => drop(permit.decode_checked()),
         LedgerMessage::Receipt(s) => drop(s.decode_checked()),
         LedgerMessage::NoEffect(s) => drop(s.decode_checked()),

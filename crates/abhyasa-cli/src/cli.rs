@@ -232,6 +232,10 @@ enum LedgerCli {
         /// The child's purposes (within the credit's).
         #[arg(long, value_delimiter = ',', default_value = "tools")]
         label: Vec<String>,
+        /// The child takes the transfer only once this node confirms its claim; until then
+        /// `abhyasa ledger reclaim --transfer` takes it back (for a child that is lost).
+        #[arg(long)]
+        reclaimable: bool,
     },
     /// Reserve an effect's maximum charge and dispatch it through a gateway.
     Spend {
@@ -256,13 +260,22 @@ enum LedgerCli {
         #[arg(long)]
         key: Option<String>,
     },
-    /// Fence a credit's epoch at its gateways to reclaim dispatches that never got an answer.
+    /// Fence a credit's epoch at its gateways to reclaim dispatches that never got an answer
+    /// (`--credit`), or take back a reclaimable transfer whose child has had no claim
+    /// confirmed (`--transfer`).
     Reclaim {
         #[command(flatten)]
         admin: AdminTarget,
         /// The credit (hex).
+        #[arg(
+            long,
+            required_unless_present = "transfer",
+            conflicts_with = "transfer"
+        )]
+        credit: Option<String>,
+        /// A transfer sealed with `delegate --reclaimable` (hex).
         #[arg(long)]
-        credit: String,
+        transfer: Option<String>,
     },
     /// Close a credit's generation (every operation ended, nothing in transit) and move its
     /// available atoms into a fresh generation; prints the new credit.
@@ -1220,6 +1233,7 @@ async fn ledger(command: LedgerCli) -> Result<ExitCode> {
             amount,
             transfer,
             label,
+            reclaimable,
         } => {
             let transfer = hex_id(transfer);
             println!("transfer {transfer}");
@@ -1231,6 +1245,7 @@ async fn ledger(command: LedgerCli) -> Result<ExitCode> {
                     amount,
                     to,
                     label,
+                    reclaimable,
                 },
                 false,
             )
@@ -1259,7 +1274,15 @@ async fn ledger(command: LedgerCli) -> Result<ExitCode> {
                 false,
             )
         }
-        LedgerCli::Reclaim { admin, credit } => (admin, R::Reclaim { credit }, false),
+        LedgerCli::Reclaim {
+            admin,
+            credit,
+            transfer,
+        } => match (credit, transfer) {
+            (_, Some(transfer)) => (admin, R::ReclaimTransfer { transfer }, false),
+            (Some(credit), None) => (admin, R::Reclaim { credit }, false),
+            (None, None) => return Err("--credit or --transfer".into()),
+        },
         LedgerCli::Reissue { admin, credit } => (admin, R::Reissue { credit }, false),
         LedgerCli::Forfeit { admin, key } => (admin, R::Forfeit { key }, false),
         LedgerCli::Status { admin, json } => (admin, R::Status, json),

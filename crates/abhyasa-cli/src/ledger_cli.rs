@@ -112,6 +112,15 @@ pub enum LedgerRequest {
         to: String,
         /// Purposes of the child's label.
         label: Vec<String>,
+        /// The child takes it only on this node's confirmation; until then it can be
+        /// reclaimed (`reclaim_transfer`).
+        #[serde(default)]
+        reclaimable: bool,
+    },
+    /// Take back a reclaimable transfer no claim of which was confirmed.
+    ReclaimTransfer {
+        /// Transfer id.
+        transfer: String,
     },
     /// Reserve and dispatch an effect through a gateway.
     Spend {
@@ -161,12 +170,17 @@ impl LedgerRequest {
                 amount,
                 to,
                 label,
+                reclaimable,
             } => LedgerCommand::Delegate {
                 credit: CreditId::from_u128(id128(credit)?),
                 transfer: TransferId::from_u128(id128(transfer)?),
                 amount: parse_vector(amount)?,
                 to: AgentId::new(to.clone())?,
                 label: Label::of(&label.iter().map(String::as_str).collect::<Vec<_>>())?,
+                reclaimable: *reclaimable,
+            },
+            LedgerRequest::ReclaimTransfer { transfer } => LedgerCommand::ReclaimTransfer {
+                transfer: TransferId::from_u128(id128(transfer)?),
             },
             LedgerRequest::Spend {
                 credit,

@@ -166,6 +166,10 @@ pub enum OutgoingState {
     Accepted(Signed<TransferDecision>),
     /// The destination refused it (its signed decision): the atoms came back.
     Cancelled(Signed<TransferDecision>),
+    /// This branch reclaimed it before confirming any claim (only a certificate that asks for
+    /// confirmation, [`TransferCert::confirm`]): the atoms came back, and the destination
+    /// can never take them — its acceptance needs this branch's confirmation.
+    Reclaimed(Signed<SourceDecision>),
 }
 
 /// A durable ledger step: each transition is one, applied atomically; replaying one that
@@ -204,6 +208,30 @@ pub enum Step {
         credit: CreditId,
         /// This branch's signed decision.
         decision: Signed<TransferDecision>,
+        /// For a certificate that asks for it, the source's confirmation of this claim (the
+        /// credit exists only with it).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        confirmation: Option<Signed<SourceDecision>>,
+    },
+    /// As destination of a certificate that asks for confirmation: this branch claims the
+    /// transfer as `credit` (its signed acceptance, sent to the source) and waits for the
+    /// source's decision. The atoms are still in transit: the credit is made by the `Accept`
+    /// that carries the source's confirmation, or never, if the source reclaimed first.
+    Claim {
+        /// The source's certificate.
+        cert: Signed<TransferCert>,
+        /// The credit it would become.
+        credit: CreditId,
+        /// This branch's signed acceptance (the claim).
+        decision: Signed<TransferDecision>,
+    },
+    /// As destination: the source reclaimed a transfer this branch claimed, before confirming
+    /// it. The claim ends; the transfer is never taken.
+    Reclaimed {
+        /// The source's certificate.
+        cert: Signed<TransferCert>,
+        /// The source's signed reclaim.
+        decision: Signed<SourceDecision>,
     },
     /// As destination: the transfer refused for good.
     Refuse {
@@ -212,10 +240,20 @@ pub enum Step {
         /// This branch's signed decision.
         decision: Signed<TransferDecision>,
     },
-    /// As source: the destination's decision arrived.
+    /// As source: the destination's decision arrived. For a certificate that asks for
+    /// confirmation, an acceptance here is the source's confirmation of that claim (the
+    /// compare-and-set: written once, and only while the transfer is still sealed).
     Decided {
         /// The signed decision.
         decision: Signed<TransferDecision>,
+    },
+    /// As source: a sealed transfer whose certificate asks for confirmation taken back before
+    /// any claim was confirmed: InTransit → Available (paper §5.4: the destination is
+    /// excluded, since it can accept only with a confirmation, and this step is the
+    /// compare-and-set that decides the transfer).
+    Reclaim {
+        /// This branch's signed reclaim (a [`SourceDecision`] naming no credit).
+        decision: Signed<SourceDecision>,
     },
     /// Available → Reserved, with the signed permit.
     Reserve {
@@ -331,6 +369,12 @@ pub enum LedgerEvent {
         /// The transfer.
         transfer: TransferId,
     },
+    /// A transfer this branch sent was reclaimed before any claim was confirmed; its atoms
+    /// came back.
+    TransferReclaimed {
+        /// The transfer.
+        transfer: TransferId,
+    },
     /// A transfer to this branch was accepted as a new credit.
     CreditReceived {
         /// The new credit.
@@ -354,8 +398,10 @@ enum Undurable {
     Dispatch(OpKey),
     /// A `Seal`: the certificate.
     Seal(TransferId),
-    /// An `Accept` or `Refuse`: the destination's decision.
+    /// An `Accept`, `Refuse` or `Claim`: the destination's decision.
     Decision(RootId, TransferId),
+    /// A `Decided` or `Reclaim`: the source's decision, which a claim is answered with.
+    Outcome(TransferId),
 }
 
 /// One agent's ledger branch. See the crate docs for the buckets and transitions. Not
@@ -535,7 +581,8 @@ impl Branch {
     }
 
     /// Seals a transfer of `amount` from `credit` to `destination`: Available → InTransit,
-    /// durable before the certificate is sent.
+    /// durable before the certificate is sent. The destination's decision is final: the atoms
+    /// come back only on its signed refusal.
     pub fn transfer(
         &mut self,
         credit: CreditId,
@@ -544,10 +591,40 @@ impl Branch {
         destination: &AgentId,
         label: Label,
     ) -> Result<(), LedgerError> {
+        self.seal(credit, transfer, amount, destination, label, false)
+    }
+
+    /// Seals a transfer the way [`Branch::transfer`] does, with a certificate that asks for
+    /// this branch's confirmation ([`TransferCert::confirm`]): the destination claims it, and
+    /// only the confirmation that answers its claim makes the atoms its. Until this branch
+    /// has confirmed a claim it may take the transfer back with
+    /// [`Branch::reclaim_transfer`] — for a destination that is lost, without a word from
+    /// it. The price is one more message before the destination can spend.
+    pub fn transfer_reclaimable(
+        &mut self,
+        credit: CreditId,
+        transfer: TransferId,
+        amount: &Vector,
+        destination: &AgentId,
+        label: Label,
+    ) -> Result<(), LedgerError> {
+        self.seal(credit, transfer, amount, destination, label, true)
+    }
+
+    fn seal(
+        &mut self,
+        credit: CreditId,
+        transfer: TransferId,
+        amount: &Vector,
+        destination: &AgentId,
+        label: Label,
+        confirm: bool,
+    ) -> Result<(), LedgerError> {
         if let Some(out) = self.outgoing.get(&transfer) {
             let same = out.body.source_credit == credit
                 && &out.body.destination == destination
                 && out.body.label == label
+                && out.body.confirm == confirm
                 && &out.body.footprint.size() == amount;
             return if same {
                 Ok(())
@@ -569,6 +646,7 @@ impl Branch {
             source_credit: credit,
             footprint: taken,
             label,
+            confirm,
         };
         body.validate_as_cert()?;
         let cert = Signed::sign(&body, &self.me, &self.key);
@@ -576,6 +654,64 @@ impl Branch {
             Step::Seal { cert: cert.clone() },
             vec![(destination.clone(), LedgerMessage::Transfer(cert))],
         )
+    }
+
+    /// Takes back a transfer sealed with [`Branch::transfer_reclaimable`] whose destination
+    /// has not had a claim confirmed — typically one that is lost: InTransit → Available in
+    /// one durable step, after which the destination's claim, if it ever comes, is answered
+    /// with this reclaim and never confirmed. Asking again is answered as done. Refused for a
+    /// transfer whose claim was confirmed (the atoms are the destination's: only a return,
+    /// §6.9, brings them back) and for one whose certificate does not ask for confirmation
+    /// (its destination decides alone, so only its refusal gives the atoms back).
+    pub fn reclaim_transfer(&mut self, transfer: TransferId) -> Result<(), LedgerError> {
+        let out = self
+            .outgoing
+            .get(&transfer)
+            .ok_or(LedgerError::UnknownTransfer(transfer))?;
+        if !out.body.confirm {
+            return Err(LedgerError::WrongState(
+                "the transfer's destination decides alone: only its refusal gives the atoms back",
+            ));
+        }
+        match &out.state {
+            OutgoingState::Sealed => {}
+            OutgoingState::Reclaimed(_) | OutgoingState::Cancelled(_) => return Ok(()),
+            OutgoingState::Accepted(_)
+                if self.config.mutation == Some(LedgerMutation::ReclaimAfterConfirm) => {}
+            OutgoingState::Accepted(_) => {
+                return Err(LedgerError::WrongState(
+                    "the destination's claim was confirmed: the atoms are its",
+                ))
+            }
+        }
+        let decision = self.source_decision(&out.body, None);
+        let to = out.body.destination.clone();
+        self.commit(
+            Step::Reclaim {
+                decision: decision.clone(),
+            },
+            vec![(to, LedgerMessage::SourceDecision(decision))],
+        )?;
+        let credit = self.outgoing[&transfer].body.source_credit;
+        self.roll_if_done(credit)
+    }
+
+    /// This branch's signed decision on a transfer it sealed (deterministic: the same
+    /// decision signs to the same bytes, so answering a repeated claim needs no record).
+    fn source_decision(
+        &self,
+        cert: &TransferCert,
+        credit: Option<CreditId>,
+    ) -> Signed<SourceDecision> {
+        let d = SourceDecision {
+            root: cert.root,
+            transfer: cert.transfer,
+            cert: cert.digest(),
+            source: cert.source.clone(),
+            destination: cert.destination.clone(),
+            credit,
+        };
+        Signed::sign(&d, &self.me, &self.key)
     }
 
     /// Reserves `effect`'s maximum charge from `credit` for gateway `receiver`: Available →
@@ -805,6 +941,9 @@ impl Branch {
                     return Err(LedgerError::UnknownTransfer(d.transfer));
                 };
                 self.party("a transfer decision", from, &out.body.destination)?;
+                if out.body.confirm {
+                    return self.on_claim(from, decision, d);
+                }
                 if out.state != OutgoingState::Sealed {
                     return Ok(()); // Already decided: a repeat.
                 }
@@ -812,6 +951,7 @@ impl Branch {
                 self.commit(Step::Decided { decision }, Vec::new())?;
                 self.roll_if_done(credit)
             }
+            LedgerMessage::SourceDecision(decision) => self.on_source_decision(from, decision),
             LedgerMessage::Receipt(receipt) => {
                 let r = receipt.peek()?;
                 if self.ended.contains_key(&r.key) {
@@ -957,6 +1097,87 @@ impl Branch {
         Ok(self.keys.open(signed, signer)?)
     }
 
+    /// As source of a certificate that asks for confirmation: the destination's decision is
+    /// a claim (or a refusal). A claim on a sealed transfer is confirmed — the compare-and-set
+    /// — and answered; a repeated one gets the same answer; a claim on a reclaimed transfer
+    /// gets the reclaim.
+    fn on_claim(
+        &mut self,
+        from: &AgentId,
+        decision: Signed<TransferDecision>,
+        d: TransferDecision,
+    ) -> Result<(), LedgerError> {
+        let out = &self.outgoing[&d.transfer];
+        let answer = match &out.state {
+            OutgoingState::Sealed => {
+                let credit = out.body.source_credit;
+                let reply = match d.credit {
+                    Some(c) => vec![(
+                        from.clone(),
+                        LedgerMessage::SourceDecision(self.source_decision(&out.body, Some(c))),
+                    )],
+                    None => Vec::new(), // A refusal: the atoms come back, nothing to answer.
+                };
+                self.commit(Step::Decided { decision }, reply)?;
+                return self.roll_if_done(credit);
+            }
+            OutgoingState::Accepted(prior) => {
+                let confirmed = prior.peek()?.credit;
+                if confirmed != d.credit {
+                    return Err(LedgerError::Mismatch(
+                        "a claim other than the one confirmed",
+                    ));
+                }
+                self.source_decision(&out.body, confirmed)
+            }
+            OutgoingState::Reclaimed(r) => r.clone(),
+            OutgoingState::Cancelled(_) => return Ok(()),
+        };
+        let reply = (from.clone(), LedgerMessage::SourceDecision(answer));
+        // Not before the decision it repeats is durable.
+        match self.in_flight_by.get(&Undurable::Outcome(d.transfer)) {
+            Some(t) => self.gated.entry(*t).or_default().push(reply),
+            None => self.transmits.push_back(reply),
+        }
+        Ok(())
+    }
+
+    /// As destination: the source's answer to this branch's claim — its confirmation (the
+    /// credit is made) or its reclaim (the claim ends, nothing is taken).
+    fn on_source_decision(
+        &mut self,
+        from: &AgentId,
+        decision: Signed<SourceDecision>,
+    ) -> Result<(), LedgerError> {
+        let d = decision.peek()?;
+        self.party("a source decision", from, &d.source)?;
+        let Some(Step::Claim {
+            cert,
+            credit,
+            decision: claim,
+        }) = self.incoming.get(&(d.root, d.transfer))
+        else {
+            return Ok(()); // Not claimed, or already settled: nothing waits for it.
+        };
+        let (cert, credit, claim) = (cert.clone(), *credit, claim.clone());
+        if d.credit.is_some() {
+            self.commit(
+                Step::Accept {
+                    cert,
+                    credit,
+                    decision: claim,
+                    confirmation: Some(decision),
+                },
+                Vec::new(),
+            )?;
+            self.events
+                .push_back(LedgerEvent::CreditReceived { credit });
+            Ok(())
+        } else {
+            self.commit(Step::Reclaimed { cert, decision }, Vec::new())
+        }
+    }
+
     fn on_transfer(
         &mut self,
         from: &AgentId,
@@ -975,10 +1196,10 @@ impl Branch {
             if !replay {
                 // Decided before: answer with the same decision.
                 let decision = match prior {
-                    Step::Accept { decision, .. } | Step::Refuse { decision, .. } => {
-                        decision.clone()
-                    }
-                    _ => return Ok(()),
+                    Step::Accept { decision, .. }
+                    | Step::Refuse { decision, .. }
+                    | Step::Claim { decision, .. } => decision.clone(),
+                    _ => return Ok(()), // Reclaimed: the source decided already.
                 };
                 let reply = (from.clone(), LedgerMessage::Decision(decision));
                 // Not before the decision is durable: a crash could lose it after the source
@@ -1005,14 +1226,26 @@ impl Branch {
         };
         let decision = Signed::sign(&d, &self.me, &self.key);
         let reply = vec![(from.clone(), LedgerMessage::Decision(decision.clone()))];
+        let wait = self.config.mutation != Some(LedgerMutation::AcceptWithoutConfirmation);
         if refuse {
             self.commit(Step::Refuse { cert, decision }, reply)
+        } else if body.confirm && wait {
+            // A claim: the credit is made only when the source confirms it.
+            self.commit(
+                Step::Claim {
+                    cert,
+                    credit,
+                    decision,
+                },
+                reply,
+            )
         } else {
             self.commit(
                 Step::Accept {
                     cert,
                     credit,
                     decision,
+                    confirmation: None,
                 },
                 reply,
             )?;
@@ -1069,6 +1302,21 @@ impl Branch {
         for d in give_up {
             let decision = Signed::sign(&d, &self.me, &self.key);
             let _ = self.commit(Step::Decided { decision }, Vec::new());
+        }
+        // Claims the source has not answered (its answer may have been lost).
+        for ((root, transfer), step) in &self.incoming {
+            if let Step::Claim { cert, decision, .. } = step {
+                if self
+                    .in_flight_by
+                    .contains_key(&Undurable::Decision(*root, *transfer))
+                {
+                    continue;
+                }
+                if let Ok(c) = cert.peek() {
+                    self.transmits
+                        .push_back((c.source, LedgerMessage::Decision(decision.clone())));
+                }
+            }
         }
         let mut refunds = Vec::new();
         for (key, op) in &mut self.ops {
@@ -1375,10 +1623,17 @@ impl Branch {
         let resendable = match &step {
             Step::Dispatch { key } => Some(Undurable::Dispatch(*key)),
             Step::Seal { cert } => cert.peek().ok().map(|c| Undurable::Seal(c.transfer)),
-            Step::Accept { cert, .. } | Step::Refuse { cert, .. } => cert
-                .peek()
-                .ok()
-                .map(|c| Undurable::Decision(c.root, c.transfer)),
+            Step::Accept { cert, .. } | Step::Refuse { cert, .. } | Step::Claim { cert, .. } => {
+                cert.peek()
+                    .ok()
+                    .map(|c| Undurable::Decision(c.root, c.transfer))
+            }
+            Step::Decided { decision } => {
+                decision.peek().ok().map(|d| Undurable::Outcome(d.transfer))
+            }
+            Step::Reclaim { decision } => {
+                decision.peek().ok().map(|d| Undurable::Outcome(d.transfer))
+            }
             _ => None,
         };
         if let Some(k) = resendable {
@@ -1485,17 +1740,21 @@ impl Branch {
                 cert,
                 credit,
                 decision: _,
+                confirmation,
             } => {
-                let source = cert.peek()?.source;
-                let body = self.evidence("a transfer certificate", cert, &source)?;
-                if body.destination != self.me {
-                    return Err(LedgerError::Mismatch(
-                        "transfer addressed to another branch",
-                    ));
+                let body = self.addressed_here(cert)?;
+                if body.confirm {
+                    self.confirmed(&body, *credit, confirmation.as_ref())?;
                 }
                 let replay = self.config.mutation == Some(LedgerMutation::AcceptReplayedTransfer);
-                if self.incoming.contains_key(&(body.root, body.transfer)) && !replay {
-                    return Ok(false);
+                match self.incoming.get(&(body.root, body.transfer)) {
+                    // The claim this confirmation answers: it becomes the credit now.
+                    Some(Step::Claim { credit: c, .. }) if c == credit => {}
+                    Some(Step::Claim { .. }) => {
+                        return Err(LedgerError::Mismatch("a credit other than the one claimed"))
+                    }
+                    Some(_) if !replay => return Ok(false),
+                    _ => {}
                 }
                 if self.credits.contains_key(credit) {
                     return self.replayed(credit, step, "credit");
@@ -1525,6 +1784,71 @@ impl Branch {
                 }
                 self.incoming
                     .insert((body.root, body.transfer), step.clone());
+            }
+            Step::Claim { cert, credit, .. } => {
+                let body = self.addressed_here(cert)?;
+                if !body.confirm {
+                    return Err(LedgerError::Mismatch(
+                        "a claim on a transfer that does not ask for confirmation",
+                    ));
+                }
+                if self.incoming.contains_key(&(body.root, body.transfer)) {
+                    return Ok(false);
+                }
+                if self.credits.contains_key(credit) {
+                    return Err(LedgerError::IdInUse("credit"));
+                }
+                self.incoming
+                    .insert((body.root, body.transfer), step.clone());
+            }
+            Step::Reclaimed { cert, decision } => {
+                let body = self.addressed_here(cert)?;
+                let d = self.evidence("a source decision", decision, &body.source)?;
+                if !bound_to(&d, &body) || d.credit.is_some() {
+                    return Err(LedgerError::Mismatch("a reclaim of another transfer"));
+                }
+                match self.incoming.get(&(body.root, body.transfer)) {
+                    Some(Step::Claim { .. }) => {}
+                    Some(Step::Reclaimed { .. }) => return Ok(false),
+                    _ => {
+                        return Err(LedgerError::WrongState(
+                            "a reclaim of a transfer not claimed",
+                        ))
+                    }
+                }
+                self.incoming
+                    .insert((body.root, body.transfer), step.clone());
+            }
+            Step::Reclaim { decision } => {
+                let transfer = decision.peek()?.transfer;
+                let out = self
+                    .outgoing
+                    .get(&transfer)
+                    .ok_or(LedgerError::UnknownTransfer(transfer))?;
+                let d = self.evidence("a source decision", decision, &out.body.source)?;
+                if !bound_to(&d, &out.body) || d.credit.is_some() {
+                    return Err(LedgerError::Mismatch("a reclaim of another transfer"));
+                }
+                if !out.body.confirm {
+                    return Err(LedgerError::WrongState(
+                        "a reclaim of a transfer whose destination decides alone",
+                    ));
+                }
+                let after_confirm = self.config.mutation
+                    == Some(LedgerMutation::ReclaimAfterConfirm)
+                    && matches!(out.state, OutgoingState::Accepted(_));
+                match &out.state {
+                    OutgoingState::Sealed => {}
+                    _ if after_confirm => {}
+                    OutgoingState::Reclaimed(r) if r == decision => return Ok(false),
+                    _ => return Err(LedgerError::WrongState("a reclaim of a decided transfer")),
+                }
+                let out = self.outgoing.get_mut(&transfer).expect("checked");
+                out.state = OutgoingState::Reclaimed(decision.clone());
+                let (credit, fp) = (out.body.source_credit, out.body.footprint.clone());
+                self.give_back(credit, &fp)?;
+                self.events
+                    .push_back(LedgerEvent::TransferReclaimed { transfer });
             }
             Step::Decided { decision } => {
                 let transfer = decision.peek()?.transfer;
@@ -1953,6 +2277,39 @@ impl Branch {
 
     /// Returns atoms to `credit`'s available set (or, if it was joined away, to the output
     /// that holds its lineage — never silently dropped).
+    /// A certificate signed by its source and addressed to this branch.
+    fn addressed_here(&self, cert: &Signed<TransferCert>) -> Result<TransferCert, LedgerError> {
+        let source = cert.peek()?.source;
+        let body = self.evidence("a transfer certificate", cert, &source)?;
+        if body.destination != self.me {
+            return Err(LedgerError::Mismatch(
+                "transfer addressed to another branch",
+            ));
+        }
+        Ok(body)
+    }
+
+    /// The source's confirmation that `credit` is what `cert`'s destination takes: signed by
+    /// the source, bound to the certificate, naming that credit.
+    fn confirmed(
+        &self,
+        cert: &TransferCert,
+        credit: CreditId,
+        confirmation: Option<&Signed<SourceDecision>>,
+    ) -> Result<(), LedgerError> {
+        if self.config.mutation == Some(LedgerMutation::AcceptWithoutConfirmation) {
+            return Ok(());
+        }
+        let c = confirmation.ok_or(LedgerError::Mismatch(
+            "a transfer that asks for confirmation accepted without the source's",
+        ))?;
+        let d = self.evidence("a source decision", c, &cert.source)?;
+        if !bound_to(&d, cert) || d.credit != Some(credit) {
+            return Err(LedgerError::Mismatch("a confirmation of another claim"));
+        }
+        Ok(())
+    }
+
     fn give_back(&mut self, credit: CreditId, fp: &Footprint) -> Result<(), LedgerError> {
         if fp.is_empty() {
             return Ok(());
@@ -2005,6 +2362,15 @@ fn take(c: &Credit, amount: &Vector) -> Result<(Footprint, Footprint), LedgerErr
         }
     }
     Ok((taken, rest))
+}
+
+/// Whether a source decision is about exactly this certificate.
+fn bound_to(d: &SourceDecision, cert: &TransferCert) -> bool {
+    d.root == cert.root
+        && d.transfer == cert.transfer
+        && d.cert == cert.digest()
+        && d.source == cert.source
+        && d.destination == cert.destination
 }
 
 /// The successor of `credit`'s generation `generation`: a function of the two, so a repeated

@@ -118,7 +118,13 @@ pub fn check(w: &World<'_>) -> Vec<Violation> {
             }
         }
         for s in b.incoming() {
-            if let Step::Accept { cert, .. } = s {
+            if let Step::Accept {
+                cert,
+                credit,
+                confirmation,
+                ..
+            } = s
+            {
                 let Ok(c) = cert.peek() else {
                     bad(
                         "L5",
@@ -130,6 +136,18 @@ pub fn check(w: &World<'_>) -> Vec<Violation> {
                     bad(
                         "L5",
                         format!("{}: accepted a certificate that does not verify", b.agent()),
+                    );
+                }
+                // A certificate that asks for confirmation is taken only on the source's
+                // signed confirmation of exactly this credit.
+                if c.confirm && !confirms(w.keys, confirmation.as_ref(), &c, Some(*credit)) {
+                    bad(
+                        "L5",
+                        format!(
+                            "{}: took transfer {} without its source's confirmation",
+                            b.agent(),
+                            c.transfer
+                        ),
                     );
                 }
                 accepted_at
@@ -225,10 +243,29 @@ pub fn check(w: &World<'_>) -> Vec<Violation> {
             }
         }
         for o in b.outgoing() {
-            if o.state == OutgoingState::Sealed
-                && !accepted_at.contains_key(&(o.body.root, o.body.transfer))
-            {
+            // In transit: sealed, or confirmed and not yet taken by the destination (the
+            // confirmation is on its way).
+            let moving = match o.state {
+                OutgoingState::Sealed => true,
+                OutgoingState::Accepted(_) => o.body.confirm,
+                _ => false,
+            };
+            if moving && !accepted_at.contains_key(&(o.body.root, o.body.transfer)) {
                 put(o.body.root, &o.body.footprint, 0, None);
+            }
+            if let OutgoingState::Reclaimed(r) = &o.state {
+                if !o.body.confirm || !confirms(w.keys, Some(r), &o.body, None) {
+                    bad(
+                        "L6",
+                        format!(
+                            "{me}: transfer {} taken back without a reclaim its certificate allows",
+                            o.body.transfer
+                        ),
+                    );
+                }
+                if accepted_at.contains_key(&(o.body.root, o.body.transfer)) {
+                    bad("L1", format!("{me}: transfer {} reclaimed at the source but accepted at the destination", o.body.transfer));
+                }
             }
             if let OutgoingState::Cancelled(d) = &o.state {
                 match w.keys.open(d, &o.body.destination) {
@@ -698,6 +735,25 @@ pub fn check(w: &World<'_>) -> Vec<Violation> {
     v
 }
 
+/// Whether `d` is `cert`'s source's signed decision on exactly that certificate, naming
+/// `credit` (a confirmation) or none (a reclaim).
+fn confirms(
+    keys: &crate::Keyring,
+    d: Option<&Signed<crate::SourceDecision>>,
+    cert: &crate::TransferCert,
+    credit: Option<CreditId>,
+) -> bool {
+    let Some(Ok(d)) = d.map(|d| keys.open(d, &cert.source)) else {
+        return false;
+    };
+    d.root == cert.root
+        && d.transfer == cert.transfer
+        && d.cert == cert.digest()
+        && d.source == cert.source
+        && d.destination == cert.destination
+        && d.credit == credit
+}
+
 /// Sorted and merged, overlaps allowed (ingress may repeat an atom that left and came back).
 fn normalize_loose(mut v: Vec<Iv>) -> Vec<Iv> {
     v.sort_unstable();
@@ -722,7 +778,9 @@ fn normalize_loose(mut v: Vec<Iv>) -> Vec<Iv> {
 ///   (settled, no-effect, released or refunded: at most one of them, only after a reserve);
 /// - `H4` epochs only rise per credit;
 /// - `H5` a transfer is decided once, and cancelled only on its destination's signed
-///   refusal bound to the certificate;
+///   refusal bound to the certificate; one whose certificate asks for confirmation is taken
+///   only with its source's signed confirmation of that credit, and reclaimed only by its
+///   source, with a signed reclaim, before any decision;
 /// - `H6` committed atoms lie inside the operation's footprint: a settlement charges at
 ///   most the binding's maximum;
 /// - `H7` a generation closes once, with nothing in progress: a reissue only of a credit
@@ -819,9 +877,45 @@ pub fn audit(agent: &AgentId, steps: &[Step], keys: &Keyring) -> Vec<Violation> 
                 }
                 labels.insert(*child, label.0.clone());
             }
-            Step::Accept { cert, credit, .. } => {
+            Step::Accept {
+                cert,
+                credit,
+                confirmation,
+                ..
+            } => {
                 if let Ok(c) = cert.peek() {
+                    if c.confirm && !confirms(keys, confirmation.as_ref(), &c, Some(*credit)) {
+                        bad(
+                            "H5",
+                            format!(
+                                "step {i}: transfer {} taken without its source's confirmation",
+                                c.transfer
+                            ),
+                        );
+                    }
                     labels.insert(*credit, c.label.0.clone());
+                }
+            }
+            Step::Claim { .. } | Step::Reclaimed { .. } => {}
+            Step::Reclaim { decision } => {
+                let Ok(d) = decision.peek() else { continue };
+                if !decided.insert(d.transfer) {
+                    bad(
+                        "H5",
+                        format!("step {i}: transfer {} decided twice", d.transfer),
+                    );
+                }
+                let ok = sealed.get(&d.transfer).is_some_and(|c| {
+                    c.confirm && &c.source == agent && confirms(keys, Some(decision), c, None)
+                });
+                if !ok {
+                    bad(
+                        "H5",
+                        format!(
+                            "step {i}: transfer {} reclaimed without a reclaim its certificate allows",
+                            d.transfer
+                        ),
+                    );
                 }
             }
             Step::Join { inputs, output } => {

@@ -313,11 +313,16 @@ pub enum LedgerMutation {
     PruneBeforeExpiry,
     /// The gateway accepts a permit past its expiry.
     GatewayAcceptsExpired,
+    /// The destination of a transfer that asks for confirmation takes the credit at once,
+    /// without waiting for the source to confirm its claim.
+    AcceptWithoutConfirmation,
+    /// The source reclaims a transfer even after it confirmed the destination's claim.
+    ReclaimAfterConfirm,
 }
 
 impl LedgerMutation {
     /// Every mutant, with its command-line name.
-    pub const ALL: [(&'static str, LedgerMutation); 18] = [
+    pub const ALL: [(&'static str, LedgerMutation); 20] = [
         ("refund_on_timeout", LedgerMutation::RefundOnTimeout),
         (
             "accept_replayed_transfer",
@@ -372,6 +377,11 @@ impl LedgerMutation {
             "gateway_accepts_expired",
             LedgerMutation::GatewayAcceptsExpired,
         ),
+        (
+            "accept_without_confirmation",
+            LedgerMutation::AcceptWithoutConfirmation,
+        ),
+        ("reclaim_after_confirm", LedgerMutation::ReclaimAfterConfirm),
     ];
 }
 

@@ -767,6 +767,217 @@ fn a_transfer_is_cancelled_only_by_its_destination() {
     assert_eq!(n.violations(), vec![]);
 }
 
+/// `r` seals a reclaimable transfer of 40 cents to `c`; returns the certificate message.
+fn reclaimable(n: &mut Net, t: u128) -> LedgerMessage {
+    n.r.transfer_reclaimable(
+        ROOT_CREDIT,
+        TransferId::from_u128(t),
+        &v(&[("cents", 40)]),
+        &id("c"),
+        Label::of(&["tools"]).unwrap(),
+    )
+    .unwrap();
+    n.persist_all();
+    let (to, cert) = n.r.poll_transmit().unwrap();
+    assert_eq!(to, id("c"));
+    cert
+}
+
+#[test]
+fn a_lost_destination_s_transfer_is_reclaimed_and_its_late_claim_takes_nothing() {
+    let mut n = Net::new(&[("cents", 100)], None);
+    let root = RootId::from_u128(7);
+    let cert = reclaimable(&mut n, 1);
+    assert_eq!(n.r.buckets(root)[1], v(&[("cents", 40)]), "in transit");
+    // The destination is lost: no word from it. The source takes the transfer back.
+    n.r.reclaim_transfer(TransferId::from_u128(1)).unwrap();
+    n.persist_all();
+    assert_eq!(n.r.buckets(root)[0], v(&[("cents", 100)]));
+    assert!(n.r.buckets(root)[1].is_zero());
+    // Asking again writes nothing.
+    let steps = n.journal_r.len();
+    n.r.reclaim_transfer(TransferId::from_u128(1)).unwrap();
+    n.persist_all();
+    assert_eq!(n.journal_r.len(), steps);
+    let _ = n.r.poll_transmit(); // The reclaim, sent to the lost destination.
+                                 // The destination comes back and claims the certificate (a late copy): the source
+                                 // answers with its reclaim, and the destination ends its claim with no credit.
+    n.c.handle_message(UnixMillis(5), &id("r"), cert);
+    n.run(&Vector::zero(), &mut |_, _| false);
+    assert_eq!(
+        n.c.credits().count(),
+        0,
+        "no credit from a reclaimed transfer"
+    );
+    assert!(matches!(
+        n.c.incoming().next(),
+        Some(Step::Reclaimed { .. })
+    ));
+    assert_eq!(n.r.buckets(root)[0], v(&[("cents", 100)]));
+    assert_eq!(n.violations(), vec![]);
+    assert_eq!(n.audit_r(), vec![]);
+}
+
+#[test]
+fn a_confirmed_claim_makes_the_credit_and_cannot_be_reclaimed() {
+    let mut n = Net::new(&[("cents", 100)], None);
+    let root = RootId::from_u128(7);
+    let cert = reclaimable(&mut n, 1);
+    // The destination claims: nothing is its own until the source confirms.
+    n.c.handle_message(UnixMillis(1), &id("r"), cert);
+    n.persist_all();
+    assert_eq!(n.c.credits().count(), 0, "a claim is not a credit");
+    let (to, claim) = n.c.poll_transmit().unwrap();
+    assert_eq!(to, id("r"));
+    // The source confirms; the confirmation is lost on the way.
+    n.r.handle_message(UnixMillis(2), &id("c"), claim);
+    n.persist_all();
+    let (_, lost) = n.r.poll_transmit().unwrap();
+    assert!(matches!(lost, LedgerMessage::SourceDecision(_)));
+    // Confirmed: the source can no longer take it back, and the atoms are in transit until
+    // the destination has its confirmation (the checker counts them there).
+    assert!(matches!(
+        n.r.reclaim_transfer(TransferId::from_u128(1)),
+        Err(LedgerError::WrongState(_))
+    ));
+    assert_eq!(n.violations(), vec![]);
+    // The destination's claim goes again at its next timeout and is answered again.
+    n.c.handle_timeout(UnixMillis(1_000));
+    n.run(&Vector::zero(), &mut |_, _| false);
+    assert_eq!(n.c.buckets(root)[0], v(&[("cents", 40)]));
+    assert_eq!(n.r.buckets(root)[0], v(&[("cents", 60)]));
+    assert_eq!(n.violations(), vec![]);
+    assert_eq!(n.audit_r(), vec![]);
+}
+
+#[test]
+fn a_source_decision_counts_only_from_the_source_and_for_its_claim() {
+    let mut n = Net::new(&[("cents", 100)], None);
+    let root = RootId::from_u128(7);
+    let cert = reclaimable(&mut n, 1);
+    let LedgerMessage::Transfer(signed) = &cert else {
+        panic!("{cert:?}")
+    };
+    let body = signed.peek().unwrap();
+    n.c.handle_message(UnixMillis(1), &id("r"), cert.clone());
+    n.persist_all();
+    let (_, claim) = n.c.poll_transmit().unwrap();
+    let LedgerMessage::Decision(d) = &claim else {
+        panic!("{claim:?}")
+    };
+    let claimed = d.peek().unwrap().credit;
+    let confirm = SourceDecision {
+        root,
+        transfer: body.transfer,
+        cert: body.digest(),
+        source: id("r"),
+        destination: id("c"),
+        credit: claimed,
+    };
+    // m confirms in r's name, on its own session and on r's: no credit.
+    let forged = LedgerMessage::SourceDecision(Signed::sign(&confirm, &id("m"), &sk(5)));
+    n.c.handle_message(UnixMillis(2), &id("m"), forged.clone());
+    n.c.handle_message(UnixMillis(2), &id("r"), forged);
+    // r's confirmation of another credit, or of another certificate: no credit.
+    let other_credit = SourceDecision {
+        credit: Some(CreditId::from_u128(77)),
+        ..confirm.clone()
+    };
+    let other_cert = SourceDecision {
+        cert: abhyasa_wire::ledger::Digest::of(&[b"another certificate"]),
+        ..confirm.clone()
+    };
+    for d in [other_credit, other_cert] {
+        let m = LedgerMessage::SourceDecision(Signed::sign(&d, &id("r"), &sk(2)));
+        n.c.handle_message(UnixMillis(3), &id("r"), m);
+    }
+    n.persist_all();
+    assert_eq!(
+        n.c.credits().count(),
+        0,
+        "no credit without r's own confirmation"
+    );
+    // A reclaim forged in r's name does not end the claim either: r's confirmation still
+    // makes the credit.
+    let reclaim = SourceDecision {
+        credit: None,
+        ..confirm.clone()
+    };
+    let m = LedgerMessage::SourceDecision(Signed::sign(&reclaim, &id("m"), &sk(5)));
+    n.c.handle_message(UnixMillis(4), &id("r"), m);
+    n.persist_all();
+    assert!(matches!(n.c.incoming().next(), Some(Step::Claim { .. })));
+    // And m cannot reclaim r's transfer at r: a claim relayed by m is not c's.
+    n.r.handle_message(UnixMillis(5), &id("m"), claim.clone());
+    n.persist_all();
+    assert_eq!(
+        n.r.buckets(root)[1],
+        v(&[("cents", 40)]),
+        "still in transit"
+    );
+    n.r.handle_message(UnixMillis(6), &id("c"), claim);
+    n.run(&Vector::zero(), &mut |_, _| false);
+    assert_eq!(n.c.buckets(root)[0], v(&[("cents", 40)]));
+    assert_eq!(n.violations(), vec![]);
+}
+
+#[test]
+fn only_a_certificate_that_asks_for_confirmation_can_be_reclaimed() {
+    let mut n = Net::new(&[("cents", 100)], None);
+    n.r.transfer(
+        ROOT_CREDIT,
+        TransferId::from_u128(1),
+        &v(&[("cents", 40)]),
+        &id("c"),
+        Label::of(&["tools"]).unwrap(),
+    )
+    .unwrap();
+    n.persist_all();
+    assert!(matches!(
+        n.r.reclaim_transfer(TransferId::from_u128(1)),
+        Err(LedgerError::WrongState(_))
+    ));
+    assert!(matches!(
+        n.r.reclaim_transfer(TransferId::from_u128(2)),
+        Err(LedgerError::UnknownTransfer(_))
+    ));
+    // The same id again with confirmation asked is another transfer: refused.
+    assert!(matches!(
+        n.r.transfer_reclaimable(
+            ROOT_CREDIT,
+            TransferId::from_u128(1),
+            &v(&[("cents", 40)]),
+            &id("c"),
+            Label::of(&["tools"]).unwrap(),
+        ),
+        Err(LedgerError::IdInUse(_))
+    ));
+}
+
+#[test]
+fn the_checker_sees_a_credit_taken_without_confirmation_and_a_reclaim_after_one() {
+    // Each mutant runs the race its rule exists for: the destination's claim and the
+    // source's reclaim cross. The checker, reading the journals, finds the atoms twice.
+    for mutation in [
+        LedgerMutation::AcceptWithoutConfirmation,
+        LedgerMutation::ReclaimAfterConfirm,
+    ] {
+        let mut n = Net::new(&[("cents", 100)], Some(mutation));
+        let cert = reclaimable(&mut n, 1);
+        n.c.handle_message(UnixMillis(1), &id("r"), cert);
+        n.persist_all();
+        let (_, claim) = n.c.poll_transmit().unwrap();
+        if mutation == LedgerMutation::ReclaimAfterConfirm {
+            n.r.handle_message(UnixMillis(2), &id("c"), claim);
+            n.run(&Vector::zero(), &mut |_, _| false);
+        }
+        n.r.reclaim_transfer(TransferId::from_u128(1)).unwrap();
+        n.run(&Vector::zero(), &mut |_, _| false);
+        let laws: Vec<&str> = n.violations().iter().map(|x| x.law).collect();
+        assert!(laws.contains(&"L1"), "{mutation:?}: {:?}", n.violations());
+    }
+}
+
 #[test]
 fn a_certificate_counts_only_from_its_source() {
     let mut n = Net::new(&[("cents", 100)], None);
@@ -780,6 +991,7 @@ fn a_certificate_counts_only_from_its_source() {
         source_credit: ROOT_CREDIT,
         footprint: Footprint::full(&v(&[("cents", 100)])),
         label: Label::of(&["tools"]).unwrap(),
+        confirm: false,
     };
     let forged = LedgerMessage::Transfer(Signed::sign(&cert, &id("m"), &sk(5)));
     n.c.handle_message(UnixMillis(0), &id("m"), forged.clone());

@@ -89,6 +89,17 @@ pub enum LedgerCommand {
         to: AgentId,
         /// The child's label.
         label: Label,
+        /// Seal it reclaimable ([`abhyasa_ledger::Branch::transfer_reclaimable`]): the child
+        /// takes it only once this node confirms its claim, and until then
+        /// [`LedgerCommand::ReclaimTransfer`] takes it back.
+        reclaimable: bool,
+    },
+    /// Take back a reclaimable transfer whose destination has had no claim confirmed (a
+    /// child that is lost): its atoms are available here again, and the child can never take
+    /// them.
+    ReclaimTransfer {
+        /// The transfer.
+        transfer: TransferId,
     },
     /// Spend: reserve `effect`'s maximum from `credit` and dispatch it to `gateway`.
     Spend {
@@ -481,9 +492,23 @@ impl LedgerPart {
                 amount,
                 to,
                 label,
+                reclaimable: false,
             } => self
                 .branch
                 .transfer(credit, transfer, &amount, &to, label)?,
+            LedgerCommand::Delegate {
+                credit,
+                transfer,
+                amount,
+                to,
+                label,
+                reclaimable: true,
+            } => self
+                .branch
+                .transfer_reclaimable(credit, transfer, &amount, &to, label)?,
+            LedgerCommand::ReclaimTransfer { transfer } => {
+                self.branch.reclaim_transfer(transfer)?
+            }
             LedgerCommand::Spend {
                 credit,
                 effect,
@@ -561,6 +586,7 @@ impl LedgerPart {
                             OutgoingState::Sealed => "sealed",
                             OutgoingState::Accepted(_) => "accepted",
                             OutgoingState::Cancelled(_) => "cancelled",
+                            OutgoingState::Reclaimed(_) => "reclaimed",
                         },
                     )
                 })

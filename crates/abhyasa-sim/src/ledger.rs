@@ -39,10 +39,10 @@ use crate::rng::SimRng;
 use abhyasa_ledger::check::{audit, audit_gateway, check, EffectInstance, World};
 use abhyasa_ledger::{
     signing_key, Branch, BranchConfig, CreditId, Dim, Effect, Gateway, GatewayRecord, Keyring,
-    Label, LedgerMessage, LedgerMutation, LedgerSigningKey, OpKey, OpState, PersistToken,
-    RootGrant, RootId, Signed, Step, TransferId, Vector,
+    Label, LedgerMessage, LedgerMutation, LedgerSigningKey, OpKey, OpState, OutgoingState,
+    PersistToken, RootGrant, RootId, Signed, Step, TransferId, Vector,
 };
-use abhyasa_wire::ledger::{Fence, Fenced, NoEffect, Receipt, TransferDecision};
+use abhyasa_wire::ledger::{Fence, Fenced, NoEffect, Receipt, SourceDecision, TransferDecision};
 use abhyasa_wire::{AgentId, UnixMillis};
 use rand::Rng;
 
@@ -88,6 +88,11 @@ pub struct LedgerReport {
     pub fused: u64,
     /// Unused rights returned to their source.
     pub returns: u64,
+    /// Claims on reclaimable transfers (the destination waiting for the source's
+    /// confirmation).
+    pub claims: u64,
+    /// Reclaimable transfers taken back by their source before it confirmed a claim.
+    pub reclaims: u64,
     /// Checkpoints made durable (each dropped the journal before it).
     pub checkpoints: u64,
     /// Settled acceptances gateways forgot (pruned) after their permits expired.
@@ -233,6 +238,8 @@ struct Params {
     /// How long gateways keep a settled acceptance after its permit expired (`None`: for
     /// ever).
     retain_ms: Option<u64>,
+    /// Chance per act that a branch with a reclaimable transfer in transit takes it back.
+    reclaim_transfer: f64,
 }
 
 struct Sim {
@@ -310,6 +317,7 @@ impl Sim {
             checkpoint_steps: 0,
             permit_ttl_ms: 0,
             retain_ms: None,
+            reclaim_transfer: 0.0,
         };
         // Drawn last, so the schedules above stay those of earlier versions.
         let mut p = p;
@@ -357,6 +365,7 @@ impl Sim {
         if p.permit_ttl_ms == 0 {
             p.retain_ms = p.retain_ms.filter(|ms| *ms < 150);
         }
+        p.reclaim_transfer = rng.random_range(0.0..0.1);
         let mut all: Vec<(AgentId, _)> = BRANCHES
             .iter()
             .chain(GATEWAYS.iter())
@@ -871,6 +880,30 @@ impl Sim {
                 return;
             }
         }
+        // A reclaimable transfer still in transit (its child silent, slow, or cut off): now
+        // and then the source takes it back, racing the child's claim.
+        let in_transit: Vec<TransferId> = b
+            .outgoing()
+            .filter(|o| o.body.confirm && o.state == OutgoingState::Sealed)
+            .map(|o| o.body.transfer)
+            .collect();
+        if !in_transit.is_empty() && self.rng.random_bool(self.p.reclaim_transfer) {
+            let t = in_transit[self.rng.random_range(0..in_transit.len())];
+            self.with_branch(name, |b, _| b.reclaim_transfer(t));
+            return;
+        }
+        // Now and then a reclaim of a transfer that cannot be taken back (confirmed, or not
+        // reclaimable): the ledger must refuse it.
+        if self.rng.random_bool(self.p.misuse) {
+            let decided = b
+                .outgoing()
+                .find(|o| o.state != OutgoingState::Sealed)
+                .map(|o| o.body.transfer);
+            if let Some(t) = decided {
+                self.with_branch(name, |b, _| b.reclaim_transfer(t));
+                return;
+            }
+        }
         if live.is_empty() {
             return;
         }
@@ -891,8 +924,15 @@ impl Sim {
             let amount = random_part(&mut self.rng, &avail);
             let t = TransferId::from_u128(self.fresh());
             let label = random_label(&mut self.rng, &label);
+            // Half of them reclaimable: the child takes them only on the source's
+            // confirmation, and the source may take them back until it confirms.
+            let reclaimable = self.rng.random_bool(0.5);
             self.with_branch(name, |b, _| {
-                b.transfer(credit, t, &amount, &agent(to), label)
+                if reclaimable {
+                    b.transfer_reclaimable(credit, t, &amount, &agent(to), label)
+                } else {
+                    b.transfer(credit, t, &amount, &agent(to), label)
+                }
             });
         } else if roll < self.p.spend_rate + 0.3 {
             let child = CreditId::from_u128(self.fresh());
@@ -1272,10 +1312,39 @@ impl Sim {
             LedgerMessage::Decision(d) => {
                 // The decision turned into a refusal.
                 let Ok(mut body) = d.peek() else { return };
+                let claimed = body.credit;
                 body.credit = None;
                 forged.push((
                     to,
                     sign(&|a, k| LedgerMessage::Decision(Signed::sign(&body, a, k))),
+                ));
+                // To the claimant, in the source's name: its claim confirmed (and another
+                // credit confirmed), and the transfer reclaimed.
+                for credit in [claimed, Some(CreditId::from_u128(self.fresh())), None] {
+                    let d = SourceDecision {
+                        root: body.root,
+                        transfer: body.transfer,
+                        cert: body.cert,
+                        source: body.source.clone(),
+                        destination: body.destination.clone(),
+                        credit,
+                    };
+                    forged.push((
+                        from.clone(),
+                        sign(&|a, k| LedgerMessage::SourceDecision(Signed::sign(&d, a, k))),
+                    ));
+                }
+            }
+            LedgerMessage::SourceDecision(d) => {
+                // The source's decision turned around: a confirmation into a reclaim and back.
+                let Ok(mut body) = d.peek() else { return };
+                body.credit = match body.credit {
+                    Some(_) => None,
+                    None => Some(CreditId::from_u128(self.fresh())),
+                };
+                forged.push((
+                    to,
+                    sign(&|a, k| LedgerMessage::SourceDecision(Signed::sign(&body, a, k))),
                 ));
             }
             _ => return,
@@ -1372,6 +1441,8 @@ fn count_step(r: &mut LedgerReport, step: &Step) {
     match step {
         Step::Reserve { .. } => r.operations += 1,
         Step::Seal { .. } => r.transfers += 1,
+        Step::Claim { .. } => r.claims += 1,
+        Step::Reclaim { .. } => r.reclaims += 1,
         Step::Join { .. } => r.joins += 1,
         Step::Reissue { last, .. } => {
             r.reissues += 1;

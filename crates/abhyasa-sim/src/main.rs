@@ -87,6 +87,8 @@ impl Totals for LedgerReport {
         self.pruned += r.pruned;
         self.gateway_checkpoints += r.gateway_checkpoints;
         self.returns += r.returns;
+        self.reclaims += r.reclaims;
+        self.claims += r.claims;
         (r.violations.len(), r.violations.into_iter().next())
     }
 }
@@ -200,8 +202,8 @@ fn main() -> ExitCode {
                     Err(code) => return code,
                 };
             eprintln!(
-                "transfers={} returns={} joins={} reissues={} fused={} checkpoints={} gateway_checkpoints={} pruned={} effects={} overdrawn={} crashes={} forgeries={} failing_seeds={failing}",
-                r.transfers, r.returns, r.joins, r.reissues, r.fused, r.checkpoints, r.gateway_checkpoints, r.pruned, r.effects, r.overdrawn, r.crashes, r.forgeries
+                "transfers={} claims={} reclaims={} returns={} joins={} reissues={} fused={} checkpoints={} gateway_checkpoints={} pruned={} effects={} overdrawn={} crashes={} forgeries={} failing_seeds={failing}",
+                r.transfers, r.claims, r.reclaims, r.returns, r.joins, r.reissues, r.fused, r.checkpoints, r.gateway_checkpoints, r.pruned, r.effects, r.overdrawn, r.crashes, r.forgeries
             );
             println!(
                 "ledger: seeds={} operations={} settled={} forfeited={} no_effect={} diamonds={} violations={violations}",

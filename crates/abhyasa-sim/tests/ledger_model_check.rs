@@ -82,6 +82,10 @@ enum Act {
     ForfeitRoot,
     ReserveChild,
     DispatchChild,
+    /// A reclaimable transfer of one atom to the child.
+    TransferReclaimable,
+    /// The root takes it back (refused once a claim of it is confirmed).
+    ReclaimTransfer,
 }
 
 /// What the properties look at, computed once per state (a function of the rest).
@@ -96,6 +100,10 @@ struct Seen {
     reissued: bool,
     /// The transfer to the child was sealed from the joined credit.
     sent_from_join: bool,
+    /// The root took the reclaimable transfer back.
+    reclaimed: bool,
+    /// The child's claim was answered with the reclaim (the race the rule exists for).
+    claim_ended: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -260,6 +268,10 @@ impl State {
                 .any(|o| o.body.source_credit == JOINED && o.body.transfer == TRANSFER),
             spent_from_join: root_op
                 .is_some_and(|o| o.binding.credit == JOINED && o.state != OpState::Reserved),
+            reclaimed: r
+                .outgoing()
+                .any(|o| matches!(o.state, OutgoingState::Reclaimed(_))),
+            claim_ended: c.incoming().any(|s| matches!(s, Step::Reclaimed { .. })),
         };
     }
 }
@@ -274,6 +286,9 @@ enum Scope {
     /// The lineage without the root's own spending: split, join, transfer of the joined
     /// credit, the child spending what it received — small enough to explore completely.
     LineageComplete,
+    /// A reclaimable transfer to the child, the root reclaiming it while the child's claim
+    /// may be on its way, the child spending what it took.
+    TransferReclaim,
 }
 
 /// How many crashes, duplications and timer firings one exploration may use.
@@ -316,6 +331,12 @@ impl LedgerModel {
                 Act::Split,
                 Act::Join,
                 Act::Transfer,
+                Act::ReserveChild,
+                Act::DispatchChild,
+            ],
+            Scope::TransferReclaim => &[
+                Act::TransferReclaimable,
+                Act::ReclaimTransfer,
                 Act::ReserveChild,
                 Act::DispatchChild,
             ],
@@ -418,6 +439,10 @@ impl Model for LedgerModel {
                     Act::Split => b.split(ROOT_CREDIT, SPLIT, units(1), label),
                     Act::Join => b.join(vec![ROOT_CREDIT, SPLIT], JOINED),
                     Act::Transfer => b.transfer(live, TRANSFER, &units(1), &id("child"), label),
+                    Act::TransferReclaimable => {
+                        b.transfer_reclaimable(live, TRANSFER, &units(1), &id("child"), label)
+                    }
+                    Act::ReclaimTransfer => b.reclaim_transfer(TRANSFER),
                     Act::ReserveRoot => b.reserve(live, effect("root-op"), &id("gw"), OP_ROOT),
                     Act::DispatchRoot => b.dispatch(UnixMillis(0), OP_ROOT),
                     Act::ReleaseRoot => b.release_unsent(OP_ROOT),
@@ -534,6 +559,18 @@ impl Model for LedgerModel {
                     |_, s: &State| s.seen.sent_from_join,
                 ),
             ]),
+            Scope::TransferReclaim => p.extend([
+                Property::sometimes("the child spent transferred atoms", |_, s: &State| {
+                    s.seen.child_op == Some("settled")
+                }),
+                Property::sometimes("the root took the transfer back", |_, s: &State| {
+                    s.seen.reclaimed
+                }),
+                Property::sometimes(
+                    "the child's claim was answered with the reclaim",
+                    |_, s: &State| s.seen.claim_ended,
+                ),
+            ]),
         }
         p
     }
@@ -610,6 +647,43 @@ fn ledger_model_check_lineage_to_completion() {
         None,
         "split, join, transfer of the join, the child spends",
     );
+}
+
+#[test]
+fn ledger_model_check_transfer_reclaim_to_completion() {
+    run(
+        Scope::TransferReclaim,
+        None,
+        "a reclaimable transfer, its reclaim racing the child's claim, the child spends",
+    );
+}
+
+#[test]
+fn the_model_finds_a_reclaim_after_a_confirmation() {
+    let checker = LedgerModel(
+        Scope::TransferReclaim,
+        Some(LedgerMutation::ReclaimAfterConfirm),
+        ONE_OF_EACH,
+    )
+    .checker()
+    .threads(2)
+    .spawn_bfs()
+    .join();
+    let path = checker
+        .discovery("L1-L7 hold")
+        .expect("a counterexample to L1-L7");
+    let last = path.last_state().clone();
+    println!(
+        "ledger model check (mutant reclaim_after_confirm): {:?}",
+        last.seen.violations
+    );
+    // The shortest counterexample: the auditor sees the transfer decided twice in the
+    // root's journal (H5), or the checker sees the atom at both ends (L1).
+    assert!(last
+        .seen
+        .violations
+        .iter()
+        .any(|v| v.starts_with("H5") || v.starts_with("L1")));
 }
 
 #[test]

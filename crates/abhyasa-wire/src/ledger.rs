@@ -649,6 +649,20 @@ pub struct TransferCert {
     pub footprint: Footprint,
     /// The child's label (within the source credit's).
     pub label: Label,
+    /// The destination may take the atoms only once the source confirms its claim (a
+    /// [`SourceDecision`] naming the credit), and the source may reclaim the transfer — a
+    /// [`SourceDecision`] naming none — as long as it has not confirmed one: the source's
+    /// journal is the one compare-and-set both decisions go through (paper §5.4: destination
+    /// exclusion plus a competing compare-and-set), so a transfer to a destination that is
+    /// lost before it claims can be taken back without any word from it. Absent (`false`):
+    /// the destination's own decision is final, and only its refusal gives the atoms back;
+    /// an absent field encodes as before, so older certificates keep their digests.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub confirm: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl TransferCert {
@@ -675,6 +689,28 @@ pub struct TransferDecision {
     /// The deciding branch (the signer).
     pub destination: AgentId,
     /// The child credit created, or `None` for a refusal.
+    pub credit: Option<CreditId>,
+}
+
+/// The source's decision on a transfer whose certificate asks for it
+/// ([`TransferCert::confirm`]): the destination's claim confirmed (`credit`: the atoms are
+/// the destination's, as that credit), or the transfer reclaimed (`None`: they are the
+/// source's again, and the destination will never take them). Written once, in the source's
+/// journal, whichever comes first; bound to the certificate's digest and destination.
+#[derive(Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceDecision {
+    /// The root.
+    pub root: RootId,
+    /// The transfer.
+    pub transfer: TransferId,
+    /// The digest of the certificate decided ([`TransferCert::digest`]).
+    pub cert: Digest,
+    /// The certificate's source (the signer).
+    pub source: AgentId,
+    /// The certificate's destination.
+    pub destination: AgentId,
+    /// The destination's credit, confirmed; `None`: reclaimed.
     pub credit: Option<CreditId>,
 }
 
@@ -829,8 +865,11 @@ pub enum Refusal {
 pub enum LedgerMessage {
     /// A sealed transfer, source → destination.
     Transfer(Signed<TransferCert>),
-    /// Its decision, destination → source.
+    /// Its decision, destination → source (for a certificate that asks for confirmation,
+    /// an acceptance is a claim the source confirms or answers with its reclaim).
     Decision(Signed<TransferDecision>),
+    /// The source's confirmation of a claim, or its reclaim, source → destination.
+    SourceDecision(Signed<SourceDecision>),
     /// A permit and its effect, payer → gateway.
     Dispatch {
         /// The permit.
@@ -889,6 +928,7 @@ impl LedgerMessage {
         match self {
             LedgerMessage::Transfer(s) => Some(s.to_verify()),
             LedgerMessage::Decision(s) => Some(s.to_verify()),
+            LedgerMessage::SourceDecision(s) => Some(s.to_verify()),
             LedgerMessage::Dispatch { permit, .. } => Some(permit.to_verify()),
             LedgerMessage::Receipt(s) => Some(s.to_verify()),
             LedgerMessage::NoEffect(s) => Some(s.to_verify()),
@@ -934,6 +974,9 @@ impl SignedObject for TransferCert {
 }
 impl SignedObject for TransferDecision {
     const TAG: &'static str = "decision";
+}
+impl SignedObject for SourceDecision {
+    const TAG: &'static str = "source_decision";
 }
 impl SignedObject for Permit {
     const TAG: &'static str = "permit";
@@ -1431,5 +1474,51 @@ mod tests {
         assert!(full.take(&Vector::of(&[("tokens", 1)]).unwrap()).is_none());
         assert_eq!(full.subtract(&taken).unwrap(), rest);
         assert!(rest.subtract(&taken).is_none());
+    }
+
+    #[test]
+    fn a_certificate_that_asks_for_nothing_encodes_as_before_and_confirmation_is_signed_in() {
+        let a = AgentId::new("a").unwrap();
+        let b = AgentId::new("b").unwrap();
+        let cert = TransferCert {
+            root: RootId::from_u128(1),
+            transfer: TransferId::from_u128(2),
+            source: a.clone(),
+            destination: b.clone(),
+            source_credit: CreditId::from_u128(3),
+            footprint: Footprint::full(&Vector::of(&[("cents", 40)]).unwrap()),
+            label: Label::of(&["tools"]).unwrap(),
+            confirm: false,
+        };
+        // Without the field, the bytes (and so the digest a decision binds) are those of a
+        // certificate written before the field existed: a map of seven entries.
+        let plain = encode(&cert);
+        assert_eq!(plain[0], 0xa7, "{plain:02x?}");
+        assert!(!plain.windows(7).any(|w| w == b"confirm"));
+        let asks = TransferCert {
+            confirm: true,
+            ..cert.clone()
+        };
+        assert_eq!(decode::<TransferCert>(&encode(&asks)).unwrap(), asks);
+        assert_ne!(asks.digest(), cert.digest(), "the flag is signed in");
+        // The source's decision on it, signed, as it travels.
+        let k = signing_key([7; 32]);
+        let d = SourceDecision {
+            root: asks.root,
+            transfer: asks.transfer,
+            cert: asks.digest(),
+            source: a.clone(),
+            destination: b,
+            credit: None,
+        };
+        let s = Signed::sign(&d, &a, &k);
+        let m = LedgerMessage::SourceDecision(s.clone());
+        assert_eq!(decode::<LedgerMessage>(&encode(&m)).unwrap(), m);
+        assert_eq!(s.open(&k.verifying_key()).unwrap(), d);
+        crate::tests::fuzz_seed("ledger", &encode(&m));
+        crate::tests::fuzz_seed(
+            "ledger",
+            &encode(&LedgerMessage::Transfer(Signed::sign(&asks, &a, &k))),
+        );
     }
 }

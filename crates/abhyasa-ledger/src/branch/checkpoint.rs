@@ -134,6 +134,7 @@ enum OutRowState {
     Sealed,
     Accepted(Signed<TransferDecision>),
     Cancelled(Signed<TransferDecision>),
+    Reclaimed(Signed<SourceDecision>),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -362,6 +363,7 @@ impl Branch {
                         OutgoingState::Sealed => OutRowState::Sealed,
                         OutgoingState::Accepted(d) => OutRowState::Accepted(d.clone()),
                         OutgoingState::Cancelled(d) => OutRowState::Cancelled(d.clone()),
+                        OutgoingState::Reclaimed(d) => OutRowState::Reclaimed(d.clone()),
                     },
                 })
                 .collect(),
@@ -462,6 +464,7 @@ impl Branch {
                 OutRowState::Sealed => OutgoingState::Sealed,
                 OutRowState::Accepted(d) => OutgoingState::Accepted(d),
                 OutRowState::Cancelled(d) => OutgoingState::Cancelled(d),
+                OutRowState::Reclaimed(d) => OutgoingState::Reclaimed(d),
             };
             let t = body.transfer;
             let out = Outgoing {
@@ -476,7 +479,10 @@ impl Branch {
         let mut incoming = BTreeMap::new();
         for step in s.incoming {
             let cert = match &step {
-                Step::Accept { cert, .. } | Step::Refuse { cert, .. } => cert.peek()?,
+                Step::Accept { cert, .. }
+                | Step::Refuse { cert, .. }
+                | Step::Claim { cert, .. }
+                | Step::Reclaimed { cert, .. } => cert.peek()?,
                 _ => {
                     return Err(corrupt(
                         "checkpoint holds an incoming entry of another kind",
