@@ -229,6 +229,38 @@ fn grant_delegate_spend_and_check_across_three_node_processes() {
         (&1.into(), &"cents=250".into())
     );
 
+    // A reclaimable delegation to a child that is lost (no node answers for it), taken back
+    // by the root without a word from it; the plain delegation above cannot be.
+    ok(&[
+        "ledger",
+        "delegate",
+        "--admin",
+        &admins[0],
+        "--credit",
+        "1",
+        "--to",
+        "ghost",
+        "--amount",
+        "cents=100",
+        "--transfer",
+        "8",
+        "--reclaimable",
+    ]);
+    let r = status(&admins[0]).unwrap();
+    assert_eq!(r["roots"][0]["available"], "cents=500");
+    ok(&["ledger", "reclaim", "--admin", &admins[0], "--transfer", "8"]);
+    let refused = abhyasa(&["ledger", "reclaim", "--admin", &admins[0], "--transfer", "7"]);
+    assert!(!refused.status.success(), "a plain transfer was reclaimed");
+    let r = status(&admins[0]).unwrap();
+    assert_eq!(r["roots"][0]["available"], "cents=600");
+    let states: Vec<&str> = r["transfers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["accepted", "reclaimed"]);
+
     for p in procs.iter_mut() {
         p.take().unwrap().stop();
     }
