@@ -248,8 +248,22 @@ fn grant_delegate_spend_and_check_across_three_node_processes() {
     ]);
     let r = status(&admins[0]).unwrap();
     assert_eq!(r["roots"][0]["available"], "cents=500");
-    ok(&["ledger", "reclaim", "--admin", &admins[0], "--transfer", "8"]);
-    let refused = abhyasa(&["ledger", "reclaim", "--admin", &admins[0], "--transfer", "7"]);
+    ok(&[
+        "ledger",
+        "reclaim",
+        "--admin",
+        &admins[0],
+        "--transfer",
+        "8",
+    ]);
+    let refused = abhyasa(&[
+        "ledger",
+        "reclaim",
+        "--admin",
+        &admins[0],
+        "--transfer",
+        "7",
+    ]);
     assert!(!refused.status.success(), "a plain transfer was reclaimed");
     let r = status(&admins[0]).unwrap();
     assert_eq!(r["roots"][0]["available"], "cents=600");
