@@ -281,6 +281,24 @@ async def ledger_checks(session, binary, certs, admin, via):
     check_via(r.is_error and after.get("available") == "cents=70",
               f"a spend above what is left is refused and changes nothing ({text(r)[:80]})")
 
+    # A reclaimable delegation to a child that is lost (no node answers for it): in transit
+    # until this node takes it back, without a word from the child.
+    r = await ledger(ledger="delegate", credit="1", transfer="b1", amount="cents=20",
+                     to="ghost", label=["travel"], reclaimable=True)
+    r2 = await ledger(ledger="status")
+    after = r2.structured_content["ledger"]["roots"][0]
+    check_via(not r.is_error and after.get("available") == "cents=50"
+              and after.get("in_transit") == "cents=20",
+              f"a reclaimable delegation of 20 cents is in transit ({after})")
+    r = await ledger(ledger="reclaim_transfer", transfer="b1")
+    r2 = await ledger(ledger="status")
+    st = r2.structured_content["ledger"]
+    after = st["roots"][0]
+    states = [t["state"] for t in st["transfers"]]
+    check_via(not r.is_error and after.get("available") == "cents=70"
+              and after.get("in_transit") == "0" and states == ["reclaimed"],
+              f"reclaimed: the 20 cents are available again ({after}, {states})")
+
 
 async def budget_checks(session, work, permit, via):
     def check_via(cond, what):

@@ -278,19 +278,20 @@ where
 pub const TOOL_LEDGER: &str = "abhyasa_ledger";
 
 /// `abhyasa_ledger`: the arguments are a ledger request as JSON, tagged by `"ledger"`
-/// (`grant`, `delegate`, `spend`, `reclaim`, `reissue`, `forfeit`, `status`; ids in hex, amounts as
+/// (`grant`, `delegate`, `spend`, `reclaim`, `reclaim_transfer`, `reissue`, `forfeit`, `status`; ids in hex, amounts as
 /// `dim=n,…`), as on the admin interface; answers with the node's reply.
 pub fn ledger_tool(node: Node) -> HostTool {
     let schema = json!({
         "type": "object",
         "properties": {
-            "ledger": {"type": "string", "enum": ["grant", "delegate", "spend", "reclaim", "reissue", "forfeit", "status"]},
+            "ledger": {"type": "string", "enum": ["grant", "delegate", "spend", "reclaim", "reclaim_transfer", "reissue", "forfeit", "status"]},
             "grant": {"type": "string", "description": "Signed<RootGrant> as hex CBOR (grant)"},
             "credit": {"type": "string", "description": "credit id, hex"},
             "transfer": {"type": "string"},
             "amount": {"type": "string"},
             "to": {"type": "string"},
             "label": {"type": "array", "items": {"type": "string"}},
+            "reclaimable": {"type": "boolean", "description": "delegate: the child takes it only on this node's confirmation; until then reclaim_transfer takes it back"},
             "gateway": {"type": "string"},
             "purpose": {"type": "string"},
             "operation": {"type": "string"},
@@ -302,7 +303,7 @@ pub fn ledger_tool(node: Node) -> HostTool {
     node_tool(
         node,
         TOOL_LEDGER,
-        "This node's budget ledger: status, or grant / delegate / spend (reserve, then dispatch to the gateway) / reclaim / reissue / forfeit; answered once the step is durable.",
+        "This node's budget ledger: status, or grant / delegate / spend (reserve, then dispatch to the gateway) / reclaim / reclaim_transfer / reissue / forfeit; answered once the step is durable.",
         schema,
         |node, args| async move {
                 let req: crate::ledger_cli::LedgerRequest =
