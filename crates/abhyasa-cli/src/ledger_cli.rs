@@ -288,6 +288,9 @@ fn status_json(s: &LedgerStatus) -> serde_json::Value {
         "transfers": s.transfers.iter().map(|(t, to, v, st)| serde_json::json!({
             "transfer": format!("{t}"), "to": to.to_string(), "amount": show_vector(v), "state": st,
         })).collect::<Vec<_>>(),
+        "incoming": s.incoming.iter().map(|(t, from, v, st)| serde_json::json!({
+            "transfer": format!("{t}"), "from": from.to_string(), "amount": show_vector(v), "state": st,
+        })).collect::<Vec<_>>(),
         "accepted": s.accepted.iter().map(|(k, done)| serde_json::json!({
             "key": format!("{k}"), "receipted": done,
         })).collect::<Vec<_>>(),
@@ -355,6 +358,15 @@ pub fn print_status(v: &serde_json::Value) {
             "  transfer {} to {}: {} ({})",
             t["transfer"].as_str().unwrap_or("?"),
             t["to"].as_str().unwrap_or("?"),
+            t["amount"].as_str().unwrap_or("?"),
+            t["state"].as_str().unwrap_or("?"),
+        );
+    }
+    for t in l["incoming"].as_array().into_iter().flatten() {
+        println!(
+            "  transfer {} from {}: {} ({})",
+            t["transfer"].as_str().unwrap_or("?"),
+            t["from"].as_str().unwrap_or("?"),
             t["amount"].as_str().unwrap_or("?"),
             t["state"].as_str().unwrap_or("?"),
         );

@@ -191,8 +191,12 @@ pub struct LedgerStatus {
     pub credits: Vec<CreditStatus>,
     /// Operations.
     pub operations: Vec<OperationStatus>,
-    /// Transfers sealed here: (id, destination, amount, `sealed`/`accepted`/`cancelled`).
+    /// Transfers sealed here: (id, destination, amount,
+    /// `sealed`/`accepted`/`cancelled`/`reclaimed`).
     pub transfers: Vec<(TransferId, AgentId, Vector, &'static str)>,
+    /// Transfers to this node: (id, source, amount, `accepted`/`refused`/`claimed` — waiting
+    /// for the source's confirmation — /`reclaimed` by the source before it confirmed).
+    pub incoming: Vec<(TransferId, AgentId, Vector, &'static str)>,
     /// Effects this node accepted as a gateway (key, receipted) and still remembers.
     pub accepted: Vec<(OpKey, bool)>,
     /// Journal steps since the checkpoint the journal starts with (or since the start).
@@ -589,6 +593,20 @@ impl LedgerPart {
                             OutgoingState::Reclaimed(_) => "reclaimed",
                         },
                     )
+                })
+                .collect(),
+            incoming: b
+                .incoming()
+                .filter_map(|s| {
+                    let (cert, state) = match s {
+                        abhyasa_ledger::Step::Accept { cert, .. } => (cert, "accepted"),
+                        abhyasa_ledger::Step::Refuse { cert, .. } => (cert, "refused"),
+                        abhyasa_ledger::Step::Claim { cert, .. } => (cert, "claimed"),
+                        abhyasa_ledger::Step::Reclaimed { cert, .. } => (cert, "reclaimed"),
+                        _ => return None,
+                    };
+                    let c = cert.peek().ok()?;
+                    Some((c.transfer, c.source, c.footprint.size(), state))
                 })
                 .collect(),
             accepted: self

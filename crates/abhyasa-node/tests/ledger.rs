@@ -208,6 +208,11 @@ async fn grant_delegate_spend_settle_across_three_nodes() {
     assert!(s.folded_steps > 0 && s.ended_operations > 0, "{s:?}");
     assert!(s.journal_steps < 8, "{}", s.journal_steps);
     assert_eq!(s.gateway, None, "the child is no gateway");
+    // The child took the root's transfer once its claim was confirmed.
+    assert_eq!(
+        s.incoming,
+        vec![(TransferId::from_u128(1), id("root"), cents(300), "accepted")]
+    );
     let LedgerReply::Status(rs) = root.ledger(LedgerCommand::Status).await.unwrap() else {
         panic!("status")
     };
