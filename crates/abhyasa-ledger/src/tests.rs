@@ -783,6 +783,16 @@ fn reclaimable(n: &mut Net, t: u128) -> LedgerMessage {
     cert
 }
 
+/// `c` takes the certificate: its claim (a decision naming the credit it would become),
+/// durable and on its way to `r`.
+fn claim(n: &mut Net, cert: LedgerMessage) -> LedgerMessage {
+    n.c.handle_message(UnixMillis(1), &id("r"), cert);
+    n.persist_all();
+    let (to, claim) = n.c.poll_transmit().unwrap();
+    assert_eq!(to, id("r"));
+    claim
+}
+
 #[test]
 fn a_lost_destination_s_transfer_is_reclaimed_and_its_late_claim_takes_nothing() {
     let mut n = Net::new(&[("cents", 100)], None);
@@ -824,11 +834,8 @@ fn a_confirmed_claim_makes_the_credit_and_cannot_be_reclaimed() {
     let root = RootId::from_u128(7);
     let cert = reclaimable(&mut n, 1);
     // The destination claims: nothing is its own until the source confirms.
-    n.c.handle_message(UnixMillis(1), &id("r"), cert);
-    n.persist_all();
+    let claim = claim(&mut n, cert);
     assert_eq!(n.c.credits().count(), 0, "a claim is not a credit");
-    let (to, claim) = n.c.poll_transmit().unwrap();
-    assert_eq!(to, id("r"));
     // The source confirms; the confirmation is lost on the way.
     n.r.handle_message(UnixMillis(2), &id("c"), claim);
     n.persist_all();
@@ -859,9 +866,7 @@ fn a_source_decision_counts_only_from_the_source_and_for_its_claim() {
         panic!("{cert:?}")
     };
     let body = signed.peek().unwrap();
-    n.c.handle_message(UnixMillis(1), &id("r"), cert.clone());
-    n.persist_all();
-    let (_, claim) = n.c.poll_transmit().unwrap();
+    let claim = claim(&mut n, cert.clone());
     let LedgerMessage::Decision(d) = &claim else {
         panic!("{claim:?}")
     };
@@ -964,9 +969,7 @@ fn the_checker_sees_a_credit_taken_without_confirmation_and_a_reclaim_after_one(
     ] {
         let mut n = Net::new(&[("cents", 100)], Some(mutation));
         let cert = reclaimable(&mut n, 1);
-        n.c.handle_message(UnixMillis(1), &id("r"), cert);
-        n.persist_all();
-        let (_, claim) = n.c.poll_transmit().unwrap();
+        let claim = claim(&mut n, cert);
         if mutation == LedgerMutation::ReclaimAfterConfirm {
             n.r.handle_message(UnixMillis(2), &id("c"), claim);
             n.run(&Vector::zero(), &mut |_, _| false);

@@ -496,20 +496,14 @@ impl LedgerPart {
                 amount,
                 to,
                 label,
-                reclaimable: false,
-            } => self
-                .branch
-                .transfer(credit, transfer, &amount, &to, label)?,
-            LedgerCommand::Delegate {
-                credit,
-                transfer,
-                amount,
-                to,
-                label,
-                reclaimable: true,
-            } => self
-                .branch
-                .transfer_reclaimable(credit, transfer, &amount, &to, label)?,
+                reclaimable,
+            } => {
+                let seal = match reclaimable {
+                    false => Branch::transfer,
+                    true => Branch::transfer_reclaimable,
+                };
+                seal(&mut self.branch, credit, transfer, &amount, &to, label)?
+            }
             LedgerCommand::ReclaimTransfer { transfer } => {
                 self.branch.reclaim_transfer(transfer)?
             }
