@@ -685,14 +685,13 @@ impl Branch {
             }
         }
         let decision = self.source_decision(&out.body, None);
-        let to = out.body.destination.clone();
+        let (to, credit) = (out.body.destination.clone(), out.body.source_credit);
         self.commit(
             Step::Reclaim {
                 decision: decision.clone(),
             },
             vec![(to, LedgerMessage::SourceDecision(decision))],
         )?;
-        let credit = self.outgoing[&transfer].body.source_credit;
         self.roll_if_done(credit)
     }
 

@@ -979,6 +979,22 @@ fn the_checker_sees_a_credit_taken_without_confirmation_and_a_reclaim_after_one(
         let laws: Vec<&str> = n.violations().iter().map(|x| x.law).collect();
         assert!(laws.contains(&"L1"), "{mutation:?}: {:?}", n.violations());
     }
+    // Without the race, the child's state alone shows a credit no confirmation stands behind.
+    let mut n = Net::new(
+        &[("cents", 100)],
+        Some(LedgerMutation::AcceptWithoutConfirmation),
+    );
+    let cert = reclaimable(&mut n, 1);
+    n.c.handle_message(UnixMillis(1), &id("r"), cert);
+    n.persist_all();
+    assert_eq!(n.c.buckets(RootId::from_u128(7))[0], v(&[("cents", 40)]));
+    let found = n.violations();
+    assert!(
+        found
+            .iter()
+            .any(|x| x.law == "L5" && x.detail.contains("without its source's confirmation")),
+        "{found:?}"
+    );
 }
 
 #[test]
