@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use abhyasa::ledger::check::{check, EffectInstance, World};
 use abhyasa::ledger::*;
-use abhyasa::store::{Op, Store, StoreConfig};
+use abhyasa::store::{GroupCommit, GroupConfig, Op, Store, StoreConfig};
 use abhyasa::wire::{AgentId, UnixMillis};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 
@@ -194,65 +194,172 @@ fn durable_cycles(c: &mut Criterion) {
 /// Most records one side commits at once in [`two_nodes`] (a group commit's cap).
 const MAX_GROUP: usize = 256;
 
+/// What a node of [`two_nodes`] is woken by: messages from the other node, or word that its
+/// oldest outstanding commit is durable.
+enum Wake {
+    Messages(Vec<LedgerMessage>),
+    Durable,
+    Stop,
+}
+
+/// Where a node of [`two_nodes`] commits: on its own thread, waiting for each commit
+/// (`Inline`), or — as `abhyasa node` does — through the group-commit writer thread
+/// (`Writer`), going on with its work while a commit runs. Either way the node hears
+/// [`Wake::Durable`] once per commit, in order, and only then releases what it gated.
+enum Disk {
+    Inline(Box<Store>),
+    Writer(GroupCommit),
+}
+
+impl Disk {
+    fn open(path: std::path::PathBuf, writer: bool) -> Self {
+        let store = Store::open(&path, StoreConfig::default()).unwrap();
+        match writer {
+            false => Disk::Inline(Box::new(store)),
+            true => Disk::Writer(GroupCommit::spawn(
+                store,
+                GroupConfig::default(),
+                move || Store::open(&path, StoreConfig::default()),
+            )),
+        }
+    }
+
+    fn commit(&mut self, ops: Vec<Op>, wake: &std::sync::mpsc::Sender<Wake>) {
+        match self {
+            Disk::Inline(store) => {
+                store.commit(&ops).unwrap();
+                wake.send(Wake::Durable).unwrap();
+            }
+            Disk::Writer(w) => {
+                let wake = wake.clone();
+                w.submit_then(ops, move |outcome| {
+                    outcome.expect("a benchmark commit");
+                    let _ = wake.send(Wake::Durable);
+                });
+            }
+        }
+    }
+}
+
+/// Drains a branch's or gateway's steps into one commit; the tokens wait in `commits` for
+/// their [`Wake::Durable`].
+fn submit<S>(
+    steps: impl Iterator<Item = (PersistToken, S)>,
+    op: fn(S) -> Op,
+    disk: &mut Disk,
+    commits: &mut std::collections::VecDeque<Vec<PersistToken>>,
+    wake: &std::sync::mpsc::Sender<Wake>,
+) {
+    let (tokens, ops): (Vec<_>, Vec<_>) = steps.map(|(t, s)| (t, op(s))).unzip();
+    if !ops.is_empty() {
+        commits.push_back(tokens);
+        disk.commit(ops, wake);
+    }
+}
+
+/// Blocks for what wakes a node (unless `busy`: it has work queued), then takes everything
+/// else already there. Messages go to `inbox`; returns the commits now durable, and whether
+/// to stop.
+fn wake_up(
+    rx: &std::sync::mpsc::Receiver<Wake>,
+    busy: bool,
+    inbox: &mut std::collections::VecDeque<LedgerMessage>,
+) -> (usize, bool) {
+    let first = if busy { None } else { rx.recv().ok() };
+    let (mut durable, mut stop) = (0, false);
+    for w in first
+        .into_iter()
+        .chain(std::iter::from_fn(|| rx.try_recv().ok()))
+    {
+        match w {
+            Wake::Messages(m) => inbox.extend(m),
+            Wake::Durable => durable += 1,
+            Wake::Stop => stop = true,
+        }
+    }
+    (durable, stop)
+}
+
 /// The gateway as its own node: a thread with its own store that takes every dispatch that
-/// has arrived (at most [`MAX_GROUP`]), commits the acceptances, runs the effects, commits the
-/// receipts and sends them back; ends when the payer hangs up.
+/// has arrived (at most [`MAX_GROUP`]) and commits the acceptances; once they are durable
+/// runs the effects and commits the receipts; once those are durable sends them back.
 fn gateway_node(
-    path: std::path::PathBuf,
-    from_payer: std::sync::mpsc::Receiver<Vec<LedgerMessage>>,
-    to_payer: std::sync::mpsc::Sender<Vec<LedgerMessage>>,
+    disk: Disk,
+    to_payer: std::sync::mpsc::Sender<Wake>,
     together: bool,
-) -> std::thread::JoinHandle<()> {
+) -> (std::sync::mpsc::Sender<Wake>, std::thread::JoinHandle<()>) {
+    let (wake, rx) = std::sync::mpsc::channel();
+    let me = wake.clone();
     // Named, so a per-thread profile (`perf report --sort comm`) tells the nodes apart.
     let gateway = std::thread::Builder::new().name("gateway-node".into());
     let spawned = gateway.spawn(move || {
+        let mut disk = disk;
         let mut g = Gateway::new(id("g"), signing_key([3; 32]), keys(), None);
         let keyring = g.keyring().clone();
-        let mut store = Store::open(path, StoreConfig::default()).unwrap();
         let charge = Vector::of(&[("cents", 730), ("calls", 1)]).unwrap();
-        let mut inbox: std::collections::VecDeque<LedgerMessage> = Default::default();
+        let mut inbox = std::collections::VecDeque::new();
+        let mut commits = std::collections::VecDeque::new();
         loop {
-            if inbox.is_empty() {
-                match from_payer.recv() {
-                    Ok(batch) => inbox.extend(batch),
-                    Err(_) => return,
+            let (durable, stop) = wake_up(&rx, false, &mut inbox);
+            if stop {
+                return;
+            }
+            for tokens in commits.drain(..durable) {
+                for t in tokens {
+                    g.handle_persisted(t);
                 }
             }
-            while let Ok(batch) = from_payer.try_recv() {
-                inbox.extend(batch);
-            }
-            let n = inbox.len().min(MAX_GROUP);
-            if together {
-                keyring.verify_together(inbox.iter().take(n));
-            }
-            for m in inbox.drain(..n) {
-                g.handle_message(&id("r"), m);
-            }
-            commit_gateway(&mut g, &mut store);
             while let Some(e) = g.poll_execute() {
                 g.handle_executed(&e.payer, e.key, charge.clone());
             }
-            commit_gateway(&mut g, &mut store);
             let replies: Vec<_> =
                 std::iter::from_fn(|| g.poll_transmit().map(|(_, m)| m)).collect();
-            if to_payer.send(replies).is_err() {
+            if !replies.is_empty() && to_payer.send(Wake::Messages(replies)).is_err() {
                 return;
             }
+            // Every dispatch that has arrived, in groups of at most MAX_GROUP.
+            while !inbox.is_empty() {
+                let n = inbox.len().min(MAX_GROUP);
+                if together {
+                    keyring.verify_together(inbox.iter().take(n));
+                }
+                for m in inbox.drain(..n) {
+                    g.handle_message(&id("r"), m);
+                }
+                submit(
+                    std::iter::from_fn(|| g.poll_persist()),
+                    Op::Gateway,
+                    &mut disk,
+                    &mut commits,
+                    &me,
+                );
+            }
+            // The receipts of the effects run above.
+            submit(
+                std::iter::from_fn(|| g.poll_persist()),
+                Op::Gateway,
+                &mut disk,
+                &mut commits,
+                &me,
+            );
         }
     });
-    spawned.expect("a thread for the gateway node")
+    (wake, spawned.expect("a thread for the gateway node"))
 }
 
 /// The payer's side of [`two_nodes`]: keeps `in_flight` operations outstanding until `total`
-/// have settled. Each round takes every receipt that has arrived, settles them and reserves and
-/// dispatches their replacements in one group commit, then sends the new permits.
+/// have settled. Each round settles the receipts that have arrived (at most [`MAX_GROUP`])
+/// and reserves and dispatches their replacements, committed together; the permits go out
+/// once durable.
+#[allow(clippy::too_many_arguments)]
 fn pay(
     r: &mut Branch,
-    store: &mut Store,
-    (to_gateway, from_gateway): (
-        &std::sync::mpsc::Sender<Vec<LedgerMessage>>,
-        &std::sync::mpsc::Receiver<Vec<LedgerMessage>>,
+    disk: &mut Disk,
+    (wake, rx): (
+        &std::sync::mpsc::Sender<Wake>,
+        &std::sync::mpsc::Receiver<Wake>,
     ),
+    to_gateway: &std::sync::mpsc::Sender<Wake>,
     next: &mut u64,
     in_flight: u64,
     total: u64,
@@ -260,8 +367,9 @@ fn pay(
 ) {
     let keyring = r.keyring().clone();
     let (mut started, mut settled, mut outstanding) = (0u64, 0u64, 0u64);
-    let mut replies: std::collections::VecDeque<LedgerMessage> = Default::default();
-    while settled < total {
+    let mut replies = std::collections::VecDeque::new();
+    let mut commits = std::collections::VecDeque::new();
+    while settled < total || !commits.is_empty() {
         let room = in_flight.saturating_sub(outstanding).min(total - started);
         for _ in 0..room.min(MAX_GROUP as u64) {
             *next += 1;
@@ -271,18 +379,22 @@ fn pay(
             started += 1;
             outstanding += 1;
         }
-        commit_branch(r, store);
+        submit(
+            std::iter::from_fn(|| r.poll_persist()),
+            Op::Ledger,
+            disk,
+            &mut commits,
+            wake,
+        );
+        let (durable, _) = wake_up(rx, !replies.is_empty(), &mut replies);
+        for tokens in commits.drain(..durable) {
+            for t in tokens {
+                r.handle_persisted(t);
+            }
+        }
         let permits: Vec<_> = std::iter::from_fn(|| r.poll_transmit().map(|(_, m)| m)).collect();
         if !permits.is_empty() {
-            to_gateway.send(permits).unwrap();
-        }
-        // Wait for receipts only when the window is full (or nothing is left to start).
-        let full = outstanding >= in_flight || started == total;
-        if replies.is_empty() && full {
-            replies.extend(from_gateway.recv().unwrap());
-        }
-        while let Ok(batch) = from_gateway.try_recv() {
-            replies.extend(batch);
+            to_gateway.send(Wake::Messages(permits)).unwrap();
         }
         let n = replies.len().min(MAX_GROUP);
         if together {
@@ -291,7 +403,7 @@ fn pay(
         for m in replies.drain(..n) {
             r.handle_message(UnixMillis(1), &id("g"), m);
         }
-        // The settle steps are committed with the next round's dispatches (or below).
+        // The settle steps are committed with the next round's dispatches.
         while let Some(e) = r.poll_event() {
             if matches!(e, LedgerEvent::Settled { .. }) {
                 settled += 1;
@@ -299,47 +411,44 @@ fn pay(
             }
         }
     }
-    commit_branch(r, store);
 }
 
 /// Payer and gateway as two nodes on two threads — as deployed, each agent its own process —
 /// each with its own store and group commit, so one signs and verifies while the other does:
-/// `in_flight` operations outstanding, cycles/s over `per_iteration` settled cycles.
+/// `in_flight` operations outstanding, cycles/s over `per_iteration` settled cycles. Each side
+/// verifies the signatures of what it takes at once one by one as it handles them, or
+/// (`_together`) in one batch first; and commits on its own thread, or (`_writer`) through
+/// the group-commit writer thread as `abhyasa node` does.
 fn two_nodes(c: &mut Criterion) {
     let dir = tempfile::tempdir_in(std::env::current_dir().unwrap()).unwrap();
     let mut grp = c.benchmark_group("ledger_two_nodes");
     grp.sample_size(10)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(5));
-    // Each side verifies the signatures of what it takes at once one by one as it handles
-    // them, or (`_together`) in one batch first.
     let runs = [
-        (1u64, false),
-        (16, false),
-        (256, false),
-        (256, true),
-        (1024, false),
-        (1024, true),
+        (1u64, false, false),
+        (16, false, false),
+        (256, false, false),
+        (256, true, false),
+        (256, true, true),
+        (1024, false, false),
+        (1024, true, false),
+        (1024, true, true),
     ];
-    for (in_flight, together) in runs {
-        let name = match together {
-            false => format!("in_flight_{in_flight}"),
-            true => format!("in_flight_{in_flight}_together"),
-        };
-        let (to_gateway, gateway_in) = std::sync::mpsc::channel();
-        let (gateway_out, from_gateway) = std::sync::mpsc::channel();
-        let gateway = gateway_node(
-            dir.path().join(format!("g-{name}.redb")),
-            gateway_in,
-            gateway_out,
+    for (in_flight, together, writer) in runs {
+        let name = format!(
+            "in_flight_{in_flight}{}{}",
+            if together { "_together" } else { "" },
+            if writer { "_writer" } else { "" }
+        );
+        let (wake, rx) = std::sync::mpsc::channel();
+        let (to_gateway, gateway) = gateway_node(
+            Disk::open(dir.path().join(format!("g-{name}.redb")), writer),
+            wake.clone(),
             together,
         );
         let (mut r, _) = setup();
-        let mut store = Store::open(
-            dir.path().join(format!("b-{name}.redb")),
-            StoreConfig::default(),
-        )
-        .unwrap();
+        let mut disk = Disk::open(dir.path().join(format!("b-{name}.redb")), writer);
         let mut next = 0;
         let per_iteration = (in_flight * 4).max(16);
         grp.throughput(Throughput::Elements(per_iteration));
@@ -348,8 +457,9 @@ fn two_nodes(c: &mut Criterion) {
                 let started = Instant::now();
                 pay(
                     &mut r,
-                    &mut store,
-                    (&to_gateway, &from_gateway),
+                    &mut disk,
+                    (&wake, &rx),
+                    &to_gateway,
                     &mut next,
                     in_flight,
                     iterations * per_iteration,
@@ -358,7 +468,7 @@ fn two_nodes(c: &mut Criterion) {
                 started.elapsed()
             })
         });
-        drop(to_gateway);
+        to_gateway.send(Wake::Stop).unwrap();
         gateway.join().unwrap();
     }
     grp.finish();

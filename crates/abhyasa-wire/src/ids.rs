@@ -131,9 +131,16 @@ pub enum NameError {
 macro_rules! bounded_name {
     ($(#[$meta:meta])* $name:ident, $what:literal, $limit:expr, $check:expr, $allowed:literal) => {
         $(#[$meta])*
-        #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-        #[serde(try_from = "String", into = "String")]
+        #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+        #[serde(try_from = "String")]
         pub struct $name(String);
+
+        // Written as the text it holds, without `into = "String"`'s copy of it.
+        impl Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(&self.0)
+            }
+        }
 
         impl $name {
             /// Largest length in bytes.

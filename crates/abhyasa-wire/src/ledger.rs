@@ -138,28 +138,81 @@ impl<'de> Deserialize<'de> for Digest {
 }
 
 /// A resource dimension: `[a-z0-9_]`, 1 to 32 characters (`cents`, `calls`, `tokens`).
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Serialize)]
-pub struct Dim(String);
+///
+/// Held inline (no allocation): every footprint and vector operation copies its dimensions,
+/// and a heap string per copy was a measurable share of a ledger cycle. Ordered, compared
+/// and hashed as its text.
+#[derive(Clone)]
+pub struct Dim {
+    len: u8,
+    bytes: [u8; Dim::MAX_LEN],
+}
 
 impl Dim {
+    /// Longest name, in bytes.
+    pub const MAX_LEN: usize = 32;
+
     /// Validates a dimension name.
     pub fn new(name: impl Into<String>) -> Result<Self, WireError> {
         let name = name.into();
         let ok = !name.is_empty()
-            && name.len() <= 32
+            && name.len() <= Self::MAX_LEN
             && name
                 .bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
-        if ok {
-            Ok(Self(name))
-        } else {
-            Err(WireError::Invalid("dimension name"))
+        if !ok {
+            return Err(WireError::Invalid("dimension name"));
         }
+        let mut bytes = [0; Self::MAX_LEN];
+        bytes[..name.len()].copy_from_slice(name.as_bytes());
+        Ok(Self {
+            len: name.len() as u8,
+            bytes,
+        })
     }
 
     /// The name.
     pub fn as_str(&self) -> &str {
-        &self.0
+        // ASCII by construction, so never the empty fallback.
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or_default()
+    }
+}
+
+impl PartialEq for Dim {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for Dim {}
+
+impl PartialOrd for Dim {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Dim {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_str().cmp(other.as_str())
+    }
+}
+
+impl std::hash::Hash for Dim {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.as_str().hash(h)
+    }
+}
+
+impl fmt::Debug for Dim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Dim").field(&self.as_str()).finish()
+    }
+}
+
+impl Serialize for Dim {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
     }
 }
 
@@ -171,7 +224,7 @@ impl<'de> Deserialize<'de> for Dim {
 
 impl fmt::Display for Dim {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(self.as_str())
     }
 }
 
@@ -536,6 +589,26 @@ impl Footprint {
                 None => r.clone(),
             };
             out.insert(d.clone(), merged);
+        }
+        Some(Footprint(out))
+    }
+
+    /// The union of many pairwise disjoint footprints in one merge per dimension (a sort of
+    /// all their ranges), where folding [`union`](Self::union) over them would copy the
+    /// growing result once per part; `None` when two share an atom.
+    pub fn union_all<'a>(parts: impl IntoIterator<Item = &'a Footprint>) -> Option<Footprint> {
+        let mut dims: BTreeMap<Dim, Vec<(u64, u64)>> = BTreeMap::new();
+        for part in parts {
+            for (d, r) in &part.0 {
+                dims.entry(d.clone()).or_default().extend_from_slice(&r.0);
+            }
+        }
+        let mut out = BTreeMap::new();
+        for (d, v) in dims {
+            let r = Ranges::from_ranges(v)?;
+            if !r.is_empty() {
+                out.insert(d, r);
+            }
         }
         Some(Footprint(out))
     }
@@ -1299,6 +1372,14 @@ mod tests {
         r.ranges().iter().flat_map(|&(s, e)| s..e).collect()
     }
 
+    fn dim() -> Dim {
+        Dim::new("cents").unwrap()
+    }
+
+    fn one_dim(r: &Ranges) -> Footprint {
+        Footprint::from_dims([(dim(), r.clone())]).unwrap()
+    }
+
     fn ranges() -> impl Strategy<Value = Ranges> {
         proptest::collection::vec((0u64..200, 1u64..20), 0..8).prop_map(|v| {
             let mut seen = BTreeSet::new();
@@ -1313,7 +1394,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn range_algebra_matches_a_set_of_atoms(a in ranges(), b in ranges(), n in 0u64..300) {
+        fn range_algebra_matches_a_set_of_atoms(a in ranges(), b in ranges(), c in ranges(), n in 0u64..300) {
             let (sa, sb) = (set(&a), set(&b));
             prop_assert_eq!(a.len(), sa.len() as u64);
             prop_assert_eq!(a.is_disjoint(&b), sa.is_disjoint(&sb));
@@ -1342,9 +1423,56 @@ mod tests {
             if !sb.is_subset(&sa) {
                 prop_assert!(a.subtract(&b).is_none());
             }
+            // Many at once: defined exactly when pairwise disjoint, the union of their atoms.
+            let (fa, fb) = (one_dim(&a), one_dim(&b));
+            let parts = [fa.clone(), fb.clone(), one_dim(&c)];
+            let sc = set(&c);
+            let disjoint = sa.is_disjoint(&sb) && sa.is_disjoint(&sc) && sb.is_disjoint(&sc);
+            match Footprint::union_all(&parts) {
+                Some(u) => {
+                    prop_assert!(disjoint);
+                    let all = u.dim(&dim()).cloned().unwrap_or_default();
+                    prop_assert_eq!(set(&all), &(&sa | &sb) | &sc);
+                    let r = all.ranges();
+                    prop_assert!(r.iter().all(|&(s, e)| s < e));
+                    prop_assert!(r.windows(2).all(|w| w[0].1 < w[1].0), "{:?}", all);
+                }
+                None => prop_assert!(!disjoint),
+            }
             // Canonical form survives the wire, and only it decodes.
             let back: Ranges = decode(&encode(&a)).unwrap();
             prop_assert_eq!(back, a);
+        }
+    }
+
+    proptest! {
+        /// A dimension held inline behaves as the text it holds: ordered, compared and
+        /// encoded as that string (so vectors keep their canonical order on the wire).
+        #[test]
+        fn a_dimension_is_its_text(a in "[a-z0-9_]{1,32}", b in "[a-z0-9_]{1,32}") {
+            let (da, db) = (Dim::new(a.clone()).unwrap(), Dim::new(b.clone()).unwrap());
+            prop_assert_eq!(da.as_str(), a.as_str());
+            prop_assert_eq!(da.cmp(&db), a.cmp(&b));
+            prop_assert_eq!(da == db, a == b);
+            prop_assert_eq!(encode(&da), encode(&a));
+            prop_assert_eq!(decode::<Dim>(&encode(&a)).unwrap(), da.clone());
+            prop_assert_eq!(format!("{da}"), a.clone());
+            prop_assert_eq!(format!("{da:?}"), format!("Dim({a:?})"));
+        }
+    }
+
+    #[test]
+    fn dimension_names_over_32_bytes_or_outside_the_alphabet_are_refused() {
+        assert!(Dim::new("a".repeat(32)).is_ok());
+        for bad in [
+            "a".repeat(33),
+            String::new(),
+            "Cents".into(),
+            "c-d".into(),
+            "é".into(),
+        ] {
+            assert!(Dim::new(bad.clone()).is_err(), "{bad:?}");
+            assert!(decode::<Dim>(&encode(&bad)).is_err(), "{bad:?}");
         }
     }
 

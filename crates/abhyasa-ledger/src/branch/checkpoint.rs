@@ -160,6 +160,55 @@ pub(crate) struct Snapshot {
     incoming: Vec<Step>,
 }
 
+/// [`Snapshot`] borrowed from the branch, for writing: it encodes exactly as the `Snapshot`
+/// it describes (same fields, names and order) without copying the state first — a
+/// checkpoint is as large as the state, and every operation ever ended is in it.
+#[derive(Serialize)]
+struct SnapshotRef<'a> {
+    agent: &'a AgentId,
+    folded_steps: u64,
+    credits: Vec<CreditRow>,
+    origins: Vec<(CreditId, &'a Step)>,
+    ops: Vec<OpRowRef<'a>>,
+    ended: Vec<&'a EndedOp>,
+    committed: Vec<(RootId, Atoms)>,
+    outgoing: Vec<OutRowRef<'a>>,
+    incoming: Vec<&'a Step>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "snake_case")]
+enum OpRowStateRef<'a> {
+    Reserved,
+    Quarantined,
+    Forfeited {
+        annotation: Option<&'a Signed<Receipt>>,
+    },
+}
+
+#[derive(Serialize)]
+struct OpRowRef<'a> {
+    permit: &'a Signed<Permit>,
+    effect: &'a Effect,
+    state: OpRowStateRef<'a>,
+    dispatched: bool,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "snake_case")]
+enum OutRowStateRef<'a> {
+    Sealed,
+    Accepted(&'a Signed<TransferDecision>),
+    Cancelled(&'a Signed<TransferDecision>),
+    Reclaimed(&'a Signed<SourceDecision>),
+}
+
+#[derive(Serialize)]
+struct OutRowRef<'a> {
+    cert: &'a Signed<TransferCert>,
+    state: OutRowStateRef<'a>,
+}
+
 /// What the history auditor reads from a checkpoint (everything it tracks per step).
 pub(crate) struct AuditSeed {
     /// Each credit's label, epoch, and whether it is fenced or closed.
@@ -225,8 +274,8 @@ impl Branch {
     pub fn checkpoint(&mut self) -> Result<u64, LedgerError> {
         self.fold()?;
         let folded = self.journal_len;
-        let snap = self.snapshot(self.folded_steps + folded);
-        let record = SignedRecord::sign(TAG, abhyasa_wire::encode(&snap), &self.me, &self.key);
+        let body = abhyasa_wire::encode(&self.snapshot(self.folded_steps + folded));
+        let record = SignedRecord::sign(TAG, body, &self.me, &self.key);
         self.folded_steps += folded;
         self.journal_len = 1;
         let token = crate::PersistToken(self.next_token);
@@ -270,19 +319,25 @@ impl Branch {
             })
             .map(|(k, _)| *k)
             .collect();
-        // All or nothing: the committed footprints are computed before anything moves.
-        let mut committed = self.committed.clone();
+        // All or nothing: the committed footprints are computed before anything moves. One
+        // merge per root: the committed atoms are in about as many pieces as operations ever
+        // settled, so joining each settlement in turn would be quadratic in the history.
+        let mut parts: BTreeMap<RootId, Vec<&Footprint>> = BTreeMap::new();
+        for (root, c) in &self.committed {
+            parts.entry(*root).or_default().push(c);
+        }
         for key in &done {
-            if let Some(OpState::Settled { charged, .. }) = self.ops.get(key).map(|o| &o.state) {
-                let root = self.ops[key].binding.root;
-                let joined = match committed.get(&root) {
-                    Some(c) => c
-                        .union(charged)
-                        .ok_or(LedgerError::WrongState("committed atoms owned twice"))?,
-                    None => charged.clone(),
-                };
-                committed.insert(root, joined);
+            if let Some(op) = self.ops.get(key) {
+                if let OpState::Settled { charged, .. } = &op.state {
+                    parts.entry(op.binding.root).or_default().push(charged);
+                }
             }
+        }
+        let mut committed = BTreeMap::new();
+        for (root, fps) in parts {
+            let joined = Footprint::union_all(fps)
+                .ok_or(LedgerError::WrongState("committed atoms owned twice"))?;
+            committed.insert(root, joined);
         }
         self.committed = committed;
         for key in done {
@@ -315,9 +370,9 @@ impl Branch {
         Ok(())
     }
 
-    fn snapshot(&self, folded_steps: u64) -> Snapshot {
-        Snapshot {
-            agent: self.me.clone(),
+    fn snapshot(&self, folded_steps: u64) -> SnapshotRef<'_> {
+        SnapshotRef {
+            agent: &self.me,
             folded_steps,
             credits: self
                 .credits
@@ -334,41 +389,50 @@ impl Branch {
                     successor: c.successor,
                 })
                 .collect(),
-            origins: self.origins.iter().map(|(k, s)| (*k, s.clone())).collect(),
+            origins: self.origins.iter().map(|(k, s)| (*k, s)).collect(),
             ops: self
                 .ops
                 .values()
-                .map(|o| OpRow {
-                    permit: o.permit.clone(),
-                    effect: o.effect.clone(),
+                .map(|o| OpRowRef {
+                    permit: &o.permit,
+                    effect: &o.effect,
                     state: match &o.state {
-                        OpState::Reserved => OpRowState::Reserved,
-                        OpState::Forfeited { annotation } => OpRowState::Forfeited {
-                            annotation: annotation.clone(),
+                        OpState::Reserved => OpRowStateRef::Reserved,
+                        OpState::Forfeited { annotation } => OpRowStateRef::Forfeited {
+                            annotation: annotation.as_ref(),
                         },
                         // Folded before a snapshot is taken: only open ones remain.
-                        _ => OpRowState::Quarantined,
+                        _ => OpRowStateRef::Quarantined,
                     },
                     dispatched: o.dispatched,
                 })
                 .collect(),
-            ended: self.ended.values().cloned().collect(),
+            ended: self.ended.values().collect(),
             committed: self.committed.iter().map(|(r, f)| (*r, atoms(f))).collect(),
             outgoing: self
                 .outgoing
                 .values()
-                .map(|o| OutRow {
-                    cert: o.cert.clone(),
+                .map(|o| OutRowRef {
+                    cert: &o.cert,
                     state: match &o.state {
-                        OutgoingState::Sealed => OutRowState::Sealed,
-                        OutgoingState::Accepted(d) => OutRowState::Accepted(d.clone()),
-                        OutgoingState::Cancelled(d) => OutRowState::Cancelled(d.clone()),
-                        OutgoingState::Reclaimed(d) => OutRowState::Reclaimed(d.clone()),
+                        OutgoingState::Sealed => OutRowStateRef::Sealed,
+                        OutgoingState::Accepted(d) => OutRowStateRef::Accepted(d),
+                        OutgoingState::Cancelled(d) => OutRowStateRef::Cancelled(d),
+                        OutgoingState::Reclaimed(d) => OutRowStateRef::Reclaimed(d),
                     },
                 })
                 .collect(),
-            incoming: self.incoming.values().cloned().collect(),
+            incoming: self.incoming.values().collect(),
         }
+    }
+
+    /// The state as a checkpoint of it would read back.
+    fn snapshot_read_back(&self, folded_steps: u64) -> Result<Snapshot, LedgerError> {
+        let body = abhyasa_wire::encode(&self.snapshot(folded_steps));
+        Ok(abhyasa_wire::decode_with_limit(
+            &body,
+            MAX_CHECKPOINT_BYTES,
+        )?)
     }
 
     /// Applies a checkpoint step. First in a journal: the branch becomes the checkpoint's
@@ -379,7 +443,7 @@ impl Branch {
         if self.journal_len > 0 || self.folded_steps > 0 {
             self.fold()?;
             let total = self.folded_steps + self.journal_len;
-            if self.snapshot(total) != snap {
+            if self.snapshot_read_back(total)? != snap {
                 return Err(LedgerError::WrongState(
                     "checkpoint does not match the journal before it",
                 ));
