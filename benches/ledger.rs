@@ -588,6 +588,49 @@ fn checker(c: &mut Criterion) {
     grp.finish();
 }
 
+/// One checkpoint when it falls due: a branch whose history holds `ended` ended operations
+/// folds the `ended / 6` settled since its last checkpoint (a cycle is three journal steps,
+/// and the default rule checkpoints once the journal holds half as many steps as the state
+/// has rows). Only the checkpoint is timed; the cycles before it run in memory.
+fn checkpoint_cost(c: &mut Criterion) {
+    let mut grp = c.benchmark_group("ledger_checkpoint");
+    grp.sample_size(10)
+        .sampling_mode(criterion::SamplingMode::Flat)
+        .warm_up_time(Duration::from_millis(100))
+        .measurement_time(Duration::from_secs(1));
+    for ended in [5_000u64, 20_000, 80_000] {
+        let (mut r, mut g) = setup_with(never_checkpoint());
+        let mut next = 0;
+        let mut cycles = |r: &mut Branch, n: u64| {
+            for _ in 0..n {
+                next += 1;
+                in_memory_cycle(r, &mut g, next);
+            }
+        };
+        cycles(&mut r, ended);
+        r.checkpoint().unwrap();
+        while let Some((t, _)) = r.poll_persist() {
+            r.handle_persisted(t);
+        }
+        grp.bench_function(format!("fold_{}_into_{ended}_ended", ended / 6), |b| {
+            b.iter_custom(|iterations| {
+                let mut timed = Duration::ZERO;
+                for _ in 0..iterations {
+                    cycles(&mut r, ended / 6);
+                    let started = Instant::now();
+                    r.checkpoint().unwrap();
+                    timed += started.elapsed();
+                    while let Some((t, _)) = r.poll_persist() {
+                        r.handle_persisted(t);
+                    }
+                }
+                timed
+            })
+        });
+    }
+    grp.finish();
+}
+
 fn never_checkpoint() -> BranchConfig {
     BranchConfig {
         checkpoint_steps: 0,
@@ -712,6 +755,7 @@ criterion_group!(
     two_nodes,
     signature_floor,
     checker,
+    checkpoint_cost,
     restart
 );
 criterion_main!(benches);
