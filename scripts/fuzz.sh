@@ -42,8 +42,12 @@ for t in "${targets[@]}"; do
   if ! "${fuzz[@]}" run -O "${features[@]}" "$t" "corpus/$t" "seeds/$t" -- \
       -max_total_time="$secs" -timeout=20 -rss_limit_mb=4096 -print_final_stats=1 \
       > "$log" 2>&1; then
+    # The whole log stays beside the input (the top of a stack trace is far above its end).
+    kept="artifacts/$t/run-$(date -u +%Y%m%dT%H%M%SZ).log"
+    cp "$log" "$kept"
     tail -n 60 "$log" >&2
-    for a in "artifacts/$t"/*; do
+    echo "the whole log: fuzz/$kept" >&2
+    for a in "artifacts/$t"/crash-* "artifacts/$t"/timeout-* "artifacts/$t"/oom-*; do
       [ -f "$a" ] && { echo "crashing input $a:" >&2; od -A x -t x1z "$a" | head -n 40 >&2; }
     done
     echo "$t,$secs,,,,,,1"

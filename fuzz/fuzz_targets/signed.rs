@@ -12,19 +12,23 @@
 
 use std::sync::OnceLock;
 
-use abhyasa_moq::{Ca, SignedKind, Signer, Verifier};
+use abhyasa_moq::{Identity, SignedKind, Signer, Verifier};
 use abhyasa_wire::AgentId;
 use libfuzzer_sys::fuzz_target;
 
+/// A fixed deployment (`fuzz/fixtures/signed`: a CA and the principal's certificate, made by
+/// `abhyasa certs`), so an input means the same envelope in every run and a crash found in
+/// one process replays in another — with a CA generated per process, an edit at a given
+/// offset met other key and certificate bytes each time.
 fn deployment() -> &'static (Signer, Verifier) {
     static D: OnceLock<(Signer, Verifier)> = OnceLock::new();
     D.get_or_init(|| {
-        let ca = Ca::generate("fuzz").expect("a CA");
-        let identity = ca
-            .issue(&AgentId::new("principal").expect("an agent id"))
-            .expect("a certificate");
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/signed");
+        let principal = AgentId::new("principal").expect("an agent id");
+        let identity = Identity::load(&dir, &principal).expect("the fixed identity");
         let signer = Signer::new(&identity).expect("an Ed25519 identity");
-        (signer, Verifier::new(ca.certificate().clone()))
+        let verifier = Verifier::new(identity.ca.clone());
+        (signer, verifier)
     })
 }
 
