@@ -299,6 +299,15 @@ fn gateway_node(
         let charge = Vector::of(&[("cents", 730), ("calls", 1)]).unwrap();
         let mut inbox = std::collections::VecDeque::new();
         let mut commits = std::collections::VecDeque::new();
+        let flush = |g: &mut Gateway, disk: &mut Disk, commits: &mut _| {
+            submit(
+                std::iter::from_fn(|| g.poll_persist()),
+                Op::Gateway,
+                disk,
+                commits,
+                &me,
+            )
+        };
         loop {
             let (durable, stop) = wake_up(&rx, false, &mut inbox);
             if stop {
@@ -317,7 +326,9 @@ fn gateway_node(
             if !replies.is_empty() && to_payer.send(Wake::Messages(replies)).is_err() {
                 return;
             }
-            // Every dispatch that has arrived, in groups of at most MAX_GROUP.
+            // Every dispatch that has arrived, in groups of at most MAX_GROUP, each group's
+            // acceptances in one commit (the first with the receipts of the effects run
+            // above); the receipts alone when no dispatch came.
             while !inbox.is_empty() {
                 let n = inbox.len().min(MAX_GROUP);
                 if together {
@@ -326,22 +337,9 @@ fn gateway_node(
                 for m in inbox.drain(..n) {
                     g.handle_message(&id("r"), m);
                 }
-                submit(
-                    std::iter::from_fn(|| g.poll_persist()),
-                    Op::Gateway,
-                    &mut disk,
-                    &mut commits,
-                    &me,
-                );
+                flush(&mut g, &mut disk, &mut commits);
             }
-            // The receipts of the effects run above.
-            submit(
-                std::iter::from_fn(|| g.poll_persist()),
-                Op::Gateway,
-                &mut disk,
-                &mut commits,
-                &me,
-            );
+            flush(&mut g, &mut disk, &mut commits);
         }
     });
     (wake, spawned.expect("a thread for the gateway node"))
