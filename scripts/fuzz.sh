@@ -10,6 +10,10 @@
 # and grows fuzz/corpus/<target> (not committed). A crash stops the script with the input in
 # hex; it becomes a regression test. Uses nightly when it is installed, otherwise the stable
 # toolchain with RUSTC_BOOTSTRAP=1 (cargo-fuzz needs nightly flags).
+#
+# FUZZ_TIMEOUT (seconds, default 20): an input that runs longer is a finding. libFuzzer
+# measures it in wall-clock time, so a long run that is paused (SIGSTOP, to keep a benchmark
+# quiet) needs a timeout longer than the pause, or the pause itself reads as a timeout.
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
 secs="${1:?seconds per target}"
@@ -40,7 +44,7 @@ for t in "${targets[@]}"; do
   mkdir -p "corpus/$t" "artifacts/$t"
   log="$(mktemp)"
   if ! "${fuzz[@]}" run -O "${features[@]}" "$t" "corpus/$t" "seeds/$t" -- \
-      -max_total_time="$secs" -timeout=20 -rss_limit_mb=4096 -print_final_stats=1 \
+      -max_total_time="$secs" -timeout="${FUZZ_TIMEOUT:-20}" -rss_limit_mb=4096 -print_final_stats=1 \
       > "$log" 2>&1; then
     # The whole log stays beside the input (the top of a stack trace is far above its end).
     kept="artifacts/$t/run-$(date -u +%Y%m%dT%H%M%SZ).log"

@@ -144,6 +144,16 @@ pub struct Operation {
     pub dispatched: bool,
     /// When it was last sent (for resends).
     pub sent_at: Option<UnixMillis>,
+    /// `binding.digest()`, computed once: receipts, proofs and the checkpoint's summary
+    /// name the binding by it.
+    binding_digest: Digest,
+}
+
+impl Operation {
+    /// The digest receipts and no-effect proofs must name (`Binding::digest`).
+    pub fn binding_digest(&self) -> Digest {
+        self.binding_digest
+    }
 }
 
 /// A transfer this branch sealed.
@@ -758,8 +768,11 @@ impl Branch {
             expires: (self.config.permit_ttl_ms > 0)
                 .then(|| UnixMillis(self.clock.0.saturating_add(self.config.permit_ttl_ms))),
         };
-        let permit = Signed::sign(&Permit { binding, footprint }, &self.me, &self.key);
-        self.commit(Step::Reserve { permit, effect }, Vec::new())
+        let body = Permit { binding, footprint };
+        let permit = Signed::sign(&body, &self.me, &self.key);
+        // The permit was built here from `effect`: apply need not decode it again, nor
+        // recompute the effect's digest it was built from.
+        self.commit_known(Step::Reserve { permit, effect }, Vec::new(), Some(body))
     }
 
     /// Reserved → Quarantined, durable before the permit goes to the gateway.
@@ -1613,7 +1626,18 @@ impl Branch {
         step: Step,
         msgs: Vec<(AgentId, LedgerMessage)>,
     ) -> Result<(), LedgerError> {
-        if !self.apply(&step)? {
+        self.commit_known(step, msgs, None)
+    }
+
+    /// [`commit`](Self::commit) of a reservation whose permit this branch has just built
+    /// from its effect (`known`: the permit's body, as signed).
+    fn commit_known(
+        &mut self,
+        step: Step,
+        msgs: Vec<(AgentId, LedgerMessage)>,
+        known: Option<Permit>,
+    ) -> Result<(), LedgerError> {
+        if !self.apply_known(&step, known)? {
             return Ok(()); // A replay: nothing to write.
         }
         self.journal_len += 1;
@@ -1650,6 +1674,12 @@ impl Branch {
 
     /// Applies one step. `Ok(false)`: it had already taken effect (a replay).
     fn apply(&mut self, step: &Step) -> Result<bool, LedgerError> {
+        self.apply_known(step, None)
+    }
+
+    /// [`apply`](Self::apply); `known`: a reservation's permit body, built by this branch
+    /// from the step's own effect (so neither is read back nor compared again).
+    fn apply_known(&mut self, step: &Step, known: Option<Permit>) -> Result<bool, LedgerError> {
         match step {
             Step::Grant { grant, credit } => {
                 let g = self.verified_grant(grant)?;
@@ -1884,7 +1914,11 @@ impl Branch {
                 }
             }
             Step::Reserve { permit, effect } => {
-                let p = permit.peek()?;
+                let built_here = known.is_some();
+                let p = match known {
+                    Some(p) => p,
+                    None => permit.peek()?,
+                };
                 if self.ended.contains_key(&p.binding.key) {
                     return Err(LedgerError::IdInUse("operation key"));
                 }
@@ -1902,7 +1936,9 @@ impl Branch {
                         "reservation other than the maximum charge",
                     ));
                 }
-                if effect.digest() != p.binding.effect || effect.max_charge != p.binding.max_charge
+                if !built_here
+                    && (effect.digest() != p.binding.effect
+                        || effect.max_charge != p.binding.max_charge)
                 {
                     return Err(LedgerError::Mismatch("permit for another effect"));
                 }
@@ -1927,6 +1963,7 @@ impl Branch {
                     p.binding.key,
                     Operation {
                         permit: permit.clone(),
+                        binding_digest: p.binding.digest(),
                         binding: p.binding,
                         effect: effect.clone(),
                         footprint: p.footprint,
@@ -1983,7 +2020,7 @@ impl Branch {
                         ))
                     }
                 }
-                if r.key != *key || r.binding != op.binding.digest() {
+                if r.key != *key || r.binding != op.binding_digest {
                     return Err(LedgerError::Mismatch("receipt for another binding"));
                 }
                 if !r.actual.le(&op.binding.max_charge) {
@@ -2019,7 +2056,7 @@ impl Branch {
                     }
                 }
                 if p.key != *key
-                    || p.binding != op.binding.digest()
+                    || p.binding != op.binding_digest
                     || p.gateway != op.binding.receiver
                     || p.fence <= op.binding.epoch
                 {

@@ -535,11 +535,38 @@ fn bad_evidence_is_rejected_and_changes_nothing() {
         &id("g"),
         LedgerMessage::NoEffect(Signed::sign(&unfenced, &id("g"), &sk(4))),
     );
+    // A receipt and a fenced proof from the right gateway, for the right key, naming another
+    // binding (the same one with another epoch: its digest, computed here from the binding).
+    let elsewhere = Binding {
+        epoch: binding.epoch + 1,
+        ..binding.clone()
+    }
+    .digest();
+    assert_ne!(elsewhere, binding.digest());
+    let misbound = Receipt {
+        binding: elsewhere,
+        ..forged.clone()
+    };
+    n.r.handle_message(
+        UnixMillis(1),
+        &id("g"),
+        LedgerMessage::Receipt(Signed::sign(&misbound, &id("g"), &sk(4))),
+    );
+    let misbound = NoEffect {
+        binding: elsewhere,
+        fence: binding.epoch + 1,
+        ..unfenced.clone()
+    };
+    n.r.handle_message(
+        UnixMillis(1),
+        &id("g"),
+        LedgerMessage::NoEffect(Signed::sign(&misbound, &id("g"), &sk(4))),
+    );
     assert_eq!(n.r.journal_len(), before);
     let rejected = std::iter::from_fn(|| n.r.poll_event())
         .filter(|e| matches!(e, LedgerEvent::Rejected(_)))
         .count();
-    assert_eq!(rejected, 4);
+    assert_eq!(rejected, 6);
     assert_eq!(n.r.operation(key(1)).unwrap().state, OpState::Quarantined);
     // A permit the gateway cannot match to the effect is refused, and runs nothing.
     let (_, m) = n.r.poll_transmit().unwrap();

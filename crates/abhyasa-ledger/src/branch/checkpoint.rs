@@ -357,7 +357,7 @@ impl Branch {
                 key,
                 EndedOp {
                     key,
-                    binding: op.binding.digest(),
+                    binding: op.binding_digest,
                     root: op.binding.root,
                     credit: op.binding.credit,
                     receiver: op.binding.receiver.clone(),
@@ -498,6 +498,7 @@ impl Branch {
             };
             let op = Operation {
                 permit: o.permit,
+                binding_digest: p.binding.digest(),
                 binding: p.binding,
                 effect: o.effect,
                 footprint: p.footprint,
