@@ -6,8 +6,10 @@
 #   scripts/fuzz.sh 600 --bindings          # also the MCP, A2A, config and signed-envelope targets
 #   scripts/fuzz.sh 3600 obligation ledger  # some targets for an hour each
 #
-# Each target reads fuzz/seeds/<target> (committed: the golden vectors and hand-made bodies)
-# and grows fuzz/corpus/<target> (not committed). A crash stops the script with the input in
+# Each target reads fuzz/seeds/<target> (committed: the golden vectors and hand-made bodies),
+# fuzz/kept/<target> when there is one (committed: a long run's corpus, minimized by
+# scripts/fuzz-keep.sh, so the next run starts from the coverage it reached) and grows
+# fuzz/corpus/<target> (not committed). A crash stops the script with the input in
 # hex; it becomes a regression test. Uses nightly when it is installed, otherwise the stable
 # toolchain with RUSTC_BOOTSTRAP=1 (cargo-fuzz needs nightly flags).
 #
@@ -42,8 +44,10 @@ fi
 echo "target,seconds,execs,execs_per_s,cov,ft,corpus,crashes"
 for t in "${targets[@]}"; do
   mkdir -p "corpus/$t" "artifacts/$t"
+  inputs=("seeds/$t")
+  [ -d "kept/$t" ] && inputs+=("kept/$t")
   log="$(mktemp)"
-  if ! "${fuzz[@]}" run -O "${features[@]}" "$t" "corpus/$t" "seeds/$t" -- \
+  if ! "${fuzz[@]}" run -O "${features[@]}" "$t" "corpus/$t" "${inputs[@]}" -- \
       -max_total_time="$secs" -timeout="${FUZZ_TIMEOUT:-20}" -rss_limit_mb=4096 -print_final_stats=1 \
       > "$log" 2>&1; then
     # The whole log stays beside the input (the top of a stack trace is far above its end).
