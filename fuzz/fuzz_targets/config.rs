@@ -1,11 +1,10 @@
 //! A node config (TOML), read and checked as `abhyasa node --config` does before it touches
 //! the disk or the network.
+//!
+//! The check itself is `abhyasa_fuzz::bindings::config`, which `tests/fuzz_corpora.rs` also runs
+//! over every committed seed and kept input.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| {
-    if let Ok(text) = std::str::from_utf8(data) {
-        let _ = abhyasa_cli::check_config_text(text);
-    }
-});
+fuzz_target!(|data: &[u8]| abhyasa_fuzz::bindings::config(data));

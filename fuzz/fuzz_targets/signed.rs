@@ -8,72 +8,11 @@
 //!   and by whom: no change to the bytes yields another payload, another signer, or the other
 //!   kind. Opened in a batch beside a good envelope (`Verifier::open_all`), it must get the
 //!   answer it gets alone, and the neighbour must still open.
+//!
+//! The check itself is `abhyasa_fuzz::bindings::signed`, which `tests/fuzz_corpora.rs` also runs
+//! over every committed seed and kept input.
 #![no_main]
 
-use std::sync::OnceLock;
-
-use abhyasa_moq::{Identity, SignedKind, Signer, Verifier};
-use abhyasa_wire::AgentId;
 use libfuzzer_sys::fuzz_target;
 
-/// A fixed deployment (`fuzz/fixtures/signed`: a CA and the principal's certificate, made by
-/// `abhyasa certs`), so an input means the same envelope in every run and a crash found in
-/// one process replays in another — with a CA generated per process, an edit at a given
-/// offset met other key and certificate bytes each time.
-fn deployment() -> &'static (Signer, Verifier) {
-    static D: OnceLock<(Signer, Verifier)> = OnceLock::new();
-    D.get_or_init(|| {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/signed");
-        let principal = AgentId::new("principal").expect("an agent id");
-        let identity = Identity::load(&dir, &principal).expect("the fixed identity");
-        let signer = Signer::new(&identity).expect("an Ed25519 identity");
-        let verifier = Verifier::new(identity.ca.clone());
-        (signer, verifier)
-    })
-}
-
-fuzz_target!(|data: &[u8]| {
-    let Some((&mode, rest)) = data.split_first() else {
-        return;
-    };
-    let (signer, verifier) = deployment();
-    let kind = if mode & 1 == 0 {
-        SignedKind::Obligation
-    } else {
-        SignedKind::Ack
-    };
-    if mode & 2 == 0 {
-        let _ = verifier.open(kind, rest);
-        return;
-    }
-    let Some((&len, rest)) = rest.split_first() else {
-        return;
-    };
-    let len = usize::from(len).min(rest.len());
-    let (payload, edits) = rest.split_at(len);
-    let mut envelope = signer.sign(kind, payload);
-    for edit in edits.chunks_exact(3) {
-        let at = usize::from(u16::from_le_bytes([edit[0], edit[1]])) % envelope.len();
-        envelope[at] ^= edit[2];
-    }
-    let other = if kind == SignedKind::Obligation {
-        SignedKind::Ack
-    } else {
-        SignedKind::Obligation
-    };
-    assert!(
-        verifier.open(other, &envelope).is_err(),
-        "an envelope opened as the other kind"
-    );
-    let alone = verifier.open(kind, &envelope);
-    if let Ok(opened) = &alone {
-        assert_eq!(opened.payload, payload, "an altered envelope opened to another payload");
-        assert_eq!(&opened.signer, signer.agent(), "an altered envelope named another signer");
-    }
-    // Verified in a batch beside an untouched envelope, it gets the answer it gets alone, and
-    // so does its neighbour (the batch equation and each alone agree under ZIP 215).
-    let good = signer.sign(kind, b"a neighbour");
-    let together = verifier.open_all([(kind, envelope.as_slice()), (kind, good.as_slice())]);
-    assert_eq!(together[0], alone, "a batch answered otherwise than the envelope alone");
-    assert!(together[1].is_ok(), "a good neighbour refused in a batch");
-});
+fuzz_target!(|data: &[u8]| abhyasa_fuzz::bindings::signed(data));
