@@ -115,3 +115,118 @@ fn config_corpus_replays() {
 fn signed_corpus_replays() {
     replay("signed", bindings::signed);
 }
+
+/// The `signed` check over fresh deployments: a new CA (ECDSA P-256, as `abhyasa certs` makes
+/// it) and principal per round, and inputs shaped like the one abort the target ever reported
+/// (a run whose deployment was generated per process, so the key, certificate and CA
+/// signature bytes its edits met differed from the committed fixture's): forged mode, a short
+/// payload, byte edits anywhere in the envelope. A search, not a regression test — ignored by
+/// default; `ABHYASA_SIGNED_ROUNDS` (default 20) deployments × `ABHYASA_SIGNED_INPUTS` (default
+/// 20,000) inputs each:
+///
+/// ```sh
+/// ABHYASA_SIGNED_ROUNDS=200 cargo test --test fuzz_corpora -- --ignored --nocapture
+/// ```
+///
+/// A failing input is written with its deployment (`ca.pem`, `ca.key`, the principal's
+/// certificate and key) into a directory the failure names, so it replays.
+#[test]
+#[ignore = "a long search over fresh deployments; run with --ignored (docs/FUZZING.md)"]
+fn the_signed_check_holds_over_fresh_deployments() {
+    use abhyasa_moq::{Ca, Signer, Verifier};
+    use rand::Rng as _;
+    let count = |name: &str, default: usize| -> usize {
+        std::env::var(name)
+            .ok()
+            .map(|v| {
+                v.parse()
+                    .unwrap_or_else(|_| panic!("{name}={v}: not a count"))
+            })
+            .unwrap_or(default)
+    };
+    let (rounds, per_round) = (
+        count("ABHYASA_SIGNED_ROUNDS", 20),
+        count("ABHYASA_SIGNED_INPUTS", 20_000),
+    );
+    let principal = abhyasa_wire::AgentId::new("principal").expect("an agent id");
+    let mut rng = rand::rng();
+    let (mut opened, mut total) = (0usize, 0usize);
+    for round in 0..rounds {
+        let ca = Ca::generate("fuzz").expect("a CA");
+        let identity = ca.issue(&principal).expect("the principal's identity");
+        let signer = Signer::new(&identity).expect("an Ed25519 identity");
+        let verifier = Verifier::new(ca.certificate().clone());
+        for _ in 0..per_round {
+            // Mode: forged (bit 1), either kind (bit 0), the other bits as the fuzzer leaves
+            // them. Then the payload's length and bytes, then (offset u16, xor u8) edits, one
+            // of three shapes: anywhere (few, or many: the reported input had 19); inside the
+            // signature (the envelope parses and its certificate verifies, so the signature
+            // is checked alone and in the batch with this deployment's key); or an edit and
+            // its undoing (the envelope opens, and payload, signer and the batch's answer are
+            // compared).
+            let mut data = vec![rng.random::<u8>() | 2];
+            let len: u8 = rng.random_range(0..=8);
+            data.push(len);
+            data.extend((0..len).map(|_| rng.random::<u8>()));
+            let edit = |data: &mut Vec<u8>, at: u16, xor: u8| {
+                data.extend(at.to_le_bytes());
+                data.push(xor);
+            };
+            match rng.random_range(0..3) {
+                0 => {
+                    let n = if rng.random_bool(0.5) {
+                        rng.random_range(1..=3)
+                    } else {
+                        rng.random_range(4..=24)
+                    };
+                    for _ in 0..n {
+                        edit(&mut data, rng.random(), rng.random_range(1..=255));
+                    }
+                }
+                1 => {
+                    // The signature is the envelope's last 64 bytes.
+                    let kind = if data[0] & 1 == 0 {
+                        abhyasa_moq::SignedKind::Obligation
+                    } else {
+                        abhyasa_moq::SignedKind::Ack
+                    };
+                    let size = signer.sign(kind, &data[2..]).len();
+                    for _ in 0..rng.random_range(1..=4) {
+                        let at = size - 1 - rng.random_range(0..64);
+                        edit(&mut data, at as u16, rng.random_range(1..=255));
+                    }
+                }
+                _ => {
+                    let (at, xor) = (rng.random(), rng.random_range(1..=255));
+                    edit(&mut data, at, xor);
+                    edit(&mut data, at, xor);
+                }
+            }
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                bindings::signed_in(&signer, &verifier, &data)
+            }));
+            total += 1;
+            match outcome {
+                // An edited envelope that opened: the check compared its payload, signer and
+                // batch answer (counted, so a run shows it reached that branch).
+                Ok(envelope_opened) => opened += usize::from(envelope_opened),
+                Err(_) => {
+                    let dir = tempfile::Builder::new()
+                        .prefix("signed-failure-")
+                        .tempdir()
+                        .expect("a directory for the failing case")
+                        .keep();
+                    ca.save(&dir).expect("the CA saved");
+                    identity.save(&dir).expect("the identity saved");
+                    std::fs::write(dir.join("input"), &data).expect("the input saved");
+                    panic!(
+                        "round {round}: the signed check failed on {data:02x?}; the input and \
+                         its deployment are in {}",
+                        dir.display()
+                    );
+                }
+            }
+        }
+    }
+    println!("{rounds} deployments, {total} inputs, {opened} edited envelopes opened, no failure");
+}

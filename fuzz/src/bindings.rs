@@ -81,10 +81,20 @@ fn deployment() -> &'static (Signer, Verifier) {
 ///   kind. Opened in a batch beside a good envelope (`Verifier::open_all`), it must get the
 ///   answer it gets alone, and the neighbour must still open.
 pub fn signed(data: &[u8]) {
-    let Some((&mode, rest)) = data.split_first() else {
-        return;
-    };
     let (signer, verifier) = deployment();
+    let _ = signed_in(signer, verifier, data);
+}
+
+/// [`signed`]'s check in the deployment of `signer` and `verifier` (the workspace's
+/// `tests/fuzz_corpora.rs` runs it over freshly generated deployments too: the one abort this
+/// target reported came from a run whose deployment was generated per process).
+///
+/// Returns whether an edited envelope opened (the branch where payload, signer and the
+/// batch's answer are compared).
+pub fn signed_in(signer: &Signer, verifier: &Verifier, data: &[u8]) -> bool {
+    let Some((&mode, rest)) = data.split_first() else {
+        return false;
+    };
     let kind = if mode & 1 == 0 {
         SignedKind::Obligation
     } else {
@@ -92,10 +102,10 @@ pub fn signed(data: &[u8]) {
     };
     if mode & 2 == 0 {
         let _ = verifier.open(kind, rest);
-        return;
+        return false;
     }
     let Some((&len, rest)) = rest.split_first() else {
-        return;
+        return false;
     };
     let len = usize::from(len).min(rest.len());
     let (payload, edits) = rest.split_at(len);
@@ -134,4 +144,5 @@ pub fn signed(data: &[u8]) {
         "a batch answered otherwise than the envelope alone"
     );
     assert!(together[1].is_ok(), "a good neighbour refused in a batch");
+    alone.is_ok()
 }
