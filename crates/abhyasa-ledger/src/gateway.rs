@@ -326,7 +326,16 @@ impl Gateway {
         &self.keys
     }
 
-    /// Handles a message from `from`.
+    /// Handles a message from `from` arriving at `now`: the clock moves to `now` first
+    /// (never back), so a permit is judged against the time it arrives — also by a gateway
+    /// that has not had a timeout yet, or whose timeouts are held up by steady traffic.
+    pub fn handle_message_at(&mut self, now: UnixMillis, from: &AgentId, msg: LedgerMessage) {
+        self.clock = self.clock.max(now);
+        self.handle_message(from, msg);
+    }
+
+    /// Handles a message from `from`, judged against the latest time this gateway has seen
+    /// ([`handle_timeout`](Self::handle_timeout), [`handle_message_at`](Self::handle_message_at)).
     pub fn handle_message(&mut self, from: &AgentId, msg: LedgerMessage) {
         match msg {
             LedgerMessage::Dispatch { permit, effect } => self.on_dispatch(from, permit, effect),

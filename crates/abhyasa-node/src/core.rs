@@ -87,11 +87,66 @@ pub(crate) enum Internal {
     Executed(AgentId, abhyasa_ledger::OpKey, abhyasa_ledger::Vector),
 }
 
-fn now() -> UnixMillis {
+fn wall_clock() -> UnixMillis {
     let d = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
     UnixMillis(d.as_millis() as u64)
+}
+
+/// The node's clock: Unix milliseconds read off tokio's monotonic clock from an anchor taken
+/// at start. Every timer of the node is a deadline on this clock, so a test on tokio's paused
+/// clock moves the node's time with its own, and a step of the wall clock backwards never
+/// moves a deadline. [`Clock::resync`] (with maintenance) moves the anchor forward when the
+/// wall clock has run ahead of it, never back.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Clock {
+    unix_ms: u64,
+    at: tokio::time::Instant,
+}
+
+impl Clock {
+    pub(crate) fn start() -> Self {
+        Self {
+            unix_ms: wall_clock().0,
+            at: tokio::time::Instant::now(),
+        }
+    }
+
+    pub(crate) fn now(&self) -> UnixMillis {
+        let elapsed = u64::try_from(self.at.elapsed().as_millis()).unwrap_or(u64::MAX);
+        UnixMillis(self.unix_ms.saturating_add(elapsed))
+    }
+
+    /// The instant at which this clock reads `t` (now, for a time already past).
+    pub(crate) fn instant(&self, t: UnixMillis) -> tokio::time::Instant {
+        let now = self.now();
+        tokio::time::Instant::now() + Duration::from_millis(t.0.saturating_sub(now.0))
+    }
+
+    /// Moves the anchor forward to the wall clock if that has run ahead; never back.
+    fn resync(&mut self) {
+        let (wall, now) = (wall_clock().0, self.now().0);
+        if wall > now {
+            self.unix_ms = self.unix_ms.saturating_add(wall - now);
+        }
+    }
+}
+
+/// The writer thread's answer: awaited in place, or — on a paused test clock — from the
+/// blocking pool, which holds the paused clock still while the writer works.
+async fn writer_answer<T: Send + 'static>(
+    paused_clock: bool,
+    rx: tokio::sync::oneshot::Receiver<T>,
+) -> Option<T> {
+    if paused_clock {
+        tokio::task::spawn_blocking(move || rx.blocking_recv().ok())
+            .await
+            .ok()
+            .flatten()
+    } else {
+        rx.await.ok()
+    }
 }
 
 fn is_blocked(blocked: &Blocked, peer: &AgentId) -> bool {
@@ -109,7 +164,8 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         ledger: b.ledger.as_ref().map(|l| l.keys.clone()),
     });
     let store = Store::open(&db_path, b.store.clone())?;
-    let t = now();
+    let clock = Clock::start();
+    let t = clock.now();
     let seed = t.0 ^ 0x9e37_79b9_7f4a_7c15;
     let custodian = store.recover_custodian(agent.clone(), b.custodian.clone(), seed, t)?;
     let receiver = store.recover_receiver(agent.clone(), b.receiver.clone())?;
@@ -340,6 +396,12 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         itx: itx.clone(),
         maintenance: b.maintenance,
         next_maintenance: tokio::time::Instant::now() + b.maintenance,
+        paused_clock: b.paused_clock,
+        ledger_tick: b
+            .ledger
+            .as_ref()
+            .map(|l| tokio::time::Instant::now() + Duration::from_millis(l.resend_ms.max(10))),
+        clock,
         rate: b.limits.requests_per_second_per_peer,
         buckets: HashMap::new(),
         slowed: std::collections::BTreeMap::new(),
@@ -350,6 +412,7 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
     };
     tokio::spawn(core.run(rx, irx));
     Ok(Node {
+        clock,
         agent,
         local_addr,
         tx,
@@ -660,6 +723,13 @@ struct Core {
     /// How often maintenance runs, and when next.
     maintenance: Duration,
     next_maintenance: tokio::time::Instant,
+    /// When the ledger's branch and gateway next get their timeout (their resends), if this
+    /// node holds a ledger part.
+    ledger_tick: Option<tokio::time::Instant>,
+    /// The clock every decision of this node reads.
+    clock: Clock,
+    /// Wait for the writer thread on the blocking pool ([`NodeBuilder::paused_clock`]).
+    paused_clock: bool,
     /// Objects (obligations, ledger messages) each peer may hand in per second (0: no
     /// limit), its bucket, and how many were dropped for it.
     rate: u32,
@@ -708,20 +778,11 @@ impl Core {
         irx: &mut mpsc::Receiver<Internal>,
     ) -> Option<tokio::sync::oneshot::Sender<()>> {
         loop {
-            let wake = [self.custodian.poll_timeout(), self.receiver.poll_timeout()]
-                .into_iter()
-                .flatten()
-                .min();
-            let mut sleep = wake.map(|w| Duration::from_millis(w.0.saturating_sub(now().0)));
-            if let Some(l) = &self.ledger_setup {
-                // The ledger resends on a period.
-                let period = Duration::from_millis(l.resend_ms.max(10));
-                sleep = Some(sleep.map_or(period, |s| s.min(period)));
-            }
-            let upkeep = self
-                .next_maintenance
-                .saturating_duration_since(tokio::time::Instant::now());
-            sleep = Some(sleep.map_or(upkeep, |s| s.min(upkeep)));
+            // One deadline, recomputed on every pass from what is due; whichever branch
+            // wakes the loop, the timers that are due fire below. (A sleep made anew on every
+            // pass and raced against steady traffic never completes: the timeouts must not
+            // depend on winning that race.)
+            let deadline = self.next_deadline();
             tokio::select! {
                 cmd = rx.recv() => match cmd {
                     Some(Command::Shutdown(done)) => {
@@ -767,15 +828,9 @@ impl Core {
                         }
                     }
                 }
-                _ = tokio::time::sleep(sleep.unwrap_or(Duration::from_secs(3600))) => {
-                    let t = now();
-                    self.custodian.handle_timeout(t);
-                    self.receiver.handle_timeout(t);
-                    if let Some(l) = &mut self.ledger {
-                        l.timeout(t);
-                    }
-                }
+                () = tokio::time::sleep_until(deadline) => {}
             }
+            self.fire_due_timers();
             if !self.flush().await {
                 self.stop().await;
                 return None;
@@ -787,13 +842,51 @@ impl Core {
         }
     }
 
+    /// The earliest of every timer: the custody machines' own deadlines, the ledger's next
+    /// resend tick and maintenance.
+    fn next_deadline(&self) -> tokio::time::Instant {
+        let custody = [self.custodian.poll_timeout(), self.receiver.poll_timeout()]
+            .into_iter()
+            .flatten()
+            .min()
+            .map(|w| self.clock.instant(w));
+        [custody, self.ledger_tick, Some(self.next_maintenance)]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(self.next_maintenance)
+    }
+
+    /// Fires every timer whose deadline has passed, at the clock's `now`: called on every
+    /// pass of the loop, not only when the sleep wins.
+    fn fire_due_timers(&mut self) {
+        let t = self.clock.now();
+        let custody_due = [self.custodian.poll_timeout(), self.receiver.poll_timeout()]
+            .into_iter()
+            .flatten()
+            .any(|w| w <= t);
+        if custody_due {
+            self.custodian.handle_timeout(t);
+            self.receiver.handle_timeout(t);
+        }
+        let instant = tokio::time::Instant::now();
+        if let (Some(tick), Some(l)) = (self.ledger_tick, &mut self.ledger) {
+            if instant >= tick {
+                l.timeout(t);
+                let period = self.ledger_setup.as_ref().map_or(500, |s| s.resend_ms);
+                self.ledger_tick = Some(instant + Duration::from_millis(period.max(10)));
+            }
+        }
+    }
+
     /// Maintenance, right after a flush (so every record handed out is on its way to the
     /// writer, ahead of the maintenance request): the custodian folds its principal state and
     /// the receiver forgets expired tokens in memory, and the store folds and prunes on disk at
     /// the same `now`. `false`: the store is gone.
     async fn maintain(&mut self) -> bool {
         self.next_maintenance = tokio::time::Instant::now() + self.maintenance;
-        let t = now();
+        self.clock.resync();
+        let t = self.clock.now();
         let folded = self.custodian.maintain(t) + self.receiver.maintain(t);
         let ticket = self.group.maintain(t);
         let outcome = tokio::task::spawn_blocking(move || ticket.wait())
@@ -859,7 +952,9 @@ impl Core {
                 let _ = tx.send(known);
             });
             match asked {
-                Ok(()) => rx.await.unwrap_or_default(),
+                Ok(()) => writer_answer(self.paused_clock, rx)
+                    .await
+                    .unwrap_or_default(),
                 Err(_) => Default::default(),
             }
         };
@@ -897,7 +992,7 @@ impl Core {
                         return;
                     }
                 }
-                match self.custodian.issue(now(), o) {
+                match self.custodian.issue(self.clock.now(), o) {
                     Ok(admission) => {
                         span.in_scope(|| info!(?admission, "issued"));
                         // Answered when its record is durable (the Accepted event, or the
@@ -981,7 +1076,7 @@ impl Core {
                 info!(%peer, "reached through another binding");
                 self.bindings.insert(peer.clone(), tx);
                 // As on a (re)subscription: what is pending for the peer goes now.
-                self.custodian.handle_peer_ready(now(), &peer);
+                self.custodian.handle_peer_ready(self.clock.now(), &peer);
             }
             Command::Profile(peer, profile) => match profile {
                 Some(p) => {
@@ -992,7 +1087,7 @@ impl Core {
                 }
             },
             Command::AcksIn(peer, acks) => {
-                let t = now();
+                let t = self.clock.now();
                 for ack in acks {
                     self.custodian.handle_ack(t, &peer, ack);
                 }
@@ -1010,7 +1105,7 @@ impl Core {
             Command::Ledger(cmd, reply) => {
                 let result = match &mut self.ledger {
                     None => Err(NodeError::NoLedger),
-                    Some(l) => l.command(now(), cmd).map_err(NodeError::Ledger),
+                    Some(l) => l.command(self.clock.now(), cmd).map_err(NodeError::Ledger),
                 };
                 match result {
                     // A status needs no commit.
@@ -1025,7 +1120,7 @@ impl Core {
                 let (tx, rx) = tokio::sync::oneshot::channel();
                 let r = match &mut self.ledger {
                     None => Err(NodeError::NoLedger),
-                    Some(l) => l.bound_dispatch(&from, *permit, effect, tx),
+                    Some(l) => l.bound_dispatch(self.clock.now(), &from, *permit, effect, tx),
                 };
                 let _ = reply.send(r.map(|()| rx));
             }
@@ -1033,7 +1128,9 @@ impl Core {
                 let (tx, rx) = tokio::sync::oneshot::channel();
                 let r = match &mut self.ledger {
                     None => Err(NodeError::NoLedger),
-                    Some(l) => l.carried_permit(now(), credit, effect, &gateway, key, tx),
+                    Some(l) => {
+                        l.carried_permit(self.clock.now(), credit, effect, &gateway, key, tx)
+                    }
                 };
                 let _ = reply.send(r.map(|()| rx));
             }
@@ -1046,7 +1143,7 @@ impl Core {
                 let _ = reply.send(r.map(|()| rx));
             }
             Command::Deliver(from, objects, reply) => {
-                let t = now();
+                let t = self.clock.now();
                 let ids = objects
                     .iter()
                     .map(|o| self.obligation_in(t, &from, o))
@@ -1119,7 +1216,7 @@ impl Core {
     }
 
     fn internal(&mut self, msg: Internal) {
-        let t = now();
+        let t = self.clock.now();
         match msg {
             Internal::Up(link) => {
                 let peer = link.peer().clone();
@@ -1225,10 +1322,12 @@ impl Core {
                 self.group.submit_then(ops, move |r| {
                     let _ = done.send(r);
                 });
-                let outcome = outcome.await.unwrap_or(Err(GroupError::Stopped));
+                let outcome = writer_answer(self.paused_clock, outcome)
+                    .await
+                    .unwrap_or(Err(GroupError::Stopped));
                 match outcome {
                     Ok(()) => {
-                        let t = now();
+                        let t = self.clock.now();
                         ct.into_iter()
                             .for_each(|k| self.custodian.handle_persisted(t, k));
                         rt.into_iter()
@@ -1263,14 +1362,17 @@ impl Core {
             }
             // Releasing (an escalation's timer, a re-offer, a message to itself) may hand out
             // more records.
-            let more = self.custodian.poll_timeout().is_some_and(|w| w <= now());
+            let more = self
+                .custodian
+                .poll_timeout()
+                .is_some_and(|w| w <= self.clock.now());
             if local {
                 continue;
             }
             if !more {
                 return true;
             }
-            let t = now();
+            let t = self.clock.now();
             self.custodian.handle_timeout(t);
         }
     }
@@ -1285,7 +1387,7 @@ impl Core {
             self.agent.clone(),
             self.custodian_config.clone(),
             self.receiver_config.clone(),
-            now(),
+            self.clock.now(),
         );
         let (a2, a3, setup) = (agent.clone(), agent.clone(), self.ledger_setup.clone());
         let key = self.signer.key().clone();
@@ -1338,7 +1440,7 @@ impl Core {
         let itx = self.itx.clone();
         let mut events = Vec::new();
         let more = l.release(
-            now(),
+            self.clock.now(),
             &self.sessions,
             |e, executor| {
                 let itx = itx.clone();

@@ -400,6 +400,7 @@ impl LedgerPart {
     /// the ledger track; what it answers at once is answered now, an acceptance once durable.
     pub(crate) fn bound_dispatch(
         &mut self,
+        now: UnixMillis,
         from: &AgentId,
         permit: Signed<Permit>,
         effect: Effect,
@@ -410,7 +411,7 @@ impl LedgerPart {
             .peek()
             .map(|p| p.binding.key)
             .unwrap_or(OpKey::from_u128(0));
-        g.handle_message(from, LedgerMessage::Dispatch { permit, effect });
+        g.handle_message_at(now, from, LedgerMessage::Dispatch { permit, effect });
         let mut answer = None;
         while let Some((to, m)) = g.poll_transmit() {
             if answer.is_none() && &to == from && reply_key(&m) == Some(key) {
@@ -475,7 +476,7 @@ impl LedgerPart {
             LedgerMessage::Dispatch { .. }
             | LedgerMessage::Query { .. }
             | LedgerMessage::Fence(_) => match &mut self.gateway {
-                Some(g) => g.handle_message(peer, m),
+                Some(g) => g.handle_message_at(now, peer, m),
                 None => debug!(%peer, "a gateway message, but this node is no gateway"),
             },
             m => self.branch.handle_message(now, peer, m),

@@ -32,6 +32,7 @@ use abhyasa_moq::{Identity, TransportSettings};
 use abhyasa_store::{GroupConfig, StoreConfig};
 use abhyasa_wire::{
     AgentId, CustodyAck, Escalation, Obligation, ObligationId, ReconciliationNote, TerminalRecord,
+    UnixMillis,
 };
 use tokio::sync::{broadcast, mpsc, oneshot};
 
@@ -366,9 +367,21 @@ pub struct NodeBuilder {
     ledger: Option<ledger::LedgerSetup>,
     maintenance: Duration,
     limits: Limits,
+    paused_clock: bool,
 }
 
 impl NodeBuilder {
+    /// For tests of an embedding application on tokio's paused clock
+    /// (`#[tokio::test(start_paused = true)]`): the node then waits for its store's commits
+    /// and reads on the blocking pool, which holds the paused clock still while they run.
+    /// (Otherwise the runtime looks idle while the writer thread commits, and the paused clock
+    /// jumps ahead to the next timer, again and again, for as long as the commit takes.) Costs
+    /// a thread hand-off per commit; off by default.
+    pub fn paused_clock(mut self, on: bool) -> Self {
+        self.paused_clock = on;
+        self
+    }
+
     /// Limits at the boundary with peers (default [`Limits::default`]).
     pub fn limits(mut self, limits: Limits) -> Self {
         self.limits = limits;
@@ -493,6 +506,7 @@ impl NodeBuilder {
 /// [`Node::shutdown`] or when the last clone is dropped.
 #[derive(Clone)]
 pub struct Node {
+    clock: core::Clock,
     agent: AgentId,
     local_addr: SocketAddr,
     tx: mpsc::Sender<Command>,
@@ -503,6 +517,15 @@ pub struct Node {
 }
 
 impl Node {
+    /// The node's clock, in Unix milliseconds: what its deadlines, retries, lease and permit
+    /// expiries are measured against. It reads tokio's clock (monotonic, paused in a test on
+    /// a paused runtime) from an anchor taken at start, resynchronised forward to the wall
+    /// clock at each maintenance. Obligations an embedder builds take their `created_at` from
+    /// here.
+    pub fn now(&self) -> UnixMillis {
+        self.clock.now()
+    }
+
     /// The retry budget under which an obligation living `span_ms` normally ends by its
     /// deadline with this node's backoff ([`CustodianConfig::default_retries`]).
     pub fn default_retries(&self, span_ms: u64) -> u32 {
@@ -526,6 +549,7 @@ impl Node {
             impairment: None,
             ledger: None,
             maintenance: Duration::from_secs(60),
+            paused_clock: false,
             limits: Limits::default(),
         }
     }
