@@ -429,3 +429,58 @@ async fn the_callers_node_reserves_carries_the_permit_and_settles_from_the_recei
         4
     );
 }
+
+/// A branch for `who` whose clock reads `at`: its permits expire `ttl_ms` after that.
+fn branch_at(who: &str, at: UnixMillis, ttl_ms: u64) -> Branch {
+    let config = BranchConfig {
+        permit_ttl_ms: ttl_ms,
+        ..BranchConfig::default()
+    };
+    let mut b = Branch::new(id(who), key(who), keyring(), config);
+    b.advance_clock(at);
+    let grant = RootGrant {
+        root: RootId::from_u128(7),
+        issuer: id("issuer"),
+        holder: id(who),
+        budget: cents(100),
+        label: Label::of(&["travel"]).unwrap(),
+        issued_at: UnixMillis(0),
+    };
+    b.grant(Signed::sign(&grant, &grant.issuer, &key("issuer")), CREDIT)
+        .unwrap();
+    settle_persists(&mut b);
+    b
+}
+
+/// Reproduced from outside: a freshly started server ran a priced tool under a permit that
+/// had expired an hour before, and kept running tools under expired permits while calls came
+/// at least every half second (its gateway's clock moved only on a timer that steady
+/// traffic starved). Both are refused now, naming the expiry.
+#[tokio::test]
+async fn an_expired_permit_runs_nothing_on_a_fresh_server_or_under_steady_calls() {
+    let f = fixture().await;
+    let an_hour_ago = UnixMillis(wall_clock().0 - 3_600_000);
+    let mut old = branch_at("principal", an_hour_ago, 60_000);
+    let stale = permit(&mut old, &args("LHR"), 1);
+    let r = f
+        .call(call(&args("LHR"), Some(permit_to_meta(&stale))))
+        .await;
+    assert_eq!(r.is_error, Some(true), "{}", text(&r));
+    assert!(text(&r).contains("expired"), "{}", text(&r));
+    assert_eq!(f.runs.load(Ordering::SeqCst), 0);
+
+    // A permit valid for 1.5 s, presented after 2 s during which calls arrive every 0.4 s.
+    let mut b = branch_at("principal", wall_clock(), 1_500);
+    let short = permit(&mut b, &args("CDG"), 2);
+    for _ in 0..5 {
+        let r = f.call(call(&args("NRT"), None)).await;
+        assert_eq!(r.is_error, Some(true), "no permit: refused");
+        tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    }
+    let r = f
+        .call(call(&args("CDG"), Some(permit_to_meta(&short))))
+        .await;
+    assert_eq!(r.is_error, Some(true), "{}", text(&r));
+    assert!(text(&r).contains("expired"), "{}", text(&r));
+    assert_eq!(f.runs.load(Ordering::SeqCst), 0, "nothing ran");
+}
