@@ -11,11 +11,11 @@ use sha2::{Digest, Sha256};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
-/// An obligation in the reference's JSON.
+/// An obligation in the reference's JSON. Fields it does not know are ignored (the reference
+/// ignores extras, and adds fields over time); [`unknown_fields`] names them for a log.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct JsonObligation {
-    /// The idempotency key (any string; a UUID or 32 hex digits maps to the same 16 bytes).
+    /// The idempotency key: any string, each spelling its own id ([`obligation_id`]).
     pub obligation_id: String,
     /// The kind's wire name.
     pub kind: String,
@@ -34,9 +34,8 @@ pub struct JsonObligation {
     pub sequence: Option<u64>,
 }
 
-/// A CustodyAck in the reference's JSON (`reason` is ours, on `declined`).
+/// A CustodyAck in the reference's JSON (`reason` and `detail` are ours, on `declined`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct JsonAck {
     /// The obligation answered, as the issuer spelled it.
     pub obligation_id: String,
@@ -49,6 +48,50 @@ pub struct JsonAck {
     /// Why, on `declined`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The reason in words, for a person (e.g. "not addressed to this agent: …").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// The fields of [`JsonObligation`].
+const OBLIGATION_FIELDS: [&str; 8] = [
+    "obligation_id",
+    "kind",
+    "target",
+    "payload",
+    "deadline_seconds",
+    "max_retries",
+    "created_at",
+    "sequence",
+];
+
+/// The fields of an obligation JSON object (top level, and `payload.` for its kind's payload)
+/// that this binding does not know: they are ignored, and worth a log line. Not an object:
+/// none.
+pub fn unknown_fields(bytes: &[u8]) -> Vec<String> {
+    let Ok(serde_json::Value::Object(top)) = serde_json::from_slice::<serde_json::Value>(bytes)
+    else {
+        return Vec::new();
+    };
+    let mut out: Vec<String> = top
+        .keys()
+        .filter(|k| !OBLIGATION_FIELDS.contains(&k.as_str()))
+        .cloned()
+        .collect();
+    let payload_fields: &[&str] = match top.get("kind").and_then(|k| k.as_str()) {
+        Some("anumati.consent") => &["decision", "scope"],
+        Some("phala.belief_update") => &["weight_delta", "weight_key", "ttl_seconds"],
+        Some("oauth.token") => &["action", "token_id", "client_id", "expires_at"],
+        _ => return out,
+    };
+    if let Some(serde_json::Value::Object(p)) = top.get("payload") {
+        out.extend(
+            p.keys()
+                .filter(|k| !payload_fields.contains(&k.as_str()))
+                .map(|k| format!("payload.{k}")),
+        );
+    }
+    out
 }
 
 /// Why a JSON object was refused.
@@ -80,32 +123,85 @@ fn field(field: &'static str, detail: impl ToString) -> JsonError {
     }
 }
 
-/// The 16-byte id of a string id: a UUID (with or without dashes) is its own 16 bytes; any
-/// other string maps through SHA-256, so the same string is always the same id.
+/// The 16-byte id of a string id, one-to-one on spellings: a UUID in its canonical form
+/// (lowercase, dashed: [`id_string`] of an id) is its own 16 bytes; every other string —
+/// another letter case, the same digits without dashes, any name — maps through SHA-256 of
+/// the string as spelled. Two spellings are two ids, as the reference implementation treats
+/// them: mapping them to one would ack a second obligation `applied` on the strength of the
+/// first. (The hash's 128 bits make a collision between any two spellings as unlikely as a
+/// collision of random ids.)
 pub fn obligation_id(s: &str) -> Result<ObligationId, JsonError> {
     if s.is_empty() || s.len() > 256 {
-        return Err(field("obligation_id", "must be 1..=256 bytes"));
+        return Err(field(
+            "obligation_id",
+            format!("must be 1 to 256 bytes, got {}", s.len()),
+        ));
     }
-    let hex_digits: String = s.chars().filter(|c| *c != '-').collect();
-    let uuid_shape = hex_digits.len() == 32
-        && (s.len() == 32
-            || (s.len() == 36 && [8, 13, 18, 23].iter().all(|&i| s.as_bytes()[i] == b'-')));
-    if uuid_shape {
-        if let Ok(bytes) = hex::decode(&hex_digits) {
-            let mut b = [0u8; 16];
-            b.copy_from_slice(&bytes);
-            return Ok(ObligationId::from_bytes(b));
-        }
+    if let Some(bytes) = canonical_uuid(s) {
+        return Ok(ObligationId::from_bytes(bytes));
     }
-    let d = Sha256::digest(s.as_bytes());
+    let d = Sha256::new()
+        .chain_update(b"abhyasa/v1/a2a-obligation-id\0")
+        .chain_update(s.as_bytes())
+        .finalize();
     let mut b = [0u8; 16];
     b.copy_from_slice(&d[..16]);
     Ok(ObligationId::from_bytes(b))
 }
 
+/// The bytes of `s` if it is a UUID in canonical form: 36 bytes, lowercase hex digits, dashes
+/// at 8, 13, 18 and 23.
+fn canonical_uuid(s: &str) -> Option<[u8; 16]> {
+    let b = s.as_bytes();
+    if b.len() != 36 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    let mut digits = b
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| ![8, 13, 18, 23].contains(i));
+    for byte in &mut out {
+        let (_, hi) = digits.next()?;
+        let (_, lo) = digits.next()?;
+        *byte = (lower_hex(*hi)? << 4) | lower_hex(*lo)?;
+    }
+    [8, 13, 18, 23].iter().all(|&i| b[i] == b'-').then_some(out)
+}
+
+fn lower_hex(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    }
+}
+
+/// The canonical spelling of `id`: a lowercase dashed UUID, which [`obligation_id`] maps
+/// back to `id`.
+pub fn id_string(id: ObligationId) -> String {
+    let h = format!("{:032x}", id.to_u128());
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
+}
+
 /// ISO 8601 (RFC 3339) to milliseconds since the epoch.
 pub fn parse_time(what: &'static str, s: &str) -> Result<UnixMillis, JsonError> {
-    let t = OffsetDateTime::parse(s, &Rfc3339).map_err(|e| field(what, e))?;
+    let t = OffsetDateTime::parse(s, &Rfc3339).map_err(|e| {
+        field(
+            what,
+            format!(
+                "{s:?} is not an RFC 3339 time with an offset, e.g. 2026-11-30T12:00:00Z or \
+                 2026-11-30T13:00:00+01:00 ({e})"
+            ),
+        )
+    })?;
     let ms = t.unix_timestamp_nanos() / 1_000_000;
     u64::try_from(ms)
         .map(UnixMillis)
@@ -121,7 +217,6 @@ pub fn format_time(t: UnixMillis) -> String {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct JsonConsent {
     #[serde(default)]
     decision: Option<String>,
@@ -129,7 +224,6 @@ struct JsonConsent {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct JsonBelief {
     weight_delta: f64,
     weight_key: String,
@@ -139,7 +233,6 @@ struct JsonBelief {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct JsonToken {
     action: String,
     token_id: String,
@@ -172,8 +265,23 @@ impl JsonObligation {
                 .checked_add(span)
                 .ok_or_else(|| field("deadline_seconds", "too large"))?,
         );
-        let kind = Kind::from_name(&self.kind)
-            .ok_or_else(|| field("kind", format!("unknown kind {:?}", self.kind)))?;
+        let kind = Kind::from_name(&self.kind).ok_or_else(|| {
+            let known: Vec<&str> = Kind::ALL.iter().map(|k| k.as_str()).collect();
+            field(
+                "kind",
+                format!("unknown kind {:?}; known: {}", self.kind, known.join(", ")),
+            )
+        })?;
+        if self.max_retries > abhyasa_wire::MAX_RETRIES_LIMIT {
+            return Err(field(
+                "max_retries",
+                format!(
+                    "{} is over the limit of {}",
+                    self.max_retries,
+                    abhyasa_wire::MAX_RETRIES_LIMIT
+                ),
+            ));
+        }
         let payload = match kind {
             Kind::AnumatiConsent => {
                 let p: JsonConsent = payload_of(&self.payload)?;
@@ -241,6 +349,67 @@ impl JsonObligation {
     }
 }
 
+impl JsonObligation {
+    /// The JSON of a wire obligation, its id spelled canonically ([`id_string`]); `None` when
+    /// the JSON cannot say it exactly (a lifetime or a `ttl_ms` that is not whole seconds).
+    /// [`to_wire`](Self::to_wire) with the same issuer gives `o` back.
+    pub fn of(o: &Obligation) -> Option<Self> {
+        let span = o.deadline.0.checked_sub(o.created_at.0)?;
+        if span % 1_000 != 0 {
+            return None;
+        }
+        let payload = match &o.payload {
+            Payload::AnumatiConsent(p) => {
+                let mut m = serde_json::Map::new();
+                if let Some(d) = &p.decision {
+                    let word = match d {
+                        ConsentDecision::Grant => "grant",
+                        ConsentDecision::Revoke => "revoke",
+                        ConsentDecision::Unrecognized(w) => w.as_str(),
+                    };
+                    m.insert("decision".into(), word.into());
+                }
+                m.insert("scope".into(), p.scope.as_str().into());
+                serde_json::Value::Object(m)
+            }
+            Payload::PhalaBeliefUpdate(p) => {
+                if p.ttl_ms % 1_000 != 0 {
+                    return None;
+                }
+                serde_json::json!({
+                    "weight_delta": f64::from(p.weight_delta.0) / f64::from(WeightDelta::ONE),
+                    "weight_key": p.weight_key.as_str(),
+                    "ttl_seconds": p.ttl_ms / 1_000,
+                })
+            }
+            Payload::OauthToken(p) => {
+                let mut m = serde_json::Map::new();
+                let action = match p.action {
+                    TokenAction::Revoke => "revoke",
+                    TokenAction::Issue => "issue",
+                };
+                m.insert("action".into(), action.into());
+                m.insert("token_id".into(), p.token_id.as_str().into());
+                m.insert("client_id".into(), p.client_id.as_str().into());
+                if let Some(t) = p.expires_at {
+                    m.insert("expires_at".into(), format_time(t).into());
+                }
+                serde_json::Value::Object(m)
+            }
+        };
+        Some(Self {
+            obligation_id: id_string(o.id),
+            kind: o.kind().as_str().to_owned(),
+            target: o.target.as_str().to_owned(),
+            payload,
+            deadline_seconds: span / 1_000,
+            max_retries: o.max_retries,
+            created_at: format_time(o.created_at),
+            sequence: o.sequence,
+        })
+    }
+}
+
 impl JsonAck {
     /// The JSON of `ack`, answering the obligation the issuer called `obligation_id`.
     pub fn of(ack: &CustodyAck, obligation_id: &str) -> Self {
@@ -255,6 +424,7 @@ impl JsonAck {
             status: status.into(),
             acked_at: format_time(ack.acked_at),
             reason,
+            detail: None,
         }
     }
 
@@ -268,6 +438,7 @@ impl JsonAck {
                 Some("superseded") => DeclineReason::Superseded,
                 Some("malformed") => DeclineReason::Malformed,
                 Some("unknown_kind") => DeclineReason::UnknownKind,
+                Some("id_conflict") => DeclineReason::IdConflict,
                 // The reference sends no reason: a refusal.
                 _ => DeclineReason::Refused,
             }),
@@ -447,5 +618,218 @@ mod tests {
         assert_eq!(j.reason.as_deref(), Some("superseded"));
         assert_eq!(j.acked_at, "2025-11-30T12:00:00.123Z");
         assert_eq!(j.to_wire().unwrap(), ack);
+    }
+
+    /// Reproduced from outside: the dashed UUID, its 32 hex digits and its upper case were
+    /// one id. Each spelling is its own id; only the canonical spelling is the UUID's bytes.
+    #[test]
+    fn each_spelling_of_a_uuid_is_its_own_id() {
+        let spellings = [
+            "0f8fad5b-d9cb-469f-a165-70867728950e",
+            "0f8fad5bd9cb469fa16570867728950e",
+            "0F8FAD5B-D9CB-469F-A165-70867728950E",
+            "0F8FAD5BD9CB469FA16570867728950E",
+            "0f8fad5b-d9cb-469f-a165-70867728950E",
+            "{0f8fad5b-d9cb-469f-a165-70867728950e}",
+        ];
+        let ids: std::collections::BTreeSet<ObligationId> = spellings
+            .iter()
+            .map(|s| obligation_id(s).unwrap())
+            .collect();
+        assert_eq!(ids.len(), spellings.len(), "one id per spelling");
+        assert_eq!(
+            obligation_id(spellings[0]).unwrap(),
+            ObligationId::from_u128(0x0f8fad5b_d9cb_469f_a165_70867728950e)
+        );
+        assert_eq!(
+            id_string(ObligationId::from_u128(
+                0x0f8fad5b_d9cb_469f_a165_70867728950e
+            )),
+            spellings[0]
+        );
+    }
+
+    #[test]
+    fn unknown_fields_are_ignored_and_named_and_bad_values_still_refused() {
+        let issuer = AgentId::new("principal").unwrap();
+        let mut v = serde_json::to_value(consent()).unwrap();
+        v["trace_id"] = "t-1".into();
+        v["payload"]["reason"] = "user asked".into();
+        let bytes = serde_json::to_vec(&v).unwrap();
+        let j: JsonObligation = from_json("obligation", &bytes).unwrap();
+        assert_eq!(
+            j.to_wire(&issuer).unwrap(),
+            consent().to_wire(&issuer).unwrap()
+        );
+        assert_eq!(unknown_fields(&bytes), vec!["trace_id", "payload.reason"]);
+        // Known fields with bad values are refused, naming what to fix.
+        let mut o = consent();
+        o.max_retries = 5_000;
+        match o.to_wire(&issuer) {
+            Err(JsonError::Field { field, detail }) => {
+                assert_eq!(field, "max_retries");
+                assert!(detail.contains("limit of 1000"), "{detail}");
+            }
+            r => panic!("{r:?}"),
+        }
+        let mut o = consent();
+        o.created_at = "2026-11-30T12:00:00".into();
+        match o.to_wire(&issuer) {
+            Err(JsonError::Field { field, detail }) => {
+                assert_eq!(field, "created_at");
+                assert!(detail.contains("RFC 3339 time with an offset"), "{detail}");
+            }
+            r => panic!("{r:?}"),
+        }
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Spelling `n`: dashed or not; lower, upper or mixed case.
+        fn spell(n: u128, dashed: bool, case: u8) -> String {
+            let s = if dashed {
+                id_string(ObligationId::from_u128(n))
+            } else {
+                format!("{n:032x}")
+            };
+            match case {
+                0 => s,
+                1 => s.to_uppercase(),
+                _ => s
+                    .chars()
+                    .enumerate()
+                    .map(|(i, c)| {
+                        if i % 2 == 0 {
+                            c.to_ascii_uppercase()
+                        } else {
+                            c
+                        }
+                    })
+                    .collect(),
+            }
+        }
+
+        fn spelling() -> impl Strategy<Value = String> {
+            (any::<u128>(), any::<bool>(), 0u8..3).prop_map(|(n, d, c)| spell(n, d, c))
+        }
+
+        fn id_strategy() -> impl Strategy<Value = String> {
+            prop_oneof![spelling(), "[ -~]{1,40}", "\\PC{1,20}"]
+        }
+
+        fn wire_obligation() -> impl Strategy<Value = Obligation> {
+            let payload = prop_oneof![
+                (
+                    prop_oneof![
+                        Just(None),
+                        Just(Some(ConsentDecision::Grant)),
+                        Just(Some(ConsentDecision::Revoke)),
+                        "[a-z]{3,8}"
+                            .prop_filter("not a known word", |w| w != "grant" && w != "revoke")
+                            .prop_map(|w| Some(ConsentDecision::Unrecognized(w))),
+                    ],
+                    "[a-z][a-z.]{0,20}"
+                )
+                    .prop_map(|(decision, scope)| Payload::AnumatiConsent(
+                        ConsentPayload {
+                            decision,
+                            scope: Scope::new(scope).unwrap(),
+                        }
+                    )),
+                (
+                    -1_000_000i32..=1_000_000,
+                    "[a-z][a-z/]{0,20}",
+                    1u64..100_000
+                )
+                    .prop_map(|(d, key, ttl)| Payload::PhalaBeliefUpdate(
+                        abhyasa_wire::BeliefUpdatePayload {
+                            weight_key: WeightKey::new(key).unwrap(),
+                            weight_delta: WeightDelta(d),
+                            ttl_ms: ttl * 1_000,
+                        }
+                    )),
+                (
+                    any::<bool>(),
+                    "[a-z0-9-]{1,20}",
+                    "[a-z]{1,10}",
+                    prop::option::of(0u64..4_000_000_000_000)
+                )
+                    .prop_map(|(revoke, token, client, expires)| {
+                        Payload::OauthToken(TokenPayload {
+                            action: if revoke {
+                                TokenAction::Revoke
+                            } else {
+                                TokenAction::Issue
+                            },
+                            token_id: TokenId::new(token).unwrap(),
+                            client_id: ClientId::new(client).unwrap(),
+                            expires_at: expires.map(UnixMillis),
+                        })
+                    }),
+            ];
+            (
+                any::<u128>(),
+                0u64..4_000_000_000_000,
+                1u64..1_000_000,
+                0u32..=1_000,
+                prop::option::of(any::<u64>()),
+                payload,
+            )
+                .prop_map(|(id, created, span, retries, sequence, payload)| {
+                    Obligation {
+                        id: ObligationId::from_u128(id),
+                        issuer: AgentId::new("principal").unwrap(),
+                        target: AgentId::new("agent-1").unwrap(),
+                        created_at: UnixMillis(created),
+                        deadline: UnixMillis(created + span * 1_000),
+                        max_retries: retries,
+                        sequence,
+                        payload,
+                    }
+                })
+        }
+
+        proptest! {
+            /// The mapping is injective on spellings: two different strings are two ids.
+            #[test]
+            fn the_id_mapping_is_injective(a in id_strategy(), b in id_strategy()) {
+                prop_assume!(a != b && !a.is_empty() && !b.is_empty());
+                prop_assume!(a.len() <= 256 && b.len() <= 256);
+                prop_assert_ne!(obligation_id(&a).unwrap(), obligation_id(&b).unwrap());
+            }
+
+            /// Two spellings of one value are two ids (the bug: they were one).
+            #[test]
+            fn two_spellings_of_one_value_are_two_ids(
+                n in any::<u128>(),
+                a in (any::<bool>(), 0u8..3),
+                b in (any::<bool>(), 0u8..3),
+            ) {
+                let (a, b) = (spell(n, a.0, a.1), spell(n, b.0, b.1));
+                prop_assume!(a != b);
+                prop_assert_ne!(obligation_id(&a).unwrap(), obligation_id(&b).unwrap());
+            }
+
+            /// Every id has a spelling that maps back to it.
+            #[test]
+            fn the_canonical_spelling_maps_back(n in any::<u128>()) {
+                let id = ObligationId::from_u128(n);
+                prop_assert_eq!(obligation_id(&id_string(id)).unwrap(), id);
+            }
+
+            /// wire → JSON → wire is the identity, and so JSON → wire → JSON on what the
+            /// JSON can say.
+            #[test]
+            fn json_and_wire_round_trip(o in wire_obligation()) {
+                let j = JsonObligation::of(&o).expect("whole seconds");
+                let back = j.to_wire(&o.issuer).unwrap();
+                prop_assert_eq!(&back, &o);
+                let text = serde_json::to_vec(&j).unwrap();
+                let again: JsonObligation = from_json("obligation", &text).unwrap();
+                prop_assert_eq!(JsonObligation::of(&again.to_wire(&o.issuer).unwrap()), Some(j));
+            }
+        }
     }
 }

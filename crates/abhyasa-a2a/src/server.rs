@@ -17,10 +17,10 @@ use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::card::{AgentCard, ACK_PATH, CARD_PATH};
-use crate::json::{from_json, JsonAck, JsonObligation};
+use crate::json::{from_json, unknown_fields, JsonAck, JsonObligation};
 use crate::A2aError;
 
 /// How many times an obligation whose apply is still being written is handed to the receiver
@@ -208,6 +208,10 @@ async fn post_obligation(
             Ok(j) => j,
             Err(e) => return error(StatusCode::BAD_REQUEST, e),
         };
+        let ignored = unknown_fields(&body);
+        if !ignored.is_empty() {
+            info!(%peer, fields = ?ignored, "a2a: ignored fields this binding does not know");
+        }
         if j.kind != kind.as_str() {
             return error(
                 StatusCode::BAD_REQUEST,
@@ -266,12 +270,16 @@ async fn post_obligation(
                 abhyasa_wire::encode(&ack),
             )
                 .into_response(),
-            Some(id) => (
-                StatusCode::OK,
-                [(header::CONTENT_TYPE, JSON)],
-                serde_json::to_string(&JsonAck::of(&ack, &id)).unwrap_or_default(),
-            )
-                .into_response(),
+            Some(id) => {
+                let mut json = JsonAck::of(&ack, &id);
+                json.detail = decline_detail(&ack, decoded.as_ref(), s.node.agent());
+                (
+                    StatusCode::OK,
+                    [(header::CONTENT_TYPE, JSON)],
+                    serde_json::to_string(&json).unwrap_or_default(),
+                )
+                    .into_response()
+            }
         },
         // Still being written after the waits: the custodian delivers it again.
         None => error(
@@ -279,6 +287,37 @@ async fn post_obligation(
             "the apply is not durable yet; deliver it again",
         ),
     }
+}
+
+/// A decline in words, for the person reading a JSON answer.
+fn decline_detail(
+    ack: &CustodyAck,
+    o: Option<&abhyasa_wire::Obligation>,
+    me: &AgentId,
+) -> Option<String> {
+    let abhyasa_wire::AckStatus::Declined(reason) = ack.status else {
+        return None;
+    };
+    use abhyasa_wire::DeclineReason as R;
+    Some(match (reason, o) {
+        (R::Refused, Some(o)) if &o.target != me => format!(
+            "not addressed to this agent: the obligation names target {}, this is {me}",
+            o.target
+        ),
+        (R::IdConflict, _) => "this obligation id was applied with other content; \
+                               an obligation needs an id of its own"
+            .into(),
+        (R::Expired, Some(o)) => format!(
+            "past its deadline ({}) on arrival",
+            crate::json::format_time(o.deadline)
+        ),
+        (R::Superseded, _) => {
+            "its sequence is not newer than the last applied on its governed key".into()
+        }
+        (R::Malformed, _) => "its payload cannot be read".into(),
+        (R::UnknownKind, _) => "its kind is unknown to this agent".into(),
+        _ => return None,
+    })
 }
 
 async fn post_ack(

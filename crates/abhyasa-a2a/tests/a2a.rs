@@ -367,3 +367,131 @@ async fn the_card_reads_with_the_official_a2a_types_and_json_obligations_get_jso
     assert!(stranger.get(&peer.card_url).send().await.is_err());
     agent_node.shutdown().await;
 }
+
+/// Reproduced from outside: a 32-hex id and the same digits as a dashed UUID (or in another
+/// letter case) mapped to one id, so a second revocation under the other spelling was acked
+/// `applied` and never applied — a custodian discharging on that ack loses the revocation
+/// silently. Each spelling is its own id now; and a known id arriving with other content is
+/// declined `id_conflict`, never acked `applied`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_spellings_of_one_uuid_are_two_obligations_and_a_reused_id_is_never_acked_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate("t").unwrap();
+    let (agent_id, principal_id) = (
+        ca.issue(&id("agent-1")).unwrap(),
+        ca.issue(&id("principal")).unwrap(),
+    );
+    let https = free_tcp();
+    let (agent_node, _server) = agent(&agent_id, dir.path(), https).await;
+    let peer = A2aPeer {
+        agent: id("agent-1"),
+        card_url: format!(
+            "https://agent-1:{}/.well-known/agent-card.json",
+            https.port()
+        ),
+        addr: Some(https),
+    };
+    let http = abhyasa_a2a::client::http_client(&principal_id, &peer).unwrap();
+    let url = format!(
+        "https://agent-1:{}/abhyasa/v1/obligations/anumati.consent",
+        https.port()
+    );
+    let created = abhyasa_a2a::json::format_time(UnixMillis(now_ms()));
+    let revoke = |spelling: &str, scope: &str| {
+        serde_json::json!({
+            "obligation_id": spelling,
+            "kind": "anumati.consent",
+            "target": "agent-1",
+            "payload": {"decision": "revoke", "scope": scope},
+            "deadline_seconds": 3600,
+            "max_retries": 15,
+            "created_at": created,
+            // A field the reference may add some day: ignored, not refused.
+            "trace_id": "abc",
+        })
+    };
+    let post = |body: serde_json::Value| {
+        let (http, url) = (http.clone(), url.clone());
+        async move {
+            let r = http
+                .post(&url)
+                .header("content-type", "application/json")
+                .body(body.to_string())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            serde_json::from_slice::<JsonAck>(&r.bytes().await.unwrap()).unwrap()
+        }
+    };
+    let spellings = [
+        ("0f8fad5b-d9cb-469f-a165-70867728950e", "scope-a"),
+        ("0f8fad5bd9cb469fa16570867728950e", "scope-b"),
+        ("0F8FAD5B-D9CB-469F-A165-70867728950E", "scope-c"),
+    ];
+    for (spelling, scope) in spellings {
+        let ack = post(revoke(spelling, scope)).await;
+        assert_eq!(ack.obligation_id, spelling);
+        assert_eq!(ack.status, "applied", "{spelling}: {ack:?}");
+    }
+    let honours = agent_node.honours().await.unwrap();
+    for (spelling, scope) in spellings {
+        assert!(
+            honours.is_withheld(&id("principal"), &Scope::new(scope).unwrap()),
+            "{scope} (under {spelling}) acked applied but not withheld"
+        );
+    }
+    assert_eq!(agent_node.status().await.unwrap().applied.len(), 3);
+
+    // The first spelling again, with other content: declined, and scope-d not withheld.
+    let ack = post(revoke(spellings[0].0, "scope-d")).await;
+    assert_eq!(ack.status, "declined", "{ack:?}");
+    assert_eq!(ack.reason.as_deref(), Some("id_conflict"));
+    assert!(ack.detail.is_some_and(|d| d.contains("other content")));
+    // Its own content again: still applied (a redelivery).
+    let ack = post(revoke(spellings[0].0, "scope-a")).await;
+    assert_eq!(ack.status, "applied");
+
+    // Not addressed to this agent: declined, saying so.
+    let mut elsewhere = revoke("for-agent-2", "scope-e");
+    elsewhere["target"] = "agent-2".into();
+    let ack = post(elsewhere).await;
+    assert_eq!(ack.status, "declined");
+    assert_eq!(ack.reason.as_deref(), Some("refused"));
+    assert!(
+        ack.detail
+            .as_deref()
+            .is_some_and(|d| d.contains("not addressed to this agent")),
+        "{ack:?}"
+    );
+    assert_eq!(agent_node.status().await.unwrap().applied.len(), 3);
+
+    // The same over CBOR: another obligation under an applied id is declined too.
+    let mut o = nth(900);
+    let r = http
+        .post(url.clone())
+        .header("content-type", "application/cbor")
+        .body(abhyasa_wire::encode(&o))
+        .send()
+        .await
+        .unwrap();
+    let ack: abhyasa_wire::CustodyAck = abhyasa_wire::decode(&r.bytes().await.unwrap()).unwrap();
+    assert_eq!(ack.status, abhyasa_wire::AckStatus::Applied);
+    o.payload = Payload::AnumatiConsent(ConsentPayload {
+        decision: Some(ConsentDecision::Revoke),
+        scope: Scope::new("another-scope").unwrap(),
+    });
+    let r = http
+        .post(url.clone())
+        .header("content-type", "application/cbor")
+        .body(abhyasa_wire::encode(&o))
+        .send()
+        .await
+        .unwrap();
+    let ack: abhyasa_wire::CustodyAck = abhyasa_wire::decode(&r.bytes().await.unwrap()).unwrap();
+    assert_eq!(
+        ack.status,
+        abhyasa_wire::AckStatus::Declined(abhyasa_wire::DeclineReason::IdConflict)
+    );
+    agent_node.shutdown().await;
+}

@@ -12,8 +12,8 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use abhyasa_wire::{
-    AckStatus, AgentId, CustodyAck, DeclineReason, Envelope, Obligation, ObligationId, Payload,
-    Scope, TokenId, UnixMillis, WeightKey,
+    AckStatus, AgentId, CustodyAck, DeclineReason, Digest, Envelope, Obligation, ObligationId,
+    Payload, Scope, TokenId, UnixMillis, WeightKey,
 };
 
 use crate::kinds::{self, GovernedKey, ReceiverEffect};
@@ -316,12 +316,16 @@ pub struct AppliedRecord {
     pub id: ObligationId,
     /// When it may be pruned.
     pub expires: UnixMillis,
+    /// The digest of the obligation applied ([`Obligation::digest`]); `None` where a store
+    /// written before digests were kept has none (such an id is re-acked on its id alone).
+    pub digest: Option<Digest>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Applied {
     expires: UnixMillis,
     durable: bool,
+    digest: Option<Digest>,
 }
 
 /// An apply whose record is being written: what its commit releases.
@@ -385,12 +389,18 @@ impl Receiver {
         state: ReceiverState,
     ) -> Self {
         let mut this = Self::new(agent, config);
-        for AppliedRecord { id, expires } in applied {
+        for AppliedRecord {
+            id,
+            expires,
+            digest,
+        } in applied
+        {
             this.applied.insert(
                 id,
                 Applied {
                     expires,
                     durable: true,
+                    digest,
                 },
             );
             this.expiry.insert((expires, id));
@@ -427,6 +437,11 @@ impl Receiver {
         }
         if self.config.mutation != Some(Mutation::NoIdempotencyCheck) {
             if let Some(applied) = self.applied.get(&o.id) {
+                // The same id with other content is another obligation: acking it `applied`
+                // would discharge what nobody applied. Declined, with a reason of its own.
+                if applied.digest.is_some_and(|d| d != o.digest()) {
+                    return self.decline(now, &o.envelope(), DeclineReason::IdConflict);
+                }
                 self.stats.duplicates += 1;
                 if applied.durable && under_custody {
                     self.ack(&o.issuer, o.id, now, AckStatus::Applied);
@@ -492,6 +507,7 @@ impl Receiver {
             Applied {
                 expires,
                 durable: false,
+                digest: Some(o.digest()),
             },
         );
         self.expiry.insert((expires, o.id));

@@ -1129,3 +1129,155 @@ fn applied_ids_retained_are_bounded_and_past_the_limit_obligations_wait() {
         (Disposition::Applying, vec![AckStatus::Applied])
     );
 }
+
+/// Different content under a known id is another obligation: declined `id_conflict`, never
+/// acked `applied` — in flight, after its commit, and after a recovery from the applied-id
+/// records (with their digests). The obligation applied under the id is re-acked as before.
+#[test]
+fn a_known_id_with_other_content_is_declined_never_acked_applied() {
+    let mut r = Receiver::new(a(), ReceiverConfig::default());
+    let first = revoke_token(1, 3, 10_000);
+    let mut other = first.clone();
+    other.payload = Payload::AnumatiConsent(ConsentPayload {
+        decision: Some(ConsentDecision::Revoke),
+        scope: Scope::new("calendar.read").unwrap(),
+    });
+    assert_eq!(
+        r.handle_obligation(UnixMillis(0), &p(), first.clone()),
+        Disposition::Applying
+    );
+    // In flight: the other content is declined at once, the first still commits.
+    assert_eq!(
+        r.handle_obligation(UnixMillis(1), &p(), other.clone()),
+        Disposition::Declined(DeclineReason::IdConflict)
+    );
+    while let Some(rec) = r.poll_persist() {
+        r.handle_persisted(rec.token);
+    }
+    let acks: Vec<AckStatus> = std::iter::from_fn(|| r.poll_transmit())
+        .map(|t| t.ack.status)
+        .collect();
+    assert_eq!(
+        acks,
+        vec![
+            AckStatus::Declined(DeclineReason::IdConflict),
+            AckStatus::Applied
+        ]
+    );
+    assert_eq!(
+        receive(&mut r, 2, other.clone()),
+        (
+            Disposition::Declined(DeclineReason::IdConflict),
+            vec![AckStatus::Declined(DeclineReason::IdConflict)]
+        )
+    );
+    assert!(!r
+        .state()
+        .is_withheld(&p(), &Scope::new("calendar.read").unwrap()));
+    // Recovered from what a store keeps: the same answers.
+    let mut r = Receiver::recover(
+        a(),
+        ReceiverConfig::default(),
+        [AppliedRecord {
+            id: first.id,
+            expires: UnixMillis(20_000),
+            digest: Some(first.digest()),
+        }],
+        [],
+        ReceiverState::default(),
+    );
+    assert_eq!(
+        receive(&mut r, 3, other),
+        (
+            Disposition::Declined(DeclineReason::IdConflict),
+            vec![AckStatus::Declined(DeclineReason::IdConflict)]
+        )
+    );
+    assert_eq!(
+        receive(&mut r, 4, first),
+        (Disposition::Duplicate, vec![AckStatus::Applied])
+    );
+}
+
+mod known_ids {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn obligation() -> impl Strategy<Value = Obligation> {
+        (
+            0u128..4,
+            0u8..3,
+            "[a-z]{1,3}",
+            0u64..3,
+            prop::option::of(0u64..3),
+        )
+            .prop_map(|(id, kind, name, deadline, sequence)| {
+                let payload = match kind {
+                    0 => Payload::AnumatiConsent(ConsentPayload {
+                        decision: Some(ConsentDecision::Revoke),
+                        scope: Scope::new(name).unwrap(),
+                    }),
+                    1 => Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
+                        weight_key: WeightKey::new(name).unwrap(),
+                        weight_delta: WeightDelta(-1_000),
+                        ttl_ms: 1_000,
+                    }),
+                    _ => Payload::OauthToken(TokenPayload {
+                        action: TokenAction::Revoke,
+                        token_id: TokenId::new(name).unwrap(),
+                        client_id: ClientId::new("c").unwrap(),
+                        expires_at: None,
+                    }),
+                };
+                Obligation {
+                    id: ObligationId::from_u128(id),
+                    issuer: p(),
+                    target: a(),
+                    created_at: UnixMillis(0),
+                    deadline: UnixMillis(10_000 + deadline),
+                    max_retries: 3,
+                    sequence,
+                    payload,
+                }
+            })
+    }
+
+    proptest! {
+        /// Whatever arrives, in whatever order, with commits landing whenever: each id is
+        /// applied once, any other content under it is declined `id_conflict` on arrival,
+        /// and `applied` is acked only for ids applied.
+        #[test]
+        fn an_applied_ack_always_answers_the_content_applied(
+            arrivals in prop::collection::vec((obligation(), any::<bool>()), 1..40)
+        ) {
+            let mut r = Receiver::new(a(), ReceiverConfig::default());
+            let mut applied: std::collections::BTreeMap<ObligationId, Obligation> =
+                Default::default();
+            let mut in_flight = Vec::new();
+            for (t, (o, commit)) in arrivals.into_iter().enumerate() {
+                let d = r.handle_obligation(UnixMillis(t as u64), &p(), o.clone());
+                if d == Disposition::Applying {
+                    prop_assert!(applied.insert(o.id, o.clone()).is_none(), "applied twice");
+                }
+                if let Some(first) = applied.get(&o.id) {
+                    if first != &o {
+                        prop_assert_eq!(d, Disposition::Declined(DeclineReason::IdConflict));
+                    }
+                }
+                while let Some(rec) = r.poll_persist() {
+                    in_flight.push(rec.token);
+                }
+                if commit {
+                    for token in in_flight.drain(..) {
+                        r.handle_persisted(token);
+                    }
+                }
+                while let Some(tx) = r.poll_transmit() {
+                    if tx.ack.status == AckStatus::Applied {
+                        prop_assert!(applied.contains_key(&tx.ack.obligation_id));
+                    }
+                }
+            }
+        }
+    }
+}

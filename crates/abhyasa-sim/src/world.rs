@@ -104,7 +104,7 @@ struct CustodianDisk {
 /// A receiver's disk.
 #[derive(Default)]
 struct ReceiverDisk {
-    applied: BTreeMap<ObligationId, UnixMillis>,
+    applied: BTreeMap<ObligationId, (UnixMillis, abhyasa_wire::Digest)>,
     last_sequence: BTreeMap<GovernedKey, u64>,
     state: ReceiverState,
     /// Checker-only: every apply ever committed, never pruned.
@@ -969,12 +969,13 @@ impl World {
         match record {
             ReceiverRecord::Apply {
                 id,
+                obligation,
                 expires,
                 sequence,
                 effect,
                 ..
             } => {
-                disk.applied.insert(id, expires);
+                disk.applied.insert(id, (expires, obligation.digest()));
                 if let Some((key, seq)) = sequence {
                     disk.last_sequence.insert(key, seq);
                 }
@@ -988,7 +989,7 @@ impl World {
                     self.violation(what);
                 }
             }
-            ReceiverRecord::Prune { before } => disk.applied.retain(|_, e| *e >= before),
+            ReceiverRecord::Prune { before } => disk.applied.retain(|_, (e, _)| *e >= before),
         }
     }
 
@@ -1051,7 +1052,11 @@ impl World {
                 self.scenario.receiver.clone(),
                 disk.applied
                     .iter()
-                    .map(|(&id, &expires)| AppliedRecord { id, expires }),
+                    .map(|(&id, &(expires, digest))| AppliedRecord {
+                        id,
+                        expires,
+                        digest: Some(digest),
+                    }),
                 disk.last_sequence.clone(),
                 disk.state.clone(),
             )))

@@ -43,7 +43,7 @@ struct Disk {
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct RDisk {
-    applied: BTreeMap<ObligationId, UnixMillis>,
+    applied: BTreeMap<ObligationId, (UnixMillis, abhyasa_wire::Digest)>,
     last_sequence: BTreeMap<abhyasa_custody::GovernedKey, u64>,
     state: ReceiverState,
     apply_count: BTreeMap<ObligationId, u8>,
@@ -440,11 +440,15 @@ impl Model for CustodyModel {
                 s.rqueue.clear();
             }
             Action::RestartReceiver => {
-                let applied = s
-                    .rdisk
-                    .applied
-                    .iter()
-                    .map(|(&id, &expires)| AppliedRecord { id, expires });
+                let applied =
+                    s.rdisk
+                        .applied
+                        .iter()
+                        .map(|(&id, &(expires, digest))| AppliedRecord {
+                            id,
+                            expires,
+                            digest: Some(digest),
+                        });
                 s.receiver = Some(Receiver::recover(
                     agent(),
                     receiver_config(),
@@ -627,19 +631,20 @@ fn apply_receiver(s: &mut State, record: ReceiverRecord) {
     match record {
         ReceiverRecord::Apply {
             id,
+            obligation,
             expires,
             effect,
             sequence,
             ..
         } => {
-            s.rdisk.applied.insert(id, expires);
+            s.rdisk.applied.insert(id, (expires, obligation.digest()));
             if let Some((key, seq)) = sequence {
                 s.rdisk.last_sequence.insert(key, seq);
             }
             s.rdisk.state.apply(&effect, -1_000_000, 1_000_000);
             *s.rdisk.apply_count.entry(id).or_insert(0) += 1;
         }
-        ReceiverRecord::Prune { before } => s.rdisk.applied.retain(|_, e| *e >= before),
+        ReceiverRecord::Prune { before } => s.rdisk.applied.retain(|_, (e, _)| *e >= before),
     }
 }
 

@@ -814,11 +814,18 @@ impl Store {
     ) -> Result<Receiver, StoreError> {
         let txn = self.db.begin_read()?;
         let mut applied = Vec::new();
+        let log = txn.open_table(RECV_APPLY_LOG)?;
         for entry in txn.open_table(APPLIED)?.iter()? {
             let (k, v) = entry?;
+            // The obligation applied under this id (its first entry in the apply log, written
+            // in the same commit): its digest tells a different obligation under the same id.
+            let digest = log
+                .get((k.value(), 0))?
+                .map(|row| abhyasa_wire::Obligation::digest_of_encoded(row.value().1));
             applied.push(AppliedRecord {
                 id: ObligationId::from_u128(k.value()),
                 expires: UnixMillis(v.value()),
+                digest,
             });
         }
         let mut sequences = Vec::new();

@@ -817,3 +817,41 @@ fn a_token_kept_for_good_then_given_an_expiry_takes_every_issuers_rows_with_it()
     assert_eq!(store.receiver_state().token_record(&token), None);
     assert_eq!(rows(&store), (0, 0), "rows outlived the token's record");
 }
+
+/// The applied ids a store recovers carry the digest of what was applied under them, so a
+/// recovered receiver still declines other content under a known id (and re-acks the same).
+#[test]
+fn a_recovered_receiver_still_tells_other_content_under_a_known_id() {
+    let (mut store, mut backend) = memory_store();
+    let mut r = Receiver::new(a(), ReceiverConfig::default());
+    r.handle_obligation(UnixMillis(0), &p(), revoke_scope(2));
+    assert_eq!(persist_receiver(&mut r, &mut store).len(), 1);
+    drop(store);
+    let store = reopen(&mut backend);
+    let mut r = store
+        .recover_receiver(a(), ReceiverConfig::default())
+        .unwrap();
+    let mut other = revoke_scope(2);
+    other.payload = Payload::AnumatiConsent(ConsentPayload {
+        decision: Some(ConsentDecision::Revoke),
+        scope: abhyasa_wire::Scope::new("another.scope").unwrap(),
+    });
+    assert_eq!(
+        r.handle_obligation(UnixMillis(1), &p(), other),
+        abhyasa_custody::Disposition::Declined(abhyasa_wire::DeclineReason::IdConflict)
+    );
+    assert_eq!(
+        r.handle_obligation(UnixMillis(1), &p(), revoke_scope(2)),
+        abhyasa_custody::Disposition::Duplicate
+    );
+    let acks: Vec<AckStatus> = std::iter::from_fn(|| r.poll_transmit())
+        .map(|t| t.ack.status)
+        .collect();
+    assert_eq!(
+        acks,
+        vec![
+            AckStatus::Declined(abhyasa_wire::DeclineReason::IdConflict),
+            AckStatus::Applied
+        ]
+    );
+}

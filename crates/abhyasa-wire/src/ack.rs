@@ -48,6 +48,9 @@ pub enum DeclineReason {
     Malformed,
     /// Its kind is unknown to the receiver.
     UnknownKind,
+    /// Its id is one the receiver has applied, but the content differs: never acked
+    /// `applied` (that would discharge an obligation nobody applied).
+    IdConflict,
 }
 
 impl DeclineReason {
@@ -59,6 +62,7 @@ impl DeclineReason {
             DeclineReason::Refused => "refused",
             DeclineReason::Malformed => "malformed",
             DeclineReason::UnknownKind => "unknown_kind",
+            DeclineReason::IdConflict => "id_conflict",
         }
     }
 }

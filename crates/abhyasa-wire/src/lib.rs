@@ -58,6 +58,7 @@ pub use escalation::{
     TerminalRecord,
 };
 pub use ids::{AgentId, ClientId, NameError, ObligationId, Scope, TokenId, UnixMillis, WeightKey};
+pub use ledger::Digest;
 pub use obligation::{
     BeliefUpdatePayload, ConsentDecision, ConsentPayload, Envelope, Kind, Obligation, Payload,
     TokenAction, TokenPayload, WeightDelta, MAX_RETRIES_LIMIT,

@@ -51,6 +51,18 @@ impl Obligation {
         self.payload.validate()
     }
 
+    /// The digest of the whole obligation (its deterministic CBOR): what a receiver keeps with
+    /// an applied id, so that a different obligation under a known id is told apart.
+    pub fn digest(&self) -> crate::Digest {
+        Self::digest_of_encoded(&crate::encode(self))
+    }
+
+    /// [`digest`](Self::digest) from the obligation's encoding as [`encode`](crate::encode)
+    /// wrote it (deterministic: the same obligation, the same bytes).
+    pub fn digest_of_encoded(encoded: &[u8]) -> crate::Digest {
+        crate::Digest::of(&[b"abhyasa/v1/obligation", encoded])
+    }
+
     /// The envelope: what a receiver needs to decline an obligation it cannot read.
     pub fn envelope(&self) -> Envelope {
         Envelope {

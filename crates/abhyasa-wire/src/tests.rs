@@ -435,6 +435,7 @@ fn arb_reason() -> impl Strategy<Value = DeclineReason> {
         Just(DeclineReason::Refused),
         Just(DeclineReason::Malformed),
         Just(DeclineReason::UnknownKind),
+        Just(DeclineReason::IdConflict),
     ]
 }
 
