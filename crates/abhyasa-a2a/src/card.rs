@@ -170,6 +170,37 @@ pub enum CardError {
         /// What is wrong.
         what: &'static str,
     },
+    /// The retry budget is over the wire's limit.
+    #[error("profile for {kind}: max_retries {max_retries} is over the limit of {limit}")]
+    OverLimit {
+        /// The kind.
+        kind: String,
+        /// What it has.
+        max_retries: u32,
+        /// The wire's limit.
+        limit: u32,
+    },
+    /// No budget within the wire's limit spans the deadline with this backoff.
+    #[error(
+        "profile for {kind}: a {deadline_seconds} s deadline with a {cap_seconds} s backoff cap \
+         needs {needed} retries, over the limit of {limit}; raise the backoff cap ([custody] \
+         backoff_cap_ms) to at least {least_cap_seconds} s, or shorten the deadline ([a2a] \
+         deadline_seconds.{kind})"
+    )]
+    CannotSpan {
+        /// The kind.
+        kind: String,
+        /// Its deadline.
+        deadline_seconds: u64,
+        /// The backoff cap.
+        cap_seconds: u64,
+        /// What the rule needs.
+        needed: u32,
+        /// The wire's limit.
+        limit: u32,
+        /// The least cap, in whole seconds, under which the rule fits the limit.
+        least_cap_seconds: u64,
+    },
     /// The retry budget does not span the deadline.
     #[error(
         "profile for {kind}: max_retries {max_retries} does not span its {deadline_seconds} s \
@@ -199,6 +230,21 @@ pub fn retries_needed(deadline_seconds: u64, base_seconds: f64, cap_seconds: u64
         seconds_to_ms(base_seconds),
         cap_seconds.saturating_mul(1_000),
     )
+}
+
+/// The least backoff cap, in whole seconds, under which the retry rule for
+/// `deadline_seconds` needs at most the wire's limit of retries.
+pub fn least_cap_seconds(deadline_seconds: u64, base_seconds: f64) -> u64 {
+    let (mut lo, mut hi) = (1u64, deadline_seconds.max(1));
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if retries_needed(deadline_seconds, base_seconds, mid) <= RETRIES_LIMIT {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    lo
 }
 
 /// Seconds (a positive, finite number) to whole milliseconds, at least 1.
@@ -251,17 +297,34 @@ impl KindProfile {
         if self.backoff_cap_seconds == 0 {
             return Err(bad("backoff_cap_seconds must be > 0"));
         }
-        if self.max_retries > RETRIES_LIMIT {
-            return Err(bad("max_retries over the limit"));
-        }
-        if !self.obligation_endpoint.starts_with("https://") {
-            return Err(bad("obligation_endpoint must be an https:// URL"));
-        }
         let needed = retries_needed(
             self.deadline_seconds,
             self.backoff_base_seconds,
             self.backoff_cap_seconds,
         );
+        if needed > RETRIES_LIMIT {
+            return Err(CardError::CannotSpan {
+                kind: self.kind.clone(),
+                deadline_seconds: self.deadline_seconds,
+                cap_seconds: self.backoff_cap_seconds,
+                needed,
+                limit: RETRIES_LIMIT,
+                least_cap_seconds: least_cap_seconds(
+                    self.deadline_seconds,
+                    self.backoff_base_seconds,
+                ),
+            });
+        }
+        if self.max_retries > RETRIES_LIMIT {
+            return Err(CardError::OverLimit {
+                kind: self.kind.clone(),
+                max_retries: self.max_retries,
+                limit: RETRIES_LIMIT,
+            });
+        }
+        if !self.obligation_endpoint.starts_with("https://") {
+            return Err(bad("obligation_endpoint must be an https:// URL"));
+        }
         if self.max_retries < needed {
             return Err(CardError::BudgetTooSmall {
                 kind: self.kind.clone(),
@@ -407,6 +470,44 @@ mod tests {
         assert_eq!(retries_needed(1, 1.0, 600), 1);
         assert_eq!(retries_needed(3, 1.0, 600), 2);
         assert_eq!(retries_needed(4, 1.0, 600), 3);
+    }
+
+    /// Reproduced: with the default backoff (0.25 s, cap 30 s) a 24 h deadline needs 2,886
+    /// retries by the rule, and the card said 1,000 (the count stopped at the wire's limit)
+    /// and passed its own validation. The count is exact now, and the card is refused,
+    /// naming the setting to change and the least value that fits.
+    #[test]
+    fn a_card_that_cannot_satisfy_its_own_rule_is_refused_naming_the_setting() {
+        // By hand: 0.25+0.5+…+16 = 31.75 s after 7; then 30 s each: ⌈(86,400 − 31.75)/30⌉
+        // = 2,879 more.
+        assert_eq!(retries_needed(86_400, 0.25, 30), 2_886);
+        // Twenty years: ⌈(630,720,000 − 31.75)/30⌉ = 21,023,999 after the first 7.
+        assert_eq!(retries_needed(20 * 365 * 86_400, 0.25, 30), 21_024_006);
+        let mut s = settings();
+        s.backoff_base_seconds = 0.25;
+        s.backoff_cap_seconds = 30;
+        let card = s.card();
+        let e = card.abhyasa().unwrap_err();
+        let least = least_cap_seconds(86_400, 0.25);
+        assert_eq!(
+            e,
+            CardError::CannotSpan {
+                kind: "anumati.consent".into(),
+                deadline_seconds: 86_400,
+                cap_seconds: 30,
+                needed: 2_886,
+                limit: 1_000,
+                least_cap_seconds: least,
+            }
+        );
+        let words = e.to_string();
+        assert!(words.contains("backoff_cap_ms") && words.contains("deadline_seconds"));
+        // The least cap is the least: it fits, one second less does not.
+        assert!(retries_needed(86_400, 0.25, least) <= 1_000);
+        assert!(retries_needed(86_400, 0.25, least - 1) > 1_000);
+        s.backoff_cap_seconds = least;
+        let (_, profiles) = s.card().abhyasa().unwrap();
+        assert!(profiles[&Kind::AnumatiConsent].max_retries <= 1_000);
     }
 
     fn settings() -> CardSettings {

@@ -96,17 +96,25 @@ impl Default for CustodianConfig {
 
 /// The retry rule of BINDINGS.md for a profile's backoff: the smallest `n` with
 /// `Σ_{k=1..n} min(cap, base·2^(k−1)) ≥ span` (no lifetime cap: the profile states its own
-/// backoff). Saturates at [`MAX_RETRIES_LIMIT`].
+/// backoff). Not capped at the wire's [`MAX_RETRIES_LIMIT`]: a result above it says that no
+/// obligation can satisfy the rule with this backoff (saturates at `u32::MAX`).
 pub fn profile_retries(span_ms: u64, base_ms: u64, cap_ms: u64) -> u32 {
     let mut covered = 0u64;
-    for n in 1..=MAX_RETRIES_LIMIT {
+    let mut n = 0u64;
+    loop {
+        n += 1;
         let shift = (n - 1).min(32);
-        covered = covered.saturating_add(base_ms.saturating_mul(1 << shift).min(cap_ms).max(1));
+        let step = base_ms.saturating_mul(1 << shift).min(cap_ms).max(1);
+        covered = covered.saturating_add(step);
         if covered >= span_ms {
-            return n;
+            return u32::try_from(n).unwrap_or(u32::MAX);
+        }
+        if step == cap_ms.max(1) || shift == 32 {
+            // Every later step is this one: the rest in one division.
+            let rest = (span_ms - covered).div_ceil(step);
+            return u32::try_from(n.saturating_add(rest)).unwrap_or(u32::MAX);
         }
     }
-    MAX_RETRIES_LIMIT
 }
 
 impl CustodianConfig {

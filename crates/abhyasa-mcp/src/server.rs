@@ -232,61 +232,105 @@ impl AgentServer {
         Ok(result)
     }
 
+    /// `abhyasa_custody_status`: with `ids`, which of them this agent applied (an ack for
+    /// each applied one); without, everything it applied recently for this principal. Bad
+    /// arguments are a tool result with `isError: true` naming what to fix, so a model can
+    /// correct its call; only a failing node is a protocol error.
     async fn custody_status(
         &self,
         args: &JsonObject,
     ) -> Result<(CallToolResult, Vec<CustodyAck>), McpError> {
+        let bad = |why: String| {
+            Ok((
+                CallToolResult::error(vec![ContentBlock::text(format!(
+                    "{TOOL_CUSTODY_STATUS}: {why}"
+                ))]),
+                Vec::new(),
+            ))
+        };
+        if let Some(extra) = args.keys().find(|k| k.as_str() != "ids") {
+            return bad(format!(
+                "unknown argument {extra:?}; the one argument is \"ids\" (optional)"
+            ));
+        }
+        let internal = |e: NodeError| McpError::internal_error(e.to_string(), None);
         let ids = match args.get("ids") {
-            Some(Value::Array(ids)) => ids
-                .iter()
-                .map(|v| {
-                    v.as_str()
+            None => None,
+            Some(Value::Array(ids)) => {
+                let mut parsed = Vec::with_capacity(ids.len());
+                for v in ids {
+                    match v
+                        .as_str()
                         .filter(|s| s.len() == 32)
                         .and_then(|s| u128::from_str_radix(s, 16).ok())
-                        .map(ObligationId::from_u128)
-                        .ok_or_else(|| {
-                            McpError::invalid_params(
-                                format!("ids: {v} is not an obligation id (32 hex digits)"),
-                                None,
-                            )
-                        })
-                })
-                .collect::<Result<Vec<_>, _>>()?,
-            _ => {
-                return Err(McpError::invalid_params(
-                    "ids: an array of obligation ids is required",
-                    None,
+                    {
+                        Some(n) => parsed.push(ObligationId::from_u128(n)),
+                        None => {
+                            return bad(format!("ids: {v} is not an obligation id (32 hex digits)"))
+                        }
+                    }
+                }
+                Some(parsed)
+            }
+            Some(v) => {
+                return bad(format!(
+                    "ids must be an array of obligation ids (32 hex digits), got {v}"
                 ))
             }
         };
-        let applied = self
-            .node
-            .applied(ids.clone())
-            .await
-            .map_err(|e| McpError::internal_error(e.to_string(), None))?;
         let now = UnixMillis(
             std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_millis() as u64)
                 .unwrap_or(0),
         );
+        let ack = |id: ObligationId| CustodyAck {
+            obligation_id: id,
+            target: self.node.agent().clone(),
+            status: AckStatus::Applied,
+            acked_at: now,
+        };
         let mut acks = Vec::new();
         let mut status = Map::new();
-        for (id, applied) in ids.iter().zip(applied) {
-            status.insert(
-                id.to_string(),
-                Value::String(if applied { "applied" } else { "unknown" }.into()),
-            );
-            if applied {
-                acks.push(CustodyAck {
-                    obligation_id: *id,
-                    target: self.node.agent().clone(),
-                    status: AckStatus::Applied,
-                    acked_at: now,
-                });
+        let text = match ids {
+            Some(ids) => {
+                let applied = self.node.applied(ids.clone()).await.map_err(internal)?;
+                for (id, applied) in ids.iter().zip(applied) {
+                    status.insert(
+                        id.to_string(),
+                        Value::String(if applied { "applied" } else { "unknown" }.into()),
+                    );
+                    if applied {
+                        acks.push(ack(*id));
+                    }
+                }
+                format!("{} of {} applied", acks.len(), ids.len())
             }
-        }
-        let text = format!("{} of {} applied", acks.len(), ids.len());
+            None => {
+                let recent = self.node.status().await.map_err(internal)?.applied;
+                for e in recent
+                    .iter()
+                    .filter(|e| e.obligation.issuer == self.principal)
+                {
+                    let o = &e.obligation;
+                    status.insert(
+                        o.id.to_string(),
+                        json!({
+                            "status": "applied",
+                            "kind": o.kind().as_str(),
+                            "applied_at": e.at.0,
+                        }),
+                    );
+                    acks.push(ack(o.id));
+                }
+                format!(
+                    "{} applied recently for {} (the most recent {} kept)",
+                    acks.len(),
+                    self.principal,
+                    abhyasa_node::STATUS_APPLIED
+                )
+            }
+        };
         let mut result = CallToolResult::success(vec![ContentBlock::text(text)]);
         result.structured_content = Some(Value::Object(status));
         Ok((result, acks))
@@ -303,10 +347,10 @@ impl AgentServer {
             "properties": {
                 "ids": {
                     "type": "array",
+                    "description": "obligation ids to look up; omit for everything applied recently",
                     "items": {"type": "string", "description": "obligation id, 32 hex digits"}
                 }
-            },
-            "required": ["ids"]
+            }
         }))
         .unwrap_or_default();
         vec![
@@ -319,7 +363,7 @@ impl AgentServer {
             ),
             Tool::new(
                 TOOL_CUSTODY_STATUS,
-                "Which of these obligations this agent has applied; an ack for each applied one comes back in the result's _meta.",
+                "Which of these obligations this agent has applied (without ids: everything it applied recently for you); an ack for each applied one comes back in the result's _meta.",
                 Arc::new(ids),
             ),
         ]

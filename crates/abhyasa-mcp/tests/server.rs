@@ -232,6 +232,33 @@ async fn obligations_ride_calls_and_a_revocation_governs_that_very_call() {
         acks(&r).iter().map(|a| a.obligation_id).collect::<Vec<_>>(),
         vec![revoke.id]
     );
+
+    // No arguments (reproduced: `{}` was a -32602 protocol error): everything applied
+    // recently for this principal, each with an ack.
+    let r = f
+        .client
+        .call_tool(call(TOOL_CUSTODY_STATUS, &[], json!({})))
+        .await
+        .unwrap();
+    assert_ne!(r.is_error, Some(true), "{}", text(&r));
+    let s = r.structured_content.clone().unwrap();
+    assert_eq!(s[revoke.id.to_string()]["status"], "applied");
+    assert_eq!(s[revoke.id.to_string()]["kind"], "anumati.consent");
+    assert!(acks(&r).iter().any(|a| a.obligation_id == revoke.id));
+    // Bad arguments: a tool result with isError, naming what to fix — not a protocol error.
+    for (args, says) in [
+        (json!({"ids": "nope"}), "must be an array"),
+        (json!({"ids": ["xyz"]}), "32 hex digits"),
+        (json!({"id": []}), "unknown argument"),
+    ] {
+        let r = f
+            .client
+            .call_tool(call(TOOL_CUSTODY_STATUS, &[], args.clone()))
+            .await
+            .unwrap_or_else(|e| panic!("{args}: a protocol error: {e}"));
+        assert_eq!(r.is_error, Some(true), "{args}");
+        assert!(text(&r).contains(says), "{args}: {}", text(&r));
+    }
     f.client.cancel().await.unwrap();
     f.node.shutdown().await;
 }
