@@ -489,6 +489,8 @@ mod tests {
         let card = s.card();
         let e = card.abhyasa().unwrap_err();
         let least = least_cap_seconds(86_400, 0.25);
+        // By hand: at 88 s, 9 doublings cover 127.75 s, then ⌈86,272.25/88⌉ = 981: 990.
+        assert_eq!(least, 88);
         assert_eq!(
             e,
             CardError::CannotSpan {
