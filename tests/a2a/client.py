@@ -171,6 +171,41 @@ def check(abhyasa, certs, https, admin):
     assert len(applied) == 1, s["applied"]
     ok("applied once, though posted twice")
 
+    # The SDK's own client, built from our card, sends an A2A message whose data part is an
+    # obligation (the card's HTTP+JSON interface: POST /message:send); the ack is a data part
+    # of the reply.
+    replies = asyncio.run(send_with_sdk(c, base, ctx, dict(
+        obligation, obligation_id="py-msg-revoke-contacts",
+        payload={"decision": "revoke", "scope": "contacts.read"})))
+    assert len(replies) == 1 and replies[0].HasField("message"), replies
+    parts = replies[0].message.parts
+    assert len(parts) == 1, parts
+    ack = MessageToDict(parts[0])["data"]
+    assert ack["obligation_id"] == "py-msg-revoke-contacts" and ack["status"] == "applied", ack
+    ok("the SDK client's message:send carried an obligation; the reply's data part acks it applied")
+    out = subprocess.run([abhyasa, "status", "--admin", admin, "--json"],
+                         check=True, capture_output=True)
+    withheld = json.loads(out.stdout)["honours"]["withheld"]
+    assert ["principal", "contacts.read"] in withheld, withheld
+    ok("the agent withholds contacts.read: applied, not only acked")
+
+
+async def send_with_sdk(card, base, ctx, obligation):
+    from a2a.client import ClientConfig, ClientFactory
+    from a2a.types import Message, Part, Role, SendMessageRequest
+    from google.protobuf import json_format, struct_pb2
+
+    # The card names the agent (https://agent-1:PORT); on this machine it is on loopback.
+    card.supported_interfaces[0].url = base
+    async with httpx.AsyncClient(verify=ctx) as http:
+        config = ClientConfig(httpx_client=http, streaming=False,
+                              supported_protocol_bindings=["HTTP+JSON"])
+        client = ClientFactory(config).create(card)
+        data = struct_pb2.Value()
+        json_format.ParseDict(obligation, data)
+        message = Message(message_id="py-msg-1", role=Role.ROLE_USER, parts=[Part(data=data)])
+        return [r async for r in client.send_message(SendMessageRequest(message=message))]
+
 
 if __name__ == "__main__":
     main()

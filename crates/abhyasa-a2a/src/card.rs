@@ -19,6 +19,8 @@ pub const CARD_PATH: &str = "/.well-known/agent-card.json";
 
 /// The path of the custody-ack endpoint.
 pub const ACK_PATH: &str = "/abhyasa/v1/custody-ack";
+/// A2A `message:send` of the HTTP+JSON binding (obligations as parts, acks on the reply).
+pub const MESSAGE_SEND_PATH: &str = "/message:send";
 
 /// The path of `kind`'s obligation endpoint.
 pub fn obligation_path(kind: Kind) -> String {
@@ -436,8 +438,9 @@ impl CardSettings {
                 extensions: vec![AgentExtension {
                     uri: EXTENSION_URI.into(),
                     description: Some(
-                        "Abhyasa custody: obligations POSTed per kind, CustodyAcks on the \
-                         response or to the custody-ack endpoint"
+                        "Abhyasa custody: obligations POSTed per kind or as parts of \
+                         message:send, CustodyAcks on the response or to the custody-ack \
+                         endpoint"
                             .into(),
                     ),
                     required: self.required,

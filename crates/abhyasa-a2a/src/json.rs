@@ -24,14 +24,53 @@ pub struct JsonObligation {
     /// The kind's payload.
     pub payload: serde_json::Value,
     /// Lifetime from `created_at`, seconds (> 0).
+    #[serde(deserialize_with = "whole::u64")]
     pub deadline_seconds: u64,
     /// Retry budget.
+    #[serde(deserialize_with = "whole::u32")]
     pub max_retries: u32,
     /// ISO 8601.
     pub created_at: String,
     /// Issuance sequence on the governed key.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "whole::opt_u64")]
     pub sequence: Option<u64>,
+}
+
+/// Whole numbers written as JSON integers or as floats with no fraction (`15.0`): A2A
+/// clients carry a `data` part as a protobuf `Value`, whose numbers are doubles, so the
+/// official SDK sends `3600.0` for `3600`. A fraction, a negative or an out-of-range number is
+/// still refused.
+mod whole {
+    use serde::de::{Deserialize, Deserializer, Error};
+
+    fn number<'de, D: Deserializer<'de>>(v: serde_json::Number) -> Result<u64, D::Error> {
+        if let Some(n) = v.as_u64() {
+            return Ok(n);
+        }
+        match v.as_f64() {
+            Some(f) if f >= 0.0 && f.fract() == 0.0 && f < 18_446_744_073_709_551_616.0 => {
+                Ok(f as u64)
+            }
+            _ => Err(D::Error::custom(format!(
+                "{v} is not a whole number from 0 to 2^64 - 1"
+            ))),
+        }
+    }
+
+    pub(super) fn u64<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        number::<D>(serde_json::Number::deserialize(d)?)
+    }
+
+    pub(super) fn u32<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+        let n = number::<D>(serde_json::Number::deserialize(d)?)?;
+        u32::try_from(n).map_err(|_| D::Error::custom(format!("{n} is over {}", u32::MAX)))
+    }
+
+    pub(super) fn opt_u64<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        Option::<serde_json::Number>::deserialize(d)?
+            .map(number::<D>)
+            .transpose()
+    }
 }
 
 /// A CustodyAck in the reference's JSON (`reason` and `detail` are ours, on `declined`).
@@ -228,7 +267,7 @@ struct JsonBelief {
     weight_delta: f64,
     weight_key: String,
     /// Ours: how long the update stays meaningful; the deadline's span when absent.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "whole::opt_u64")]
     ttl_seconds: Option<u64>,
 }
 
@@ -647,6 +686,35 @@ mod tests {
             )),
             spellings[0]
         );
+    }
+
+    /// Found with the official SDK: a `data` part is a protobuf `Value`, so its numbers
+    /// arrive as `3600.0`. Whole floats read; fractions and negatives are refused.
+    #[test]
+    fn whole_numbers_written_as_floats_read_and_fractions_do_not() {
+        let issuer = AgentId::new("principal").unwrap();
+        let mut v = serde_json::to_value(consent()).unwrap();
+        v["deadline_seconds"] = serde_json::json!(3600.0);
+        v["max_retries"] = serde_json::json!(15.0);
+        v["sequence"] = serde_json::json!(3.0);
+        let j: JsonObligation = serde_json::from_value(v.clone()).unwrap();
+        assert_eq!(
+            j.to_wire(&issuer).unwrap(),
+            consent().to_wire(&issuer).unwrap()
+        );
+        for (field, bad) in [
+            ("deadline_seconds", serde_json::json!(3600.5)),
+            ("max_retries", serde_json::json!(-1.0)),
+            ("max_retries", serde_json::json!(5e9)),
+            ("sequence", serde_json::json!(0.25)),
+        ] {
+            let mut w = v.clone();
+            w[field] = bad.clone();
+            assert!(
+                serde_json::from_value::<JsonObligation>(w).is_err(),
+                "{field} = {bad}"
+            );
+        }
     }
 
     #[test]

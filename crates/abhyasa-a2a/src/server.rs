@@ -19,7 +19,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-use crate::card::{AgentCard, ACK_PATH, CARD_PATH};
+use crate::card::{AgentCard, ACK_PATH, CARD_PATH, EXTENSION_URI, MESSAGE_SEND_PATH};
 use crate::json::{from_json, unknown_fields, JsonAck, JsonObligation};
 use crate::A2aError;
 
@@ -86,6 +86,7 @@ pub async fn serve(
         .route(CARD_PATH, get(get_card))
         .route("/abhyasa/v1/obligations/{kind}", post(post_obligation))
         .route(ACK_PATH, post(post_ack))
+        .route(MESSAGE_SEND_PATH, post(post_message))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(shared);
     let task = tokio::spawn(async move {
@@ -228,40 +229,12 @@ async fn post_obligation(
         }
     };
     let decoded = abhyasa_wire::decode_obligation(&object).ok();
-    let mut ack = None;
-    for attempt in 0..ACK_WAITS {
-        match s.node.deliver(peer.clone(), vec![object.clone()]).await {
-            Ok(a) => ack = a.into_iter().next().flatten(),
-            Err(e) => return node_error(e),
-        }
-        if ack.is_some() {
-            break;
-        }
-        match &decoded {
-            // Best effort: taken, never acked.
-            Some(o) if !abhyasa_custody::kinds::admissible(o) => {
-                return StatusCode::ACCEPTED.into_response()
-            }
-            Some(o) if o.issuer != peer => {
-                return error(
-                    StatusCode::FORBIDDEN,
-                    format!(
-                        "the obligation names issuer {}, signed in as {peer}",
-                        o.issuer
-                    ),
-                )
-            }
-            Some(_) => {}
-            None => {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    "not an obligation the receiver can read or decline",
-                )
-            }
-        }
-        // A repeat of an apply still being written: its ack comes once it is durable.
-        tokio::time::sleep(Duration::from_millis(10 << attempt)).await;
-    }
+    let ack = match deliver_one(&s, &peer, object, decoded.as_ref()).await {
+        Ok(Delivered::Ack(ack)) => Some(ack),
+        Ok(Delivered::BestEffort) => return StatusCode::ACCEPTED.into_response(),
+        Ok(Delivered::NotYetDurable) => None,
+        Err(r) => return r,
+    };
     match ack {
         Some(ack) => match spelled {
             None => (
@@ -318,6 +291,192 @@ fn decline_detail(
         (R::UnknownKind, _) => "its kind is unknown to this agent".into(),
         _ => return None,
     })
+}
+
+/// What became of one obligation handed to the receiver.
+enum Delivered {
+    /// Its ack (applied, declined or deferred), durable.
+    Ack(CustodyAck),
+    /// A best-effort kind: taken, never acked.
+    BestEffort,
+    /// A repeat whose apply is still being written after the waits: deliver it again.
+    NotYetDurable,
+}
+
+/// Hands `object` (from `peer`; `decoded` if it reads) to the receiver, waiting out a repeat
+/// of an apply still being written.
+async fn deliver_one(
+    s: &Shared,
+    peer: &AgentId,
+    object: Vec<u8>,
+    decoded: Option<&abhyasa_wire::Obligation>,
+) -> Result<Delivered, Response> {
+    for attempt in 0..ACK_WAITS {
+        match s.node.deliver(peer.clone(), vec![object.clone()]).await {
+            Ok(a) => {
+                if let Some(ack) = a.into_iter().next().flatten() {
+                    return Ok(Delivered::Ack(ack));
+                }
+            }
+            Err(e) => return Err(node_error(e)),
+        }
+        match decoded {
+            Some(o) if !abhyasa_custody::kinds::admissible(o) => return Ok(Delivered::BestEffort),
+            Some(o) if &o.issuer != peer => {
+                return Err(error(
+                    StatusCode::FORBIDDEN,
+                    format!(
+                        "the obligation names issuer {}, signed in as {peer}",
+                        o.issuer
+                    ),
+                ))
+            }
+            Some(_) => {}
+            None => {
+                return Err(error(
+                    StatusCode::BAD_REQUEST,
+                    "not an obligation the receiver can read or decline",
+                ))
+            }
+        }
+        // A repeat of an apply still being written: its ack comes once it is durable.
+        tokio::time::sleep(Duration::from_millis(10 << attempt)).await;
+    }
+    Ok(Delivered::NotYetDurable)
+}
+
+/// An error in the shape of the A2A HTTP+JSON binding (`google.rpc.Status` under `error`),
+/// which the A2A SDKs read.
+fn a2a_error(status: StatusCode, message: impl std::fmt::Display) -> Response {
+    let code = match status {
+        StatusCode::BAD_REQUEST => "INVALID_ARGUMENT",
+        StatusCode::FORBIDDEN => "PERMISSION_DENIED",
+        StatusCode::SERVICE_UNAVAILABLE => "UNAVAILABLE",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "INVALID_ARGUMENT",
+        _ => "INTERNAL",
+    };
+    let body = serde_json::json!({
+        "error": { "code": status.as_u16(), "status": code, "message": message.to_string() }
+    });
+    (status, [(header::CONTENT_TYPE, JSON)], body.to_string()).into_response()
+}
+
+/// A2A `message:send` (the HTTP+JSON binding the card advertises): the obligations a
+/// message carries as parts — `data` parts in the reference's JSON shape, or `raw` parts of
+/// media type `application/cbor` holding our wire object — are delivered in order, and the
+/// reply is a message with one `data` part per obligation: its CustodyAck in the reference's
+/// JSON (or `{"obligation_id", "status": "best_effort"}` for a kind that is never acked). A
+/// part that is not an obligation refuses the whole message (400 naming the part) and nothing
+/// in it is delivered; parts of other kinds (text, files) are not obligations and are
+/// refused the same way, so nothing is silently dropped.
+async fn post_message(
+    State(s): State<Shared>,
+    Extension(Peer(peer)): Extension<Peer>,
+    body: Bytes,
+) -> Response {
+    use base64::Engine as _;
+    let request: serde_json::Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => {
+            return a2a_error(
+                StatusCode::BAD_REQUEST,
+                format!("not a SendMessageRequest: {e}"),
+            )
+        }
+    };
+    let message = &request["message"];
+    let Some(parts) = message["parts"].as_array().filter(|p| !p.is_empty()) else {
+        return a2a_error(
+            StatusCode::BAD_REQUEST,
+            "message.parts: a message carrying obligations has at least one part",
+        );
+    };
+    // Every part read before anything is delivered.
+    let mut objects = Vec::with_capacity(parts.len());
+    for (i, part) in parts.iter().enumerate() {
+        let read = if let Some(data) = part.get("data") {
+            serde_json::from_value::<JsonObligation>(data.clone())
+                .map_err(|e| format!("not an obligation in the reference's JSON: {e}"))
+                .and_then(|j| {
+                    let o = j.to_wire(&peer).map_err(|e| e.to_string())?;
+                    Ok((abhyasa_wire::encode(&o), Some(j.obligation_id), Some(o)))
+                })
+        } else if let Some(raw) = part.get("raw").and_then(|r| r.as_str()) {
+            let media = part.get("mediaType").and_then(|m| m.as_str());
+            if media != Some(CBOR) {
+                Err(format!(
+                    "a raw part must have mediaType {CBOR:?}, not {media:?}"
+                ))
+            } else {
+                base64::engine::general_purpose::STANDARD
+                    .decode(raw)
+                    .map_err(|e| format!("raw is not base64: {e}"))
+                    .map(|bytes| {
+                        let o = abhyasa_wire::decode_obligation(&bytes).ok();
+                        (bytes, None, o)
+                    })
+            }
+        } else {
+            Err(
+                "neither a data part (an obligation in the reference's JSON) nor a raw \
+                 application/cbor part"
+                    .into(),
+            )
+        };
+        match read {
+            Ok(x) => objects.push(x),
+            Err(why) => {
+                return a2a_error(
+                    StatusCode::BAD_REQUEST,
+                    format!("message.parts[{i}]: {why}"),
+                )
+            }
+        }
+    }
+    let mut replies = Vec::with_capacity(objects.len());
+    for (object, spelled, decoded) in objects {
+        let spelled = spelled.unwrap_or_else(|| {
+            decoded
+                .as_ref()
+                .map(|o| crate::json::id_string(o.id))
+                .unwrap_or_default()
+        });
+        let part = match deliver_one(&s, &peer, object, decoded.as_ref()).await {
+            Ok(Delivered::Ack(ack)) => {
+                let mut json = JsonAck::of(&ack, &spelled);
+                json.detail = decline_detail(&ack, decoded.as_ref(), s.node.agent());
+                serde_json::to_value(json).unwrap_or_default()
+            }
+            Ok(Delivered::BestEffort) => {
+                serde_json::json!({ "obligation_id": spelled, "status": "best_effort" })
+            }
+            Ok(Delivered::NotYetDurable) => {
+                return a2a_error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("the apply of {spelled} is not durable yet; send the message again"),
+                )
+            }
+            Err(r) => return r,
+        };
+        replies.push(serde_json::json!({ "data": part, "mediaType": JSON }));
+    }
+    let mut reply = serde_json::json!({
+        "messageId": format!("ack-{}", message["messageId"].as_str().unwrap_or("")),
+        "role": "ROLE_AGENT",
+        "parts": replies,
+        "extensions": [EXTENSION_URI],
+    });
+    for echo in ["contextId", "taskId"] {
+        if let Some(v) = message.get(echo) {
+            reply[echo] = v.clone();
+        }
+    }
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, JSON)],
+        serde_json::json!({ "message": reply }).to_string(),
+    )
+        .into_response()
 }
 
 async fn post_ack(

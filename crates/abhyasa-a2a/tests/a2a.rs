@@ -495,3 +495,111 @@ async fn two_spellings_of_one_uuid_are_two_obligations_and_a_reused_id_is_never_
     );
     agent_node.shutdown().await;
 }
+
+/// Reproduced from outside: the official `a2a-sdk` client built from our card called
+/// `POST /message:send` (the interface the card advertises) and got 404. It is served:
+/// obligations ride a message as parts, their acks come back as parts of the reply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn message_send_carries_obligations_as_parts_and_answers_their_acks() {
+    use base64::Engine as _;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate("t").unwrap();
+    let (agent_id, principal_id) = (
+        ca.issue(&id("agent-1")).unwrap(),
+        ca.issue(&id("principal")).unwrap(),
+    );
+    let https = free_tcp();
+    let (agent_node, _server) = agent(&agent_id, dir.path(), https).await;
+    let peer = A2aPeer {
+        agent: id("agent-1"),
+        card_url: format!(
+            "https://agent-1:{}/.well-known/agent-card.json",
+            https.port()
+        ),
+        addr: Some(https),
+    };
+    let http = abhyasa_a2a::client::http_client(&principal_id, &peer).unwrap();
+    let url = format!("https://agent-1:{}/message:send", https.port());
+    let created = abhyasa_a2a::json::format_time(UnixMillis(now_ms()));
+    let json_part = serde_json::json!({
+        "obligation_id": "msg-revoke-1",
+        "kind": "anumati.consent",
+        "target": "agent-1",
+        "payload": {"decision": "revoke", "scope": "contacts.read"},
+        "deadline_seconds": 3600,
+        "max_retries": 15,
+        "created_at": created,
+    });
+    let cbor = nth(2); // a token revocation
+    let grant = serde_json::json!({
+        "obligation_id": "msg-grant-1",
+        "kind": "anumati.consent",
+        "target": "agent-1",
+        "payload": {"decision": "grant", "scope": "photos.read"},
+        "deadline_seconds": 3600,
+        "max_retries": 15,
+        "created_at": created,
+    });
+    let send = |parts: serde_json::Value| {
+        let (http, url) = (http.clone(), url.clone());
+        async move {
+            let body = serde_json::json!({
+                "message": {
+                    "messageId": "m-1",
+                    "contextId": "ctx-1",
+                    "role": "ROLE_USER",
+                    "parts": parts,
+                    "extensions": [EXTENSION_URI],
+                }
+            });
+            let r = http
+                .post(&url)
+                .header("content-type", "application/json")
+                .body(body.to_string())
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            let v: serde_json::Value = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+            (status, v)
+        }
+    };
+    // A part that is no obligation refuses the whole message: nothing applied.
+    let (status, v) = send(serde_json::json!([
+        {"data": json_part},
+        {"text": "please revoke"},
+    ]))
+    .await;
+    assert_eq!(status, 400, "{v}");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("message.parts[1]"));
+    assert!(agent_node.status().await.unwrap().applied.is_empty());
+
+    let (status, v) = send(serde_json::json!([
+        {"data": json_part},
+        {"raw": base64::engine::general_purpose::STANDARD.encode(abhyasa_wire::encode(&cbor)),
+         "mediaType": "application/cbor"},
+        {"data": grant},
+    ]))
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let reply = &v["message"];
+    assert_eq!(reply["role"], "ROLE_AGENT");
+    assert_eq!(reply["contextId"], "ctx-1");
+    let parts = reply["parts"].as_array().unwrap();
+    assert_eq!(parts.len(), 3);
+    assert_eq!(parts[0]["data"]["obligation_id"], "msg-revoke-1");
+    assert_eq!(parts[0]["data"]["status"], "applied");
+    assert_eq!(
+        parts[1]["data"]["obligation_id"],
+        abhyasa_a2a::json::id_string(cbor.id)
+    );
+    assert_eq!(parts[1]["data"]["status"], "applied");
+    assert_eq!(parts[2]["data"]["status"], "best_effort");
+    let honours = agent_node.honours().await.unwrap();
+    assert!(honours.is_withheld(&id("principal"), &Scope::new("contacts.read").unwrap()));
+    assert!(honours.is_dropped(&TokenId::new("tok-2").unwrap()));
+    agent_node.shutdown().await;
+}
