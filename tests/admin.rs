@@ -269,3 +269,34 @@ fn another_user_is_refused_even_where_the_socket_mode_lets_it_connect() {
     );
     assert_eq!(known(&status(&["--admin", &st]).unwrap()), 0);
 }
+
+/// Reproduced: `certs init` / `certs issue` wrote every key 0644, and a second local user
+/// copied `principal.key` and ran a node as the principal. Keys are written 0600 in a 0700
+/// directory, the state file 0600, and a node refuses to start on a key that group or
+/// others can read, naming the file and the `chmod` that fixes it.
+#[test]
+fn keys_and_state_are_private_and_a_readable_key_stops_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = certs(dir.path());
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let certs_dir = Path::new(&c);
+    assert_eq!(mode(certs_dir), 0o700, "the certs directory");
+    for key in ["ca.key", "issuer.key", "agent-1.key"] {
+        assert_eq!(mode(&certs_dir.join(key)), 0o600, "{key}");
+    }
+    let socket = dir.path().join("admin.sock");
+    let (cfg, state) = config(dir.path(), &c, &format!("admin = \"{}\"", socket.display()));
+    {
+        let _node = start(&cfg, &["--admin", &socket.display().to_string()]);
+        assert_eq!(mode(&state), 0o700, "the state directory");
+        assert_eq!(mode(&state.join("node.redb")), 0o600, "node.redb");
+    }
+    let key = certs_dir.join("agent-1.key");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = refused(&cfg);
+    assert!(
+        out.contains("readable by group or others")
+            && out.contains(&format!("chmod 600 {}", key.display())),
+        "{out}"
+    );
+}

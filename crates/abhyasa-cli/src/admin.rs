@@ -402,17 +402,44 @@ pub enum AdminAddr {
 }
 
 impl AdminAddr {
-    /// Parses `host:port` as TCP; anything else is a socket path, and an existing directory
-    /// (a node's state directory) stands for the `admin.sock` inside it.
-    pub fn parse(s: &str) -> Self {
+    /// Parses `ip:port` as TCP and `name:port` (e.g. `localhost:7701`) as TCP at the name's
+    /// first address (a name that does not resolve is an error, never a socket file of that
+    /// name); `unix:PATH`, a path with a `/`, or any other word is a socket path, and an
+    /// existing directory (a node's state directory) stands for the `admin.sock` inside it.
+    pub fn parse(s: &str) -> Result<Self, String> {
         if let Ok(a) = s.parse::<SocketAddr>() {
-            return Self::Tcp(a);
+            return Ok(Self::Tcp(a));
         }
+        let explicit_path = s.starts_with("unix:") || s.contains('/');
         let path = PathBuf::from(s.strip_prefix("unix:").unwrap_or(s));
         if path.is_dir() {
-            Self::Unix(path.join(SOCKET_FILE))
-        } else {
-            Self::Unix(path)
+            return Ok(Self::Unix(path.join(SOCKET_FILE)));
+        }
+        let host_port = s
+            .rsplit_once(':')
+            .filter(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+        match host_port {
+            Some(_) if !explicit_path && !path.exists() => {
+                use std::net::ToSocketAddrs as _;
+                let addrs: Vec<SocketAddr> = s
+                    .to_socket_addrs()
+                    .map_err(|e| {
+                        format!(
+                            "admin address {s:?}: {e}; write an IP address \
+                             (127.0.0.1:PORT) or a socket path (unix:{s} for a file of \
+                             that name)"
+                        )
+                    })?
+                    .collect();
+                // A name with a loopback address (localhost) is taken at that address.
+                addrs
+                    .iter()
+                    .find(|a| a.ip().is_loopback())
+                    .or(addrs.first())
+                    .map(|a| Self::Tcp(*a))
+                    .ok_or_else(|| format!("admin address {s:?} resolves to no address"))
+            }
+            _ => Ok(Self::Unix(path)),
         }
     }
 }
@@ -427,9 +454,9 @@ impl std::fmt::Display for AdminAddr {
 }
 
 impl std::str::FromStr for AdminAddr {
-    type Err = std::convert::Infallible;
+    type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(Self::parse(s))
+        Self::parse(s)
     }
 }
 
@@ -765,4 +792,41 @@ pub async fn request(
         }
     }
     Ok(serde_json::from_str(&reply)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reproduced: `admin = "localhost:PORT"` silently became a Unix socket file named
+    /// `localhost:PORT`. A name with a port resolves (to loopback for localhost) or is
+    /// refused; a socket path stays a socket path.
+    #[test]
+    fn a_host_name_with_a_port_is_tcp_or_an_error_never_a_socket_file() {
+        match AdminAddr::parse("localhost:7701").unwrap() {
+            AdminAddr::Tcp(a) => {
+                assert!(a.ip().is_loopback(), "{a}");
+                assert_eq!(a.port(), 7701);
+            }
+            a => panic!("{a}"),
+        }
+        assert_eq!(
+            AdminAddr::parse("127.0.0.1:7701").unwrap(),
+            AdminAddr::Tcp("127.0.0.1:7701".parse().unwrap())
+        );
+        let e = AdminAddr::parse("no-such-host.invalid:7701").unwrap_err();
+        assert!(e.contains("127.0.0.1:PORT") && e.contains("unix:"), "{e}");
+        assert_eq!(
+            AdminAddr::parse("unix:localhost:7701").unwrap(),
+            AdminAddr::Unix("localhost:7701".into())
+        );
+        assert_eq!(
+            AdminAddr::parse("./run/admin.sock").unwrap(),
+            AdminAddr::Unix("./run/admin.sock".into())
+        );
+        assert_eq!(
+            AdminAddr::parse("admin.sock").unwrap(),
+            AdminAddr::Unix("admin.sock".into())
+        );
+    }
 }

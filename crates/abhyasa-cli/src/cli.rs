@@ -1486,10 +1486,10 @@ const MCP_TOKEN_FILE: &str = "mcp.token";
 
 /// Binds the node's admin interface: `admin` from the config, or `<state>/admin.sock`.
 fn bind_admin(config: &NodeConfig) -> Result<admin::AdminServer> {
-    let addr = config.admin.as_deref().map_or_else(
-        || AdminAddr::Unix(config.state.join(admin::SOCKET_FILE)),
-        AdminAddr::parse,
-    );
+    let addr = match config.admin.as_deref() {
+        None => AdminAddr::Unix(config.state.join(admin::SOCKET_FILE)),
+        Some(a) => AdminAddr::parse(a).map_err(|e| format!("admin: {e}"))?,
+    };
     Ok(admin::AdminServer::bind(
         &addr,
         &config.state,
@@ -1556,7 +1556,13 @@ async fn build_node(config: &NodeConfig) -> Result<Node> {
     }
     if let Some(l) = &config.ledger {
         let executor: Option<Arc<dyn abhyasa_node::Executor>> = if l.gateway {
-            std::fs::create_dir_all(&config.state)?;
+            {
+                use std::os::unix::fs::DirBuilderExt;
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(&config.state)?;
+            }
             Some(Arc::new(
                 ledger_cli::FileExecutor::open(&config.state.join("effects.log"))
                     .map_err(|e| e.to_string())?,

@@ -390,7 +390,15 @@ impl FileExecutor {
             .into_iter()
             .map(|e| ((e.payer, e.key), e.charge))
             .collect();
-        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        // Private, as every state file (0600).
+        let file = {
+            use std::os::unix::fs::OpenOptionsExt;
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .mode(0o600)
+                .open(path)?
+        };
         // A crash in the middle of a record leaves a torn last line (that effect's record
         // never completed): cut it, or the next record would be glued onto it.
         let bytes = std::fs::read(path)?;

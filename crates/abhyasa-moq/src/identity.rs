@@ -49,6 +49,42 @@ pub enum IdentityError {
     /// Two certificates speak for one agent with different keys.
     #[error("{0}")]
     Ambiguous(String),
+    /// A private key that other users of the machine can read: whoever copies it can act as
+    /// this agent (or, for `ca.key`, mint any agent).
+    #[error(
+        "{path} is readable by group or others (mode {mode:o}): anyone on this machine who \
+         copies it can act with it; run `chmod 600 {path}` (and keep its directory 0700)"
+    )]
+    KeyExposed {
+        /// The key file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+}
+
+/// Private keys are written 0600 and their directory 0700; certificates 0644.
+const KEY_MODE: u32 = 0o600;
+const CERT_MODE: u32 = 0o644;
+const DIR_MODE: u32 = 0o700;
+
+/// Refuses a key file that group or others can read (or write).
+fn check_private(path: &Path) -> Result<(), IdentityError> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path)
+        .map_err(|source| IdentityError::Io {
+            path: path.to_owned(),
+            source,
+        })?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        return Err(IdentityError::KeyExposed {
+            path: path.to_owned(),
+            mode: mode & 0o777,
+        });
+    }
+    Ok(())
 }
 
 /// A deployment CA: the one root every agent certificate chains to.
@@ -125,14 +161,19 @@ impl Ca {
     /// Writes `ca.pem` and `ca.key` into `dir` (never over existing files).
     pub fn save(&self, dir: &Path) -> Result<(), IdentityError> {
         let cert_pem = pem_encode("CERTIFICATE", &self.cert);
-        write_new(&dir.join("ca.pem"), cert_pem.as_bytes())?;
-        write_new(&dir.join("ca.key"), self.key.serialize_pem().as_bytes())
+        write_new(&dir.join("ca.pem"), cert_pem.as_bytes(), CERT_MODE)?;
+        write_new(
+            &dir.join("ca.key"),
+            self.key.serialize_pem().as_bytes(),
+            KEY_MODE,
+        )
     }
 
     /// Reads `ca.pem` and `ca.key` from `dir`.
     pub fn load(dir: &Path) -> Result<Self, IdentityError> {
         let cert = read_certificate(&dir.join("ca.pem"))?;
         let key_path = dir.join("ca.key");
+        check_private(&key_path)?;
         let pem = read(&key_path)?;
         let key =
             KeyPair::from_pem(&String::from_utf8_lossy(&pem)).map_err(|_| IdentityError::Pem {
@@ -156,10 +197,15 @@ impl Identity {
             .iter()
             .map(|c| pem_encode("CERTIFICATE", c))
             .collect();
-        write_new(&dir.join(format!("{}.pem", self.agent)), chain.as_bytes())?;
+        write_new(
+            &dir.join(format!("{}.pem", self.agent)),
+            chain.as_bytes(),
+            CERT_MODE,
+        )?;
         write_new(
             &dir.join(format!("{}.key", self.agent)),
             pem_encode("PRIVATE KEY", &self.key).as_bytes(),
+            KEY_MODE,
         )
     }
 
@@ -182,6 +228,7 @@ impl Identity {
             )));
         }
         let key_path = dir.join(format!("{agent}.key"));
+        check_private(&key_path)?;
         let key =
             PrivateKeyDer::from_pem_slice(&read(&key_path)?).map_err(|_| IdentityError::Pem {
                 path: key_path,
@@ -251,18 +298,26 @@ pub fn read_certificate(path: &Path) -> Result<CertificateDer<'static>, Identity
     })
 }
 
-fn write_new(path: &Path, bytes: &[u8]) -> Result<(), IdentityError> {
+/// Writes a new file with `mode` (never over an existing one), creating its directory 0700
+/// if it is missing.
+fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), IdentityError> {
     use std::io::Write;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     let io = |source| IdentityError::Io {
         path: path.to_owned(),
         source,
     };
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(io)?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(DIR_MODE)
+            .create(dir)
+            .map_err(io)?;
     }
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
+        .mode(mode)
         .open(path)
         .map_err(|e| match e.kind() {
             std::io::ErrorKind::AlreadyExists => IdentityError::Exists(path.to_owned()),
@@ -312,5 +367,48 @@ mod tests {
             Identity::load(dir.path(), &AgentId::new("agent-2").unwrap()),
             Err(IdentityError::NoAgentId(_))
         ));
+    }
+
+    /// Reproduced: keys were written 0644 and a second local user copied `principal.key`
+    /// and ran a node as the principal. Keys are 0600 in a 0700 directory, and a key that
+    /// others can read is refused at load, naming the `chmod` that fixes it.
+    #[test]
+    fn keys_are_private_and_a_readable_key_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let certs = dir.path().join("certs");
+        let ca = Ca::generate("t").unwrap();
+        ca.save(&certs).unwrap();
+        let agent = AgentId::new("principal").unwrap();
+        ca.issue(&agent).unwrap().save(&certs).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&certs), 0o700);
+        assert_eq!(mode(&certs.join("ca.key")), 0o600);
+        assert_eq!(mode(&certs.join("principal.key")), 0o600);
+        assert_eq!(mode(&certs.join("principal.pem")), 0o644);
+        assert!(Identity::load(&certs, &agent).is_ok());
+        assert!(Ca::load(&certs).is_ok());
+        for (key, load) in [
+            (
+                "principal.key",
+                Box::new(|| Identity::load(&certs, &agent).map(drop))
+                    as Box<dyn Fn() -> Result<(), IdentityError>>,
+            ),
+            ("ca.key", Box::new(|| Ca::load(&certs).map(drop))),
+        ] {
+            let path = certs.join(key);
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+            match load() {
+                Err(e @ IdentityError::KeyExposed { .. }) => {
+                    let words = e.to_string();
+                    assert!(
+                        words.contains(&format!("chmod 600 {}", path.display())),
+                        "{words}"
+                    );
+                }
+                r => panic!("{key} readable by its group: {r:?}"),
+            }
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
     }
 }

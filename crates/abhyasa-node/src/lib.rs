@@ -497,7 +497,15 @@ impl NodeBuilder {
     /// Opens the store, recovers both machines, binds the endpoint and starts the node.
     pub async fn build(self) -> Result<Node, NodeError> {
         let state_dir = self.state_dir.clone().unwrap_or_else(|| PathBuf::from("."));
-        std::fs::create_dir_all(&state_dir).map_err(abhyasa_store::StoreError::from)?;
+        // The state directory is private (0700) when the node creates it.
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&state_dir)
+                .map_err(abhyasa_store::StoreError::from)?;
+        }
         core::start(self, state_dir.join("node.redb")).await
     }
 }

@@ -285,6 +285,16 @@ impl Store {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(e.into()),
             }
+            // The state is private: created 0600 before redb writes to it (redb creates a
+            // file with the process's default mode).
+            {
+                use std::os::unix::fs::OpenOptionsExt;
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(&creating)?;
+            }
             let db = Database::builder().create(&creating)?;
             drop(Self::init(db, config.clone())?);
             std::fs::rename(&creating, path)?;

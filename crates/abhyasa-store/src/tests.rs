@@ -855,3 +855,17 @@ fn a_recovered_receiver_still_tells_other_content_under_a_known_id() {
         ]
     );
 }
+
+/// State files are private: a store file is created 0600 (it was 0644, readable by every
+/// user of the machine).
+#[test]
+fn a_new_store_file_is_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("node.redb");
+    drop(Store::open(&path, StoreConfig::default()).unwrap());
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "node.redb mode {mode:o}");
+    // And it reopens as a store.
+    drop(Store::open(&path, StoreConfig::default()).unwrap());
+}
