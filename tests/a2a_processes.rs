@@ -33,6 +33,7 @@ fn custody_over_a2a_between_two_processes_survives_a_sigkill_of_the_agent() {
         &a_cfg,
         format!(
             "agent = \"agent-1\"\nlisten = \"{}\"\ncerts = \"{c}\"\nstate = \"{}\"\nadmin = \"{a_admin}\"\n\n\
+             [custody]\nbackoff_cap_ms = 120000\n\n\
              [a2a]\nlisten = \"127.0.0.1:{https}\"\n\n[a2a.deadline_seconds]\n\"anumati.consent\" = 86400\n",
             free_udp(),
             a_state.display()
@@ -52,6 +53,10 @@ fn custody_over_a2a_between_two_processes_survives_a_sigkill_of_the_agent() {
         .find(|k| k["kind"] == "anumati.consent")
         .unwrap();
     assert_eq!(consent["deadline_seconds"], 86_400);
+    // 24 h needs a backoff cap of at least 88 s to fit the wire's 1,000 retries (the default
+    // 30 s cap is refused: see the next test); at 120 s the rule gives 9 doublings
+    // (0.25 s … 64 s, 127.75 s), then ⌈86,272.25/120⌉ = 719: 728.
+    assert_eq!(consent["max_retries"], 728);
     assert_eq!(
         consent["obligation_endpoint"],
         format!("https://agent-1:{https}/abhyasa/v1/obligations/anumati.consent")
@@ -92,4 +97,22 @@ fn a_card_that_readers_would_refuse_is_not_printed_or_served() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("backoff_base_seconds must be > 0"), "{err}");
+    // Reproduced: a 24 h deadline with the default backoff (cap 30 s) needs 2,886 retries;
+    // the card said 1,000 and passed its own check. Refused now, naming what to change.
+    std::fs::write(
+        &cfg,
+        "agent = \"agent-1\"\nlisten = \"127.0.0.1:1\"\ncerts = \"c\"\nstate = \"s\"\n\
+         admin = \"127.0.0.1:2\"\n\n[a2a]\nlisten = \"127.0.0.1:3\"\n\n\
+         [a2a.deadline_seconds]\n\"anumati.consent\" = 86400\n",
+    )
+    .unwrap();
+    let out = abhyasa(&["card", "--config", cfg.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("needs 2886 retries")
+            && err.contains("backoff_cap_ms) to at least 88 s")
+            && err.contains("deadline_seconds.anumati.consent"),
+        "{err}"
+    );
 }
