@@ -223,6 +223,9 @@ fn another_user_is_refused_even_where_the_socket_mode_lets_it_connect() {
     let (cfg, state) = config(dir.path(), &c, "");
     let st = state.display().to_string();
     let _node = start(&cfg, &["--admin", &st]);
+    // The node makes its state directory 0700; opened up here, as the test's point is what
+    // the node does once the kernel lets another user reach the socket.
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755)).unwrap();
     let sock = state.join("admin.sock");
     let as_nobody = |args: &[&str]| {
         Command::new("setpriv")
@@ -299,4 +302,77 @@ fn keys_and_state_are_private_and_a_readable_key_stops_the_start() {
             && out.contains(&format!("chmod 600 {}", key.display())),
         "{out}"
     );
+}
+
+/// Reproduced: about 1,000 idle TCP connections to the admin port (no token) exhausted the
+/// node's descriptors, `accept` failed with EMFILE, the admin interface stopped and the node
+/// with it. Now a failed accept is retried with backoff, a connection that sends no request
+/// within 10 s is closed, and at most 64 wait at once (the oldest waiting one closed for a new
+/// one): 2,000 idle connections against a node allowed 256 descriptors, and the operator is
+/// still served on time, the node still running.
+#[test]
+fn idle_connections_do_not_stop_the_admin_interface_or_the_node() {
+    if Command::new("prlimit").arg("--version").output().is_err() {
+        println!("SKIPPED: needs prlimit (util-linux) to start the node with few descriptors");
+        return;
+    }
+    rlimit::increase_nofile_limit(u64::MAX).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let c = certs(dir.path());
+    let port = free_tcp();
+    let addr = format!("127.0.0.1:{port}");
+    let (cfg, state) = config(dir.path(), &c, &format!("admin = \"{addr}\""));
+    // A node allowed 256 descriptors in all (soft and hard: it cannot raise them); its log
+    // to a file (a pipe nobody drains could stall it).
+    let log_path = dir.path().join("node.log");
+    let mut node = Command::new("prlimit")
+        .arg("--nofile=256:256")
+        .arg(env!("CARGO_BIN_EXE_abhyasa"))
+        .args(["node", "--config"])
+        .arg(&cfg)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    let tf = state.join("admin.token").display().to_string();
+    let admin = ["--admin", addr.as_str(), "--admin-token", tf.as_str()];
+    wait_for("the admin interface", Duration::from_secs(20), || {
+        status(&admin).is_some()
+    });
+    let mut idle = Vec::new();
+    for _ in 0..2_000 {
+        match std::net::TcpStream::connect(&addr) {
+            Ok(s) => idle.push(s),
+            // The listen backlog is full for a moment: the node is closing the oldest.
+            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+    assert!(
+        node.try_wait().unwrap().is_none(),
+        "the node stopped under {} idle connections: {}",
+        idle.len(),
+        std::fs::read_to_string(&log_path).unwrap_or_default()
+    );
+    assert!(idle.len() >= 1_000, "only {} connections made", idle.len());
+    // The operator, with 2,000 idle connections held open.
+    let t = std::time::Instant::now();
+    let s = status(&admin).expect("the admin interface answers");
+    let took = t.elapsed();
+    assert!(s["agent"] == "agent-1", "{s}");
+    println!(
+        "admin flood: {} idle connections held, the operator answered in {} ms",
+        idle.len(),
+        took.as_millis()
+    );
+    let out = issue_revocation(&admin, "tok-flood", &[]);
+    assert!(out.status.success(), "{}", output_text(&out));
+    assert!(
+        node.try_wait().unwrap().is_none(),
+        "the node stopped under idle connections"
+    );
+    drop(idle);
+    let _ = node.kill();
+    let _ = node.wait();
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    assert!(!log.contains("admin interface stopped"), "{log}");
 }

@@ -63,6 +63,15 @@ fn deployment() -> &'static (Signer, Verifier) {
     D.get_or_init(|| {
         let dir = std::path::Path::new(super::FUZZ_DIR).join("fixtures/signed");
         let principal = AgentId::new("principal").expect("an agent id");
+        // Git keeps no mode but the executable bit: a checkout writes the fixture key 0644,
+        // which `Identity::load` refuses (a key others can read). It is a public test
+        // fixture; made private here so it loads as any key does.
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let key = dir.join("principal.key");
+            std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600))
+                .expect("the fixture key's mode");
+        }
         let identity = Identity::load(&dir, &principal).expect("the fixed identity");
         let signer = Signer::new(&identity).expect("an Ed25519 identity");
         let verifier = Verifier::new(identity.ca.clone());

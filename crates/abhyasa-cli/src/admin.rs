@@ -584,44 +584,132 @@ impl AdminServer {
         }
     }
 
-    /// Serves admin requests for `node` until the listener fails.
+    /// Serves admin requests for `node`, for as long as the node runs. Nothing a client does
+    /// stops it: a failed `accept` (EMFILE, ENFILE: descriptors exhausted) is logged and
+    /// retried with backoff; a connection must send its request line within
+    /// [`REQUEST_TIMEOUT`] and its answer is written within the same bound; and at most
+    /// [`MAX_CONNECTIONS`] connections wait for their request line — past that, the oldest
+    /// waiting one is closed, so idle connections cannot crowd out the operator's.
     pub async fn serve(self, node: std::sync::Arc<Node>) -> std::io::Result<()> {
-        match self.listener {
-            Listener::Unix { listener, owner } => loop {
-                let (stream, _) = listener.accept().await?;
-                let uid = stream.peer_cred().map(|c| c.uid()).ok();
-                let node = node.clone();
-                tokio::spawn(async move {
-                    let (r, w) = stream.into_split();
-                    let allowed = if uid == Some(owner) {
-                        Ok(())
-                    } else {
-                        Err(format!(
-                            "unauthorized: uid {uid:?} is not the node's user ({owner})"
-                        ))
-                    };
-                    answer(&node, r, w, |_| allowed).await;
-                });
-            },
-            Listener::Tcp { listener, token } => loop {
-                let (stream, peer) = listener.accept().await?;
-                let node = node.clone();
-                tokio::spawn(async move {
-                    let (r, w) = stream.into_split();
-                    answer(&node, r, w, |given| {
-                        if given.is_some_and(|g| token_matches(g, &token)) {
+        let waiting = Waiting::default();
+        let mut backoff = ACCEPT_BACKOFF_MIN;
+        loop {
+            let accepted = match &self.listener {
+                Listener::Unix { listener, .. } => {
+                    listener.accept().await.map(|(s, _)| Accepted::Unix(s))
+                }
+                Listener::Tcp { listener, .. } => listener
+                    .accept()
+                    .await
+                    .map(|(s, peer)| Accepted::Tcp(s, peer)),
+            };
+            let accepted = match accepted {
+                Ok(a) => {
+                    backoff = ACCEPT_BACKOFF_MIN;
+                    a
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        error = %e,
+                        retry_in_ms = backoff.as_millis() as u64,
+                        "admin interface: accept failed; retrying"
+                    );
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
+                    continue;
+                }
+            };
+            let node = node.clone();
+            let id = waiting.next_id();
+            let task = match (accepted, &self.listener) {
+                (Accepted::Unix(stream), Listener::Unix { owner, .. }) => {
+                    let (owner, waiting) = (*owner, waiting.clone());
+                    let uid = stream.peer_cred().map(|c| c.uid()).ok();
+                    tokio::spawn(async move {
+                        let (r, w) = stream.into_split();
+                        let allowed = if uid == Some(owner) {
                             Ok(())
                         } else {
-                            tracing::warn!(%peer, "admin request without a valid token refused");
                             Err(format!(
-                                "unauthorized: this admin interface needs the token in <state>/{TOKEN_FILE}"
+                                "unauthorized: uid {uid:?} is not the node's user ({owner})"
                             ))
-                        }
+                        };
+                        answer(&node, r, w, || waiting.read(id), |_| allowed).await;
                     })
-                    .await;
-                });
-            },
+                }
+                (Accepted::Tcp(stream, peer), Listener::Tcp { token, .. }) => {
+                    let (token, waiting) = (*token, waiting.clone());
+                    tokio::spawn(async move {
+                        let (r, w) = stream.into_split();
+                        answer(&node, r, w, || waiting.read(id), |given| {
+                            if given.is_some_and(|g| token_matches(g, &token)) {
+                                Ok(())
+                            } else {
+                                tracing::warn!(%peer, "admin request without a valid token refused");
+                                Err(format!(
+                                    "unauthorized: this admin interface needs the token in <state>/{TOKEN_FILE}"
+                                ))
+                            }
+                        })
+                        .await;
+                    })
+                }
+                _ => continue,
+            };
+            waiting.admit(id, task.abort_handle());
         }
+    }
+}
+
+enum Accepted {
+    Unix(tokio::net::UnixStream),
+    Tcp(tokio::net::TcpStream, SocketAddr),
+}
+
+/// How long a connection may take to send its request line, and its answer to be written.
+pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Connections that may wait for their request line at once; past it the oldest is closed.
+pub const MAX_CONNECTIONS: usize = 64;
+const ACCEPT_BACKOFF_MIN: std::time::Duration = std::time::Duration::from_millis(10);
+const ACCEPT_BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The connections still waiting for their request line, oldest first: at
+/// [`MAX_CONNECTIONS`] the oldest is closed for a new one.
+#[derive(Clone, Default)]
+struct Waiting(std::sync::Arc<std::sync::Mutex<WaitingInner>>);
+
+#[derive(Default)]
+struct WaitingInner {
+    next: u64,
+    queue: std::collections::VecDeque<(u64, tokio::task::AbortHandle)>,
+}
+
+impl Waiting {
+    fn lock(&self) -> std::sync::MutexGuard<'_, WaitingInner> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn next_id(&self) -> u64 {
+        let mut w = self.lock();
+        w.next += 1;
+        w.next
+    }
+
+    /// Counts connection `id` as waiting; closes the oldest waiting ones past the cap.
+    fn admit(&self, id: u64, handle: tokio::task::AbortHandle) {
+        let mut w = self.lock();
+        w.queue.retain(|(_, h)| !h.is_finished());
+        while w.queue.len() >= MAX_CONNECTIONS {
+            if let Some((_, oldest)) = w.queue.pop_front() {
+                oldest.abort();
+            }
+        }
+        w.queue.push_back((id, handle));
+    }
+
+    /// Connection `id` has read its request line: it no longer counts as waiting.
+    fn read(&self, id: u64) {
+        self.lock().queue.retain(|(i, _)| *i != id);
     }
 }
 
@@ -683,19 +771,19 @@ async fn answer<R, W>(
     node: &Node,
     r: R,
     mut w: W,
+    read: impl FnOnce(),
     authorize: impl FnOnce(Option<&str>) -> Result<(), String>,
 ) where
     R: tokio::io::AsyncRead + Unpin,
     W: tokio::io::AsyncWrite + Unpin,
 {
     let mut line = String::new();
-    // One request per connection, bounded: a line longer than this is refused unread.
-    if BufReader::new(r.take(MAX_REQUEST_BYTES))
-        .read_line(&mut line)
-        .await
-        .is_err()
-    {
-        return;
+    // One request per connection, bounded in size and in time: a line longer than this is
+    // refused unread, and a connection that sends nothing is closed.
+    let mut reader = BufReader::new(r.take(MAX_REQUEST_BYTES));
+    match tokio::time::timeout(REQUEST_TIMEOUT, reader.read_line(&mut line)).await {
+        Ok(Ok(_)) => read(),
+        _ => return,
     }
     let reply = match serde_json::from_str::<Envelope>(&line) {
         Err(_) if !line.ends_with('\n') && line.len() as u64 >= MAX_REQUEST_BYTES => {
@@ -707,7 +795,11 @@ async fn answer<R, W>(
             Ok(()) => handle(node, env.request).await,
         },
     };
-    let _ = w.write_all(format!("{reply}\n").as_bytes()).await;
+    let _ = tokio::time::timeout(
+        REQUEST_TIMEOUT,
+        w.write_all(format!("{reply}\n").as_bytes()),
+    )
+    .await;
 }
 
 /// The longest admin request line accepted.

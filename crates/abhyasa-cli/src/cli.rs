@@ -1497,7 +1497,18 @@ fn bind_admin(config: &NodeConfig) -> Result<admin::AdminServer> {
     )?)
 }
 
+/// Raises this process's soft limit on open descriptors to its hard limit: a node holds a
+/// descriptor per connection on each listener, and the soft limit (often 1,024) is what idle
+/// connections exhausted first.
+fn raise_descriptor_limit() {
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(n) => tracing::debug!(limit = n, "open descriptor limit"),
+        Err(e) => tracing::warn!(%e, "could not raise the open descriptor limit"),
+    }
+}
+
 async fn build_node(config: &NodeConfig) -> Result<Node> {
+    raise_descriptor_limit();
     let agent = AgentId::new(config.agent.clone())?;
     let identity = Identity::load(&config.certs, &agent)?;
     let mut builder = Node::builder(identity)
