@@ -104,6 +104,8 @@ gateway = true
 
 [mcp]
 principal = "principal"
+# The node's own tools: granted here (the default is neither).
+node_tools = ["issue", "ledger"]
 
 [[mcp.tools]]
 name = "book"

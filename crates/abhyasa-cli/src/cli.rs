@@ -1430,10 +1430,15 @@ async fn mcp(path: PathBuf, stdio: bool, http: Option<SocketAddr>) -> Result<Exi
         )
     })?)?;
     let mut tools = mcp_tools(&config)?;
+    let node_tools = mcp.node_tools(config.ledger.is_some())?;
     let node = build_node(&config).await?;
-    tools.push(crate::mcp_cli::issue_tool(node.clone()));
-    if config.ledger.is_some() {
-        tools.push(crate::mcp_cli::ledger_tool(node.clone()));
+    // The node's own tools only where the operator granted them: each carries the node's
+    // whole authority (issuing as it, spending its budget).
+    for t in node_tools {
+        tools.push(match t {
+            crate::mcp_cli::NodeTool::Issue => crate::mcp_cli::issue_tool(node.clone()),
+            crate::mcp_cli::NodeTool::Ledger => crate::mcp_cli::ledger_tool(node.clone()),
+        });
     }
     let admin = bind_admin(&config)?;
     let admin_addr = admin.addr();
@@ -1670,11 +1675,12 @@ fn mcp_tools(config: &NodeConfig) -> Result<Vec<abhyasa_mcp::HostTool>> {
 /// `[[mcp.tools]]` governed), and reaches the `transport = "a2a"` and `"mcp"` peers.
 async fn start_bindings(config: &NodeConfig, node: &Node) -> Result<Bindings> {
     let mut mcp_server = None;
-    if config.mcp.is_some() {
+    if let Some(mcp) = &config.mcp {
         let tools = mcp_tools(config)?;
+        let callers = mcp.quic_callers()?;
         let node = node.clone();
         mcp_server = Some(tokio::spawn(async move {
-            if let Err(e) = abhyasa_mcp::serve_quic(node, tools).await {
+            if let Err(e) = abhyasa_mcp::serve_quic_for(node, tools, callers).await {
                 eprintln!("MCP over QUIC stopped: {e}");
             }
         }));

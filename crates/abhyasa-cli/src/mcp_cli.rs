@@ -34,6 +34,63 @@ pub struct McpConfig {
     /// Host tools, each governed.
     #[serde(default)]
     pub tools: Vec<McpToolConfig>,
+    /// Which of the node's own tools the `--stdio` / `--http` client gets: `"issue"`
+    /// (`abhyasa_issue`: obligations issued as this node) and `"ledger"` (`abhyasa_ledger`:
+    /// this node's budget). Each carries the node's whole authority in that respect, so the
+    /// default is neither.
+    #[serde(default)]
+    pub node_tools: Vec<String>,
+    /// The deployment members that may call the host tools over MCP-over-QUIC (`abhyasa
+    /// node`); absent: every member of the deployment. A member outside the list still
+    /// delivers obligations in its own name over MCP, but sees and runs no host tool.
+    #[serde(default)]
+    pub quic_callers: Option<Vec<String>>,
+}
+
+/// One of the node's own MCP tools, as `[mcp] node_tools` names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeTool {
+    /// `abhyasa_issue`.
+    Issue,
+    /// `abhyasa_ledger`.
+    Ledger,
+}
+
+impl McpConfig {
+    /// `node_tools`, checked: each a known tool, `ledger` only with a `[ledger]` section.
+    pub fn node_tools(&self, has_ledger: bool) -> Result<Vec<NodeTool>, McpConfigError> {
+        self.node_tools
+            .iter()
+            .map(|t| match t.as_str() {
+                "issue" => Ok(NodeTool::Issue),
+                "ledger" if has_ledger => Ok(NodeTool::Ledger),
+                "ledger" => Err(McpConfigError::NodeTool(
+                    "\"ledger\" needs a [ledger] section".into(),
+                )),
+                other => Err(McpConfigError::NodeTool(format!(
+                    "{other:?} is not one of the node's tools (\"issue\", \"ledger\")"
+                ))),
+            })
+            .collect()
+    }
+
+    /// `quic_callers`, checked as agent ids.
+    pub fn quic_callers(
+        &self,
+    ) -> Result<Option<std::collections::BTreeSet<abhyasa_wire::AgentId>>, McpConfigError> {
+        self.quic_callers
+            .as_ref()
+            .map(|c| {
+                c.iter()
+                    .map(|a| {
+                        abhyasa_wire::AgentId::new(a.clone()).map_err(|e| {
+                            McpConfigError::NodeTool(format!("quic_callers: {a:?}: {e}"))
+                        })
+                    })
+                    .collect()
+            })
+            .transpose()
+    }
 }
 
 /// One `[[mcp.tools]]`.
@@ -65,6 +122,9 @@ pub struct McpToolConfig {
 /// A configuration error, named.
 #[derive(Debug, thiserror::Error)]
 pub enum McpConfigError {
+    /// `[mcp] node_tools` or `quic_callers` names something it cannot.
+    #[error("[mcp] {0}")]
+    NodeTool(String),
     /// A tool name MCP does not allow.
     #[error("mcp tool name {0:?}: use letters, digits, '_' and '-' (1 to 64)")]
     Name(String),
@@ -344,4 +404,50 @@ pub async fn serve_stdio(
     let running = server.serve(abhyasa_mcp::rmcp::transport::stdio()).await?;
     running.waiting().await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod node_tool_tests {
+    use super::*;
+
+    fn config(toml_text: &str) -> McpConfig {
+        toml::from_str(toml_text).unwrap()
+    }
+
+    /// Reproduced: the MCP HTTP token also exposed `abhyasa_issue` and `abhyasa_ledger` —
+    /// the node's whole authority — without the operator asking. Now neither by default;
+    /// each only when named; an unknown name or `ledger` without a ledger refused by name.
+    #[test]
+    fn the_nodes_own_tools_are_granted_only_by_name() {
+        assert!(config("principal = \"p\"")
+            .node_tools(true)
+            .unwrap()
+            .is_empty());
+        assert_eq!(
+            config("node_tools = [\"issue\", \"ledger\"]")
+                .node_tools(true)
+                .unwrap(),
+            vec![NodeTool::Issue, NodeTool::Ledger]
+        );
+        let e = config("node_tools = [\"ledger\"]")
+            .node_tools(false)
+            .unwrap_err();
+        assert!(e.to_string().contains("[ledger] section"), "{e}");
+        let e = config("node_tools = [\"admin\"]")
+            .node_tools(true)
+            .unwrap_err();
+        assert!(e.to_string().contains("\"admin\" is not one"), "{e}");
+        assert_eq!(config("").quic_callers().unwrap(), None);
+        assert_eq!(
+            config("quic_callers = [\"principal\"]")
+                .quic_callers()
+                .unwrap()
+                .unwrap()
+                .len(),
+            1
+        );
+        assert!(config("quic_callers = [\"Not An Agent\"]")
+            .quic_callers()
+            .is_err());
+    }
 }

@@ -30,7 +30,8 @@ pub use envelope::{
     META_ACKS, META_OBLIGATIONS, META_PERMIT, META_RECEIPT,
 };
 pub use quic::{
-    connect_command, connect_quic, connect_url, serve_quic, McpRoute, PrincipalLink, QuicTransport,
+    connect_command, connect_quic, connect_url, serve_quic, serve_quic_for, McpRoute,
+    PrincipalLink, QuicTransport,
 };
 pub use server::{
     AgentServer, Governance, HostTool, ToolFn, ToolFuture, RESOURCE_HONOURS, RESOURCE_WEIGHTS,

@@ -84,6 +84,18 @@ impl<R: ServiceRole> Transport<R> for QuicTransport {
 /// [`AgentServer`] whose principal is the peer its certificate names, with `tools`. Runs
 /// until the node stops; `Err` if another task already serves the node's MCP sessions.
 pub async fn serve_quic(node: Node, tools: Vec<HostTool>) -> Result<(), NodeError> {
+    serve_quic_for(node, tools, None).await
+}
+
+/// [`serve_quic`], with the host tools served only to the deployment members in `callers`
+/// (`None`: every member). A member outside it still gets an MCP session — obligations it
+/// issues in its own name ride its calls, and `abhyasa_deliver` / `abhyasa_custody_status`
+/// answer — but no host tool is listed or run for it.
+pub async fn serve_quic_for(
+    node: Node,
+    tools: Vec<HostTool>,
+    callers: Option<std::collections::BTreeSet<AgentId>>,
+) -> Result<(), NodeError> {
     let Some(mut sessions) = node.mcp_sessions() else {
         return Err(NodeError::Mcp(
             "MCP sessions are already being served".into(),
@@ -92,8 +104,13 @@ pub async fn serve_quic(node: Node, tools: Vec<HostTool>) -> Result<(), NodeErro
     while let Some(channel) = sessions.recv().await {
         let peer = channel.peer().clone();
         let mut server = AgentServer::new(node.clone(), peer.clone());
-        for t in &tools {
-            server = server.tool(t.clone());
+        let allowed = callers.as_ref().is_none_or(|c| c.contains(&peer));
+        if allowed {
+            for t in &tools {
+                server = server.tool(t.clone());
+            }
+        } else if !tools.is_empty() {
+            debug!(%peer, "MCP session over QUIC: not a host-tool caller; custody tools only");
         }
         tokio::spawn(async move {
             match server.serve(QuicTransport::new(channel)).await {

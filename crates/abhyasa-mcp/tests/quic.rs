@@ -171,3 +171,70 @@ async fn custody_over_mcp_over_quic_survives_loss_and_an_agent_restart() {
     p.shutdown().await;
     agent.shutdown().await;
 }
+
+/// Which members may call host tools over MCP-over-QUIC is the operator's choice (it was
+/// every member): a member outside `callers` still gets a session and delivers its own
+/// obligations, but sees and runs no host tool; a member inside it runs them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_tools_over_quic_are_served_only_to_the_callers_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate("t").unwrap();
+    let agent = agent_at(&ca, dir.path(), free_addr(), None).await;
+    let runs = Arc::new(AtomicU32::new(0));
+    let callers = [id("principal")].into_iter().collect();
+    tokio::spawn(abhyasa_mcp::serve_quic_for(
+        agent.clone(),
+        vec![calendar(runs.clone())],
+        Some(callers),
+    ));
+    let names = |tools: Vec<rmcp::model::Tool>| -> Vec<String> {
+        tools.into_iter().map(|t| t.name.to_string()).collect()
+    };
+    // A member not named: custody tools only, the host tool neither listed nor run.
+    let mallory = Node::builder(ca.issue(&id("mallory")).unwrap())
+        .state_dir(dir.path().join("mallory"))
+        .custodian(custodian())
+        .build()
+        .await
+        .unwrap();
+    let (client, service) = connect_quic(
+        &mallory,
+        &id("agent-1"),
+        agent.local_addr(),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    let listed = names(service.peer().list_all_tools().await.unwrap());
+    assert!(!listed.contains(&"calendar_read".to_string()), "{listed:?}");
+    assert!(
+        listed.contains(&"abhyasa_deliver".to_string()),
+        "{listed:?}"
+    );
+    assert!(client
+        .call_tool(CallToolRequestParams::new("calendar_read"))
+        .await
+        .is_err());
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    // The member named runs it.
+    let p = principal(&ca, dir.path(), None).await;
+    let (client, service) = connect_quic(
+        &p,
+        &id("agent-1"),
+        agent.local_addr(),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    assert!(names(service.peer().list_all_tools().await.unwrap())
+        .contains(&"calendar_read".to_string()));
+    let r = client
+        .call_tool(CallToolRequestParams::new("calendar_read"))
+        .await
+        .unwrap();
+    assert_eq!(r.is_error, Some(false));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    mallory.shutdown().await;
+    p.shutdown().await;
+    agent.shutdown().await;
+}
