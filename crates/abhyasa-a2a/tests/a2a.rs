@@ -196,8 +196,17 @@ async fn custody_over_a2a_applies_every_kind_once_across_an_agent_restart() {
     agent_node.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_card_reads_with_the_official_a2a_types_and_json_obligations_get_json_acks() {
+/// An agent node serving the binding, and the principal's HTTPS client for it.
+struct Served {
+    _dir: tempfile::TempDir,
+    agent_node: Node,
+    _server: A2aServer,
+    https: SocketAddr,
+    peer: A2aPeer,
+    http: reqwest::Client,
+}
+
+async fn served() -> Served {
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::generate("t").unwrap();
     let (agent_id, principal_id) = (
@@ -205,7 +214,7 @@ async fn the_card_reads_with_the_official_a2a_types_and_json_obligations_get_jso
         ca.issue(&id("principal")).unwrap(),
     );
     let https = free_tcp();
-    let (agent_node, _server) = agent(&agent_id, dir.path(), https).await;
+    let (agent_node, server) = agent(&agent_id, dir.path(), https).await;
     let peer = A2aPeer {
         agent: id("agent-1"),
         card_url: format!(
@@ -215,6 +224,26 @@ async fn the_card_reads_with_the_official_a2a_types_and_json_obligations_get_jso
         addr: Some(https),
     };
     let http = abhyasa_a2a::client::http_client(&principal_id, &peer).unwrap();
+    Served {
+        _dir: dir,
+        agent_node,
+        _server: server,
+        https,
+        peer,
+        http,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_card_reads_with_the_official_a2a_types_and_json_obligations_get_json_acks() {
+    let Served {
+        _dir,
+        agent_node,
+        _server,
+        https,
+        peer,
+        http,
+    } = served().await;
 
     // The card, as the A2A project's Rust types read it.
     let body = http
@@ -375,23 +404,14 @@ async fn the_card_reads_with_the_official_a2a_types_and_json_obligations_get_jso
 /// declined `id_conflict`, never acked `applied`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_spellings_of_one_uuid_are_two_obligations_and_a_reused_id_is_never_acked_applied() {
-    let dir = tempfile::tempdir().unwrap();
-    let ca = Ca::generate("t").unwrap();
-    let (agent_id, principal_id) = (
-        ca.issue(&id("agent-1")).unwrap(),
-        ca.issue(&id("principal")).unwrap(),
-    );
-    let https = free_tcp();
-    let (agent_node, _server) = agent(&agent_id, dir.path(), https).await;
-    let peer = A2aPeer {
-        agent: id("agent-1"),
-        card_url: format!(
-            "https://agent-1:{}/.well-known/agent-card.json",
-            https.port()
-        ),
-        addr: Some(https),
-    };
-    let http = abhyasa_a2a::client::http_client(&principal_id, &peer).unwrap();
+    let Served {
+        _dir,
+        agent_node,
+        _server,
+        https,
+        peer: _,
+        http,
+    } = served().await;
     let url = format!(
         "https://agent-1:{}/abhyasa/v1/obligations/anumati.consent",
         https.port()
@@ -502,23 +522,14 @@ async fn two_spellings_of_one_uuid_are_two_obligations_and_a_reused_id_is_never_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn message_send_carries_obligations_as_parts_and_answers_their_acks() {
     use base64::Engine as _;
-    let dir = tempfile::tempdir().unwrap();
-    let ca = Ca::generate("t").unwrap();
-    let (agent_id, principal_id) = (
-        ca.issue(&id("agent-1")).unwrap(),
-        ca.issue(&id("principal")).unwrap(),
-    );
-    let https = free_tcp();
-    let (agent_node, _server) = agent(&agent_id, dir.path(), https).await;
-    let peer = A2aPeer {
-        agent: id("agent-1"),
-        card_url: format!(
-            "https://agent-1:{}/.well-known/agent-card.json",
-            https.port()
-        ),
-        addr: Some(https),
-    };
-    let http = abhyasa_a2a::client::http_client(&principal_id, &peer).unwrap();
+    let Served {
+        _dir,
+        agent_node,
+        _server,
+        https,
+        peer: _,
+        http,
+    } = served().await;
     let url = format!("https://agent-1:{}/message:send", https.port());
     let created = abhyasa_a2a::json::format_time(UnixMillis(now_ms()));
     let json_part = serde_json::json!({

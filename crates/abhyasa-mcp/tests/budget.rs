@@ -93,24 +93,7 @@ const CREDIT: CreditId = CreditId::from_u128(1);
 fn branch(who: &str) -> Branch {
     // Permits that expire in an hour of real time: the gateway forgets settled acceptances,
     // so it takes only permits that expire.
-    let config = BranchConfig {
-        permit_ttl_ms: 3_600_000,
-        ..BranchConfig::default()
-    };
-    let mut b = Branch::new(id(who), key(who), keyring(), config);
-    b.advance_clock(wall_clock());
-    let grant = RootGrant {
-        root: RootId::from_u128(7),
-        issuer: id("issuer"),
-        holder: id(who),
-        budget: cents(100),
-        label: Label::of(&["travel"]).unwrap(),
-        issued_at: UnixMillis(0),
-    };
-    b.grant(Signed::sign(&grant, &grant.issuer, &key("issuer")), CREDIT)
-        .unwrap();
-    settle_persists(&mut b);
-    b
+    branch_at(who, wall_clock(), 3_600_000)
 }
 
 fn settle_persists(b: &mut Branch) {
