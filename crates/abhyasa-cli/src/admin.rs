@@ -175,6 +175,9 @@ pub struct StatusJson {
     /// verify.
     #[serde(default)]
     pub unverified: std::collections::BTreeMap<String, u64>,
+    /// Set while the store refuses commits for want of space (new work refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_full: Option<String>,
     /// Custody objects (obligations, acks) sent since the node started.
     #[serde(default)]
     pub sent_objects: u64,
@@ -294,6 +297,7 @@ impl From<Status> for StatusJson {
                 .collect(),
             sent_objects: s.sent.objects,
             sent_groups: s.sent.groups,
+            store_full: s.store_full.clone(),
             pending: s
                 .pending
                 .iter()

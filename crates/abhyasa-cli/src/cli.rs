@@ -1752,6 +1752,9 @@ async fn start_a2a(
 }
 
 fn print_status(s: &StatusJson) {
+    if let Some(full) = &s.store_full {
+        println!("STORE FULL: {full}");
+    }
     println!("agent {}   peers: {}", s.agent, s.peers.join(", "));
     for (peer, n) in &s.slowed {
         println!("slowed: {n} object(s) from {peer} dropped by the per-peer rate limit");

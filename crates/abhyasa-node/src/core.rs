@@ -133,6 +133,56 @@ impl Clock {
     }
 }
 
+/// The store refused a commit for want of space.
+struct StoreFull {
+    retry_at: tokio::time::Instant,
+    cause: String,
+}
+
+const STORE_FULL_BACKOFF_MIN: Duration = Duration::from_millis(250);
+const STORE_FULL_BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// Whether a failed commit failed for want of space (ENOSPC, or EDQUOT: a quota). The
+/// writer reports a failed commit as its error's text, which for an I/O error ends with the
+/// OS error number.
+fn out_of_space(e: &str) -> bool {
+    e.contains("(os error 28)") || e.contains("(os error 122)")
+}
+
+/// Bytes free for an unprivileged user on the file system holding `path`.
+fn free_bytes(path: &std::path::Path) -> Option<u64> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty())?;
+    let s = rustix::fs::statvfs(dir).ok()?;
+    Some(s.f_bavail.saturating_mul(s.f_frsize))
+}
+
+/// While the store is full, work that needs a commit is refused with `e` (and `None`
+/// returned); reads and everything else go on (`Some`).
+fn refuse_while_full(cmd: Command, e: NodeError) -> Option<Command> {
+    match cmd {
+        Command::Issue(_, reply, _) => {
+            let _ = reply.send(Err(e));
+        }
+        Command::Deliver(_, _, reply) => {
+            let _ = reply.send(Err(e));
+        }
+        Command::Ledger(c, reply) if !matches!(c, crate::LedgerCommand::Status) => {
+            let _ = reply.send(Err(e));
+        }
+        Command::GatewayDispatch(_, _, _, reply) => {
+            let _ = reply.send(Err(e));
+        }
+        Command::CarriedPermit(_, _, _, _, reply) => {
+            let _ = reply.send(Err(e));
+        }
+        Command::GatewayExecuted(_, _, _, reply) => {
+            let _ = reply.send(Err(e));
+        }
+        cmd => return Some(cmd),
+    }
+    None
+}
+
 /// The writer thread's answer: awaited in place, or — on a paused test clock — from the
 /// blocking pool, which holds the paused clock still while the writer works.
 async fn writer_answer<T: Send + 'static>(
@@ -397,6 +447,9 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         maintenance: b.maintenance,
         next_maintenance: tokio::time::Instant::now() + b.maintenance,
         paused_clock: b.paused_clock,
+        db_path: db_path.clone(),
+        store_full: None,
+        full_backoff: STORE_FULL_BACKOFF_MIN,
         ledger_tick: b
             .ledger
             .as_ref()
@@ -730,6 +783,14 @@ struct Core {
     clock: Clock,
     /// Wait for the writer thread on the blocking pool ([`NodeBuilder::paused_clock`]).
     paused_clock: bool,
+    /// The store file (named in a "store full" answer).
+    db_path: PathBuf,
+    /// Set while commits fail for want of space: new work is refused, and the next commit is
+    /// tried at `retry_at`.
+    store_full: Option<StoreFull>,
+    /// The wait before the next commit after one that failed for space (doubling to
+    /// [`STORE_FULL_BACKOFF_MAX`]; back to the minimum after a commit lands).
+    full_backoff: Duration,
     /// Objects (obligations, ledger messages) each peer may hand in per second (0: no
     /// limit), its bucket, and how many were dropped for it.
     rate: u32,
@@ -835,7 +896,10 @@ impl Core {
                 self.stop().await;
                 return None;
             }
-            if tokio::time::Instant::now() >= self.next_maintenance && !self.maintain().await {
+            if self.store_full.is_none()
+                && tokio::time::Instant::now() >= self.next_maintenance
+                && !self.maintain().await
+            {
                 self.stop().await;
                 return None;
             }
@@ -845,6 +909,10 @@ impl Core {
     /// The earliest of every timer: the custody machines' own deadlines, the ledger's next
     /// resend tick and maintenance.
     fn next_deadline(&self) -> tokio::time::Instant {
+        if let Some(full) = &self.store_full {
+            // Nothing is committed before the retry: the machines' timers wait for it.
+            return full.retry_at.min(self.next_maintenance);
+        }
         let custody = [self.custodian.poll_timeout(), self.receiver.poll_timeout()]
             .into_iter()
             .flatten()
@@ -860,6 +928,14 @@ impl Core {
     /// Fires every timer whose deadline has passed, at the clock's `now`: called on every
     /// pass of the loop, not only when the sleep wins.
     fn fire_due_timers(&mut self) {
+        if let Some(full) = &self.store_full {
+            if tokio::time::Instant::now() < full.retry_at {
+                return;
+            }
+            // Time to try the store again: the timers fire, and the commit that follows
+            // tells whether space has returned.
+            self.store_full = None;
+        }
         let t = self.clock.now();
         let custody_due = [self.custodian.poll_timeout(), self.receiver.poll_timeout()]
             .into_iter()
@@ -897,6 +973,7 @@ impl Core {
                 debug!(folded, ?report, "maintenance");
                 true
             }
+            Err(GroupError::Unknown(e)) if out_of_space(&e) => self.store_is_full(e),
             Err(GroupError::Unknown(e)) => {
                 warn!(%e, "maintenance outcome unknown: recovering from the store");
                 self.recover(&e.to_string())
@@ -975,6 +1052,13 @@ impl Core {
     }
 
     async fn command(&mut self, cmd: Command) {
+        let cmd = match self.refuse_new_work() {
+            None => cmd,
+            Some(e) => match refuse_while_full(cmd, e) {
+                Some(cmd) => cmd,
+                None => return,
+            },
+        };
         match cmd {
             Command::Issue(o, reply, outcome) => {
                 let span =
@@ -1035,6 +1119,7 @@ impl Core {
                     slowed: self.slowed.clone(),
                     unverified: self.unverified.clone(),
                     sent: self.sent,
+                    store_full: self.refuse_new_work().map(|e| e.to_string()),
                 });
             }
             Command::Honours(reply) => {
@@ -1302,6 +1387,10 @@ impl Core {
     /// Persists what both machines hand out in one group commit, then releases what
     /// depended on it. `false`: the store is gone and the node must stop.
     async fn flush(&mut self) -> bool {
+        if self.store_full.is_some() {
+            // Nothing is committed before the retry (see `fire_due_timers`).
+            return true;
+        }
         loop {
             let mut ops = Vec::new();
             let (mut ct, mut rt) = (Vec::new(), Vec::new());
@@ -1327,6 +1416,10 @@ impl Core {
                     .unwrap_or(Err(GroupError::Stopped));
                 match outcome {
                     Ok(()) => {
+                        if self.full_backoff != STORE_FULL_BACKOFF_MIN {
+                            info!(path = %self.db_path.display(), "the store takes commits again");
+                            self.full_backoff = STORE_FULL_BACKOFF_MIN;
+                        }
                         let t = self.clock.now();
                         ct.into_iter()
                             .for_each(|k| self.custodian.handle_persisted(t, k));
@@ -1335,6 +1428,11 @@ impl Core {
                         if let Some(l) = &mut self.ledger {
                             l.persisted();
                         }
+                    }
+                    Err(GroupError::Unknown(e)) if out_of_space(&e) => {
+                        // Not a loop of commit, fail, recover, retry: the node answers
+                        // (status, refusals) and tries again after a backoff.
+                        return self.store_is_full(e);
                     }
                     Err(GroupError::Unknown(e)) => {
                         warn!(%e, "commit outcome unknown: recovering from the store");
@@ -1380,8 +1478,17 @@ impl Core {
     /// Reloads the machines from the store after a commit of unknown outcome; everything
     /// that waited on that commit is answered "issue again", with `cause`.
     fn recover(&mut self, cause: &str) -> bool {
-        let again = || NodeError::IssueAgain {
-            cause: cause.to_owned(),
+        let full = self.refuse_new_work().map(|e| e.to_string());
+        let (path, free) = (self.db_path.clone(), free_bytes(&self.db_path));
+        let again = || match &full {
+            Some(_) => NodeError::StoreFull {
+                path: path.clone(),
+                free_bytes: free,
+                cause: cause.to_owned(),
+            },
+            None => NodeError::IssueAgain {
+                cause: cause.to_owned(),
+            },
         };
         let (agent, cc, rc, t) = (
             self.agent.clone(),
@@ -1431,6 +1538,41 @@ impl Core {
             }
             _ => false,
         }
+    }
+
+    /// The error new work gets while the store is full.
+    fn full_error(&self, cause: &str) -> NodeError {
+        NodeError::StoreFull {
+            path: self.db_path.clone(),
+            free_bytes: free_bytes(&self.db_path),
+            cause: cause.to_owned(),
+        }
+    }
+
+    /// The refusal for new work now, if the store is full.
+    fn refuse_new_work(&self) -> Option<NodeError> {
+        self.store_full.as_ref().map(|f| self.full_error(&f.cause))
+    }
+
+    /// A commit failed for want of space: the machines go back to what the store holds
+    /// (what waited on the commit is answered "store full", or "custody" for an issue the
+    /// store already holds), new work is refused, and the next commit waits a backoff.
+    /// `false`: the store could not be read back and the node must stop.
+    fn store_is_full(&mut self, cause: String) -> bool {
+        let backoff = self.full_backoff;
+        self.full_backoff = (backoff * 2).min(STORE_FULL_BACKOFF_MAX);
+        self.store_full = Some(StoreFull {
+            retry_at: tokio::time::Instant::now() + backoff,
+            cause: cause.clone(),
+        });
+        warn!(
+            path = %self.db_path.display(),
+            free_bytes = ?free_bytes(&self.db_path),
+            retry_in_ms = backoff.as_millis() as u64,
+            %cause,
+            "the store is full: new work is refused until a commit lands"
+        );
+        self.recover(&cause)
     }
 
     fn release_ledger(&mut self) -> bool {

@@ -84,6 +84,22 @@ pub enum NodeError {
     /// The store writer stopped.
     #[error("store writer: {0}")]
     Group(#[from] abhyasa_store::GroupError),
+    /// The store's file system is full: new work is refused (nothing accepted is lost; the
+    /// node retries its commits with backoff and takes work again once space returns).
+    #[error(
+        "the store is full: {} has {} free ({cause}); new work is refused until space \
+         returns (commits are retried with backoff)",
+        path.display(),
+        free_bytes.map_or_else(|| "an unknown number of bytes".to_owned(), |b| format!("{b} bytes"))
+    )]
+    StoreFull {
+        /// The store file.
+        path: PathBuf,
+        /// Bytes free for this user on its file system, when known.
+        free_bytes: Option<u64>,
+        /// What the failed commit said.
+        cause: String,
+    },
     /// The QUIC endpoint could not be built.
     #[error("endpoint: {0}")]
     Endpoint(#[from] abhyasa_moq::EndpointError),
@@ -184,6 +200,9 @@ pub struct Status {
     /// the groups they left in: what is ready at once leaves in groups of up to
     /// `objects_per_group` per peer ([`Limits::session`], at most 64).
     pub sent: Sent,
+    /// Set while the store refuses commits for want of space ([`NodeError::StoreFull`]):
+    /// new work is refused, commits are retried with backoff.
+    pub store_full: Option<String>,
 }
 
 /// Custody objects sent and the groups they went in (see [`Status::sent`]).
