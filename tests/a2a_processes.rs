@@ -116,3 +116,120 @@ fn a_card_that_readers_would_refuse_is_not_printed_or_served() {
         "{err}"
     );
 }
+
+/// Reproduced: about 1,500 idle connections to the A2A port — from the network, without a
+/// certificate — exhausted the node's descriptors and stopped it. Now connections still in
+/// their TLS handshake are capped (a quarter of the descriptor limit; the oldest closed for
+/// a new one), handshakes and idle kept-alive connections time out, and a failed accept is
+/// retried with backoff: 2,000 idle connections against a node allowed 256 descriptors, and a
+/// deployment member's obligation is still applied, the node still running.
+#[test]
+fn idle_connections_to_the_a2a_port_do_not_stop_the_node() {
+    use std::process::Command;
+    use std::time::Duration;
+    if Command::new("prlimit").arg("--version").output().is_err() {
+        println!("SKIPPED: needs prlimit (util-linux) to start the node with few descriptors");
+        return;
+    }
+    rlimit::increase_nofile_limit(u64::MAX).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let c = common::certs(dir.path());
+    assert!(abhyasa(&["certs", "issue", "principal", "--dir", &c])
+        .status
+        .success());
+    let https: std::net::SocketAddr = ([127, 0, 0, 1], free_tcp()).into();
+    let (cfg, _state) = common::config(
+        dir.path(),
+        &c,
+        &format!(
+            "admin = \"{}\"\n\n[a2a]\nlisten = \"127.0.0.1:{}\"\n",
+            dir.path().join("admin.sock").display(),
+            https.port()
+        ),
+    );
+    let log_path = dir.path().join("node.log");
+    let mut node = Command::new("prlimit")
+        .arg("--nofile=256:256")
+        .arg(env!("CARGO_BIN_EXE_abhyasa"))
+        .args(["node", "--config"])
+        .arg(&cfg)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    common::wait_for("the A2A port", Duration::from_secs(20), || {
+        std::net::TcpStream::connect(https).is_ok()
+    });
+    let mut idle = Vec::new();
+    for _ in 0..2_000 {
+        match std::net::TcpStream::connect(https) {
+            Ok(s) => idle.push(s),
+            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+    assert!(
+        node.try_wait().unwrap().is_none(),
+        "the node stopped under {} idle connections: {}",
+        idle.len(),
+        std::fs::read_to_string(&log_path).unwrap_or_default()
+    );
+    // A member, with the idle connections held open.
+    let identity = abhyasa::moq::Identity::load(
+        std::path::Path::new(&c),
+        &abhyasa::wire::AgentId::new("principal").unwrap(),
+    )
+    .unwrap();
+    let peer = abhyasa::a2a::A2aPeer {
+        agent: abhyasa::wire::AgentId::new("agent-1").unwrap(),
+        card_url: format!(
+            "https://agent-1:{}/.well-known/agent-card.json",
+            https.port()
+        ),
+        addr: Some(https),
+    };
+    let http = abhyasa::a2a::client::http_client(&identity, &peer).unwrap();
+    let created = abhyasa::a2a::json::format_time(abhyasa::wire::UnixMillis(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64,
+    ));
+    let body = serde_json::json!({
+        "obligation_id": "flood-revoke-1",
+        "kind": "anumati.consent",
+        "target": "agent-1",
+        "payload": {"decision": "revoke", "scope": "calendar.read"},
+        "deadline_seconds": 3600,
+        "max_retries": 15,
+        "created_at": created,
+    });
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let t = std::time::Instant::now();
+    let ack: serde_json::Value = rt.block_on(async {
+        let r = http
+            .post(format!(
+                "https://agent-1:{}/abhyasa/v1/obligations/anumati.consent",
+                https.port()
+            ))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            // On time: well inside the 10 s a stranger's handshake may take, which is how
+            // long the member waited before, every descriptor held by the idle connections.
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+            .expect("the member is served within 5 s");
+        assert_eq!(r.status(), 200);
+        serde_json::from_slice(&r.bytes().await.unwrap()).unwrap()
+    });
+    assert_eq!(ack["status"], "applied", "{ack}");
+    println!(
+        "a2a flood: {} idle connections held, a member's obligation applied in {} ms",
+        idle.len(),
+        t.elapsed().as_millis()
+    );
+    assert!(node.try_wait().unwrap().is_none(), "the node stopped");
+    drop(idle);
+    let _ = node.kill();
+    let _ = node.wait();
+}

@@ -33,6 +33,60 @@ pub const MAX_BODY: usize = 64 * 1024;
 const CBOR: &str = "application/cbor";
 const JSON: &str = "application/json";
 
+/// How long a connection may take to finish its TLS handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a connection may take to send a request's head, and may stay idle between
+/// requests.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Connections allowed in their TLS handshake at once: a quarter of this process's
+/// descriptor limit, at most 1,024 (the rest stay for the store, the peers and the other
+/// listeners).
+fn handshake_cap() -> usize {
+    let soft = rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(1_024, |(soft, _)| soft);
+    usize::try_from(soft / 4).unwrap_or(1_024).clamp(16, 1_024)
+}
+
+/// The connections still in their TLS handshake, oldest first, and the last id given.
+#[derive(Default)]
+struct HandshakingInner {
+    last: u64,
+    queue: std::collections::VecDeque<(u64, tokio::task::AbortHandle)>,
+}
+
+/// Shared by the accept loop and the connections.
+#[derive(Clone, Default)]
+struct Handshaking(Arc<std::sync::Mutex<HandshakingInner>>);
+
+impl Handshaking {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HandshakingInner> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn next_id(&self) -> u64 {
+        let mut g = self.lock();
+        g.last += 1;
+        g.last
+    }
+
+    /// Counts connection `id` as handshaking; closes the oldest past `cap`.
+    fn admit(&self, id: u64, handle: tokio::task::AbortHandle, cap: usize) {
+        let mut g = self.lock();
+        g.queue.retain(|(_, h)| !h.is_finished());
+        while g.queue.len() >= cap {
+            if let Some((_, oldest)) = g.queue.pop_front() {
+                oldest.abort();
+            }
+        }
+        g.queue.push_back((id, handle));
+    }
+
+    /// Connection `id`'s handshake ended (done, failed or timed out).
+    fn finished(&self, id: u64) {
+        self.lock().queue.retain(|(i, _)| *i != id);
+    }
+}
+
 /// A running A2A server.
 pub struct A2aServer {
     local_addr: SocketAddr,
@@ -93,22 +147,38 @@ pub async fn serve(
         // Connections live in the accept task: stopping the server ends them too (a client's
         // kept-alive connection must not outlive the node it was talking to).
         let mut connections = tokio::task::JoinSet::new();
+        // Connections still in their TLS handshake (no certificate shown yet): what a stranger
+        // on the network can hold. At most `cap` at once; past it the oldest is closed.
+        let handshaking = Handshaking::default();
+        let cap = handshake_cap();
+        let mut backoff = Duration::from_millis(10);
         loop {
             while connections.try_join_next().is_some() {}
             let (tcp, from) = match listener.accept().await {
-                Ok(x) => x,
+                Ok(x) => {
+                    backoff = Duration::from_millis(10);
+                    x
+                }
                 Err(e) => {
-                    warn!("a2a: accept: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    // EMFILE / ENFILE: descriptors run out; never a reason to stop serving.
+                    warn!(retry_in_ms = backoff.as_millis() as u64, "a2a: accept: {e}");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
                     continue;
                 }
             };
             let acceptor = acceptor.clone();
             let app = app.clone();
-            connections.spawn(async move {
-                let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp))
-                    .await
-                {
+            let id = handshaking.next_id();
+            let done = handshaking.clone();
+            // The handshake starts once the connection is counted, so its end is never
+            // noted before its start.
+            let (counted, wait_counted) = tokio::sync::oneshot::channel::<()>();
+            let handle = connections.spawn(async move {
+                let _ = wait_counted.await;
+                let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await;
+                done.finished(id);
+                let tls = match tls {
                     Ok(Ok(tls)) => tls,
                     Ok(Err(e)) => {
                         debug!("a2a: TLS from {from}: {e}");
@@ -127,10 +197,16 @@ pub async fn serve(
                     return;
                 };
                 let svc = TowerToHyperService::new(app.layer(Extension(Peer(peer))));
+                // A request's head must arrive within the timeout — also the next one on a
+                // kept-alive connection, so an idle connection is closed after it.
                 let _ = hyper::server::conn::http1::Builder::new()
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(IDLE_TIMEOUT)
                     .serve_connection(TokioIo::new(tls), svc)
                     .await;
             });
+            handshaking.admit(id, handle, cap);
+            let _ = counted.send(());
         }
     });
     Ok(A2aServer { local_addr, task })
