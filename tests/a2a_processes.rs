@@ -125,13 +125,7 @@ fn a_card_that_readers_would_refuse_is_not_printed_or_served() {
 /// deployment member's obligation is still applied, the node still running.
 #[test]
 fn idle_connections_to_the_a2a_port_do_not_stop_the_node() {
-    use std::process::Command;
     use std::time::Duration;
-    if Command::new("prlimit").arg("--version").output().is_err() {
-        println!("SKIPPED: needs prlimit (util-linux) to start the node with few descriptors");
-        return;
-    }
-    rlimit::increase_nofile_limit(u64::MAX).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let c = common::certs(dir.path());
     assert!(abhyasa(&["certs", "issue", "principal", "--dir", &c])
@@ -148,25 +142,14 @@ fn idle_connections_to_the_a2a_port_do_not_stop_the_node() {
         ),
     );
     let log_path = dir.path().join("node.log");
-    let mut node = Command::new("prlimit")
-        .arg("--nofile=256:256")
-        .arg(env!("CARGO_BIN_EXE_abhyasa"))
-        .args(["node", "--config"])
-        .arg(&cfg)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&log_path).unwrap())
-        .spawn()
-        .unwrap();
+    let Some(mut node) = common::node_with_descriptors(&cfg, 256, &log_path) else {
+        println!("SKIPPED: needs prlimit (util-linux) to start the node with few descriptors");
+        return;
+    };
     common::wait_for("the A2A port", Duration::from_secs(20), || {
         std::net::TcpStream::connect(https).is_ok()
     });
-    let mut idle = Vec::new();
-    for _ in 0..2_000 {
-        match std::net::TcpStream::connect(https) {
-            Ok(s) => idle.push(s),
-            Err(_) => std::thread::sleep(Duration::from_millis(5)),
-        }
-    }
+    let idle = common::idle_connections(https, 2_000);
     assert!(
         node.try_wait().unwrap().is_none(),
         "the node stopped under {} idle connections: {}",

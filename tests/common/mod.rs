@@ -423,3 +423,36 @@ pub fn config(dir: &Path, certs: &str, extra: &str) -> (PathBuf, PathBuf) {
     .unwrap();
     (cfg, state)
 }
+
+/// A node started from `cfg` with `n` descriptors in all (soft and hard, through `prlimit`: it
+/// cannot raise them), its log to `log` (a pipe nobody drains could stall it). `None` where
+/// `prlimit` (util-linux) is missing; the caller says SKIPPED.
+pub fn node_with_descriptors(cfg: &Path, n: u32, log: &Path) -> Option<Child> {
+    Command::new("prlimit").arg("--version").output().ok()?;
+    Some(
+        Command::new("prlimit")
+            .arg(format!("--nofile={n}:{n}"))
+            .arg(env!("CARGO_BIN_EXE_abhyasa"))
+            .args(["node", "--config"])
+            .arg(cfg)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).expect("the node's log"))
+            .spawn()
+            .expect("spawn node"),
+    )
+}
+
+/// Up to `n` idle TCP connections to `addr`, held open (this process's descriptor limit
+/// raised first). A refused attempt (the backlog full while the node closes the oldest) is
+/// skipped after a short pause.
+pub fn idle_connections(addr: SocketAddr, n: usize) -> Vec<std::net::TcpStream> {
+    rlimit::increase_nofile_limit(u64::MAX).expect("raise the descriptor limit");
+    let mut idle = Vec::with_capacity(n);
+    for _ in 0..n {
+        match std::net::TcpStream::connect(addr) {
+            Ok(s) => idle.push(s),
+            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+    idle
+}
