@@ -7,7 +7,6 @@ use abhyasa_wire::{
     WeightDelta, WeightKey,
 };
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
@@ -170,64 +169,22 @@ fn field(field: &'static str, detail: impl ToString) -> JsonError {
 /// first. (The hash's 128 bits make a collision between any two spellings as unlikely as a
 /// collision of random ids.)
 pub fn obligation_id(s: &str) -> Result<ObligationId, JsonError> {
-    if s.is_empty() || s.len() > 256 {
-        return Err(field(
+    abhyasa_machine::binding::text_obligation_id(s).ok_or_else(|| {
+        field(
             "obligation_id",
-            format!("must be 1 to 256 bytes, got {}", s.len()),
-        ));
-    }
-    if let Some(bytes) = canonical_uuid(s) {
-        return Ok(ObligationId::from_bytes(bytes));
-    }
-    let d = Sha256::new()
-        .chain_update(b"abhyasa/v1/a2a-obligation-id\0")
-        .chain_update(s.as_bytes())
-        .finalize();
-    let mut b = [0u8; 16];
-    b.copy_from_slice(&d[..16]);
-    Ok(ObligationId::from_bytes(b))
+            format!(
+                "must be 1 to {} bytes, got {}",
+                abhyasa_machine::binding::MAX_TEXT_ID,
+                s.len()
+            ),
+        )
+    })
 }
 
-/// The bytes of `s` if it is a UUID in canonical form: 36 bytes, lowercase hex digits, dashes
-/// at 8, 13, 18 and 23.
-fn canonical_uuid(s: &str) -> Option<[u8; 16]> {
-    let b = s.as_bytes();
-    if b.len() != 36 {
-        return None;
-    }
-    let mut out = [0u8; 16];
-    let mut digits = b
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| ![8, 13, 18, 23].contains(i));
-    for byte in &mut out {
-        let (_, hi) = digits.next()?;
-        let (_, lo) = digits.next()?;
-        *byte = (lower_hex(*hi)? << 4) | lower_hex(*lo)?;
-    }
-    [8, 13, 18, 23].iter().all(|&i| b[i] == b'-').then_some(out)
-}
-
-fn lower_hex(c: u8) -> Option<u8> {
-    match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        _ => None,
-    }
-}
-
-/// The canonical spelling of `id`: a lowercase dashed UUID, which [`obligation_id`] maps
-/// back to `id`.
+/// The canonical text of an id (the node machine's mapping,
+/// [`abhyasa_machine::binding::id_text`]).
 pub fn id_string(id: ObligationId) -> String {
-    let h = format!("{:032x}", id.to_u128());
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..]
-    )
+    abhyasa_machine::binding::id_text(id)
 }
 
 /// ISO 8601 (RFC 3339) to milliseconds since the epoch.

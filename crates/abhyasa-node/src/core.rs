@@ -5,14 +5,17 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use abhyasa_custody::{Channel, Custodian, CustodianEvent, Receiver, ReceiverEvent};
+use abhyasa_machine::{
+    IssueRefused, Issued, MachineConfig, MachineEvent, NodeMachine, Record, Route,
+    Track as MachineTrack,
+};
 use abhyasa_moq::{
     Accepted, RelayEvent, RelaySession, Session, SessionEvent, SignedKind, Signer, Track, Verifier,
 };
 
 use crate::link::Link;
 use abhyasa_store::{GroupCommit, GroupError, Op, Store};
-use abhyasa_wire::{decode, decode_obligation, encode, AgentId, CustodyAck, UnixMillis};
+use abhyasa_wire::{decode, AgentId, CustodyAck, UnixMillis};
 use tokio::sync::{broadcast, mpsc};
 use tracing::{debug, info, info_span, warn};
 
@@ -52,29 +55,6 @@ impl SessionsPerPeer {
                 }
             }
         });
-    }
-}
-
-/// A token bucket per peer for `Limits::requests_per_second_per_peer`, holding one
-/// second's worth.
-struct Bucket {
-    tokens: f64,
-    at: Instant,
-}
-
-impl Bucket {
-    /// Takes one token if there is one, after refilling at `rate` per second.
-    fn take(&mut self, rate: u32, now: Instant) -> bool {
-        let rate = f64::from(rate);
-        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
-        self.tokens = (self.tokens + elapsed * rate).min(rate);
-        self.at = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
     }
 }
 
@@ -219,15 +199,26 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
     let seed = t.0 ^ 0x9e37_79b9_7f4a_7c15;
     let custodian = store.recover_custodian(agent.clone(), b.custodian.clone(), seed, t)?;
     let receiver = store.recover_receiver(agent.clone(), b.receiver.clone())?;
-    let ledger = match b.ledger.clone() {
-        Some(setup) => Some(LedgerPart::recover(
-            &agent,
-            signer.key().clone(),
-            setup,
-            &store,
-        )?),
-        None => None,
+    let (ledger, ledger_machine) = match b.ledger.clone() {
+        Some(setup) => {
+            let (part, machine) = LedgerPart::recover(&agent, signer.key().clone(), setup, &store)?;
+            (Some(part), Some(machine))
+        }
+        None => (None, None),
     };
+    let machine = NodeMachine::new(
+        t,
+        MachineConfig {
+            requests_per_second_per_peer: b.limits.requests_per_second_per_peer,
+            maintenance_ms: u64::try_from(b.maintenance.as_millis()).unwrap_or(u64::MAX),
+            ledger_resend_ms: b.ledger.as_ref().map_or(500, |l| l.resend_ms),
+            batch: b.limits.session.max_objects_per_group.clamp(1, MAX_BATCH),
+            mutation: None,
+        },
+        custodian,
+        receiver,
+        ledger_machine,
+    );
     let (path, store_config) = (db_path.clone(), b.store.clone());
     let group = GroupCommit::spawn(store, b.group, move || {
         Store::open(&path, store_config.clone())
@@ -426,8 +417,7 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
 
     let core = Core {
         agent: agent.clone(),
-        custodian,
-        receiver,
+        machine,
         group,
         custodian_config: b.custodian.clone(),
         receiver_config: b.receiver,
@@ -441,26 +431,15 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         ledger_replies: Vec::new(),
         deliveries: Vec::new(),
         bindings: HashMap::new(),
-        profiles: HashMap::new(),
         outcomes: HashMap::new(),
         itx: itx.clone(),
-        maintenance: b.maintenance,
-        next_maintenance: tokio::time::Instant::now() + b.maintenance,
         paused_clock: b.paused_clock,
         db_path: db_path.clone(),
         store_full: None,
         full_backoff: STORE_FULL_BACKOFF_MIN,
-        ledger_tick: b
-            .ledger
-            .as_ref()
-            .map(|l| tokio::time::Instant::now() + Duration::from_millis(l.resend_ms.max(10))),
         clock,
-        rate: b.limits.requests_per_second_per_peer,
-        buckets: HashMap::new(),
-        slowed: std::collections::BTreeMap::new(),
         unverified: std::collections::BTreeMap::new(),
         signer,
-        batch: b.limits.session.max_objects_per_group.clamp(1, MAX_BATCH),
         sent: crate::Sent::default(),
     };
     tokio::spawn(core.run(rx, irx));
@@ -715,42 +694,13 @@ fn verified_all(
         .collect()
 }
 
-/// Objects leaving in groups: one open group per peer and channel, at most `batch` objects
-/// each, in the order they were added.
-struct Groups {
-    batch: usize,
-    open: HashMap<(AgentId, bool), usize>,
-    groups: Vec<(Link, bool, Vec<Vec<u8>>)>,
-}
-
-impl Groups {
-    fn new(batch: usize) -> Self {
-        Self {
-            batch,
-            open: HashMap::new(),
-            groups: Vec::new(),
-        }
-    }
-
-    /// Adds `bytes` to the open group for `link`'s peer on this channel, or opens one.
-    fn add(&mut self, link: &Link, datagram: bool, bytes: Vec<u8>) {
-        let key = (link.peer().clone(), datagram);
-        if let Some(&i) = self.open.get(&key) {
-            let objects = &mut self.groups[i].2;
-            if objects.len() < self.batch {
-                objects.push(bytes);
-                return;
-            }
-        }
-        self.open.insert(key, self.groups.len());
-        self.groups.push((link.clone(), datagram, vec![bytes]));
-    }
-}
-
+/// The driver: it moves bytes between the sessions (and bindings) and the node machine,
+/// runs the machine's commits on the store writer, signs what goes out, answers callers,
+/// and sleeps until the machine's deadline. Every decision is the machine's
+/// ([`abhyasa_machine::NodeMachine`]).
 struct Core {
     agent: AgentId,
-    custodian: Custodian,
-    receiver: Receiver,
+    machine: NodeMachine,
     group: GroupCommit,
     custodian_config: abhyasa_custody::CustodianConfig,
     receiver_config: abhyasa_custody::ReceiverConfig,
@@ -760,6 +710,7 @@ struct Core {
     endpoint: quinn::Endpoint,
     /// Issue commands waiting for their record to be durable.
     awaiting: HashMap<abhyasa_wire::ObligationId, IssueReply>,
+    /// The ledger's callers and executor (the branch and gateway are in the machine).
     ledger: Option<LedgerPart>,
     ledger_setup: Option<crate::LedgerSetup>,
     /// Ledger commands answered after the next commit.
@@ -769,16 +720,8 @@ struct Core {
     deliveries: Vec<Delivery>,
     /// Peers reached through another binding: where their obligation objects go.
     bindings: HashMap<AgentId, mpsc::UnboundedSender<Vec<u8>>>,
-    /// What peers reached through another binding take (checked at issue).
-    profiles: HashMap<AgentId, crate::PeerProfile>,
     /// Who waits for each obligation's terminal record.
     outcomes: HashMap<abhyasa_wire::ObligationId, Vec<crate::OutcomeTx>>,
-    /// How often maintenance runs, and when next.
-    maintenance: Duration,
-    next_maintenance: tokio::time::Instant,
-    /// When the ledger's branch and gateway next get their timeout (their resends), if this
-    /// node holds a ledger part.
-    ledger_tick: Option<tokio::time::Instant>,
     /// The clock every decision of this node reads.
     clock: Clock,
     /// Wait for the writer thread on the blocking pool ([`NodeBuilder::paused_clock`]).
@@ -791,18 +734,10 @@ struct Core {
     /// The wait before the next commit after one that failed for space (doubling to
     /// [`STORE_FULL_BACKOFF_MAX`]; back to the minimum after a commit lands).
     full_backoff: Duration,
-    /// Objects (obligations, ledger messages) each peer may hand in per second (0: no
-    /// limit), its bucket, and how many were dropped for it.
-    rate: u32,
-    buckets: HashMap<AgentId, Bucket>,
-    slowed: std::collections::BTreeMap<AgentId, u64>,
     /// Objects dropped per peer because their signature did not verify.
     unverified: std::collections::BTreeMap<AgentId, u64>,
     /// Signs what custody sends.
     signer: Arc<Signer>,
-    /// Objects per group sent (obligations, acks): the session's `max_objects_per_group`,
-    /// at most [`MAX_BATCH`].
-    batch: usize,
     /// Custody objects and groups handed to sessions.
     sent: crate::Sent,
 }
@@ -897,7 +832,7 @@ impl Core {
                 return None;
             }
             if self.store_full.is_none()
-                && tokio::time::Instant::now() >= self.next_maintenance
+                && self.machine.take_maintenance()
                 && !self.maintain().await
             {
                 self.stop().await;
@@ -906,23 +841,17 @@ impl Core {
         }
     }
 
-    /// The earliest of every timer: the custody machines' own deadlines, the ledger's next
-    /// resend tick and maintenance.
+    /// The machine's deadline (every timer's: custody, ledger resends, maintenance), or
+    /// while the store is full, the next commit's retry.
     fn next_deadline(&self) -> tokio::time::Instant {
         if let Some(full) = &self.store_full {
-            // Nothing is committed before the retry: the machines' timers wait for it.
-            return full.retry_at.min(self.next_maintenance);
+            // Nothing is committed before the retry: the machine's timers wait for it.
+            return full.retry_at;
         }
-        let custody = [self.custodian.poll_timeout(), self.receiver.poll_timeout()]
-            .into_iter()
-            .flatten()
-            .min()
-            .map(|w| self.clock.instant(w));
-        [custody, self.ledger_tick, Some(self.next_maintenance)]
-            .into_iter()
-            .flatten()
-            .min()
-            .unwrap_or(self.next_maintenance)
+        match self.machine.poll_timeout() {
+            Some(t) => self.clock.instant(t),
+            None => tokio::time::Instant::now() + Duration::from_secs(3_600),
+        }
     }
 
     /// Fires every timer whose deadline has passed, at the clock's `now`: called on every
@@ -936,23 +865,7 @@ impl Core {
             // tells whether space has returned.
             self.store_full = None;
         }
-        let t = self.clock.now();
-        let custody_due = [self.custodian.poll_timeout(), self.receiver.poll_timeout()]
-            .into_iter()
-            .flatten()
-            .any(|w| w <= t);
-        if custody_due {
-            self.custodian.handle_timeout(t);
-            self.receiver.handle_timeout(t);
-        }
-        let instant = tokio::time::Instant::now();
-        if let (Some(tick), Some(l)) = (self.ledger_tick, &mut self.ledger) {
-            if instant >= tick {
-                l.timeout(t);
-                let period = self.ledger_setup.as_ref().map_or(500, |s| s.resend_ms);
-                self.ledger_tick = Some(instant + Duration::from_millis(period.max(10)));
-            }
-        }
+        self.machine.handle_timeout(self.clock.now());
     }
 
     /// Maintenance, right after a flush (so every record handed out is on its way to the
@@ -960,10 +873,9 @@ impl Core {
     /// the receiver forgets expired tokens in memory, and the store folds and prunes on disk at
     /// the same `now`. `false`: the store is gone.
     async fn maintain(&mut self) -> bool {
-        self.next_maintenance = tokio::time::Instant::now() + self.maintenance;
         self.clock.resync();
         let t = self.clock.now();
-        let folded = self.custodian.maintain(t) + self.receiver.maintain(t);
+        let folded = self.machine.maintain(t);
         let ticket = self.group.maintain(t);
         let outcome = tokio::task::spawn_blocking(move || ticket.wait())
             .await
@@ -1064,20 +976,12 @@ impl Core {
                 let span =
                     info_span!("obligation", id = %o.id, kind = %o.kind(), target = %o.target);
                 let id = o.id;
-                if self.custodian.is_pending(id) {
-                    let _ = reply.send(Ok(abhyasa_custody::Admission::Custody));
-                    self.outcomes.entry(id).or_default().push(outcome);
-                    return;
-                }
-                if let Some(profile) = self.profiles.get(&o.target) {
-                    if let Err(e) = profile.admit(&o) {
-                        span.in_scope(|| info!(%e, "refused by the target's profile"));
-                        let _ = reply.send(Err(e));
-                        return;
+                match self.machine.issue(self.clock.now(), o) {
+                    Ok(Issued::AlreadyPending) => {
+                        let _ = reply.send(Ok(abhyasa_custody::Admission::Custody));
+                        self.outcomes.entry(id).or_default().push(outcome);
                     }
-                }
-                match self.custodian.issue(self.clock.now(), o) {
-                    Ok(admission) => {
+                    Ok(Issued::New(admission)) => {
                         span.in_scope(|| info!(?admission, "issued"));
                         // Answered when its record is durable (the Accepted event, or the
                         // best-effort terminal record), so many issues share one commit.
@@ -1085,8 +989,14 @@ impl Core {
                         self.outcomes.entry(id).or_default().push(outcome);
                     }
                     Err(e) => {
+                        let e = match e {
+                            IssueRefused::KindNotTaken { peer, kind } => {
+                                NodeError::KindNotTaken { peer, kind }
+                            }
+                            IssueRefused::Issue(e) => NodeError::Issue(e),
+                        };
                         span.in_scope(|| info!(%e, "refused"));
-                        let _ = reply.send(Err(e.into()));
+                        let _ = reply.send(Err(e));
                     }
                 }
             }
@@ -1105,18 +1015,19 @@ impl Core {
                 let _ = reply.send(Status {
                     agent: self.agent.clone(),
                     pending: self
-                        .custodian
+                        .machine
+                        .custodian()
                         .pending()
                         .map(|(o, n)| (o.clone(), n))
                         .collect(),
                     recent,
                     escalations,
-                    principal: self.custodian.principal().clone(),
+                    principal: self.machine.custodian().principal().clone(),
                     honours,
-                    receiver_held: self.receiver.held(),
+                    receiver_held: self.machine.receiver().held(),
                     applied,
                     peers: self.sessions.keys().cloned().collect(),
-                    slowed: self.slowed.clone(),
+                    slowed: self.machine.slowed().clone(),
                     unverified: self.unverified.clone(),
                     sent: self.sent,
                     store_full: self.refuse_new_work().map(|e| e.to_string()),
@@ -1161,36 +1072,26 @@ impl Core {
                 info!(%peer, "reached through another binding");
                 self.bindings.insert(peer.clone(), tx);
                 // As on a (re)subscription: what is pending for the peer goes now.
-                self.custodian.handle_peer_ready(self.clock.now(), &peer);
+                self.machine.attach(self.clock.now(), &peer);
             }
-            Command::Profile(peer, profile) => match profile {
-                Some(p) => {
-                    self.profiles.insert(peer, p);
-                }
-                None => {
-                    self.profiles.remove(&peer);
-                }
-            },
-            Command::AcksIn(peer, acks) => {
-                let t = self.clock.now();
-                for ack in acks {
-                    self.custodian.handle_ack(t, &peer, ack);
-                }
-            }
+            Command::Profile(peer, profile) => self.machine.set_profile(peer, profile),
+            Command::AcksIn(peer, acks) => self.machine.acks_in(self.clock.now(), &peer, acks),
             Command::Block(peer, duration) => {
                 self.blocked
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(peer.clone(), Instant::now() + duration);
                 if let Some(s) = self.sessions.remove(&peer) {
+                    self.machine.session_down(&peer);
                     s.close("link cut");
                     let _ = self.events.send(NodeEvent::PeerDown(peer));
                 }
             }
             Command::Ledger(cmd, reply) => {
-                let result = match &mut self.ledger {
-                    None => Err(NodeError::NoLedger),
-                    Some(l) => l.command(self.clock.now(), cmd).map_err(NodeError::Ledger),
+                let now = self.clock.now();
+                let result = match (&mut self.ledger, self.machine.ledger_mut()) {
+                    (Some(l), Some(m)) => l.command(m, now, cmd).map_err(NodeError::Ledger),
+                    _ => Err(NodeError::NoLedger),
                 };
                 match result {
                     // A status needs no commit.
@@ -1203,36 +1104,34 @@ impl Core {
             }
             Command::GatewayDispatch(from, permit, effect, reply) => {
                 let (tx, rx) = tokio::sync::oneshot::channel();
-                let r = match &mut self.ledger {
-                    None => Err(NodeError::NoLedger),
-                    Some(l) => l.bound_dispatch(self.clock.now(), &from, *permit, effect, tx),
+                let now = self.clock.now();
+                let r = match (&mut self.ledger, self.machine.ledger_mut()) {
+                    (Some(l), Some(m)) => l.bound_dispatch(m, now, &from, *permit, effect, tx),
+                    _ => Err(NodeError::NoLedger),
                 };
                 let _ = reply.send(r.map(|()| rx));
             }
             Command::CarriedPermit(credit, effect, gateway, key, reply) => {
                 let (tx, rx) = tokio::sync::oneshot::channel();
-                let r = match &mut self.ledger {
-                    None => Err(NodeError::NoLedger),
-                    Some(l) => {
-                        l.carried_permit(self.clock.now(), credit, effect, &gateway, key, tx)
+                let now = self.clock.now();
+                let r = match (&mut self.ledger, self.machine.ledger_mut()) {
+                    (Some(l), Some(m)) => {
+                        l.carried_permit(m, now, credit, effect, &gateway, key, tx)
                     }
+                    _ => Err(NodeError::NoLedger),
                 };
                 let _ = reply.send(r.map(|()| rx));
             }
             Command::GatewayExecuted(payer, key, charge, reply) => {
                 let (tx, rx) = tokio::sync::oneshot::channel();
-                let r = match &mut self.ledger {
-                    None => Err(NodeError::NoLedger),
-                    Some(l) => l.bound_executed(&payer, key, charge, tx),
+                let r = match (&mut self.ledger, self.machine.ledger_mut()) {
+                    (Some(l), Some(m)) => l.bound_executed(m, &payer, key, charge, tx),
+                    _ => Err(NodeError::NoLedger),
                 };
                 let _ = reply.send(r.map(|()| rx));
             }
             Command::Deliver(from, objects, reply) => {
-                let t = self.clock.now();
-                let ids = objects
-                    .iter()
-                    .map(|o| self.obligation_in(t, &from, o))
-                    .collect();
+                let ids = self.machine.deliver(self.clock.now(), &from, &objects);
                 // Answered after the commit that makes the applies durable, with the acks the
                 // receiver releases then (see `release`).
                 self.deliveries.push(Delivery {
@@ -1244,60 +1143,6 @@ impl Core {
             }
             Command::Shutdown(_) => unreachable!("handled in run"),
         }
-    }
-
-    /// An obligation object from `peer` (authenticated by its session or its binding), as
-    /// on every binding. Returns its id when its envelope read.
-    fn obligation_in(
-        &mut self,
-        t: UnixMillis,
-        peer: &AgentId,
-        payload: &[u8],
-    ) -> Option<abhyasa_wire::ObligationId> {
-        if !self.within_rate(peer) {
-            return None;
-        }
-        match decode_obligation(payload) {
-            Ok(o) => {
-                let id = o.id;
-                self.receiver.handle_obligation(t, peer, o);
-                Some(id)
-            }
-            Err(err) => match (err.envelope(), err.decline_reason()) {
-                (Some(env), Some(reason)) => {
-                    let id = env.id;
-                    self.receiver.handle_unreadable(t, peer, env, reason);
-                    Some(id)
-                }
-                _ => {
-                    warn!(%peer, %err, "dropped an unreadable obligation");
-                    None
-                }
-            },
-        }
-    }
-
-    /// Whether `peer` may hand in one more object now (`Limits::requests_per_second_per_peer`).
-    /// Past it the object is dropped unread and counted: the peer's custody (or the ledger's
-    /// resend) sends it again later.
-    fn within_rate(&mut self, peer: &AgentId) -> bool {
-        if self.rate == 0 {
-            return true;
-        }
-        let (rate, now) = (self.rate, Instant::now());
-        let bucket = self.buckets.entry(peer.clone()).or_insert(Bucket {
-            tokens: f64::from(rate),
-            at: now,
-        });
-        if bucket.take(rate, now) {
-            return true;
-        }
-        let n = self.slowed.entry(peer.clone()).or_default();
-        *n += 1;
-        if *n == 1 || n.is_power_of_two() {
-            warn!(%peer, limit = rate, dropped = *n, "requests per second per peer limit: dropped unread, to be sent again");
-        }
-        false
     }
 
     fn internal(&mut self, msg: Internal) {
@@ -1321,6 +1166,7 @@ impl Core {
                     .get(&peer)
                     .is_some_and(|l| l.stable_id() == link.stable_id());
                 self.sessions.insert(peer.clone(), link);
+                self.machine.session_up(&peer);
                 if !same {
                     info!(%peer, "session up");
                     let _ = self.events.send(NodeEvent::PeerUp(peer));
@@ -1334,39 +1180,22 @@ impl Core {
                 }
             }
             Internal::Executed(payer, key, charge) => {
-                if let Some(l) = &mut self.ledger {
-                    l.executed(&payer, key, charge);
+                if let Some(m) = self.machine.ledger_mut() {
+                    LedgerPart::executed(m, &payer, key, charge);
                 }
             }
             Internal::Event(peer, conn, e) => match e {
-                SessionEvent::Object {
-                    track: Track::Obligations,
-                    payload,
-                } => {
-                    self.obligation_in(t, &peer, &payload);
-                }
-                SessionEvent::Object {
-                    track: Track::Acks,
-                    payload,
-                } => match decode::<CustodyAck>(&payload) {
-                    Ok(ack) => {
-                        self.custodian.handle_ack(t, &peer, ack);
-                    }
-                    Err(err) => warn!(%peer, %err, "dropped an unreadable ack"),
-                },
-                SessionEvent::Object {
-                    track: Track::Ledger,
-                    payload,
-                } => {
-                    if self.within_rate(&peer) {
-                        if let Some(l) = &mut self.ledger {
-                            l.on_object(t, &peer, &payload);
-                        }
-                    }
+                SessionEvent::Object { track, payload } => {
+                    let track = match track {
+                        Track::Obligations => MachineTrack::Obligations,
+                        Track::Acks => MachineTrack::Acks,
+                        Track::Ledger => MachineTrack::Ledger,
+                    };
+                    self.machine.handle_object(t, &peer, track, &payload);
                 }
                 SessionEvent::PeerSubscribed(Track::Obligations) => {
                     // Re-offer pending obligations for this peer now, not at the next slot.
-                    self.custodian.handle_peer_ready(t, &peer);
+                    self.machine.peer_ready(t, &peer);
                 }
                 SessionEvent::PeerSubscribed(_) => {}
                 SessionEvent::Closed(reason) => {
@@ -1376,6 +1205,7 @@ impl Core {
                         .is_some_and(|s| s.stable_id() == conn)
                     {
                         self.sessions.remove(&peer);
+                        self.machine.session_down(&peer);
                         info!(%peer, reason, "session down");
                         let _ = self.events.send(NodeEvent::PeerDown(peer));
                     }
@@ -1392,20 +1222,17 @@ impl Core {
             return true;
         }
         loop {
-            let mut ops = Vec::new();
-            let (mut ct, mut rt) = (Vec::new(), Vec::new());
-            while let Some(p) = self.custodian.poll_persist() {
-                ops.push(Op::Custodian(p.record));
-                ct.push(p.token);
-            }
-            while let Some(p) = self.receiver.poll_persist() {
-                ops.push(Op::Receiver(p.record));
-                rt.push(p.token);
-            }
-            if let Some(l) = &mut self.ledger {
-                l.drain(&mut ops);
-            }
-            if !ops.is_empty() {
+            if let Some(commit) = self.machine.poll_commit() {
+                let ops = commit
+                    .records
+                    .into_iter()
+                    .map(|r| match r {
+                        Record::Custodian(r) => Op::Custodian(r),
+                        Record::Receiver(r) => Op::Receiver(r),
+                        Record::Ledger(s) => Op::Ledger(s),
+                        Record::Gateway(r) => Op::Gateway(r),
+                    })
+                    .collect();
                 // The writer thread answers into a oneshot: no thread blocks on the commit.
                 let (done, outcome) = tokio::sync::oneshot::channel();
                 self.group.submit_then(ops, move |r| {
@@ -1420,14 +1247,8 @@ impl Core {
                             info!(path = %self.db_path.display(), "the store takes commits again");
                             self.full_backoff = STORE_FULL_BACKOFF_MIN;
                         }
-                        let t = self.clock.now();
-                        ct.into_iter()
-                            .for_each(|k| self.custodian.handle_persisted(t, k));
-                        rt.into_iter()
-                            .for_each(|k| self.receiver.handle_persisted(k));
-                        if let Some(l) = &mut self.ledger {
-                            l.persisted();
-                        }
+                        self.machine
+                            .handle_committed(self.clock.now(), commit.token);
                     }
                     Err(GroupError::Unknown(e)) if out_of_space(&e) => {
                         // Not a loop of commit, fail, recover, retry: the node answers
@@ -1460,18 +1281,14 @@ impl Core {
             }
             // Releasing (an escalation's timer, a re-offer, a message to itself) may hand out
             // more records.
-            let more = self
-                .custodian
-                .poll_timeout()
-                .is_some_and(|w| w <= self.clock.now());
+            let more = self.machine.custody_due(self.clock.now());
             if local {
                 continue;
             }
             if !more {
                 return true;
             }
-            let t = self.clock.now();
-            self.custodian.handle_timeout(t);
+            self.machine.handle_timeout(self.clock.now());
         }
     }
 
@@ -1509,9 +1326,12 @@ impl Core {
         });
         match recovered {
             Ok(Ok((c, r, l))) => {
-                self.custodian = c;
-                self.receiver = r;
-                self.ledger = l;
+                let (part, machine) = match l {
+                    Some((p, m)) => (Some(p), Some(m)),
+                    None => (None, None),
+                };
+                self.machine.restore(c, r, machine);
+                self.ledger = part;
                 // Ledger commands waiting on that commit: unknown, ask again (each is
                 // idempotent on its id).
                 for (reply, _) in self.ledger_replies.drain(..) {
@@ -1575,14 +1395,16 @@ impl Core {
         self.recover(&cause)
     }
 
+    /// Sends what the ledger released; `true` when it sent this node (its own gateway)
+    /// something, delivered in place, which may have handed out more records.
     fn release_ledger(&mut self) -> bool {
-        let Some(l) = &mut self.ledger else {
+        let (Some(l), Some(m)) = (&mut self.ledger, self.machine.ledger_mut()) else {
             return false;
         };
         let itx = self.itx.clone();
         let mut events = Vec::new();
-        let more = l.release(
-            self.clock.now(),
+        let local = l.release(
+            m,
             &self.sessions,
             |e, executor| {
                 let itx = itx.clone();
@@ -1602,67 +1424,65 @@ impl Core {
         for e in events {
             let _ = self.events.send(NodeEvent::Ledger(e));
         }
+        let more = !local.is_empty();
+        let now = self.clock.now();
+        for m in local {
+            self.machine.ledger_local(now, m);
+        }
         more
     }
 
+    /// Sends what the machine released (signed, one stream or set of datagrams per group;
+    /// each object to a binding on its own) and answers whoever waited on its events.
     fn release(&mut self) {
-        // What is ready to go now leaves in groups, one per peer and channel (at most
-        // `batch` objects each, in the order custody handed them out): one stream and one
-        // task per group rather than per object. Each object keeps its own signature.
-        let mut obligations = Groups::new(self.batch);
-        while let Some(t) = self.custodian.poll_transmit() {
-            if let Some(binding) = self.bindings.get(&t.to) {
-                if binding.send(encode(&t.obligation)).is_ok() {
-                    continue;
+        while let Some(out) = self.machine.poll_transmit() {
+            if out.route == Route::Binding {
+                let sent = self
+                    .bindings
+                    .get(&out.to)
+                    .is_some_and(|b| out.objects.into_iter().all(|o| b.send(o).is_ok()));
+                if !sent {
+                    // The binding let go: custody retries, over a session if one comes up.
+                    self.bindings.remove(&out.to);
+                    self.machine.detach(&out.to);
                 }
-                // The binding let go: custody retries, over a session if one comes up.
-                self.bindings.remove(&t.to);
+                continue;
             }
-            let Some(s) = self.sessions.get(&t.to) else {
-                continue; // No session: custody retries, and re-offers on the next subscription.
+            let Some(s) = self.sessions.get(&out.to).cloned() else {
+                continue; // Gone meanwhile: custody retries.
             };
-            let datagram = t.channel == Channel::Datagram;
-            let bytes = encode(&t.obligation);
-            obligations.add(s, datagram, bytes);
-        }
-        let mut acks = Groups::new(self.batch);
-        while let Some(a) = self.receiver.poll_transmit() {
-            for d in &mut self.deliveries {
-                if d.from == a.to && d.ids.contains(&Some(a.ack.obligation_id)) {
-                    d.acks.insert(a.ack.obligation_id, a.ack.clone());
+            let (kind, track) = match out.track {
+                MachineTrack::Obligations => (SignedKind::Obligation, Track::Obligations),
+                MachineTrack::Acks => (SignedKind::Ack, Track::Acks),
+                MachineTrack::Ledger => continue,
+            };
+            self.sent.groups += 1;
+            self.sent.objects += out.objects.len() as u64;
+            let (signer, datagram, objects) = (self.signer.clone(), out.datagram, out.objects);
+            tokio::spawn(async move {
+                let signed: Vec<Vec<u8>> = objects.iter().map(|b| signer.sign(kind, b)).collect();
+                if let Err(e) = s.send_group(track, &signed, datagram).await {
+                    debug!(%e, ?track, objects = signed.len(), "group not sent");
                 }
-            }
-            let Some(s) = self.sessions.get(&a.to) else {
-                continue; // The custodian will redeliver; the ack is re-sent then.
-            };
-            acks.add(s, false, encode(&a.ack));
+            });
         }
-        for (kind, track, groups) in [
-            (SignedKind::Obligation, Track::Obligations, obligations),
-            (SignedKind::Ack, Track::Acks, acks),
-        ] {
-            for (s, datagram, objects) in groups.groups {
-                self.sent.groups += 1;
-                self.sent.objects += objects.len() as u64;
-                let signer = self.signer.clone();
-                tokio::spawn(async move {
-                    let signed: Vec<Vec<u8>> =
-                        objects.iter().map(|b| signer.sign(kind, b)).collect();
-                    if let Err(e) = s.send_group(track, &signed, datagram).await {
-                        debug!(%e, ?track, objects = signed.len(), "group not sent");
-                    }
-                });
-            }
-        }
-        while let Some(e) = self.custodian.poll_event() {
+        while let Some(e) = self.machine.poll_event() {
             let event = match e {
-                CustodianEvent::Accepted { id } => {
+                MachineEvent::Accepted(id) => {
                     if let Some(reply) = self.awaiting.remove(&id) {
                         let _ = reply.send(Ok(abhyasa_custody::Admission::Custody));
                     }
                     continue;
                 }
-                CustodianEvent::Terminal { record, escalation } => {
+                MachineEvent::Acked { to, ack } => {
+                    for d in &mut self.deliveries {
+                        if d.from == to && d.ids.contains(&Some(ack.obligation_id)) {
+                            d.acks.insert(ack.obligation_id, ack.clone());
+                        }
+                    }
+                    continue;
+                }
+                MachineEvent::Terminal { record, escalation } => {
                     if record.outcome == abhyasa_wire::Outcome::BestEffort {
                         if let Some(reply) = self.awaiting.remove(&record.obligation_id) {
                             let _ = reply.send(Ok(abhyasa_custody::Admission::BestEffort));
@@ -1679,35 +1499,27 @@ impl Core {
                     }
                     NodeEvent::Terminal { record, escalation }
                 }
-                CustodianEvent::Reconciled(note) => NodeEvent::Reconciled(note),
-                _ => continue,
-            };
-            let _ = self.events.send(event);
-        }
-        while let Some(e) = self.receiver.poll_event() {
-            if let ReceiverEvent::Applied {
-                id,
-                issuer,
-                payload,
-            } = e
-            {
-                let kind = payload.kind();
-                let _ = self.events.send(NodeEvent::Applied {
+                MachineEvent::Reconciled(note) => NodeEvent::Reconciled(note),
+                MachineEvent::Applied {
                     id,
                     issuer,
                     kind,
                     payload,
-                });
-            }
+                } => NodeEvent::Applied {
+                    id,
+                    issuer,
+                    kind,
+                    payload,
+                },
+            };
+            let _ = self.events.send(event);
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::time::{Duration, Instant};
-
-    use super::{verified_all, Bucket};
+    use super::verified_all;
     use abhyasa_moq::{Ca, SessionEvent, SignedKind, Signer, Track, Verifier};
     use abhyasa_wire::AgentId;
 
@@ -1785,29 +1597,5 @@ mod tests {
             ]
         );
         assert!(matches!(&out[4].1, Err(why) if why.contains("not the session's peer")));
-    }
-
-    /// The bucket holds one second's worth: at the rate, a burst of exactly that many is
-    /// taken and the next refused; it refills at the rate, and never above one second's worth.
-    #[test]
-    fn a_bucket_takes_a_seconds_worth_then_refills_at_the_rate() {
-        const RATE: u32 = 20;
-        let t0 = Instant::now();
-        let mut b = Bucket {
-            tokens: f64::from(RATE),
-            at: t0,
-        };
-        for n in 0..RATE {
-            assert!(b.take(RATE, t0), "token {n} of {RATE}");
-        }
-        assert!(!b.take(RATE, t0), "one past the burst");
-        // A quarter second later: a quarter of the rate.
-        let t1 = t0 + Duration::from_millis(250);
-        let taken = (0..RATE).take_while(|_| b.take(RATE, t1)).count();
-        assert_eq!(taken, 5);
-        // Ten seconds idle: full again, but not more than a second's worth.
-        let t2 = t1 + Duration::from_secs(10);
-        let taken = (0..10 * RATE).take_while(|_| b.take(RATE, t2)).count();
-        assert_eq!(taken, RATE as usize);
     }
 }

@@ -8,13 +8,14 @@ use std::sync::Arc;
 use abhyasa_ledger::{
     AcceptanceState, Branch, BranchConfig, CreditId, Effect, Execute, Gateway, Keyring, Label,
     LedgerError, LedgerEvent, LedgerMessage, LedgerSigningKey, OpKey, OpState, OutgoingState,
-    Permit, PersistToken, Receipt, Refusal, RootGrant, RootId, Signed, TransferId, Vector,
+    Permit, Receipt, Refusal, RootGrant, RootId, Signed, TransferId, Vector,
 };
+use abhyasa_machine::LedgerMachine;
 use abhyasa_moq::Track;
-use abhyasa_store::{Op, Store};
-use abhyasa_wire::{decode, encode, AgentId, UnixMillis};
+use abhyasa_store::Store;
+use abhyasa_wire::{encode, AgentId, UnixMillis};
 use tokio::sync::oneshot;
-use tracing::{debug, warn};
+use tracing::debug;
 
 /// Runs the effects a gateway accepted. Called off the core task, after the acceptance is
 /// durable; must be bounded by `max` (the gateway clamps anything above it). With `resume`,
@@ -261,13 +262,12 @@ enum Bound {
     Receipt(oneshot::Sender<Signed<Receipt>>),
 }
 
+/// The driver's side of the ledger: the callers waiting on the machine's branch and gateway
+/// (bound dispatches, carried permits) and the executor. The branch and the gateway are in
+/// the node machine ([`LedgerMachine`]).
 pub(crate) struct LedgerPart {
     me: AgentId,
     setup: LedgerSetup,
-    pub(crate) branch: Branch,
-    pub(crate) gateway: Option<Gateway>,
-    branch_tokens: Vec<PersistToken>,
-    gateway_tokens: Vec<PersistToken>,
     /// Callers of [`Self::bound_dispatch`] and [`Self::bound_executed`], by (payer, key).
     bound: HashMap<(AgentId, OpKey), Bound>,
     /// Gateway messages drained early while answering a bound dispatch; sent first.
@@ -291,7 +291,7 @@ impl LedgerPart {
         key: LedgerSigningKey,
         setup: LedgerSetup,
         store: &Store,
-    ) -> Result<Self, crate::NodeError> {
+    ) -> Result<(Self, LedgerMachine), crate::NodeError> {
         // The keyring must hold this node's own certificate key, or every peer that shares
         // it would refuse what this node signs.
         if let Some(listed) = setup.keys.get(me) {
@@ -346,25 +346,26 @@ impl LedgerPart {
             }
             None => None,
         };
-        Ok(Self {
-            me: me.clone(),
-            setup,
-            branch,
-            gateway,
-            branch_tokens: Vec::new(),
-            gateway_tokens: Vec::new(),
-            bound: HashMap::new(),
-            early: Vec::new(),
-            permits: HashMap::new(),
-        })
+        Ok((
+            Self {
+                me: me.clone(),
+                setup,
+                bound: HashMap::new(),
+                early: Vec::new(),
+                permits: HashMap::new(),
+            },
+            LedgerMachine { branch, gateway },
+        ))
     }
 
     /// Reserves `effect` (one a binding carries: [`CARRIED_BY_MCP`]) from `credit` for
     /// `gateway` under `key` and dispatches it; the signed permit is answered once the
     /// dispatch is durable, for the caller to carry. The same request again (a retried call)
     /// is answered with the same permit.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn carried_permit(
         &mut self,
+        l: &mut LedgerMachine,
         now: UnixMillis,
         credit: CreditId,
         effect: Effect,
@@ -372,7 +373,7 @@ impl LedgerPart {
         key: OpKey,
         reply: oneshot::Sender<Signed<Permit>>,
     ) -> Result<(), crate::NodeError> {
-        self.branch.advance_clock(now);
+        l.branch.advance_clock(now);
         if !effect.operation.starts_with(CARRIED_BY_MCP) {
             return Err(crate::NodeError::NotCarried);
         }
@@ -381,8 +382,8 @@ impl LedgerPart {
                 cause: "this operation's permit is still being made".into(),
             });
         }
-        self.branch.reserve(credit, effect, gateway, key)?;
-        let op = self
+        l.branch.reserve(credit, effect, gateway, key)?;
+        let op = l
             .branch
             .operation(key)
             .ok_or(LedgerError::UnknownOperation(key))?;
@@ -391,7 +392,7 @@ impl LedgerPart {
             let _ = reply.send(op.permit.clone());
             return Ok(());
         }
-        self.branch.dispatch(now, key)?;
+        l.branch.dispatch(now, key)?;
         self.permits.insert(key, reply);
         Ok(())
     }
@@ -400,13 +401,14 @@ impl LedgerPart {
     /// the ledger track; what it answers at once is answered now, an acceptance once durable.
     pub(crate) fn bound_dispatch(
         &mut self,
+        l: &mut LedgerMachine,
         now: UnixMillis,
         from: &AgentId,
         permit: Signed<Permit>,
         effect: Effect,
         reply: oneshot::Sender<GatewayAnswer>,
     ) -> Result<(), crate::NodeError> {
-        let g = self.gateway.as_mut().ok_or(crate::NodeError::NotAGateway)?;
+        let g = l.gateway.as_mut().ok_or(crate::NodeError::NotAGateway)?;
         let key = permit
             .peek()
             .map(|p| p.binding.key)
@@ -441,12 +443,13 @@ impl LedgerPart {
     /// once its record is durable.
     pub(crate) fn bound_executed(
         &mut self,
+        l: &mut LedgerMachine,
         payer: &AgentId,
         key: OpKey,
         charge: Vector,
         reply: oneshot::Sender<Signed<Receipt>>,
     ) -> Result<(), crate::NodeError> {
-        let g = self.gateway.as_mut().ok_or(crate::NodeError::NotAGateway)?;
+        let g = l.gateway.as_mut().ok_or(crate::NodeError::NotAGateway)?;
         let Some(a) = g.acceptance(payer, key) else {
             return Err(crate::NodeError::NotAccepted(key));
         };
@@ -463,34 +466,15 @@ impl LedgerPart {
         Ok(())
     }
 
-    /// A ledger object from `peer`.
-    pub(crate) fn on_object(&mut self, now: UnixMillis, peer: &AgentId, payload: &[u8]) {
-        let m = match decode::<LedgerMessage>(payload) {
-            Ok(m) => m,
-            Err(e) => {
-                warn!(%peer, %e, "dropped an unreadable ledger object");
-                return;
-            }
-        };
-        match m {
-            LedgerMessage::Dispatch { .. }
-            | LedgerMessage::Query { .. }
-            | LedgerMessage::Fence(_) => match &mut self.gateway {
-                Some(g) => g.handle_message_at(now, peer, m),
-                None => debug!(%peer, "a gateway message, but this node is no gateway"),
-            },
-            m => self.branch.handle_message(now, peer, m),
-        }
-    }
-
     pub(crate) fn command(
         &mut self,
+        l: &mut LedgerMachine,
         now: UnixMillis,
         cmd: LedgerCommand,
     ) -> Result<LedgerReply, LedgerError> {
-        self.branch.advance_clock(now);
+        l.branch.advance_clock(now);
         match cmd {
-            LedgerCommand::Grant { grant, credit } => self.branch.grant(grant, credit)?,
+            LedgerCommand::Grant { grant, credit } => l.branch.grant(grant, credit)?,
             LedgerCommand::Delegate {
                 credit,
                 transfer,
@@ -503,31 +487,29 @@ impl LedgerPart {
                     false => Branch::transfer,
                     true => Branch::transfer_reclaimable,
                 };
-                seal(&mut self.branch, credit, transfer, &amount, &to, label)?
+                seal(&mut l.branch, credit, transfer, &amount, &to, label)?
             }
-            LedgerCommand::ReclaimTransfer { transfer } => {
-                self.branch.reclaim_transfer(transfer)?
-            }
+            LedgerCommand::ReclaimTransfer { transfer } => l.branch.reclaim_transfer(transfer)?,
             LedgerCommand::Spend {
                 credit,
                 effect,
                 gateway,
                 key,
             } => {
-                self.branch.reserve(credit, effect, &gateway, key)?;
-                self.branch.dispatch(now, key)?;
+                l.branch.reserve(credit, effect, &gateway, key)?;
+                l.branch.dispatch(now, key)?;
             }
-            LedgerCommand::Reclaim { credit } => self.branch.request_fence(credit)?,
+            LedgerCommand::Reclaim { credit } => l.branch.request_fence(credit)?,
             LedgerCommand::Reissue { credit } => {
-                let credit = self.branch.reissue(credit)?;
+                let credit = l.branch.reissue(credit)?;
                 return Ok(LedgerReply::Credit { credit });
             }
-            LedgerCommand::Forfeit { key } => self.branch.forfeit(key)?,
+            LedgerCommand::Forfeit { key } => l.branch.forfeit(key)?,
             LedgerCommand::Receipt { gateway, receipt } => {
                 let key = receipt.peek()?.key;
-                self.branch
+                l.branch
                     .handle_message(now, &gateway, LedgerMessage::Receipt(*receipt));
-                let state = self
+                let state = l
                     .branch
                     .operation(key)
                     .ok_or(LedgerError::UnknownOperation(key))?
@@ -535,144 +517,112 @@ impl LedgerPart {
                     .name();
                 return Ok(LedgerReply::Operation { key, state });
             }
-            LedgerCommand::Status => return Ok(LedgerReply::Status(Box::new(self.status()))),
+            LedgerCommand::Status => return Ok(LedgerReply::Status(Box::new(status(l)))),
         }
         Ok(LedgerReply::Done)
     }
+}
 
-    fn status(&self) -> LedgerStatus {
-        let b = &self.branch;
-        let mut roots: Vec<RootId> = b.credits().map(|c| c.root).collect();
-        roots.sort();
-        roots.dedup();
-        LedgerStatus {
-            roots: roots.into_iter().map(|r| (r, b.buckets(r))).collect(),
-            credits: b
-                .credits()
-                .map(|c| CreditStatus {
-                    id: c.id,
-                    root: c.root,
-                    available: c.available.size(),
-                    generation: c.generation,
-                    epoch: c.epoch,
-                    fenced: c.fenced,
-                    closed: c.closed,
-                    successor: c.successor,
-                })
-                .collect(),
-            operations: b
-                .operations()
-                .map(|o| OperationStatus {
-                    key: o.binding.key,
-                    credit: o.binding.credit,
-                    gateway: o.binding.receiver.clone(),
-                    max_charge: o.binding.max_charge.clone(),
-                    state: o.state.name(),
-                    charged: match &o.state {
-                        OpState::Settled { charged, .. } => Some(charged.size()),
-                        _ => None,
+fn status(l: &LedgerMachine) -> LedgerStatus {
+    let b = &l.branch;
+    let mut roots: Vec<RootId> = b.credits().map(|c| c.root).collect();
+    roots.sort();
+    roots.dedup();
+    LedgerStatus {
+        roots: roots.into_iter().map(|r| (r, b.buckets(r))).collect(),
+        credits: b
+            .credits()
+            .map(|c| CreditStatus {
+                id: c.id,
+                root: c.root,
+                available: c.available.size(),
+                generation: c.generation,
+                epoch: c.epoch,
+                fenced: c.fenced,
+                closed: c.closed,
+                successor: c.successor,
+            })
+            .collect(),
+        operations: b
+            .operations()
+            .map(|o| OperationStatus {
+                key: o.binding.key,
+                credit: o.binding.credit,
+                gateway: o.binding.receiver.clone(),
+                max_charge: o.binding.max_charge.clone(),
+                state: o.state.name(),
+                charged: match &o.state {
+                    OpState::Settled { charged, .. } => Some(charged.size()),
+                    _ => None,
+                },
+            })
+            .collect(),
+        transfers: b
+            .outgoing()
+            .map(|o| {
+                (
+                    o.body.transfer,
+                    o.body.destination.clone(),
+                    o.body.footprint.size(),
+                    match o.state {
+                        OutgoingState::Sealed => "sealed",
+                        OutgoingState::Accepted(_) => "accepted",
+                        OutgoingState::Cancelled(_) => "cancelled",
+                        OutgoingState::Reclaimed(_) => "reclaimed",
                     },
-                })
-                .collect(),
-            transfers: b
-                .outgoing()
-                .map(|o| {
+                )
+            })
+            .collect(),
+        incoming: b
+            .incoming()
+            .filter_map(|s| {
+                let (cert, state) = match s {
+                    abhyasa_ledger::Step::Accept { cert, .. } => (cert, "accepted"),
+                    abhyasa_ledger::Step::Refuse { cert, .. } => (cert, "refused"),
+                    abhyasa_ledger::Step::Claim { cert, .. } => (cert, "claimed"),
+                    abhyasa_ledger::Step::Reclaimed { cert, .. } => (cert, "reclaimed"),
+                    _ => return None,
+                };
+                let c = cert.peek().ok()?;
+                Some((c.transfer, c.source, c.footprint.size(), state))
+            })
+            .collect(),
+        accepted: l
+            .gateway
+            .iter()
+            .flat_map(|g| {
+                g.log().map(|((_, k), a)| {
                     (
-                        o.body.transfer,
-                        o.body.destination.clone(),
-                        o.body.footprint.size(),
-                        match o.state {
-                            OutgoingState::Sealed => "sealed",
-                            OutgoingState::Accepted(_) => "accepted",
-                            OutgoingState::Cancelled(_) => "cancelled",
-                            OutgoingState::Reclaimed(_) => "reclaimed",
-                        },
+                        *k,
+                        matches!(a.state, abhyasa_ledger::AcceptanceState::Done(_)),
                     )
                 })
-                .collect(),
-            incoming: b
-                .incoming()
-                .filter_map(|s| {
-                    let (cert, state) = match s {
-                        abhyasa_ledger::Step::Accept { cert, .. } => (cert, "accepted"),
-                        abhyasa_ledger::Step::Refuse { cert, .. } => (cert, "refused"),
-                        abhyasa_ledger::Step::Claim { cert, .. } => (cert, "claimed"),
-                        abhyasa_ledger::Step::Reclaimed { cert, .. } => (cert, "reclaimed"),
-                        _ => return None,
-                    };
-                    let c = cert.peek().ok()?;
-                    Some((c.transfer, c.source, c.footprint.size(), state))
-                })
-                .collect(),
-            accepted: self
-                .gateway
-                .iter()
-                .flat_map(|g| {
-                    g.log().map(|((_, k), a)| {
-                        (
-                            *k,
-                            matches!(a.state, abhyasa_ledger::AcceptanceState::Done(_)),
-                        )
-                    })
-                })
-                .collect(),
-            journal_steps: b.journal_len(),
-            folded_steps: b.folded_steps(),
-            ended_operations: b.ended().count() as u64,
-            gateway: self
-                .gateway
-                .as_ref()
-                .map(|g| (g.horizon(), g.folded_records())),
-        }
+            })
+            .collect(),
+        journal_steps: b.journal_len(),
+        folded_steps: b.folded_steps(),
+        ended_operations: b.ended().count() as u64,
+        gateway: l
+            .gateway
+            .as_ref()
+            .map(|g| (g.horizon(), g.folded_records())),
     }
+}
 
-    pub(crate) fn timeout(&mut self, now: UnixMillis) {
-        self.branch.handle_timeout(now);
-        if let Some(g) = &mut self.gateway {
-            g.handle_timeout(now);
-        }
-    }
-
-    /// Moves what both hand out into `ops`.
-    pub(crate) fn drain(&mut self, ops: &mut Vec<Op>) {
-        while let Some((t, s)) = self.branch.poll_persist() {
-            ops.push(Op::Ledger(s));
-            self.branch_tokens.push(t);
-        }
-        if let Some(g) = &mut self.gateway {
-            while let Some((t, r)) = g.poll_persist() {
-                ops.push(Op::Gateway(r));
-                self.gateway_tokens.push(t);
-            }
-        }
-    }
-
-    /// The drained records are durable.
-    pub(crate) fn persisted(&mut self) {
-        for t in self.branch_tokens.drain(..) {
-            self.branch.handle_persisted(t);
-        }
-        if let Some(g) = &mut self.gateway {
-            for t in self.gateway_tokens.drain(..) {
-                g.handle_persisted(t);
-            }
-        }
-    }
-
-    /// Sends what was released; hands accepted effects to the executor. `true` when a
-    /// message to this node itself (its own gateway) was delivered in place, which may have
-    /// handed out more records.
+impl LedgerPart {
+    /// Sends what was released; hands accepted effects to the executor. Returns the messages
+    /// to this node itself (it is its own gateway), for the caller to deliver in place.
     pub(crate) fn release(
         &mut self,
-        now: UnixMillis,
+        l: &mut LedgerMachine,
         sessions: &HashMap<AgentId, crate::link::Link>,
         mut executed: impl FnMut(Execute, Arc<dyn Executor>),
         events: &mut Vec<LedgerEvent>,
-    ) -> bool {
+    ) -> Vec<LedgerMessage> {
         let mut out: Vec<(AgentId, LedgerMessage)> =
-            std::iter::from_fn(|| self.branch.poll_transmit()).collect();
+            std::iter::from_fn(|| l.branch.poll_transmit()).collect();
         out.append(&mut self.early);
-        if let Some(g) = &mut self.gateway {
+        if let Some(g) = &mut l.gateway {
             out.extend(std::iter::from_fn(|| g.poll_transmit()));
             if let Some(x) = &self.setup.executor {
                 while let Some(e) = g.poll_execute() {
@@ -737,7 +687,7 @@ impl LedgerPart {
         let mut local = Vec::new();
         for (to, m) in out {
             if to == self.me {
-                local.push(encode(&m));
+                local.push(m);
                 continue;
             }
             let Some(s) = sessions.get(&to).cloned() else {
@@ -750,18 +700,13 @@ impl LedgerPart {
                 }
             });
         }
-        events.extend(std::iter::from_fn(|| self.branch.poll_event()));
-        // A node that is its own gateway: deliver in place.
-        let me = self.me.clone();
-        let more = !local.is_empty();
-        for bytes in local {
-            self.on_object(now, &me, &bytes);
-        }
-        more
+        events.extend(std::iter::from_fn(|| l.branch.poll_event()));
+        // A node that is its own gateway: delivered in place by the caller.
+        local
     }
 
-    pub(crate) fn executed(&mut self, payer: &AgentId, key: OpKey, charge: Vector) {
-        if let Some(g) = &mut self.gateway {
+    pub(crate) fn executed(l: &mut LedgerMachine, payer: &AgentId, key: OpKey, charge: Vector) {
+        if let Some(g) = &mut l.gateway {
             g.handle_executed(payer, key, charge);
         }
     }

@@ -277,40 +277,7 @@ pub(crate) enum Command {
     Shutdown(oneshot::Sender<()>),
 }
 
-/// What a peer reached over another binding takes, from its own description (an A2A card's
-/// profiles): per kind, the backoff its retry budget is measured against. An obligation to
-/// that peer of a kind it does not list, or whose `max_retries` does not span its deadline by
-/// [`profile_retries`](abhyasa_custody::profile_retries), is refused at issue.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PeerProfile {
-    /// Per kind: (backoff base, backoff cap), ms.
-    pub kinds: std::collections::BTreeMap<abhyasa_wire::Kind, (u64, u64)>,
-}
-
-impl PeerProfile {
-    /// Whether `o` fits the profile: the kind is taken and the budget spans the deadline.
-    pub fn admit(&self, o: &Obligation) -> Result<(), NodeError> {
-        let kind = o.kind();
-        let Some(&(base_ms, cap_ms)) = self.kinds.get(&kind) else {
-            return Err(NodeError::KindNotTaken {
-                peer: o.target.clone(),
-                kind,
-            });
-        };
-        let span = o.deadline.0.saturating_sub(o.created_at.0);
-        let needed = abhyasa_custody::profile_retries(span, base_ms, cap_ms);
-        if o.max_retries < needed {
-            return Err(NodeError::Issue(
-                abhyasa_custody::IssueError::BudgetTooSmall {
-                    kind,
-                    given: o.max_retries,
-                    needed,
-                },
-            ));
-        }
-        Ok(())
-    }
-}
+pub use abhyasa_machine::PeerProfile;
 
 /// Limits at the node's boundary with its peers (`docs/LIMITS.md`). The custody machines'
 /// own limits — obligations pending in all and per target, applied ids retained — are in

@@ -42,6 +42,7 @@ use abhyasa_ledger::{
     Label, LedgerMessage, LedgerMutation, LedgerSigningKey, OpKey, OpState, OutgoingState,
     PersistToken, RootGrant, RootId, Signed, Step, TransferId, Vector,
 };
+use abhyasa_machine::NodeMutation;
 use abhyasa_wire::ledger::{Fence, Fenced, NoEffect, Receipt, SourceDecision, TransferDecision};
 use abhyasa_wire::{AgentId, UnixMillis};
 use rand::Rng;
@@ -240,6 +241,8 @@ struct Params {
     retain_ms: Option<u64>,
     /// Chance per act that a branch with a reclaimable transfer in transit takes it back.
     reclaim_transfer: f64,
+    /// How often gateways get their timeout, ms (the node's ledger resend period).
+    gateway_tick_ms: u64,
 }
 
 struct Sim {
@@ -247,6 +250,8 @@ struct Sim {
     p: Params,
     keys: Keyring,
     mutation: Option<LedgerMutation>,
+    /// A broken node decision (the gateway's clock), for the node mutants.
+    node_mutation: Option<NodeMutation>,
     now: u64,
     branches: BTreeMap<String, Node<Branch, Step>>,
     /// Every step each branch made durable, checkpoints included, with nothing dropped: the
@@ -269,7 +274,11 @@ struct Sim {
 }
 
 impl Sim {
-    fn new(mut rng: SimRng, mutation: Option<LedgerMutation>) -> Self {
+    fn new(
+        mut rng: SimRng,
+        mutation: Option<LedgerMutation>,
+        node_mutation: Option<NodeMutation>,
+    ) -> Self {
         let duration = rng.random_range(2_000..6_000);
         let partitions = (0..rng.random_range(0..=2))
             .map(|_| {
@@ -318,6 +327,7 @@ impl Sim {
             permit_ttl_ms: 0,
             retain_ms: None,
             reclaim_transfer: 0.0,
+            gateway_tick_ms: 10,
         };
         // Drawn last, so the schedules above stay those of earlier versions.
         let mut p = p;
@@ -366,6 +376,7 @@ impl Sim {
             p.retain_ms = p.retain_ms.filter(|ms| *ms < 150);
         }
         p.reclaim_transfer = rng.random_range(0.0..0.1);
+        p.gateway_tick_ms = [10, 100, 500][rng.random_range(0..3)];
         let mut all: Vec<(AgentId, _)> = BRANCHES
             .iter()
             .chain(GATEWAYS.iter())
@@ -419,6 +430,7 @@ impl Sim {
             p,
             keys,
             mutation,
+            node_mutation,
             now: 0,
             archives: BRANCHES
                 .iter()
@@ -661,6 +673,14 @@ impl Sim {
             let mut progressed = false;
             while let Some((token, record)) = g.poll_persist() {
                 progressed = true;
+                if let GatewayRecord::Accepted { binding, .. } = &record {
+                    if binding.expires.is_some_and(|e| self.now > e.0) {
+                        self.report.violations.push(format!(
+                            "{name} accepted {:?} at {} after its permit expired at {:?}",
+                            binding.key, self.now, binding.expires
+                        ));
+                    }
+                }
                 if self.p.gateway_commit_ms > 0 {
                     // Written in order; lands later.
                     let after = self.rng.random_range(1..=self.p.gateway_commit_ms);
@@ -821,7 +841,9 @@ impl Sim {
         let to = m.to.as_str().to_owned();
         if self.gateways.contains_key(&to) {
             if let Some(g) = self.gateways.get_mut(&to).and_then(|n| n.machine.as_mut()) {
-                g.handle_message(&m.from, m.msg);
+                // The node machine's decision: judged against the time it arrived.
+                let now = UnixMillis(self.now);
+                abhyasa_machine::gateway_in(g, now, &m.from, m.msg, self.node_mutation);
                 self.drain_gateway(&to);
             }
         } else {
@@ -1107,7 +1129,10 @@ impl Sim {
                         Ok(())
                     });
                 }
-                let names: Vec<String> = self.gateways.keys().cloned().collect();
+                let names: Vec<String> = match self.now % self.p.gateway_tick_ms {
+                    0 => self.gateways.keys().cloned().collect(),
+                    _ => Vec::new(),
+                };
                 for name in names {
                     let node = self.gateways.get_mut(&name).expect("known gateway");
                     if let Some(g) = node.machine.as_mut() {
@@ -1569,11 +1594,16 @@ fn random_charge(rng: &mut SimRng, max: &Vector) -> Vector {
 
 /// Runs one seed of the ledger simulation.
 pub fn run_ledger(seed: u64, mutation: Option<LedgerMutation>) -> LedgerReport {
-    Sim::new(SimRng::seeded(seed), mutation).run()
+    Sim::new(SimRng::seeded(seed), mutation, None).run()
+}
+
+/// Runs one seed of the ledger simulation with a broken node decision.
+pub fn run_ledger_node(seed: u64, mutation: Option<NodeMutation>) -> LedgerReport {
+    Sim::new(SimRng::seeded(seed), None, mutation).run()
 }
 
 /// One run of the ledger simulation whose every choice is read from `bytes` first (the
 /// structure-aware fuzz target; see [`SimRng::from_bytes`]).
 pub fn run_ledger_bytes(bytes: &[u8], mutation: Option<LedgerMutation>) -> LedgerReport {
-    Sim::new(SimRng::from_bytes(bytes), mutation).run()
+    Sim::new(SimRng::from_bytes(bytes), mutation, None).run()
 }

@@ -23,9 +23,12 @@ mod world;
 
 pub use abhyasa_custody::Mutation;
 pub use abhyasa_ledger::LedgerMutation;
-pub use ledger::{ledger_mutant, run_ledger, run_ledger_bytes, LedgerReport, LEDGER_MUTANTS};
+pub use abhyasa_machine::NodeMutation;
+pub use ledger::{
+    ledger_mutant, run_ledger, run_ledger_bytes, run_ledger_node, LedgerReport, LEDGER_MUTANTS,
+};
 pub use rng::SimRng;
-pub use scenario::{NetParams, Scenario, TargetParams};
+pub use scenario::{NetParams, NodeParams, Scenario, TargetParams};
 pub use world::RunReport;
 
 /// Every mutant, by its command-line name.
@@ -68,6 +71,14 @@ pub const MUTANTS: [(&str, Mutation); 15] = [
     ("accept_unverified", Mutation::AcceptUnverified),
 ];
 
+/// Every node mutant (a broken decision of the node machine around the custody and ledger
+/// machines), by its command-line name.
+pub const NODE_MUTANTS: [(&str, NodeMutation); 3] = [
+    ("timers_only_when_quiet", NodeMutation::TimersOnlyWhenQuiet),
+    ("fold_id_spellings", NodeMutation::FoldIdSpellings),
+    ("stale_gateway_clock", NodeMutation::StaleGatewayClock),
+];
+
 /// The mutant with this command-line name.
 pub fn mutant(name: &str) -> Option<Mutation> {
     MUTANTS.iter().find(|(n, _)| *n == name).map(|&(_, m)| m)
@@ -93,6 +104,24 @@ fn run_custody_with(mut rng: SimRng, mutation: Option<Mutation>) -> RunReport {
     let mut scenario = Scenario::generate(&mut rng);
     world::mutate(&mut scenario.custodian, &mut scenario.receiver, mutation);
     world::World::new(scenario, rng).run()
+}
+
+/// One seed of both simulations through the node machine with a broken node decision: the
+/// custody world (steady traffic, text bindings) and the ledger world (its gateways' messages
+/// through the node's gateway decision). The violations of both, the custody world's first.
+pub fn run_node(seed: u64, mutation: Option<NodeMutation>) -> RunReport {
+    let mut rng = SimRng::seeded(seed);
+    let mut scenario = Scenario::generate(&mut rng);
+    scenario.node.mutation = mutation;
+    let mut report = world::World::new(scenario, rng).run();
+    let ledger = run_ledger_node(seed, mutation);
+    report.violations.extend(
+        ledger
+            .violations
+            .into_iter()
+            .map(|v| format!("ledger: {v}")),
+    );
+    report
 }
 
 #[cfg(test)]
@@ -172,6 +201,15 @@ mod tests {
             let caught =
                 (0..2_000).find(|&seed| !run_custody(seed, Some(mutation)).violations.is_empty());
             assert!(caught.is_some(), "mutant {name} survived 2000 seeds");
+        }
+    }
+
+    #[test]
+    fn every_node_mutant_is_caught() {
+        for (name, mutation) in NODE_MUTANTS {
+            let caught =
+                (0..2_000).find(|&seed| !run_node(seed, Some(mutation)).violations.is_empty());
+            assert!(caught.is_some(), "node mutant {name} survived 2000 seeds");
         }
     }
 

@@ -5,7 +5,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use abhyasa_sim::{run_custody, run_ledger, LedgerReport, RunReport, LEDGER_MUTANTS, MUTANTS};
+use abhyasa_sim::{
+    run_custody, run_ledger, run_node, LedgerReport, RunReport, LEDGER_MUTANTS, MUTANTS,
+    NODE_MUTANTS,
+};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -21,6 +24,9 @@ enum Command {
     Custody(RunArgs),
     /// Budget ledger: a delegation DAG, gateways, a faulty network, crashes, reclaim.
     Ledger(RunArgs),
+    /// Both through the node machine with its own mutants (a broken timer, id mapping or
+    /// gateway clock): the custody world, then the ledger world, per seed.
+    Node(RunArgs),
 }
 
 #[derive(clap::Args)]
@@ -192,6 +198,18 @@ fn main() -> ExitCode {
             println!(
                 "custody: seeds={} obligations={} applied={} declined={} escalated={} best_effort={} violations={violations}",
                 args.seeds, r.obligations, r.applied, r.declined, r.escalated, r.best_effort
+            );
+            exit(violations)
+        }
+        Command::Node(args) => {
+            let (r, violations, failing) = match run_seeds("node", &args, &NODE_MUTANTS, run_node) {
+                Ok(x) => x,
+                Err(code) => return code,
+            };
+            eprintln!("failing_seeds={failing}");
+            println!(
+                "node: seeds={} obligations={} applied={} declined={} escalated={} violations={violations}",
+                args.seeds, r.obligations, r.applied, r.declined, r.escalated
             );
             exit(violations)
         }

@@ -2,10 +2,11 @@
 //! fault schedule, workload and timing, so the seeds together cover far more corners than
 //! one fixed configuration.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::rng::SimRng;
 use abhyasa_custody::{Channel, CustodianConfig, ReceiverConfig};
+use abhyasa_machine::{binding, NodeMutation};
 use abhyasa_wire::{
     AgentId, BeliefUpdatePayload, ClientId, ConsentDecision, ConsentPayload, Kind, Obligation,
     ObligationId, Payload, Scope, TokenAction, TokenId, TokenPayload, UnixMillis, WeightDelta,
@@ -52,6 +53,23 @@ pub struct TargetParams {
     pub unsupported: BTreeSet<Kind>,
 }
 
+/// What the node machine around the custody machines meets: steady traffic, and targets
+/// reached over a text binding.
+#[derive(Clone, Debug, Default)]
+pub struct NodeParams {
+    /// Every target sends the principal a stale ack this often, in ms: steady traffic, the
+    /// load under which a timer that is not a deadline never fires. `None`: quiet links.
+    pub chatter_ms: Option<u64>,
+    /// Targets (node indices) reached over a text binding (as over A2A JSON): obligations to
+    /// them are named by text ids, which their node maps to obligation ids.
+    pub text_targets: BTreeSet<usize>,
+    /// The text id of each obligation to a text target; its id is the binding's mapping of
+    /// it. Some spell the digits of another's in another letter case or without dashes.
+    pub text_ids: BTreeMap<ObligationId, String>,
+    /// A broken node decision (mutants only).
+    pub mutation: Option<NodeMutation>,
+}
+
 /// Everything one run does, fixed by its seed.
 #[derive(Clone, Debug)]
 pub struct Scenario {
@@ -88,6 +106,8 @@ pub struct Scenario {
     pub receiver: ReceiverConfig,
     /// Simulated end time: past every deadline and every restart.
     pub end: u64,
+    /// The node machine's world.
+    pub node: NodeParams,
 }
 
 const MAX_DOWNTIME: u64 = 1_500;
@@ -292,6 +312,7 @@ impl Scenario {
         } else {
             0.0
         };
+        let node = node_params(rng, nodes, &mut obligations);
         Self {
             epoch,
             targets,
@@ -308,7 +329,56 @@ impl Scenario {
             custodian,
             receiver,
             end: last_deadline + 2 * MAX_DOWNTIME + MAX_REPLAY + 500,
+            node,
         }
+    }
+}
+
+/// Draws the node machine's world, and names the obligations to text targets by text ids
+/// (their ids become the binding's mapping of those texts).
+fn node_params(rng: &mut SimRng, nodes: usize, obligations: &mut [Obligation]) -> NodeParams {
+    let chatter_ms = rng.random_bool(0.35).then(|| rng.random_range(40..=400));
+    let text_targets: BTreeSet<usize> = (1..nodes).filter(|_| rng.random_bool(0.3)).collect();
+    let mut text_ids = BTreeMap::new();
+    let mut last_digits: Option<u128> = None;
+    for o in obligations.iter_mut() {
+        let node = o
+            .target
+            .as_str()
+            .strip_prefix("agent-")
+            .and_then(|i| i.parse::<usize>().ok())
+            .map_or(0, |i| i + 1);
+        if !text_targets.contains(&node) {
+            continue;
+        }
+        // Sometimes the digits of the last text id again, spelled another way: a different
+        // obligation, which a binding that folds spellings would take for the same one.
+        let digits = match last_digits {
+            Some(d) if rng.random_bool(0.3) => d,
+            _ => rng.random::<u128>(),
+        };
+        last_digits = Some(digits);
+        let canonical = binding::id_text(ObligationId::from_u128(digits));
+        let text = match rng.random_range(0..4u32) {
+            0 => canonical,
+            1 => canonical.to_ascii_uppercase(),
+            2 => canonical.replace('-', ""),
+            _ => format!("revocation-{:x}", digits as u32),
+        };
+        let Some(id) = binding::text_obligation_id(&text) else {
+            continue;
+        };
+        if text_ids.contains_key(&id) {
+            continue; // The same text twice: keep the first; this one stays on CBOR ids.
+        }
+        o.id = id;
+        text_ids.insert(id, text);
+    }
+    NodeParams {
+        chatter_ms,
+        text_targets,
+        text_ids,
+        mutation: None,
     }
 }
 

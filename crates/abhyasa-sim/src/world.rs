@@ -5,9 +5,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::rng::SimRng;
 use abhyasa_custody::{
-    AckTransmit, AppliedRecord, Custodian, CustodianConfig, CustodianEvent, CustodianRecord,
-    EscalatedRecord, GovernedKey, Mutation, PendingRecord, Persist, PersistToken, PrincipalState,
-    Receiver, ReceiverConfig, ReceiverRecord, ReceiverState, Transmit,
+    AppliedRecord, Custodian, CustodianConfig, CustodianRecord, EscalatedRecord, GovernedKey,
+    Mutation, PendingRecord, PrincipalState, Receiver, ReceiverConfig, ReceiverRecord,
+    ReceiverState,
+};
+use abhyasa_machine::{
+    Commit, IssueRefused, MachineConfig, MachineEvent, NodeMachine, Record, Route, Track,
 };
 use abhyasa_wire::{
     decode, decode_obligation, encode, AckStatus, AgentId, CustodyAck, DeclineReason, Escalation,
@@ -89,6 +92,8 @@ enum Event {
     PeerReady(usize),
     /// The target node's session drops and comes back at once.
     Flap(usize),
+    /// The target sends the principal a stale ack (steady traffic), and the next one is due.
+    Chatter(usize),
 }
 
 /// The custodian's disk.
@@ -113,37 +118,18 @@ struct ReceiverDisk {
     apply_log: Vec<ObligationId>,
 }
 
-enum Machine {
-    Custodian(Box<Custodian>),
-    Receiver(Box<Receiver>),
-}
-
 struct Node {
     agent: AgentId,
-    machine: Option<Machine>,
+    /// The whole node machine: a custodian, a receiver and the node's own decisions.
+    machine: Option<Box<NodeMachine>>,
     incarnation: u32,
-    queue: Vec<(PersistToken, Record)>,
+    /// Commits handed out, not yet written.
+    queue: Vec<Commit>,
     commit_scheduled: bool,
     /// Offset of this node's clock from true time, in ms.
     skew: i64,
     /// Kinds this node's build does not know.
     unsupported: BTreeSet<Kind>,
-}
-
-enum Outputs {
-    Custodian {
-        records: Vec<Persist<CustodianRecord>>,
-        transmits: Vec<Transmit>,
-    },
-    Receiver {
-        records: Vec<Persist<ReceiverRecord>>,
-        acks: Vec<AckTransmit>,
-    },
-}
-
-enum Record {
-    Custodian(CustodianRecord),
-    Receiver(ReceiverRecord),
 }
 
 /// The tallies of one run.
@@ -296,6 +282,12 @@ impl World {
                 self.ready_after(node, end);
             }
         }
+        if let Some(every) = self.scenario.node.chatter_ms {
+            for t in 1..self.nodes.len() {
+                let first = self.rng.random_range(0..every);
+                self.push(first, Event::Chatter(t));
+            }
+        }
         for &(node, start, count, interval) in &self.scenario.flaps.clone() {
             for k in 0..u64::from(count) {
                 self.push(start + k * interval, Event::Flap(node));
@@ -371,11 +363,7 @@ impl World {
     fn next_timer(&self) -> Option<(u64, usize)> {
         let mut best: Option<(u64, usize)> = None;
         for (i, node) in self.nodes.iter().enumerate() {
-            let at = match &node.machine {
-                Some(Machine::Custodian(c)) => c.poll_timeout(),
-                Some(Machine::Receiver(r)) => r.poll_timeout(),
-                None => None,
-            };
+            let at = node.machine.as_ref().and_then(|m| m.poll_timeout());
             if let Some(at) = at {
                 // Back into true time; a timer in the past is due now. Wide arithmetic: a
                 // timer near `u64::MAX` (a deadline a relay altered, under the
@@ -395,8 +383,7 @@ impl World {
     fn fire_timer(&mut self, node: usize) {
         let now = self.time(node);
         match &mut self.nodes[node].machine {
-            Some(Machine::Custodian(c)) => c.handle_timeout(now),
-            Some(Machine::Receiver(r)) => r.handle_timeout(now),
+            Some(m) => m.handle_timeout(now),
             None => return,
         }
         self.flush(node);
@@ -431,7 +418,30 @@ impl World {
                 self.flapping.insert(target, back);
                 self.push(back, Event::PeerReady(target));
             }
+            Event::Chatter(target) => self.chatter(target),
         }
+    }
+
+    /// A stale ack from `target` to the principal (an id nobody issued: it changes nothing),
+    /// and the next one scheduled.
+    fn chatter(&mut self, target: usize) {
+        if let Some(every) = self.scenario.node.chatter_ms {
+            self.push(self.now + every, Event::Chatter(target));
+        }
+        if self.nodes[target].machine.is_none() {
+            return;
+        }
+        let ack = CustodyAck {
+            obligation_id: ObligationId::from_u128(u128::MAX - self.now as u128),
+            target: self.nodes[target].agent.clone(),
+            status: AckStatus::Applied,
+            acked_at: self.time(target),
+        };
+        self.send(
+            target,
+            PRINCIPAL,
+            Message::Ack(Signed::new(target, encode(&ack))),
+        );
     }
 
     fn peer_ready(&mut self, target: usize) {
@@ -440,8 +450,8 @@ impl World {
         }
         let now = self.time(PRINCIPAL);
         let agent = self.nodes[target].agent.clone();
-        if let Some(Machine::Custodian(c)) = &mut self.nodes[PRINCIPAL].machine {
-            c.handle_peer_ready(now, &agent);
+        if let Some(m) = &mut self.nodes[PRINCIPAL].machine {
+            m.peer_ready(now, &agent);
             self.report.resubscriptions += 1;
             self.flush(PRINCIPAL);
         }
@@ -477,21 +487,21 @@ impl World {
             self.issued.insert(o.id, o);
             return;
         }
-        let Some(Machine::Custodian(c)) = &mut self.nodes[PRINCIPAL].machine else {
+        let Some(m) = &mut self.nodes[PRINCIPAL].machine else {
             return;
         };
-        match c.issue(now, o.clone()) {
+        match m.issue(now, o.clone()) {
             Ok(_) => {
                 self.index.insert(o.id, i);
                 self.issued.insert(o.id, o);
             }
-            Err(abhyasa_custody::IssueError::Full { .. }) => {
+            Err(IssueRefused::Issue(abhyasa_custody::IssueError::Full { .. })) => {
                 self.report.full_refusals += 1;
                 // Custody is full: the application tries again a little later.
                 let at = self.now + 20;
                 self.push(at, Event::Issue(i));
             }
-            Err(e) => self.violation(format!("issue of {} refused: {e}", o.id)),
+            Err(e) => self.violation(format!("issue of {} refused: {e:?}", o.id)),
         }
         self.flush(PRINCIPAL);
     }
@@ -513,44 +523,33 @@ impl World {
         } else {
             self.nodes[from].agent.clone()
         };
+        let text_target = self.scenario.node.text_targets.contains(&to);
         let unsupported = self.nodes[to].unsupported.clone();
-        match (&mut self.nodes[to].machine, message) {
-            (Some(Machine::Receiver(r)), Message::Obligation(Signed { bytes, .. })) => {
-                match decode_obligation(&bytes) {
-                    Ok(o) if unsupported.contains(&o.kind()) => {
-                        r.handle_unreadable(
-                            now,
-                            &from_agent,
-                            &o.envelope(),
-                            abhyasa_wire::DeclineReason::UnknownKind,
-                        );
+        let Some(m) = &mut self.nodes[to].machine else {
+            return;
+        };
+        match message {
+            Message::Obligation(Signed { bytes, .. }) => {
+                let decoded = decode_obligation(&bytes).ok();
+                match decoded {
+                    // Its build lacks the kind: what it reads is an unknown kind.
+                    Some(o) if unsupported.contains(&o.kind()) => {
+                        let bytes = rewritten(&o, "kind", "x-unknown/kind");
+                        m.handle_object(now, &from_agent, Track::Obligations, &bytes);
                     }
-                    Ok(o) => {
-                        r.handle_obligation(now, &from_agent, o);
+                    // Over a text binding: named by its text id, mapped by the node.
+                    Some(o) if text_target && self.scenario.node.text_ids.contains_key(&o.id) => {
+                        let text = self.scenario.node.text_ids[&o.id].clone();
+                        m.deliver_text(now, &from_agent, &text, o);
                     }
-                    Err(e) => match (e.envelope(), e.decline_reason()) {
-                        (Some(env), Some(reason)) => {
-                            r.handle_unreadable(now, &from_agent, env, reason);
-                        }
-                        _ => self
-                            .report
-                            .violations
-                            .push(format!("obligation failed to decode: {e}")),
-                    },
+                    _ => {
+                        m.handle_object(now, &from_agent, Track::Obligations, &bytes);
+                    }
                 }
             }
-            (Some(Machine::Custodian(c)), Message::Ack(Signed { bytes, .. })) => {
-                match decode::<CustodyAck>(&bytes) {
-                    Ok(ack) => {
-                        c.handle_ack(now, &from_agent, ack);
-                    }
-                    Err(e) => self
-                        .report
-                        .violations
-                        .push(format!("ack failed to decode: {e}")),
-                }
+            Message::Ack(Signed { bytes, .. }) => {
+                m.handle_object(now, &from_agent, Track::Acks, &bytes);
             }
-            _ => {}
         }
         self.flush(to);
     }
@@ -596,93 +595,73 @@ impl World {
         );
     }
 
-    /// Drains a machine's queues after an input: records to its commit queue, transmits to
-    /// the network (checked against the disk first), events to the tallies.
+    /// Drains a node machine's queues after an input: its commit to the commit queue,
+    /// transmits to the network (checked against the disk first), events to the tallies.
     fn flush(&mut self, node: usize) {
         let now_true = self.now;
         let now = self.time(node);
+        let Some(m) = self.nodes[node].machine.as_mut() else {
+            return;
+        };
+        let commit = m.poll_commit();
+        let outgoing: Vec<_> = std::iter::from_fn(|| m.poll_transmit()).collect();
+        let events: Vec<_> = std::iter::from_fn(|| m.poll_event()).collect();
+        if let Some(c) = commit {
+            for r in &c.records {
+                if let Record::Receiver(ReceiverRecord::Apply { id, .. }) = r {
+                    let deadline = self.issued.get(id).map(|o| o.deadline);
+                    if deadline.is_some_and(|d| now > d) {
+                        self.violation(format!("{id} applied after its deadline"));
+                    }
+                }
+            }
+            self.nodes[node].queue.push(c);
+        }
+        for e in events {
+            match e {
+                MachineEvent::Reconciled(_) => self.report.reconciled += 1,
+                MachineEvent::Accepted(id) => {
+                    self.accepted.insert(id);
+                }
+                _ => {}
+            }
+        }
         let mut sends: Vec<(usize, Message)> = Vec::new();
-        match self.drain(node) {
-            Some(Outputs::Custodian { records, transmits }) => {
-                self.nodes[node].queue.extend(
-                    records
-                        .into_iter()
-                        .map(|p| (p.token, Record::Custodian(p.record))),
-                );
-                for t in transmits {
-                    let id = t.obligation.id;
-                    if t.attempt > 0 {
-                        let durable = self.cdisk.pending.get(&id).map(|p| p.attempts);
-                        if durable.is_none_or(|a| a < t.attempt) {
-                            self.violation(format!(
-                                "transmit of {id} attempt {} before its pending record was durable",
-                                t.attempt
-                            ));
-                        }
-                        let deadline = self.issued.get(&id).map(|o| o.deadline);
-                        if deadline.is_some_and(|d| now >= d) {
-                            self.violation(format!("transmit of {id} at or after its deadline"));
+        for out in outgoing {
+            let Some(to) = self.nodes.iter().position(|n| n.agent == out.to) else {
+                continue;
+            };
+            let text_target = self.scenario.node.text_targets.contains(&to);
+            if out.track == Track::Obligations
+                && (out.route == Route::Binding) != (node == PRINCIPAL && text_target)
+            {
+                self.violation(format!(
+                    "obligations to {} sent on the {:?} route",
+                    out.to, out.route
+                ));
+            }
+            for (bytes, attempt) in out.objects.into_iter().zip(out.attempts) {
+                match out.track {
+                    Track::Obligations => {
+                        let Ok(o) = decode_obligation(&bytes) else {
+                            self.violation("an obligation sent that does not decode".into());
+                            continue;
+                        };
+                        if let Some(bytes) = self.custody_transmit(node, now, &o, attempt) {
+                            sends.push((to, Message::Obligation(Signed::new(node, bytes))));
                         }
                     }
-                    if t.attempt > 0 {
-                        *self.transmissions.entry(id).or_insert(0) += 1;
+                    Track::Acks => {
+                        let Ok(ack) = decode::<CustodyAck>(&bytes) else {
+                            self.violation("an ack sent that does not decode".into());
+                            continue;
+                        };
+                        self.ack_transmit(node, &ack);
+                        sends.push((to, Message::Ack(Signed::new(node, bytes))));
                     }
-                    let bytes = match self.index_of(id) {
-                        Some(i) if self.scenario.malformed.contains(&i) => {
-                            unreadable_payload(&t.obligation)
-                        }
-                        _ => encode(&t.obligation),
-                    };
-                    if let Some(to) = self.nodes.iter().position(|n| n.agent == t.to) {
-                        sends.push((to, Message::Obligation(Signed::new(node, bytes))));
-                    }
+                    Track::Ledger => {}
                 }
             }
-            Some(Outputs::Receiver { records, acks }) => {
-                for p in records {
-                    if let ReceiverRecord::Apply { id, .. } = &p.record {
-                        let deadline = self.issued.get(id).map(|o| o.deadline);
-                        if deadline.is_some_and(|d| now > d) {
-                            self.violation(format!("{id} applied after its deadline"));
-                        }
-                    }
-                    self.nodes[node]
-                        .queue
-                        .push((p.token, Record::Receiver(p.record)));
-                }
-                for a in acks {
-                    let id = a.ack.obligation_id;
-                    if let AckStatus::Declined(reason) = a.ack.status {
-                        match reason {
-                            DeclineReason::Malformed => self.report.declines_malformed += 1,
-                            DeclineReason::Refused => self.report.declines_refused += 1,
-                            DeclineReason::Superseded => self.report.declines_superseded += 1,
-                            _ => {}
-                        }
-                        let own = self
-                            .all
-                            .get(&id)
-                            .is_some_and(|o| o.target == self.nodes[node].agent);
-                        if own {
-                            self.declined_by_target
-                                .entry(id)
-                                .or_default()
-                                .insert(reason);
-                        }
-                    }
-                    if a.ack.status == AckStatus::Applied
-                        && !self.rdisks[node - 1].apply_count.contains_key(&id)
-                    {
-                        self.violation(format!(
-                            "applied ack for {id} released before its apply was durable"
-                        ));
-                    }
-                    if let Some(to) = self.nodes.iter().position(|n| n.agent == a.to) {
-                        sends.push((to, Message::Ack(Signed::new(node, encode(&a.ack)))));
-                    }
-                }
-            }
-            None => return,
         }
         for (to, message) in sends {
             self.send(node, to, message);
@@ -704,28 +683,77 @@ impl World {
         }
     }
 
-    fn drain(&mut self, node: usize) -> Option<Outputs> {
-        match self.nodes[node].machine.as_mut()? {
-            Machine::Custodian(c) => {
-                let records = std::iter::from_fn(|| c.poll_persist()).collect();
-                let transmits = std::iter::from_fn(|| c.poll_transmit()).collect();
-                while let Some(e) = c.poll_event() {
-                    match e {
-                        CustodianEvent::Reconciled(_) => self.report.reconciled += 1,
-                        CustodianEvent::Accepted { id } => {
-                            self.accepted.insert(id);
-                        }
-                        _ => {}
-                    }
-                }
-                Some(Outputs::Custodian { records, transmits })
+    /// Checks an obligation `node` sends (attempt `attempt`; 0: best-effort) against the
+    /// disk; the bytes that go on the wire (unreadable to the target for a malformed one).
+    fn custody_transmit(
+        &mut self,
+        node: usize,
+        now: UnixMillis,
+        o: &Obligation,
+        attempt: u32,
+    ) -> Option<Vec<u8>> {
+        if node != PRINCIPAL {
+            self.violation(format!(
+                "{} sent an obligation nobody issued",
+                self.nodes[node].agent
+            ));
+            return None;
+        }
+        let id = o.id;
+        if attempt > 0 {
+            let durable = self.cdisk.pending.get(&id).map(|p| p.attempts);
+            if durable.is_none_or(|a| a < attempt) {
+                self.violation(format!(
+                    "transmit of {id} attempt {attempt} before its pending record was durable"
+                ));
             }
-            Machine::Receiver(r) => {
-                let records = std::iter::from_fn(|| r.poll_persist()).collect();
-                let acks = std::iter::from_fn(|| r.poll_transmit()).collect();
-                while r.poll_event().is_some() {}
-                Some(Outputs::Receiver { records, acks })
+            let deadline = self.issued.get(&id).map(|o| o.deadline);
+            if deadline.is_some_and(|d| now >= d) {
+                self.violation(format!("transmit of {id} at or after its deadline"));
             }
+            *self.transmissions.entry(id).or_insert(0) += 1;
+        }
+        Some(match self.index_of(id) {
+            Some(i) if self.scenario.malformed.contains(&i) => unreadable_payload(o),
+            _ => encode(o),
+        })
+    }
+
+    /// Tallies and checks an ack `node` sends.
+    fn ack_transmit(&mut self, node: usize, ack: &CustodyAck) {
+        let id = ack.obligation_id;
+        if node == PRINCIPAL {
+            self.violation(format!("the principal acked {id}, which nobody sent it"));
+            return;
+        }
+        if let AckStatus::Declined(reason) = ack.status {
+            match reason {
+                DeclineReason::Malformed => self.report.declines_malformed += 1,
+                DeclineReason::Refused => self.report.declines_refused += 1,
+                DeclineReason::Superseded => self.report.declines_superseded += 1,
+                DeclineReason::IdConflict => self.violation(format!(
+                    "{} declined {id} as another obligation's id with other content: no issuer \
+                     ever reused an id",
+                    self.nodes[node].agent
+                )),
+                _ => {}
+            }
+            let own = self
+                .all
+                .get(&id)
+                .is_some_and(|o| o.target == self.nodes[node].agent);
+            if own {
+                self.declined_by_target
+                    .entry(id)
+                    .or_default()
+                    .insert(reason);
+            }
+        }
+        if ack.status == AckStatus::Applied && !self.rdisks[node - 1].apply_count.contains_key(&id)
+        {
+            self.violation(format!(
+                "applied ack for {id} released before its apply was durable"
+            ));
         }
     }
 
@@ -835,15 +863,21 @@ impl World {
     }
 
     fn commit(&mut self, node: usize, crash_after: bool) {
-        let records = std::mem::take(&mut self.nodes[node].queue);
+        let commits = std::mem::take(&mut self.nodes[node].queue);
         self.nodes[node].commit_scheduled = false;
-        let mut tokens = Vec::with_capacity(records.len());
-        for (token, record) in records {
-            match record {
-                Record::Custodian(r) => self.apply_custodian(r),
-                Record::Receiver(r) => self.apply_receiver(node, r),
+        let mut tokens = Vec::with_capacity(commits.len());
+        for c in commits {
+            for record in c.records {
+                match record {
+                    Record::Custodian(r) if node == PRINCIPAL => self.apply_custodian(r),
+                    Record::Receiver(r) if node != PRINCIPAL => self.apply_receiver(node, r),
+                    other => self.violation(format!(
+                        "{} wrote a record of a role it never had: {other:?}",
+                        self.nodes[node].agent
+                    )),
+                }
             }
-            tokens.push(token);
+            tokens.push(c.token);
         }
         if crash_after {
             // Power lost right after the commit returned, before anything was released.
@@ -854,10 +888,7 @@ impl World {
         }
         let now = self.time(node);
         match &mut self.nodes[node].machine {
-            Some(Machine::Custodian(c)) => {
-                tokens.into_iter().for_each(|t| c.handle_persisted(now, t))
-            }
-            Some(Machine::Receiver(r)) => tokens.into_iter().for_each(|t| r.handle_persisted(t)),
+            Some(m) => tokens.into_iter().for_each(|t| m.handle_committed(now, t)),
             None => return,
         }
         self.flush(node);
@@ -869,7 +900,11 @@ impl World {
     /// With nothing left to write, the custodian's principal state in memory is what its disk
     /// holds: a decision is never in memory alone (a refused issue changes nothing).
     fn check_principal_memory(&mut self) {
-        let Some(Machine::Custodian(c)) = &self.nodes[PRINCIPAL].machine else {
+        let Some(c) = self.nodes[PRINCIPAL]
+            .machine
+            .as_ref()
+            .map(|m| m.custodian())
+        else {
             return;
         };
         let disk = self
@@ -975,6 +1010,13 @@ impl World {
                 effect,
                 ..
             } => {
+                if !self.all.contains_key(&id) {
+                    self.report.violations.push(format!(
+                        "{} applied {id}, an id nobody issued (a binding mapped a text id to \
+                         another obligation's)",
+                        self.nodes[node].agent
+                    ));
+                }
                 disk.applied.insert(id, (expires, obligation.digest()));
                 if let Some((key, seq)) = sequence {
                     disk.last_sequence.insert(key, seq);
@@ -1025,7 +1067,12 @@ impl World {
     fn boot(&mut self, node: usize) {
         let now = self.time(node);
         let seed = self.rng.random::<u64>();
-        let machine = if node == PRINCIPAL {
+        let agent = self.nodes[node].agent.clone();
+        let (cc, rc) = (
+            self.scenario.custodian.clone(),
+            self.scenario.receiver.clone(),
+        );
+        let (custodian, receiver) = if node == PRINCIPAL {
             let principal = self
                 .cdisk
                 .principal
@@ -1036,20 +1083,21 @@ impl World {
                 target: e.target.clone(),
                 reconciled: self.cdisk.notes.contains_key(&e.obligation_id),
             });
-            Machine::Custodian(Box::new(Custodian::recover(
-                self.nodes[node].agent.clone(),
-                self.scenario.custodian.clone(),
+            let c = Custodian::recover(
+                agent.clone(),
+                cc,
                 seed,
                 principal,
                 self.cdisk.pending.values().cloned().collect::<Vec<_>>(),
                 escalated.collect::<Vec<_>>(),
                 now,
-            )))
+            );
+            (c, Receiver::new(agent.clone(), rc))
         } else {
             let disk = &self.rdisks[node - 1];
-            Machine::Receiver(Box::new(Receiver::recover(
-                self.nodes[node].agent.clone(),
-                self.scenario.receiver.clone(),
+            let r = Receiver::recover(
+                agent.clone(),
+                rc,
                 disk.applied
                     .iter()
                     .map(|(&id, &(expires, digest))| AppliedRecord {
@@ -1059,9 +1107,28 @@ impl World {
                     }),
                 disk.last_sequence.clone(),
                 disk.state.clone(),
-            )))
+            );
+            (Custodian::new(agent.clone(), cc, seed), r)
         };
-        self.nodes[node].machine = Some(machine);
+        let config = MachineConfig {
+            // Maintenance folds the store at the same time; the simulated disks do not fold.
+            maintenance_ms: u64::MAX / 4,
+            mutation: self.scenario.node.mutation,
+            ..MachineConfig::default()
+        };
+        let mut m = NodeMachine::new(now, config, custodian, receiver, None);
+        // Every link is a session (the network decides what gets through); text targets are
+        // reached over their binding.
+        for (i, other) in self.nodes.iter().enumerate() {
+            if i == node || (node != PRINCIPAL && i != PRINCIPAL) {
+                continue;
+            }
+            m.session_up(&other.agent);
+            if node == PRINCIPAL && self.scenario.node.text_targets.contains(&i) {
+                m.attach(now, &other.agent);
+            }
+        }
+        self.nodes[node].machine = Some(Box::new(m));
     }
 
     fn restart(&mut self, node: usize) {
@@ -1177,8 +1244,8 @@ impl World {
         for d in self.principal_oracle.differences(&principal, bounds) {
             self.violation(d);
         }
-        if let Some(Machine::Custodian(c)) = &self.nodes[PRINCIPAL].machine {
-            if c.principal() != &principal {
+        if let Some(m) = &self.nodes[PRINCIPAL].machine {
+            if m.custodian().principal() != &principal {
                 self.violation("principal state in memory differs from disk at the end".into());
             }
         }
@@ -1250,6 +1317,11 @@ impl World {
 
 /// The obligation as its target's build cannot read it: the envelope intact, the payload not.
 fn unreadable_payload(o: &Obligation) -> Vec<u8> {
+    rewritten(o, "payload", "garbled")
+}
+
+/// The obligation's encoding with one top-level field's value replaced by `text`.
+fn rewritten(o: &Obligation, field: &str, text: &str) -> Vec<u8> {
     use ciborium::Value;
     let bytes = encode(o);
     let Ok(mut value) = ciborium::from_reader::<Value, _>(&bytes[..]) else {
@@ -1257,8 +1329,8 @@ fn unreadable_payload(o: &Obligation) -> Vec<u8> {
     };
     if let Value::Map(entries) = &mut value {
         for (k, v) in entries.iter_mut() {
-            if k.as_text() == Some("payload") {
-                *v = Value::Text("garbled".into());
+            if k.as_text() == Some(field) {
+                *v = Value::Text(text.into());
             }
         }
     }
