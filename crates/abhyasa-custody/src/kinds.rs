@@ -64,6 +64,17 @@ pub fn on_issue(o: &Obligation) -> Option<PrincipalUpdate> {
     dispatch!(o, |p, R| R::on_issue(o, p))
 }
 
+/// The mutant's key ([`crate::Mutation::SupersedeAcrossIssuers`]): the name without its
+/// issuer.
+pub(crate) fn without_issuer(key: GovernedKey) -> GovernedKey {
+    let nobody = || AgentId::new("any-issuer").expect("a valid agent id");
+    match key {
+        GovernedKey::Scope(_, s) => GovernedKey::Scope(nobody(), s),
+        GovernedKey::Weight(_, w) => GovernedKey::Weight(nobody(), w),
+        GovernedKey::Token(_, t) => GovernedKey::Token(nobody(), t),
+    }
+}
+
 /// The governed key of `o`.
 pub fn governed_key(o: &Obligation) -> GovernedKey {
     dispatch!(o, |p, R| R::governed_key(o, p))

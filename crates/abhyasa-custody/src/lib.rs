@@ -125,6 +125,10 @@ pub enum Mutation {
     SupersededBeforeDuplicate,
     /// Receiver: no supersession check (an older decision overrides a newer one).
     NoSupersessionCheck,
+    /// Receiver: supersession keyed by the governed name alone, not its issuer, so one
+    /// principal's newer sequence on a scope declines another principal's decision on a scope
+    /// of the same name.
+    SupersedeAcrossIssuers,
     /// Node (modelled by the simulation's network): an obligation or ack is handed to the
     /// machine without checking its end-to-end signature, so what a relay altered or forged
     /// is acted on.

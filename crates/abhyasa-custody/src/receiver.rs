@@ -427,7 +427,12 @@ impl Receiver {
         if o.target != self.agent {
             return self.decline(now, &o.envelope(), DeclineReason::Refused);
         }
-        let key = kinds::governed_key(&o);
+        let key = match self.config.mutation {
+            Some(Mutation::SupersedeAcrossIssuers) => {
+                kinds::without_issuer(kinds::governed_key(&o))
+            }
+            _ => kinds::governed_key(&o),
+        };
         if self.config.mutation == Some(Mutation::SupersededBeforeDuplicate) {
             if let (Some(seq), Some(last)) = (o.sequence, self.last_sequence.get(&key)) {
                 if seq <= *last {

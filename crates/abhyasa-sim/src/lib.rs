@@ -32,7 +32,7 @@ pub use scenario::{NetParams, NodeParams, Scenario, TargetParams};
 pub use world::RunReport;
 
 /// Every mutant, by its command-line name.
-pub const MUTANTS: [(&str, Mutation); 15] = [
+pub const MUTANTS: [(&str, Mutation); 16] = [
     ("no_idempotency_check", Mutation::NoIdempotencyCheck),
     ("ack_before_persist", Mutation::AckBeforePersist),
     ("apply_after_deadline", Mutation::ApplyAfterDeadline),
@@ -68,6 +68,7 @@ pub const MUTANTS: [(&str, Mutation); 15] = [
         Mutation::SupersededBeforeDuplicate,
     ),
     ("no_supersession_check", Mutation::NoSupersessionCheck),
+    ("supersede_across_issuers", Mutation::SupersedeAcrossIssuers),
     ("accept_unverified", Mutation::AcceptUnverified),
 ];
 
@@ -122,6 +123,91 @@ pub fn run_node(seed: u64, mutation: Option<NodeMutation>) -> RunReport {
             .map(|v| format!("ledger: {v}")),
     );
     report
+}
+
+/// How often each fault class and rare schedule is drawn: for each, the number of seeds in
+/// `seeds` (from `first`) whose scenario has it. Measured from the generator itself, so the
+/// table in docs/CUSTODY.md is what the seeds run.
+pub fn census(first: u64, seeds: u64) -> Vec<(&'static str, u64)> {
+    let mut counts: Vec<(&'static str, u64)> = Vec::new();
+    let mut count =
+        |name: &'static str, yes: bool| match counts.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, c)) => *c += u64::from(yes),
+            None => counts.push((name, u64::from(yes))),
+        };
+    for seed in first..first.saturating_add(seeds) {
+        let s = Scenario::generate(&mut SimRng::seeded(seed));
+        let span = |o: &abhyasa_wire::Obligation| o.deadline.0 - o.created_at.0;
+        let half = 25;
+        count("several principals on the same agents", s.principals > 1);
+        count(
+            "a target reached over a text binding",
+            !s.node.text_targets.is_empty(),
+        );
+        count(
+            "a text id spelled other than the canonical UUID",
+            s.node
+                .text_ids
+                .values()
+                .any(|t| binding_canonical(t).is_none()),
+        );
+        count(
+            "steady traffic (stale acks every 40-400 ms)",
+            s.node.chatter_ms.is_some(),
+        );
+        count("a node crash", !s.crashes.is_empty());
+        count(
+            "power loss right after a commit",
+            s.crash_after_commit > 0.0,
+        );
+        count(
+            "a target offline for the whole run",
+            s.partitions.iter().any(|p| p.2 == u64::MAX),
+        );
+        count(
+            "a partition that heals",
+            s.partitions.iter().any(|p| p.2 != u64::MAX),
+        );
+        count("a flapping session", !s.flaps.is_empty());
+        count("random loss", s.net.loss > 0.0);
+        count("bursty (Gilbert-Elliott) loss", s.net.bursty);
+        count("stale replays", s.net.replay > 0.0);
+        count("misrouted copies", s.net.misroute > 0.0);
+        count("a tampering relay", s.net.tamper > 0.0);
+        count("rogue acks", !s.rogue_acks.is_empty());
+        count("an unreadable payload", !s.malformed.is_empty());
+        count(
+            "a kind the target's build lacks",
+            s.targets.iter().any(|t| !t.unsupported.is_empty()),
+        );
+        count(
+            "custody full (issues refused, issued again)",
+            s.custodian.max_pending < 100,
+        );
+        count(
+            "first attempt as a datagram",
+            s.custodian.first_attempt == abhyasa_custody::Channel::Datagram,
+        );
+        count(
+            "a receiver clock ahead by the half-limit",
+            s.targets.iter().any(|t| t.skew == half),
+        );
+        count(
+            "a receiver clock behind by the half-limit",
+            s.targets.iter().any(|t| t.skew == -half),
+        );
+        count(
+            "a deadline just past the first retry",
+            s.obligations.iter().any(|o| {
+                span(o) <= s.custodian.response_timeout_ms + s.custodian.backoff_base_ms + 140
+            }),
+        );
+    }
+    counts
+}
+
+fn binding_canonical(text: &str) -> Option<[u8; 16]> {
+    abhyasa_machine::binding::canonical_uuid(text)
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use abhyasa_sim::{
-    run_custody, run_ledger, run_node, LedgerReport, RunReport, LEDGER_MUTANTS, MUTANTS,
+    census, run_custody, run_ledger, run_node, LedgerReport, RunReport, LEDGER_MUTANTS, MUTANTS,
     NODE_MUTANTS,
 };
 use clap::{Parser, Subcommand};
@@ -27,6 +27,8 @@ enum Command {
     /// Both through the node machine with its own mutants (a broken timer, id mapping or
     /// gateway clock): the custody world, then the ledger world, per seed.
     Node(RunArgs),
+    /// How often each fault class and rare schedule is drawn, over --seeds seeds.
+    Census(RunArgs),
 }
 
 #[derive(clap::Args)]
@@ -200,6 +202,14 @@ fn main() -> ExitCode {
                 args.seeds, r.obligations, r.applied, r.declined, r.escalated, r.best_effort
             );
             exit(violations)
+        }
+        Command::Census(args) => {
+            println!("| drawn in | fault class or schedule |\n|---:|---|");
+            for (name, n) in census(args.seed, args.seeds) {
+                let share = 100.0 * n as f64 / args.seeds.max(1) as f64;
+                println!("| {share:.1}% | {name} |");
+            }
+            ExitCode::SUCCESS
         }
         Command::Node(args) => {
             let (r, violations, failing) = match run_seeds("node", &args, &NODE_MUTANTS, run_node) {

@@ -70,12 +70,16 @@ pub struct NodeParams {
     pub mutation: Option<NodeMutation>,
 }
 
-/// Everything one run does, fixed by its seed.
+/// Everything one run does, fixed by its seed. Nodes are numbered principals first
+/// (`0..principals`), then targets.
 #[derive(Clone, Debug)]
 pub struct Scenario {
     /// Unix time of simulated time zero.
     pub epoch: u64,
-    /// Target agents (nodes 1..).
+    /// How many principals govern the targets (nodes `0..principals`): each issues with its
+    /// own custodian and its own sequences, on the same scope, weight and token names.
+    pub principals: usize,
+    /// Target agents (nodes `principals..`).
     pub targets: Vec<TargetParams>,
     /// Obligations to issue, at their `created_at`.
     pub obligations: Vec<Obligation>,
@@ -119,9 +123,17 @@ impl Scenario {
     pub fn generate(rng: &mut SimRng) -> Self {
         let epoch = 1_700_000_000_000;
         let skew_limit = 50;
+        // Mostly one principal; often two or three over the same agents.
+        let principals = [1, 1, 2, 3][rng.random_range(0..4)];
         let targets: Vec<TargetParams> = (0..rng.random_range(1..=3))
             .map(|_| TargetParams {
-                skew: rng.random_range(-(skew_limit as i64) / 2..=skew_limit as i64 / 2),
+                // Biased to the rare edges: a receiver clock ahead (or behind) by the whole
+                // half-limit a quarter of the time, anywhere within it otherwise.
+                skew: match rng.random_range(0..8u32) {
+                    0 => skew_limit as i64 / 2,
+                    1 => -(skew_limit as i64) / 2,
+                    _ => rng.random_range(-(skew_limit as i64) / 2..=skew_limit as i64 / 2),
+                },
                 unsupported: if rng.random_bool(0.1) {
                     BTreeSet::from([Kind::PhalaBeliefUpdate])
                 } else {
@@ -129,11 +141,16 @@ impl Scenario {
                 },
             })
             .collect();
-        let principal = AgentId::new("principal").expect("valid");
+        let principal_names: Vec<AgentId> = (0..principals).map(principal_name).collect();
         let admissible_share = rng.random_range(0.3..=1.0);
-        let mut sequence = 0u64;
+        // Each principal's own sequences (they start equal: the same numbers on the same
+        // names, which a receiver keyed by name alone would confuse).
+        let mut sequences = vec![0u64; principals];
         let mut obligations = Vec::new();
         for i in 0..rng.random_range(1..=24u32) {
+            let who = rng.random_range(0..principals);
+            let principal = principal_names[who].clone();
+            let sequence = &mut sequences[who];
             let issue_at = rng.random_range(0..=1_500);
             let span = rng.random_range(400..=4_000);
             let target = rng.random_range(0..targets.len());
@@ -144,8 +161,8 @@ impl Scenario {
                 rng.random_range(3..=12)
             };
             let seq = rng.random_bool(0.5).then(|| {
-                sequence += 1;
-                sequence
+                *sequence += 1;
+                *sequence
             });
             obligations.push(Obligation {
                 id: ObligationId::from_u128(
@@ -169,14 +186,17 @@ impl Scenario {
             0
         } {
             let i = obligations.len() as u32;
+            let who = rng.random_range(0..principals);
+            let principal = principal_names[who].clone();
+            let sequence = &mut sequences[who];
             let issue_at = rng.random_range(0..=1_200);
             let target = AgentId::new(format!("agent-{}", rng.random_range(0..targets.len())))
                 .expect("valid");
             let kind = rng.random_range(0..2u32);
             let key = rng.random_range(0..3u32).to_string();
             let first_is_grant = rng.random_bool(0.5);
-            let (s1, s2) = (sequence + 1, sequence + 2);
-            sequence += 2;
+            let (s1, s2) = (*sequence + 1, *sequence + 2);
+            *sequence += 2;
             for (n, admissible) in [(0u32, !first_is_grant), (1, first_is_grant)] {
                 let decision = if admissible {
                     Some(ConsentDecision::Revoke)
@@ -205,11 +225,11 @@ impl Scenario {
             .map(|o| o.deadline.0 - epoch)
             .max()
             .unwrap_or(0);
-        let nodes = targets.len() + 1;
+        let nodes = targets.len() + principals;
         let mut partitions = Vec::new();
         if rng.random_bool(0.25) {
             // One agent stays offline for the whole run: its obligations must escalate.
-            partitions.push((rng.random_range(1..nodes), 0, u64::MAX));
+            partitions.push((rng.random_range(principals..nodes), 0, u64::MAX));
         }
         for _ in 0..rng.random_range(0..=3) {
             let start = rng.random_range(0..=last_deadline);
@@ -235,7 +255,7 @@ impl Scenario {
         })
             .map(|_| {
                 (
-                    rng.random_range(1..nodes),
+                    rng.random_range(principals..nodes),
                     rng.random_range(0..=last_deadline),
                     rng.random_range(2..=12),
                     rng.random_range(20..=120),
@@ -312,9 +332,19 @@ impl Scenario {
         } else {
             0.0
         };
-        let node = node_params(rng, nodes, &mut obligations);
+        let node = node_params(rng, principals, nodes, &mut obligations);
+        // Biased to the rare schedule: now and then a deadline so tight that the first retry
+        // goes just before it and its ack can only arrive after it.
+        for o in &mut obligations {
+            if rng.random_bool(0.1) {
+                let retry = custodian.response_timeout_ms + custodian.backoff_base_ms;
+                let span = retry + rng.random_range(0..=net.delay * 2 + net.jitter);
+                o.deadline = UnixMillis(o.created_at.0 + span.max(1));
+            }
+        }
         Self {
             epoch,
+            principals,
             targets,
             obligations,
             crashes,
@@ -336,9 +366,16 @@ impl Scenario {
 
 /// Draws the node machine's world, and names the obligations to text targets by text ids
 /// (their ids become the binding's mapping of those texts).
-fn node_params(rng: &mut SimRng, nodes: usize, obligations: &mut [Obligation]) -> NodeParams {
+fn node_params(
+    rng: &mut SimRng,
+    principals: usize,
+    nodes: usize,
+    obligations: &mut [Obligation],
+) -> NodeParams {
     let chatter_ms = rng.random_bool(0.35).then(|| rng.random_range(40..=400));
-    let text_targets: BTreeSet<usize> = (1..nodes).filter(|_| rng.random_bool(0.3)).collect();
+    let text_targets: BTreeSet<usize> = (principals..nodes)
+        .filter(|_| rng.random_bool(0.3))
+        .collect();
     let mut text_ids = BTreeMap::new();
     let mut last_digits: Option<u128> = None;
     for o in obligations.iter_mut() {
@@ -347,7 +384,7 @@ fn node_params(rng: &mut SimRng, nodes: usize, obligations: &mut [Obligation]) -
             .as_str()
             .strip_prefix("agent-")
             .and_then(|i| i.parse::<usize>().ok())
-            .map_or(0, |i| i + 1);
+            .map_or(0, |i| i + principals);
         if !text_targets.contains(&node) {
             continue;
         }
@@ -380,6 +417,15 @@ fn node_params(rng: &mut SimRng, nodes: usize, obligations: &mut [Obligation]) -
         text_ids,
         mutation: None,
     }
+}
+
+/// The name of principal `i`.
+pub(crate) fn principal_name(i: usize) -> AgentId {
+    match i {
+        0 => AgentId::new("principal"),
+        i => AgentId::new(format!("principal-{i}")),
+    }
+    .expect("valid")
 }
 
 fn payload(rng: &mut SimRng, admissible: bool) -> Payload {

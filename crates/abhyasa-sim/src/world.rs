@@ -172,8 +172,6 @@ pub struct RunReport {
     pub violations: Vec<String>,
 }
 
-const PRINCIPAL: usize = 0;
-
 /// One deterministic run of a scenario.
 pub(crate) struct World {
     scenario: Scenario,
@@ -183,7 +181,11 @@ pub(crate) struct World {
     events: BTreeMap<(u64, u64), Event>,
     nodes: Vec<Node>,
     rogue: AgentId,
-    cdisk: CustodianDisk,
+    /// How many principals (nodes `0..principals`); targets follow.
+    principals: usize,
+    /// Each principal's custodian disk.
+    cdisks: Vec<CustodianDisk>,
+    /// Each target's receiver disk (target node `principals + i`).
     rdisks: Vec<ReceiverDisk>,
     /// The obligations issued so far, by id.
     issued: BTreeMap<ObligationId, Obligation>,
@@ -193,8 +195,8 @@ pub(crate) struct World {
     index: BTreeMap<ObligationId, usize>,
     /// Ids ever written to the custodian's pending set.
     ever_pending: BTreeSet<ObligationId>,
-    /// Times (custodian clock) at which the custodian came back up.
-    custodian_restarts: BTreeSet<UnixMillis>,
+    /// (principal, its clock) at which a custodian came back up.
+    custodian_restarts: BTreeSet<(usize, UnixMillis)>,
     /// Gilbert–Elliott state per directed link: true = bad.
     burst: BTreeMap<(usize, usize), bool>,
     /// Every obligation of the scenario, by id (the checker's own copy).
@@ -203,8 +205,8 @@ pub(crate) struct World {
     transmissions: BTreeMap<ObligationId, u32>,
     /// Obligations their own target declined (a `declined` ack it sent).
     declined_by_target: BTreeMap<ObligationId, BTreeSet<DeclineReason>>,
-    /// The principal's expected state, fed in disk commit order.
-    principal_oracle: PrincipalOracle,
+    /// Each principal's expected state, fed in disk commit order.
+    principal_oracles: Vec<PrincipalOracle>,
     /// Links (target node) cut until this true time by a flap.
     flapping: BTreeMap<usize, u64>,
     report: RunReport,
@@ -212,7 +214,10 @@ pub(crate) struct World {
 
 impl World {
     pub(crate) fn new(scenario: Scenario, rng: SimRng) -> Self {
-        let mut nodes = vec![Node::new(AgentId::new("principal").expect("valid"), 0)];
+        let principals = scenario.principals.max(1);
+        let mut nodes: Vec<Node> = (0..principals)
+            .map(|p| Node::new(crate::scenario::principal_name(p), 0))
+            .collect();
         for (i, t) in scenario.targets.iter().enumerate() {
             let mut node = Node::new(AgentId::new(format!("agent-{i}")).expect("valid"), t.skew);
             node.unsupported = t.unsupported.clone();
@@ -231,7 +236,8 @@ impl World {
             events: BTreeMap::new(),
             nodes,
             rogue: AgentId::new("rogue").expect("valid"),
-            cdisk: CustodianDisk::default(),
+            principals,
+            cdisks: (0..principals).map(|_| CustodianDisk::default()).collect(),
             rdisks,
             issued: BTreeMap::new(),
             ever_pending: BTreeSet::new(),
@@ -242,7 +248,9 @@ impl World {
             all: BTreeMap::new(),
             transmissions: BTreeMap::new(),
             declined_by_target: BTreeMap::new(),
-            principal_oracle: PrincipalOracle::default(),
+            principal_oracles: (0..principals)
+                .map(|_| PrincipalOracle::default())
+                .collect(),
             flapping: BTreeMap::new(),
             report: RunReport::default(),
         };
@@ -252,8 +260,7 @@ impl World {
             .iter()
             .map(|o| (o.id, o.clone()))
             .collect();
-        world.boot(PRINCIPAL);
-        for i in 1..world.nodes.len() {
+        for i in 0..world.nodes.len() {
             world.boot(i);
         }
         world.schedule_plan();
@@ -283,7 +290,7 @@ impl World {
             }
         }
         if let Some(every) = self.scenario.node.chatter_ms {
-            for t in 1..self.nodes.len() {
+            for t in self.principals..self.nodes.len() {
                 let first = self.rng.random_range(0..every);
                 self.push(first, Event::Chatter(t));
             }
@@ -295,11 +302,11 @@ impl World {
         }
     }
 
-    /// Sessions come back after `node` (a target, or the principal: every target) was cut
+    /// Sessions come back after `node` (a target, or a principal: every target) was cut
     /// off or down: each target re-subscribes a few ms after `at`.
     fn ready_after(&mut self, node: usize, at: u64) {
-        let targets: Vec<usize> = if node == PRINCIPAL {
-            (1..self.nodes.len()).collect()
+        let targets: Vec<usize> = if self.is_principal(node) {
+            (self.principals..self.nodes.len()).collect()
         } else {
             vec![node]
         };
@@ -307,6 +314,22 @@ impl World {
             let delay = self.rng.random_range(1..=20);
             self.push(at + delay, Event::PeerReady(t));
         }
+    }
+
+    fn is_principal(&self, node: usize) -> bool {
+        node < self.principals
+    }
+
+    /// The node of the principal that issued `o`.
+    fn issuer_of(&self, o: &Obligation) -> usize {
+        (0..self.principals)
+            .find(|&p| self.nodes[p].agent == o.issuer)
+            .unwrap_or(0)
+    }
+
+    /// The receiver disk of target node `node`.
+    fn rdisk(&self, node: usize) -> &ReceiverDisk {
+        &self.rdisks[node - self.principals]
     }
 
     fn push(&mut self, at: u64, event: Event) {
@@ -344,11 +367,13 @@ impl World {
             }
         }
         self.now = end;
-        // The custodian runs once more past every deadline.
-        if self.nodes[PRINCIPAL].machine.is_none() {
-            self.restart(PRINCIPAL);
+        // The custodians run once more past every deadline.
+        for p in 0..self.principals {
+            if self.nodes[p].machine.is_none() {
+                self.restart(p);
+            }
+            self.fire_timer(p);
         }
-        self.fire_timer(PRINCIPAL);
         // Let the last group commits land (no more faults from here on).
         for node in 0..self.nodes.len() {
             if self.nodes[node].machine.is_some() && !self.nodes[node].queue.is_empty() {
@@ -437,23 +462,26 @@ impl World {
             status: AckStatus::Applied,
             acked_at: self.time(target),
         };
-        self.send(
-            target,
-            PRINCIPAL,
-            Message::Ack(Signed::new(target, encode(&ack))),
-        );
+        for p in 0..self.principals {
+            self.send(target, p, Message::Ack(Signed::new(target, encode(&ack))));
+        }
     }
 
     fn peer_ready(&mut self, target: usize) {
-        if self.nodes[target].machine.is_none() || self.cut_off(PRINCIPAL, target) {
-            return; // No session can come up.
+        if self.nodes[target].machine.is_none() {
+            return;
         }
-        let now = self.time(PRINCIPAL);
         let agent = self.nodes[target].agent.clone();
-        if let Some(m) = &mut self.nodes[PRINCIPAL].machine {
-            m.peer_ready(now, &agent);
-            self.report.resubscriptions += 1;
-            self.flush(PRINCIPAL);
+        for p in 0..self.principals {
+            if self.cut_off(p, target) {
+                continue; // No session can come up.
+            }
+            let now = self.time(p);
+            if let Some(m) = &mut self.nodes[p].machine {
+                m.peer_ready(now, &agent);
+                self.report.resubscriptions += 1;
+                self.flush(p);
+            }
         }
     }
 
@@ -469,25 +497,27 @@ impl World {
 
     fn issue(&mut self, i: usize) {
         let o = self.scenario.obligations[i].clone();
-        if self.nodes[PRINCIPAL].machine.is_none() {
+        let p = self.issuer_of(&o);
+        if self.nodes[p].machine.is_none() {
             // The principal is down: the application issues again once it is back.
             let at = self.now + 10;
             self.push(at, Event::Issue(i));
             return;
         }
-        let now = self.time(PRINCIPAL);
+        let now = self.time(p);
         if o.deadline <= now {
             return; // Too late to issue at all; it never existed.
         }
         // Issuing is idempotent on the id: one the disk already holds is already accepted
         // (a re-issue after a crash that hid the acceptance).
-        if self.cdisk.pending.contains_key(&o.id) || self.cdisk.terminal.contains_key(&o.id) {
+        let disk = &self.cdisks[p];
+        if disk.pending.contains_key(&o.id) || disk.terminal.contains_key(&o.id) {
             self.accepted.insert(o.id);
             self.index.insert(o.id, i);
             self.issued.insert(o.id, o);
             return;
         }
-        let Some(m) = &mut self.nodes[PRINCIPAL].machine else {
+        let Some(m) = &mut self.nodes[p].machine else {
             return;
         };
         match m.issue(now, o.clone()) {
@@ -503,7 +533,7 @@ impl World {
             }
             Err(e) => self.violation(format!("issue of {} refused: {e:?}", o.id)),
         }
-        self.flush(PRINCIPAL);
+        self.flush(p);
     }
 
     fn deliver(&mut self, from: usize, to: usize, message: Message) {
@@ -566,6 +596,7 @@ impl World {
             return;
         }
         let (id, target) = ids[self.rng.random_range(0..ids.len())].clone();
+        let issuer = self.issuer_of(&self.issued[&id].clone());
         // Forged (claims to be the target) or honest (labelled with its own identity, as a
         // confused agent would); `applied` or `declined`.
         let target = if self.rng.random_bool(0.5) {
@@ -589,7 +620,7 @@ impl World {
             at,
             Event::Deliver {
                 from: usize::MAX,
-                to: PRINCIPAL,
+                to: issuer,
                 message: Message::Ack(Signed::new(usize::MAX, encode(&ack))),
             },
         );
@@ -633,7 +664,7 @@ impl World {
             };
             let text_target = self.scenario.node.text_targets.contains(&to);
             if out.track == Track::Obligations
-                && (out.route == Route::Binding) != (node == PRINCIPAL && text_target)
+                && (out.route == Route::Binding) != (self.is_principal(node) && text_target)
             {
                 self.violation(format!(
                     "obligations to {} sent on the {:?} route",
@@ -692,7 +723,7 @@ impl World {
         o: &Obligation,
         attempt: u32,
     ) -> Option<Vec<u8>> {
-        if node != PRINCIPAL {
+        if !self.is_principal(node) || o.issuer != self.nodes[node].agent {
             self.violation(format!(
                 "{} sent an obligation nobody issued",
                 self.nodes[node].agent
@@ -701,7 +732,7 @@ impl World {
         }
         let id = o.id;
         if attempt > 0 {
-            let durable = self.cdisk.pending.get(&id).map(|p| p.attempts);
+            let durable = self.cdisks[node].pending.get(&id).map(|p| p.attempts);
             if durable.is_none_or(|a| a < attempt) {
                 self.violation(format!(
                     "transmit of {id} attempt {attempt} before its pending record was durable"
@@ -719,18 +750,60 @@ impl World {
         })
     }
 
+    /// A `superseded` decline of `id` by `node` stands only on a decision of the same issuer
+    /// on the same name with a sequence at least as high, applied there (durably, or in a
+    /// commit on its way): another principal's sequences on a name it shares are not newer.
+    fn check_superseded(&mut self, node: usize, id: ObligationId) {
+        let Some(o) = self.all.get(&id) else {
+            return;
+        };
+        let (Some(seq), key) = (o.sequence, oracle::governed(o)) else {
+            self.violation(format!("{id} declined superseded without a sequence"));
+            return;
+        };
+        let queued: BTreeSet<ObligationId> = self.nodes[node]
+            .queue
+            .iter()
+            .flat_map(|c| &c.records)
+            .filter_map(|r| match r {
+                Record::Receiver(ReceiverRecord::Apply { id, .. }) => Some(*id),
+                _ => None,
+            })
+            .collect();
+        let disk = self.rdisk(node);
+        let newer = self.all.values().any(|other| {
+            other.id != id
+                && oracle::governed(other) == key
+                && other.sequence.is_some_and(|s| s >= seq)
+                && (disk.apply_count.contains_key(&other.id) || queued.contains(&other.id))
+        });
+        if !newer {
+            self.violation(format!(
+                "{} declined {id} (sequence {seq} on {key:?}) as superseded, but applied no \
+                 decision of its issuer on that name as new",
+                self.nodes[node].agent
+            ));
+        }
+    }
+
     /// Tallies and checks an ack `node` sends.
     fn ack_transmit(&mut self, node: usize, ack: &CustodyAck) {
         let id = ack.obligation_id;
-        if node == PRINCIPAL {
-            self.violation(format!("the principal acked {id}, which nobody sent it"));
+        if self.is_principal(node) {
+            self.violation(format!(
+                "{} acked {id}, which nobody sent it",
+                self.nodes[node].agent
+            ));
             return;
         }
         if let AckStatus::Declined(reason) = ack.status {
             match reason {
                 DeclineReason::Malformed => self.report.declines_malformed += 1,
                 DeclineReason::Refused => self.report.declines_refused += 1,
-                DeclineReason::Superseded => self.report.declines_superseded += 1,
+                DeclineReason::Superseded => {
+                    self.report.declines_superseded += 1;
+                    self.check_superseded(node, id);
+                }
                 DeclineReason::IdConflict => self.violation(format!(
                     "{} declined {id} as another obligation's id with other content: no issuer \
                      ever reused an id",
@@ -749,8 +822,7 @@ impl World {
                     .insert(reason);
             }
         }
-        if ack.status == AckStatus::Applied && !self.rdisks[node - 1].apply_count.contains_key(&id)
-        {
+        if ack.status == AckStatus::Applied && !self.rdisk(node).apply_count.contains_key(&id) {
             self.violation(format!(
                 "applied ack for {id} released before its apply was durable"
             ));
@@ -763,11 +835,11 @@ impl World {
             return;
         }
         if matches!(message, Message::Obligation(_))
-            && self.nodes.len() > 2
+            && self.nodes.len() > self.principals + 1
             && self.rng.random_bool(net.misroute)
         {
             // Misrouted: a copy also reaches a target it does not name (declined `refused`).
-            let other = self.rng.random_range(1..self.nodes.len());
+            let other = self.rng.random_range(self.principals..self.nodes.len());
             if other != to {
                 self.deliver_at(self.now + net.delay, from, other, &message);
             }
@@ -845,6 +917,7 @@ impl World {
                 let Some(t) = self.nodes.iter().position(|n| n.agent == target) else {
                     return;
                 };
+                let issuer = self.issuer_of(&self.issued[&id].clone());
                 let ack = CustodyAck {
                     obligation_id: id,
                     target,
@@ -852,7 +925,7 @@ impl World {
                     acked_at: UnixMillis(self.scenario.epoch + self.now),
                 };
                 let forged = Message::Ack(Signed::new(RELAY, encode(&ack)));
-                self.deliver_at(at, t, PRINCIPAL, &forged);
+                self.deliver_at(at, t, issuer, &forged);
             }
         }
     }
@@ -869,8 +942,10 @@ impl World {
         for c in commits {
             for record in c.records {
                 match record {
-                    Record::Custodian(r) if node == PRINCIPAL => self.apply_custodian(r),
-                    Record::Receiver(r) if node != PRINCIPAL => self.apply_receiver(node, r),
+                    Record::Custodian(r) if self.is_principal(node) => {
+                        self.apply_custodian(node, r)
+                    }
+                    Record::Receiver(r) if !self.is_principal(node) => self.apply_receiver(node, r),
                     other => self.violation(format!(
                         "{} wrote a record of a role it never had: {other:?}",
                         self.nodes[node].agent
@@ -892,23 +967,18 @@ impl World {
             None => return,
         }
         self.flush(node);
-        if node == PRINCIPAL && self.nodes[node].queue.is_empty() {
-            self.check_principal_memory();
+        if self.is_principal(node) && self.nodes[node].queue.is_empty() {
+            self.check_principal_memory(node);
         }
     }
 
     /// With nothing left to write, the custodian's principal state in memory is what its disk
     /// holds: a decision is never in memory alone (a refused issue changes nothing).
-    fn check_principal_memory(&mut self) {
-        let Some(c) = self.nodes[PRINCIPAL]
-            .machine
-            .as_ref()
-            .map(|m| m.custodian())
-        else {
+    fn check_principal_memory(&mut self, p: usize) {
+        let Some(c) = self.nodes[p].machine.as_ref().map(|m| m.custodian()) else {
             return;
         };
-        let disk = self
-            .cdisk
+        let disk = self.cdisks[p]
             .principal
             .clone()
             .unwrap_or_else(|| PrincipalState::new(self.scenario.custodian.weight_bounds));
@@ -924,9 +994,8 @@ impl World {
         self.scenario.obligations.iter().position(|o| o.id == id)
     }
 
-    fn apply_custodian(&mut self, record: CustodianRecord) {
-        let principal = self
-            .cdisk
+    fn apply_custodian(&mut self, p: usize, record: CustodianRecord) {
+        let principal = self.cdisks[p]
             .principal
             .get_or_insert_with(|| PrincipalState::new(self.scenario.custodian.weight_bounds));
         match record {
@@ -938,9 +1007,9 @@ impl World {
                 if let Some(u) = &update {
                     principal.apply(u);
                 }
-                self.principal_oracle.issued(&obligation);
+                self.principal_oracles[p].issued(&obligation);
                 self.ever_pending.insert(obligation.id);
-                self.cdisk.pending.insert(
+                self.cdisks[p].pending.insert(
                     obligation.id,
                     PendingRecord {
                         obligation,
@@ -954,9 +1023,9 @@ impl World {
                 attempts,
                 last_observed,
             } => {
-                if let Some(p) = self.cdisk.pending.get_mut(&id) {
-                    p.attempts = attempts;
-                    p.last_observed = last_observed;
+                if let Some(r) = self.cdisks[p].pending.get_mut(&id) {
+                    r.attempts = attempts;
+                    r.last_observed = last_observed;
                 }
             }
             CustodianRecord::Terminal {
@@ -970,23 +1039,23 @@ impl World {
                 let id = record.obligation_id;
                 if let Some(o) = self.all.get(&id) {
                     match record.outcome {
-                        Outcome::BestEffort => self.principal_oracle.issued(o),
+                        Outcome::BestEffort => self.principal_oracles[p].issued(o),
                         Outcome::Declined(_) | Outcome::Escalated(_) => {
-                            self.principal_oracle.unconfirmed(o)
+                            self.principal_oracles[p].unconfirmed(o)
                         }
                         Outcome::Applied => {}
                     }
                 }
-                self.cdisk.pending.remove(&id);
+                self.cdisks[p].pending.remove(&id);
                 if let Some(e) = escalation {
-                    self.cdisk.escalations.insert(id, e);
+                    self.cdisks[p].escalations.insert(id, e);
                 }
-                if let Some(prev) = self.cdisk.terminal.insert(id, record) {
+                if let Some(prev) = self.cdisks[p].terminal.insert(id, record) {
                     self.violation(format!("{id} terminated twice (first {:?})", prev.outcome));
                 }
             }
             CustodianRecord::Reconciliation(note) => {
-                let n = self.cdisk.notes.entry(note.obligation_id).or_insert(0);
+                let n = self.cdisks[p].notes.entry(note.obligation_id).or_insert(0);
                 *n += 1;
                 let n = *n;
                 if n > 1 {
@@ -1000,7 +1069,7 @@ impl World {
     fn apply_receiver(&mut self, node: usize, record: ReceiverRecord) {
         let cfg = &self.scenario.receiver;
         let (min, max) = (cfg.weight_min, cfg.weight_max);
-        let disk = &mut self.rdisks[node - 1];
+        let disk = &mut self.rdisks[node - self.principals];
         match record {
             ReceiverRecord::Apply {
                 id,
@@ -1045,12 +1114,14 @@ impl World {
         n.commit_scheduled = false;
         n.incarnation += 1;
         self.report.crashes += 1;
-        if node == PRINCIPAL {
+        if self.is_principal(node) {
             // Obligations not yet accepted were never under custody: the application, which
             // saw no acceptance, issues them again.
+            let me = self.nodes[node].agent.clone();
             let unaccepted: Vec<ObligationId> = self
                 .issued
                 .values()
+                .filter(|o| o.issuer == me)
                 .filter(|o| oracle::restrictive(o) && !self.accepted.contains(&o.id))
                 .map(|o| o.id)
                 .collect();
@@ -1072,29 +1143,29 @@ impl World {
             self.scenario.custodian.clone(),
             self.scenario.receiver.clone(),
         );
-        let (custodian, receiver) = if node == PRINCIPAL {
-            let principal = self
-                .cdisk
+        let (custodian, receiver) = if self.is_principal(node) {
+            let cdisk = &self.cdisks[node];
+            let principal = cdisk
                 .principal
                 .clone()
                 .unwrap_or_else(|| PrincipalState::new(self.scenario.custodian.weight_bounds));
-            let escalated = self.cdisk.escalations.values().map(|e| EscalatedRecord {
+            let escalated = cdisk.escalations.values().map(|e| EscalatedRecord {
                 id: e.obligation_id,
                 target: e.target.clone(),
-                reconciled: self.cdisk.notes.contains_key(&e.obligation_id),
+                reconciled: cdisk.notes.contains_key(&e.obligation_id),
             });
             let c = Custodian::recover(
                 agent.clone(),
                 cc,
                 seed,
                 principal,
-                self.cdisk.pending.values().cloned().collect::<Vec<_>>(),
+                cdisk.pending.values().cloned().collect::<Vec<_>>(),
                 escalated.collect::<Vec<_>>(),
                 now,
             );
             (c, Receiver::new(agent.clone(), rc))
         } else {
-            let disk = &self.rdisks[node - 1];
+            let disk = self.rdisk(node);
             let r = Receiver::recover(
                 agent.clone(),
                 rc,
@@ -1120,11 +1191,11 @@ impl World {
         // Every link is a session (the network decides what gets through); text targets are
         // reached over their binding.
         for (i, other) in self.nodes.iter().enumerate() {
-            if i == node || (node != PRINCIPAL && i != PRINCIPAL) {
+            if i == node || self.is_principal(i) == self.is_principal(node) {
                 continue;
             }
             m.session_up(&other.agent);
-            if node == PRINCIPAL && self.scenario.node.text_targets.contains(&i) {
+            if self.is_principal(node) && self.scenario.node.text_targets.contains(&i) {
                 m.attach(now, &other.agent);
             }
         }
@@ -1132,9 +1203,9 @@ impl World {
     }
 
     fn restart(&mut self, node: usize) {
-        if node == PRINCIPAL {
-            let now = self.time(PRINCIPAL);
-            self.custodian_restarts.insert(now);
+        if self.is_principal(node) {
+            let now = self.time(node);
+            self.custodian_restarts.insert((node, now));
         }
         self.boot(node);
         // Recovery work (escalating what is overdue, resuming attempts) happens at once.
@@ -1150,17 +1221,13 @@ impl World {
 
     fn check_end(&mut self) {
         let bounds = self.scenario.custodian.weight_bounds;
-        let principal = self
-            .cdisk
-            .principal
-            .clone()
-            .unwrap_or_else(|| PrincipalState::new(bounds));
         // The retention of keyed down-weights, from the custodian's configured skew (SPEC:
         // distinguishable until deadline + twice the skew).
         let retention = self.scenario.custodian.max_clock_skew_ms * 2;
         for (id, o) in &self.issued.clone() {
             let admissible = oracle::restrictive(o);
-            let terminal = self.cdisk.terminal.get(id).cloned();
+            let p = self.issuer_of(o);
+            let terminal = self.cdisks[p].terminal.get(id).cloned();
             if !admissible {
                 if self.ever_pending.contains(id) {
                     self.violation(format!("inadmissible {id} was taken under custody"));
@@ -1181,8 +1248,8 @@ impl World {
             };
             let target = self.nodes.iter().position(|n| n.agent == o.target);
             let applied_there = target
-                .filter(|&t| t > 0)
-                .is_some_and(|t| self.rdisks[t - 1].apply_count.contains_key(id));
+                .filter(|&t| !self.is_principal(t))
+                .is_some_and(|t| self.rdisk(t).apply_count.contains_key(id));
             match &terminal.outcome {
                 Outcome::Applied => {
                     self.report.applied += 1;
@@ -1210,7 +1277,7 @@ impl World {
                 Outcome::Escalated(_) => {
                     self.report.escalated += 1;
                     let expected = oracle::expected_safe(o, retention);
-                    match self.cdisk.escalations.get(id) {
+                    match self.cdisks[p].escalations.get(id) {
                         Some(e) if Some(&e.safe_action) == expected.as_ref() => {}
                         Some(e) => self.violation(format!(
                             "escalated {id} with safe action {:?}, expected {expected:?}",
@@ -1223,7 +1290,7 @@ impl World {
                     let at = terminal.at;
                     let deadline = o.deadline;
                     // On time, or as the first act of a recovery that found it overdue.
-                    if at > deadline && !self.custodian_restarts.contains(&at) {
+                    if at > deadline && !self.custodian_restarts.contains(&(p, at)) {
                         self.violation(format!(
                             "{id} escalated at {at}, after its deadline {deadline} with the custodian up"
                         ));
@@ -1240,20 +1307,29 @@ impl World {
                 ));
             }
         }
-        // The principal's state is exactly what the decisions it saw make it.
-        for d in self.principal_oracle.differences(&principal, bounds) {
-            self.violation(d);
-        }
-        if let Some(m) = &self.nodes[PRINCIPAL].machine {
-            if m.custodian().principal() != &principal {
-                self.violation("principal state in memory differs from disk at the end".into());
+        for p in 0..self.principals {
+            // Each principal's state is exactly what the decisions it saw make it.
+            let principal = self.cdisks[p]
+                .principal
+                .clone()
+                .unwrap_or_else(|| PrincipalState::new(bounds));
+            let agent = self.nodes[p].agent.clone();
+            for d in self.principal_oracles[p].differences(&principal, bounds) {
+                self.violation(format!("{agent}: {d}"));
+            }
+            if let Some(m) = &self.nodes[p].machine {
+                if m.custodian().principal() != &principal {
+                    self.violation(format!(
+                        "{agent}: principal state in memory differs from disk at the end"
+                    ));
+                }
+            }
+            if !self.cdisks[p].pending.is_empty() {
+                let n = self.cdisks[p].pending.len();
+                self.violation(format!("{agent}: {n} obligations still pending at the end"));
             }
         }
         self.check_receivers();
-        if !self.cdisk.pending.is_empty() {
-            let n = self.cdisk.pending.len();
-            self.violation(format!("{n} obligations still pending at the end"));
-        }
     }
 
     /// Each receiver's state is what its applies (in commit order) make it; sequences on a
@@ -1266,7 +1342,7 @@ impl World {
         );
         let mut found = Vec::new();
         for (i, disk) in self.rdisks.iter().enumerate() {
-            let agent = &self.nodes[i + 1].agent;
+            let agent = &self.nodes[i + self.principals].agent;
             let mut expected = ReceiverOracle::default();
             let mut last: BTreeMap<oracle::Governed, u64> = BTreeMap::new();
             let log: Vec<&Obligation> = disk
