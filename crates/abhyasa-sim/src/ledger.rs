@@ -1515,10 +1515,18 @@ fn random_part(rng: &mut SimRng, avail: &Vector) -> Vector {
 
 /// An effect that asks for more than its maximum: every dimension above it.
 fn overdrawn(rng: &mut SimRng, max: &Vector) -> Vector {
-    let pairs: Vec<(String, u64)> = max
+    let mut pairs: Vec<(String, u64)> = max
         .iter()
         .map(|(d, n)| (d.as_str().to_owned(), n + rng.random_range(1..=n.max(1))))
         .collect();
+    // Half the time also a charge on a dimension the maximum does not name (a tool that
+    // bills in a unit nobody budgeted): held to zero there, as every unnamed dimension.
+    if rng.random_bool(0.5) {
+        let unnamed = ["gpu_seconds", "egress_bytes"][rng.random_range(0..2)];
+        if max.get(&abhyasa_wire::ledger::Dim::new(unnamed).expect("valid")) == 0 {
+            pairs.push((unnamed.to_owned(), rng.random_range(1..=1_000)));
+        }
+    }
     let v: Vec<(&str, u64)> = pairs.iter().map(|(d, n)| (d.as_str(), *n)).collect();
     Vector::of(&v).expect("dimensions from a valid vector")
 }

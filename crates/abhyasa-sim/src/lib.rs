@@ -155,6 +155,10 @@ pub fn census(first: u64, seeds: u64) -> Vec<(&'static str, u64)> {
             "steady traffic (stale acks every 40-400 ms)",
             s.node.chatter_ms.is_some(),
         );
+        count(
+            "certificates that expire and rotate mid-run",
+            s.node.cert_ms.is_some(),
+        );
         count("a node crash", !s.crashes.is_empty());
         count(
             "power loss right after a commit",
@@ -263,6 +267,7 @@ mod tests {
             total.declines_refused += r.declines_refused;
             total.declines_superseded += r.declines_superseded;
             total.tampered += r.tampered;
+            total.expired_certs += r.expired_certs;
             total.unverified += r.unverified;
         }
         assert!(total.applied > 0 && total.declined > 0 && total.escalated > 0);
@@ -279,6 +284,8 @@ mod tests {
         assert!(total.declines_superseded > 0, "{total:?}");
         // The tampering relay ran, and what it sent was dropped unread.
         assert!(total.tampered > 0 && total.unverified > 0, "{total:?}");
+        // Certificates expired under messages in flight, and were refused.
+        assert!(total.expired_certs > 0, "{total:?}");
     }
 
     #[test]

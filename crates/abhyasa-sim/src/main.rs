@@ -71,6 +71,7 @@ impl Totals for RunReport {
         self.declines_refused += r.declines_refused;
         self.declines_superseded += r.declines_superseded;
         self.tampered += r.tampered;
+        self.expired_certs += r.expired_certs;
         self.unverified += r.unverified;
         (r.violations.len(), r.violations.into_iter().next())
     }
@@ -192,10 +193,10 @@ fn main() -> ExitCode {
                 Err(code) => return code,
             };
             eprintln!(
-                "crashes={} reconciled={} resubscriptions={} full_refusals={} declines: malformed={} refused={} superseded={} relay: tampered={} unverified={} failing_seeds={failing}",
+                "crashes={} reconciled={} resubscriptions={} full_refusals={} declines: malformed={} refused={} superseded={} relay: tampered={} unverified={} expired_certs={} failing_seeds={failing}",
                 r.crashes, r.reconciled, r.resubscriptions, r.full_refusals,
                 r.declines_malformed, r.declines_refused, r.declines_superseded,
-                r.tampered, r.unverified
+                r.tampered, r.unverified, r.expired_certs
             );
             println!(
                 "custody: seeds={} obligations={} applied={} declined={} escalated={} best_effort={} violations={violations}",

@@ -66,6 +66,11 @@ pub struct NodeParams {
     /// The text id of each obligation to a text target; its id is the binding's mapping of
     /// it. Some spell the digits of another's in another letter case or without dashes.
     pub text_ids: BTreeMap<ObligationId, String>,
+    /// Certificates with real lifetimes: `(lifetime, overlap)` in ms. Every node's
+    /// certificate is replaced every `lifetime`; the old one stays valid `overlap` longer.
+    /// A message that arrives outside its certificate's validity is refused. `None`:
+    /// certificates outlive the run.
+    pub cert_ms: Option<(u64, u64)>,
     /// A broken node decision (mutants only).
     pub mutation: Option<NodeMutation>,
 }
@@ -411,10 +416,14 @@ fn node_params(
         o.id = id;
         text_ids.insert(id, text);
     }
+    let cert_ms = rng
+        .random_bool(0.3)
+        .then(|| (rng.random_range(300..=3_000), rng.random_range(0..=200)));
     NodeParams {
         chatter_ms,
         text_targets,
         text_ids,
+        cert_ms,
         mutation: None,
     }
 }

@@ -50,22 +50,38 @@ impl Message {
 #[derive(Clone, Debug)]
 struct Signed {
     signer: usize,
+    /// Which of the signer's certificates (they expire and rotate: see
+    /// [`crate::NodeParams::cert_ms`]) signed it.
+    generation: u64,
     bytes: Vec<u8>,
     tag: u64,
 }
 
 impl Signed {
     fn new(signer: usize, bytes: Vec<u8>) -> Self {
-        let tag = signature(signer, &bytes);
-        Self { signer, bytes, tag }
+        let tag = signature(signer, 0, &bytes);
+        Self {
+            signer,
+            generation: 0,
+            bytes,
+            tag,
+        }
+    }
+
+    /// Signed again with certificate `generation` of its signer.
+    fn with_generation(mut self, generation: u64) -> Self {
+        self.generation = generation;
+        self.tag = signature(self.signer, generation, &self.bytes);
+        self
     }
 }
 
-/// The digest only `signer`'s key produces (the model: nobody else ever computes it for them).
-fn signature(signer: usize, bytes: &[u8]) -> u64 {
+/// The digest only `signer`'s key of certificate `generation` produces (the model: nobody
+/// else ever computes it for them).
+fn signature(signer: usize, generation: u64, bytes: &[u8]) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    (0x0061_6268_7961_7361_u64, signer, bytes).hash(&mut h);
+    (0x0061_6268_7961_7361_u64, signer, generation, bytes).hash(&mut h);
     h.finish()
 }
 
@@ -168,6 +184,9 @@ pub struct RunReport {
     /// Messages dropped because their signature did not verify (or did not name the node
     /// they claimed to come from).
     pub unverified: u64,
+    /// Messages dropped because the certificate that signed them had expired (or was not yet
+    /// valid) when they arrived.
+    pub expired_certs: u64,
     /// Invariant violations found, described.
     pub violations: Vec<String>,
 }
@@ -541,9 +560,22 @@ impl World {
             return;
         }
         let s = message.signed();
-        if s.tag != signature(s.signer, &s.bytes) || s.signer != from {
+        if s.tag != signature(s.signer, s.generation, &s.bytes) || s.signer != from {
             self.report.unverified += 1;
             if self.scenario.custodian.mutation != Some(Mutation::AcceptUnverified) {
+                return;
+            }
+        }
+        if let Some((lifetime, grace)) = self.scenario.node.cert_ms {
+            // The signer's certificate of that generation was valid from the start of its
+            // period until the end of it plus the rotation overlap; outside that (a copy in
+            // flight over a rotation, a stale replay) it is refused like a bad signature.
+            let (from_t, until) = (
+                s.generation * lifetime,
+                (s.generation + 1) * lifetime + grace,
+            );
+            if !(from_t..=until).contains(&self.now) {
+                self.report.expired_certs += 1;
                 return;
             }
         }
@@ -829,7 +861,12 @@ impl World {
         }
     }
 
-    fn send(&mut self, from: usize, to: usize, message: Message) {
+    fn send(&mut self, from: usize, to: usize, mut message: Message) {
+        if let Some((lifetime, _)) = self.scenario.node.cert_ms {
+            // Signed with the certificate of the current period (rotated every `lifetime`).
+            let s = message.signed_mut();
+            *s = s.clone().with_generation(self.now / lifetime.max(1));
+        }
         let net = self.scenario.net.clone();
         if self.cut_off(from, to) {
             return;
