@@ -9,6 +9,7 @@
 //! - [`ledger`]: the sans-IO budget ledger (branches, gateway) and its independent checker;
 //! - [`store`]: durable custody and ledger state in redb, with group commit and recovery;
 //! - [`moq`]: certificates, the QUIC endpoint and the MOQT session;
+//! - [`machine`]: the node's own decisions around those machines, sans-IO;
 //! - [`node`]: the runtime that drives them — the `Node` an application embeds;
 //! - [`netem`]: packet impairment in userspace, for tests and benchmarks under loss;
 //! - [`mcp`], [`a2a`]: the MCP and A2A bindings.
@@ -21,6 +22,7 @@
 pub use abhyasa_a2a as a2a;
 pub use abhyasa_custody as custody;
 pub use abhyasa_ledger as ledger;
+pub use abhyasa_machine as machine;
 pub use abhyasa_mcp as mcp;
 pub use abhyasa_moq as moq;
 pub use abhyasa_netem as netem;

@@ -259,14 +259,22 @@ impl AgentServer {
             Some(Value::Array(ids)) => {
                 let mut parsed = Vec::with_capacity(ids.len());
                 for v in ids {
+                    // One spelling per id (as ids are printed: 32 lowercase hex digits), so
+                    // two strings never name one obligation.
                     match v
                         .as_str()
-                        .filter(|s| s.len() == 32)
+                        .filter(|s| {
+                            s.len() == 32
+                                && s.bytes()
+                                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+                        })
                         .and_then(|s| u128::from_str_radix(s, 16).ok())
                     {
                         Some(n) => parsed.push(ObligationId::from_u128(n)),
                         None => {
-                            return bad(format!("ids: {v} is not an obligation id (32 hex digits)"))
+                            return bad(format!(
+                                "ids: {v} is not an obligation id (32 lowercase hex digits)"
+                            ))
                         }
                     }
                 }
@@ -274,7 +282,7 @@ impl AgentServer {
             }
             Some(v) => {
                 return bad(format!(
-                    "ids must be an array of obligation ids (32 hex digits), got {v}"
+                    "ids must be an array of obligation ids (32 lowercase hex digits), got {v}"
                 ))
             }
         };
@@ -348,7 +356,7 @@ impl AgentServer {
                 "ids": {
                     "type": "array",
                     "description": "obligation ids to look up; omit for everything applied recently",
-                    "items": {"type": "string", "description": "obligation id, 32 hex digits"}
+                    "items": {"type": "string", "description": "obligation id, 32 lowercase hex digits"}
                 }
             }
         }))

@@ -248,7 +248,12 @@ async fn obligations_ride_calls_and_a_revocation_governs_that_very_call() {
     // Bad arguments: a tool result with isError, naming what to fix — not a protocol error.
     for (args, says) in [
         (json!({"ids": "nope"}), "must be an array"),
-        (json!({"ids": ["xyz"]}), "32 hex digits"),
+        (json!({"ids": ["xyz"]}), "32 lowercase hex digits"),
+        // An id in upper case is another spelling, not the same id: refused, not folded.
+        (
+            json!({"ids": ["ABCDEF0123456789ABCDEF0123456789"]}),
+            "32 lowercase hex digits",
+        ),
         (json!({"id": []}), "unknown argument"),
     ] {
         let r = f
