@@ -308,8 +308,6 @@ pub struct NodeMachine {
     maintenance_due: bool,
     /// The mutant's quiet period: no timer fires before this.
     quiet_until: UnixMillis,
-    /// The last time the machine's timers ran (the mutant gateway's clock).
-    last_timeout: UnixMillis,
     outgoing: VecDeque<Outgoing>,
     events: VecDeque<MachineEvent>,
 }
@@ -341,7 +339,6 @@ impl NodeMachine {
             next_maintenance: UnixMillis(now.0 + config.maintenance_ms),
             maintenance_due: false,
             quiet_until: UnixMillis(0),
-            last_timeout: UnixMillis(0),
             outgoing: VecDeque::new(),
             events: VecDeque::new(),
         }
@@ -391,11 +388,6 @@ impl NodeMachine {
     /// Objects dropped per peer for the rate limit.
     pub fn slowed(&self) -> &BTreeMap<AgentId, u64> {
         &self.slowed
-    }
-
-    /// Peers with an open session.
-    pub fn sessions(&self) -> impl Iterator<Item = &AgentId> {
-        self.sessions.iter()
     }
 
     /// An input arrived at `now` (the mutant's quiet period starts again).
@@ -633,7 +625,6 @@ impl NodeMachine {
         {
             return;
         }
-        self.last_timeout = self.last_timeout.max(now);
         let custody_due = [self.custodian.poll_timeout(), self.receiver.poll_timeout()]
             .into_iter()
             .flatten()
