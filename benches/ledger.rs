@@ -99,12 +99,13 @@ fn cycles(r: &mut Branch, g: &mut Gateway, bs: &mut Store, gs: &mut Store, next:
     for _ in 0..n {
         *next += 1;
         let key = OpKey::from_u128(u128::from(*next));
-        r.reserve(CREDIT, effect(*next), &id("g"), key).unwrap();
+        r.reserve(UnixMillis(0), CREDIT, effect(*next), &id("g"), key)
+            .unwrap();
         r.dispatch(UnixMillis(0), key).unwrap();
     }
     commit_branch(r, bs);
     while let Some((_, m)) = r.poll_transmit() {
-        g.handle_message(&id("r"), m);
+        g.handle_message(UnixMillis(0), &id("r"), m);
     }
     commit_gateway(g, gs);
     let charge = Vector::of(&[("cents", 730), ("calls", 1)]).unwrap();
@@ -123,13 +124,14 @@ fn cycles(r: &mut Branch, g: &mut Gateway, bs: &mut Store, gs: &mut Store, next:
 /// One full cycle with every record "persisted" at once (no store); returns the effect.
 fn in_memory_cycle(r: &mut Branch, g: &mut Gateway, n: u64) -> EffectInstance {
     let key = OpKey::from_u128(u128::from(n));
-    r.reserve(CREDIT, effect(n), &id("g"), key).unwrap();
+    r.reserve(UnixMillis(0), CREDIT, effect(n), &id("g"), key)
+        .unwrap();
     r.dispatch(UnixMillis(0), key).unwrap();
     while let Some((t, _)) = r.poll_persist() {
         r.handle_persisted(t);
     }
     let (_, m) = r.poll_transmit().unwrap();
-    g.handle_message(&id("r"), m);
+    g.handle_message(UnixMillis(0), &id("r"), m);
     while let Some((t, _)) = g.poll_persist() {
         g.handle_persisted(t);
     }
@@ -335,7 +337,7 @@ fn gateway_node(
                     keyring.verify_together(inbox.iter().take(n));
                 }
                 for m in inbox.drain(..n) {
-                    g.handle_message(&id("r"), m);
+                    g.handle_message(UnixMillis(0), &id("r"), m);
                 }
                 flush(&mut g, &mut disk, &mut commits);
             }
@@ -372,7 +374,8 @@ fn pay(
         for _ in 0..room.min(MAX_GROUP as u64) {
             *next += 1;
             let key = OpKey::from_u128(u128::from(*next));
-            r.reserve(CREDIT, effect(*next), &id("g"), key).unwrap();
+            r.reserve(UnixMillis(0), CREDIT, effect(*next), &id("g"), key)
+                .unwrap();
             r.dispatch(UnixMillis(0), key).unwrap();
             started += 1;
             outstanding += 1;
@@ -476,7 +479,8 @@ fn two_nodes(c: &mut Criterion) {
 fn permit_and_receipt() -> (Signed<Permit>, Signed<Receipt>) {
     let (mut r, mut g) = setup();
     let key = OpKey::from_u128(1);
-    r.reserve(CREDIT, effect(1), &id("g"), key).unwrap();
+    r.reserve(UnixMillis(0), CREDIT, effect(1), &id("g"), key)
+        .unwrap();
     r.dispatch(UnixMillis(0), key).unwrap();
     while let Some((t, _)) = r.poll_persist() {
         r.handle_persisted(t);
@@ -485,6 +489,7 @@ fn permit_and_receipt() -> (Signed<Permit>, Signed<Receipt>) {
         panic!("no dispatch")
     };
     g.handle_message(
+        UnixMillis(0),
         &id("r"),
         LedgerMessage::Dispatch {
             permit: permit.clone(),

@@ -94,7 +94,6 @@ fn the_python_mcp_sdk_drives_the_stdio_server() {
             ..BranchConfig::default()
         },
     );
-    b.advance_clock(wall_clock());
     let grant = RootGrant {
         root: ROOT,
         issuer: id("issuer"),
@@ -113,6 +112,7 @@ fn the_python_mcp_sdk_drives_the_stdio_server() {
     for k in [1u128, 2] {
         let k = OpKey::from_u128(k);
         b.reserve(
+            wall_clock(),
             CREDIT,
             tool_effect("book", &args, &budget()),
             &id("agent-1"),

@@ -339,7 +339,7 @@ fn run_branch(
             if let (Some(credit), Some(k)) =
                 (credit, op_keys(role).find(|k| b.operation(*k).is_none()))
             {
-                let _ = b.reserve(credit, effect(k), &gw, k);
+                let _ = b.reserve(now(), credit, effect(k), &gw, k);
             }
         }
         let reserved: Vec<OpKey> = b
@@ -531,7 +531,7 @@ fn run_gateway(
     let mut buf = vec![0u8; 65_536];
     loop {
         if let Some((from, m)) = net.recv(&mut buf) {
-            g.handle_message(&from, m);
+            g.handle_message(now(), &from, m);
         }
         loop {
             let records: Vec<_> = std::iter::from_fn(|| g.poll_persist()).collect();

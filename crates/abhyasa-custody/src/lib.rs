@@ -78,10 +78,8 @@ pub use receiver::{
     ReceiverRecord, ReceiverState, ReceiverStats,
 };
 
-/// Names one record handed out by a `poll_persist`; hand it back to `handle_persisted` once
-/// the record is durable.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct PersistToken(pub u64);
+/// Names one record handed out by a `poll_persist` (the same type the ledger's machines use).
+pub use abhyasa_wire::PersistToken;
 
 /// A record to make durable, with the token that confirms it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

@@ -451,7 +451,10 @@ pub struct Branch {
     transmits: VecDeque<(AgentId, LedgerMessage)>,
     events: VecDeque<LedgerEvent>,
     last_resend: UnixMillis,
-    /// The latest time seen (`advance_clock`, timeouts, dispatches, messages): what a new
+    /// Something may need sending again: set by every step applied, cleared by a
+    /// `handle_timeout` that found nothing undecided. `poll_timeout` is `None` only when clear.
+    resend_armed: bool,
+    /// The latest time seen (reservations, timeouts, dispatches, messages): what a new
     /// permit's expiry counts from.
     clock: UnixMillis,
 }
@@ -484,14 +487,23 @@ impl Branch {
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             last_resend: UnixMillis(0),
+            resend_armed: false,
             clock: UnixMillis(0),
         }
     }
 
-    /// Moves the branch's clock to `now` (never back): new permits expire
-    /// `permit_ttl_ms` after it. A driver calls it before asking for a reservation.
-    pub fn advance_clock(&mut self, now: UnixMillis) {
+    /// Moves the branch's clock to `now` (never back).
+    fn observe(&mut self, now: UnixMillis) {
         self.clock = self.clock.max(now);
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) is next due: the next resend tick while
+    /// anything is undecided (a sealed transfer, an unanswered claim, a quarantined
+    /// dispatch, a fenced generation not yet closed), `None` when nothing is. A deadline:
+    /// nothing but `handle_timeout` moves it.
+    pub fn poll_timeout(&self) -> Option<UnixMillis> {
+        self.resend_armed
+            .then(|| self.last_resend.saturating_add(self.config.resend_ms))
     }
 
     /// Rebuilds a branch from its durable steps, in order. A step that does not apply (a
@@ -513,6 +525,7 @@ impl Branch {
                 Err(e) => rejected.push((s, e)),
             }
         }
+        b.resend_armed = true;
         (b, rejected)
     }
 
@@ -723,10 +736,13 @@ impl Branch {
         Signed::sign(&d, &self.me, &self.key)
     }
 
-    /// Reserves `effect`'s maximum charge from `credit` for gateway `receiver`: Available →
-    /// Reserved, with the signed permit in the same step. Nothing is sent.
+    /// Reserves `effect`'s maximum charge from `credit` for gateway `receiver` at `now`:
+    /// Available → Reserved, with the signed permit in the same step (it expires
+    /// `permit_ttl_ms` after `now`, or after the latest time the branch has seen if that is
+    /// later). Nothing is sent.
     pub fn reserve(
         &mut self,
+        now: UnixMillis,
         credit: CreditId,
         effect: Effect,
         receiver: &AgentId,
@@ -745,6 +761,7 @@ impl Branch {
             };
         }
         self.room()?;
+        self.observe(now);
         let c = self.working_credit(credit)?;
         if !c.label.allows(&effect.purpose) {
             return Err(LedgerError::PurposeNotAllowed);
@@ -777,7 +794,7 @@ impl Branch {
 
     /// Reserved → Quarantined, durable before the permit goes to the gateway.
     pub fn dispatch(&mut self, now: UnixMillis, key: OpKey) -> Result<(), LedgerError> {
-        self.advance_clock(now);
+        self.observe(now);
         let op = self
             .ops
             .get(&key)
@@ -930,7 +947,7 @@ impl Branch {
 
     /// Handles a message from `from`. Bad messages are reported as events, never applied.
     pub fn handle_message(&mut self, now: UnixMillis, from: &AgentId, msg: LedgerMessage) {
-        self.advance_clock(now);
+        self.observe(now);
         if let Err(e) = self.on_message(now, from, msg) {
             self.events.push_back(LedgerEvent::Rejected(e));
         }
@@ -1270,11 +1287,31 @@ impl Branch {
     /// Sends again what is still undecided: sealed transfers and quarantined dispatches
     /// (the gateway answers a repeated key with its prior decision). Never refunds.
     pub fn handle_timeout(&mut self, now: UnixMillis) {
-        self.advance_clock(now);
+        self.observe(now);
         if now.0 < self.last_resend.0.saturating_add(self.config.resend_ms) {
             return;
         }
         self.last_resend = now;
+        self.resend(now);
+        self.resend_armed =
+            self.undecided() && self.config.mutation != Some(LedgerMutation::TimerNotRearmed);
+    }
+
+    /// Whether anything [`resend`](Self::resend) looks at is still undecided.
+    fn undecided(&self) -> bool {
+        self.credits.values().any(|c| c.fenced && !c.closed)
+            || self
+                .outgoing
+                .values()
+                .any(|o| o.state == OutgoingState::Sealed)
+            || self
+                .incoming
+                .values()
+                .any(|s| matches!(s, Step::Claim { .. }))
+            || self.ops.values().any(|o| o.state == OpState::Quarantined)
+    }
+
+    fn resend(&mut self, now: UnixMillis) {
         // A fenced generation whose last operation ended before a crash (the reissue not yet
         // written) closes now.
         let fenced: Vec<CreditId> = self
@@ -1343,6 +1380,9 @@ impl Branch {
             if self.config.mutation == Some(LedgerMutation::RefundOnTimeout) && stale {
                 refunds.push(*key);
                 continue;
+            }
+            if op.sent_at.is_some() && !stale {
+                continue; // Sent less than a resend period ago.
             }
             op.sent_at = Some(now);
             let fenced = self
@@ -1680,6 +1720,8 @@ impl Branch {
     /// [`apply`](Self::apply); `known`: a reservation's permit body, built by this branch
     /// from the step's own effect (so neither is read back nor compared again).
     fn apply_known(&mut self, step: &Step, known: Option<Permit>) -> Result<bool, LedgerError> {
+        self.resend_armed |= self.config.mutation != Some(LedgerMutation::TimerNotRearmed)
+            || self.last_resend == UnixMillis(0);
         match step {
             Step::Grant { grant, credit } => {
                 let g = self.verified_grant(grant)?;

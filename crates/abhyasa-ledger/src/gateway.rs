@@ -234,6 +234,14 @@ impl Gateway {
         self.persist(record);
     }
 
+    /// When [`handle_timeout`](Self::handle_timeout) is next due: the next look for
+    /// prunable acceptances while retention is on and the log holds any; `None` otherwise
+    /// (permits are judged at arrival, so nothing else waits on a timer). A deadline: only
+    /// `handle_timeout` moves it.
+    pub fn poll_timeout(&self) -> Option<UnixMillis> {
+        (self.retain_ms.is_some() && !self.log.is_empty()).then_some(UnixMillis(self.next_prune))
+    }
+
     /// Bindings expiring before this may have been forgotten.
     pub fn horizon(&self) -> UnixMillis {
         self.horizon
@@ -329,14 +337,8 @@ impl Gateway {
     /// Handles a message from `from` arriving at `now`: the clock moves to `now` first
     /// (never back), so a permit is judged against the time it arrives — also by a gateway
     /// that has not had a timeout yet, or whose timeouts are held up by steady traffic.
-    pub fn handle_message_at(&mut self, now: UnixMillis, from: &AgentId, msg: LedgerMessage) {
+    pub fn handle_message(&mut self, now: UnixMillis, from: &AgentId, msg: LedgerMessage) {
         self.clock = self.clock.max(now);
-        self.handle_message(from, msg);
-    }
-
-    /// Handles a message from `from`, judged against the latest time this gateway has seen
-    /// ([`handle_timeout`](Self::handle_timeout), [`handle_message_at`](Self::handle_message_at)).
-    pub fn handle_message(&mut self, from: &AgentId, msg: LedgerMessage) {
         match msg {
             LedgerMessage::Dispatch { permit, effect } => self.on_dispatch(from, permit, effect),
             LedgerMessage::Query { key, binding } => self.on_query(from, key, &binding),

@@ -259,9 +259,8 @@ pub(crate) fn open_checkpoint<T: serde::de::DeserializeOwned>(
     Ok(abhyasa_wire::decode_with_limit(body, MAX_CHECKPOINT_BYTES)?)
 }
 
-/// A token that confirms a persisted record.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct PersistToken(pub u64);
+/// A token that confirms a persisted record (the same type the custody machines use).
+pub use abhyasa_wire::PersistToken;
 
 /// A deliberately broken rule, selectable only to prove that the checkers catch it.
 #[doc(hidden)]
@@ -318,11 +317,14 @@ pub enum LedgerMutation {
     AcceptWithoutConfirmation,
     /// The source reclaims a transfer even after it confirmed the destination's claim.
     ReclaimAfterConfirm,
+    /// The branch's timer is not armed again after its first resend: `poll_timeout` says
+    /// nothing is due while transfers and dispatches are still undecided.
+    TimerNotRearmed,
 }
 
 impl LedgerMutation {
     /// Every mutant, with its command-line name.
-    pub const ALL: [(&'static str, LedgerMutation); 20] = [
+    pub const ALL: [(&'static str, LedgerMutation); 21] = [
         ("refund_on_timeout", LedgerMutation::RefundOnTimeout),
         (
             "accept_replayed_transfer",
@@ -382,6 +384,7 @@ impl LedgerMutation {
             LedgerMutation::AcceptWithoutConfirmation,
         ),
         ("reclaim_after_confirm", LedgerMutation::ReclaimAfterConfirm),
+        ("timer_not_rearmed", LedgerMutation::TimerNotRearmed),
     ];
 }
 

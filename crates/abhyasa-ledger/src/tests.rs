@@ -133,7 +133,7 @@ impl Net {
                 match to.as_str() {
                     "r" => self.r.handle_message(UnixMillis(self.now), &from, m),
                     "c" => self.c.handle_message(UnixMillis(self.now), &from, m),
-                    "g" => self.g.handle_message(&from, m),
+                    "g" => self.g.handle_message(UnixMillis(self.now), &from, m),
                     _ => panic!("no such agent {to}"),
                 }
             }
@@ -165,7 +165,9 @@ impl Net {
     /// dispatches it.
     fn spend(&mut self, credit: CreditId, op: &str, max: &[(&str, u64)], k: u128) {
         let e = self.effect(op, max);
-        self.r.reserve(credit, e, &id("g"), key(k)).unwrap();
+        self.r
+            .reserve(UnixMillis(self.now), credit, e, &id("g"), key(k))
+            .unwrap();
         self.r.dispatch(UnixMillis(0), key(k)).unwrap();
     }
 
@@ -193,7 +195,8 @@ fn partial_charge_commits_the_actual_and_returns_the_remainder() {
     // return (270, 2).
     let mut n = Net::new(&[("cents", 5_000), ("calls", 10)], None);
     let e = n.effect("search", &[("cents", 1_000), ("calls", 3)]);
-    n.r.reserve(ROOT_CREDIT, e, &id("g"), key(1)).unwrap();
+    n.r.reserve(UnixMillis(0), ROOT_CREDIT, e, &id("g"), key(1))
+        .unwrap();
     let root = RootId::from_u128(7);
     assert_eq!(n.r.buckets(root)[2], v(&[("cents", 1_000), ("calls", 3)]));
     n.r.dispatch(UnixMillis(0), key(1)).unwrap();
@@ -227,7 +230,8 @@ fn late_completion_a_two_unit_root_lost_reply() {
     let mut n = Net::new(&[("units", 2)], None);
     let root = RootId::from_u128(7);
     let e = n.effect("pay", &[("units", 2)]);
-    n.r.reserve(ROOT_CREDIT, e, &id("g"), key(1)).unwrap();
+    n.r.reserve(UnixMillis(0), ROOT_CREDIT, e, &id("g"), key(1))
+        .unwrap();
     n.r.dispatch(UnixMillis(0), key(1)).unwrap();
     // The gateway accepts and runs the effect; its receipt is lost.
     n.run(&v(&[("units", 2)]), &mut |to, m| {
@@ -243,7 +247,7 @@ fn late_completion_a_two_unit_root_lost_reply() {
     assert_eq!(n.r.buckets(root)[3], v(&[("units", 2)]));
     let again = n.effect("pay-again", &[("units", 1)]);
     assert!(matches!(
-        n.r.reserve(ROOT_CREDIT, again, &id("g"), key(2)),
+        n.r.reserve(UnixMillis(0), ROOT_CREDIT, again, &id("g"), key(2)),
         Err(LedgerError::Insufficient { .. })
     ));
     assert_eq!(n.violations(), vec![]);
@@ -264,7 +268,8 @@ fn late_completion_a_two_unit_root_lost_reply() {
 fn late_completion_is_caught_when_timeouts_refund() {
     let mut n = Net::new(&[("units", 2)], Some(LedgerMutation::RefundOnTimeout));
     let e = n.effect("pay", &[("units", 2)]);
-    n.r.reserve(ROOT_CREDIT, e, &id("g"), key(1)).unwrap();
+    n.r.reserve(UnixMillis(0), ROOT_CREDIT, e, &id("g"), key(1))
+        .unwrap();
     n.r.dispatch(UnixMillis(0), key(1)).unwrap();
     n.run(&v(&[("units", 2)]), &mut |to, m| {
         to.as_str() == "r" && matches!(m, LedgerMessage::Receipt(_))
@@ -274,7 +279,8 @@ fn late_completion_is_caught_when_timeouts_refund() {
     n.persist_all();
     // The refunded units fund a second effect: 4 units spent from a 2-unit root.
     let e = n.effect("pay-again", &[("units", 2)]);
-    n.r.reserve(ROOT_CREDIT, e, &id("g"), key(2)).unwrap();
+    n.r.reserve(UnixMillis(0), ROOT_CREDIT, e, &id("g"), key(2))
+        .unwrap();
     n.r.dispatch(UnixMillis(200), key(2)).unwrap();
     n.run(&v(&[("units", 2)]), &mut |_, _| false);
     let found = n.violations();
@@ -417,7 +423,8 @@ fn fence_then_no_effect_returns_a_lost_dispatch_and_stale_permits_are_refused() 
         let mut n = Net::new(&[("units", 5)], mutation);
         let root = RootId::from_u128(7);
         let e = n.effect("call", &[("units", 5)]);
-        n.r.reserve(ROOT_CREDIT, e, &id("g"), key(1)).unwrap();
+        n.r.reserve(UnixMillis(0), ROOT_CREDIT, e, &id("g"), key(1))
+            .unwrap();
         n.r.dispatch(UnixMillis(0), key(1)).unwrap();
         n.persist_all();
         // The permit is delayed in the network (held here).
@@ -438,16 +445,17 @@ fn fence_then_no_effect_returns_a_lost_dispatch_and_stale_permits_are_refused() 
         // from its successor, at the new epoch.
         let e2 = n.effect("call-2", &[("units", 5)]);
         assert_eq!(
-            n.r.reserve(ROOT_CREDIT, e2.clone(), &id("g"), key(2)),
+            n.r.reserve(UnixMillis(0), ROOT_CREDIT, e2.clone(), &id("g"), key(2)),
             Err(LedgerError::UnknownCredit(ROOT_CREDIT))
         );
         let next = n.r.current(ROOT_CREDIT).unwrap();
         assert_eq!(n.r.credit(next).unwrap().epoch, 1);
-        n.r.reserve(next, e2, &id("g"), key(2)).unwrap();
+        n.r.reserve(UnixMillis(0), next, e2, &id("g"), key(2))
+            .unwrap();
         n.r.dispatch(UnixMillis(1), key(2)).unwrap();
         n.run(&v(&[("units", 5)]), &mut |_, _| false);
         // Now the stale permit arrives.
-        n.g.handle_message(&id("r"), late);
+        n.g.handle_message(UnixMillis(0), &id("r"), late);
         n.run(&v(&[("units", 5)]), &mut |_, _| false);
         let found = n.violations();
         match mutation {
@@ -465,13 +473,14 @@ fn a_gateway_answers_a_repeated_key_with_its_prior_decision() {
     for mutation in [None, Some(LedgerMutation::GatewayAcceptsKeyTwice)] {
         let mut n = Net::new(&[("units", 3)], mutation);
         let e = n.effect("call", &[("units", 3)]);
-        n.r.reserve(ROOT_CREDIT, e, &id("g"), key(1)).unwrap();
+        n.r.reserve(UnixMillis(0), ROOT_CREDIT, e, &id("g"), key(1))
+            .unwrap();
         n.r.dispatch(UnixMillis(0), key(1)).unwrap();
         n.persist_all();
         let (_, m) = n.r.poll_transmit().unwrap();
-        n.g.handle_message(&id("r"), m.clone());
+        n.g.handle_message(UnixMillis(0), &id("r"), m.clone());
         n.persist_all();
-        n.g.handle_message(&id("r"), m);
+        n.g.handle_message(UnixMillis(0), &id("r"), m);
         n.run(&v(&[("units", 1)]), &mut |_, _| false);
         match mutation {
             None => {
@@ -490,7 +499,7 @@ fn a_gateway_answers_a_repeated_key_with_its_prior_decision() {
 fn bad_evidence_is_rejected_and_changes_nothing() {
     let mut n = Net::new(&[("units", 3)], None);
     let e = n.effect("call", &[("units", 3)]);
-    n.r.reserve(ROOT_CREDIT, e.clone(), &id("g"), key(1))
+    n.r.reserve(UnixMillis(0), ROOT_CREDIT, e.clone(), &id("g"), key(1))
         .unwrap();
     n.r.dispatch(UnixMillis(0), key(1)).unwrap();
     n.persist_all();
@@ -578,6 +587,7 @@ fn bad_evidence_is_rejected_and_changes_nothing() {
         ..e
     };
     n.g.handle_message(
+        UnixMillis(0),
         &id("r"),
         LedgerMessage::Dispatch {
             permit,
@@ -620,7 +630,8 @@ fn recovery_replays_the_journal_to_the_same_state() {
     )
     .unwrap();
     let e = n.effect("x", &[("cents", 20), ("calls", 1)]);
-    r.reserve(ROOT_CREDIT, e, &id("g"), key(3)).unwrap();
+    r.reserve(UnixMillis(0), ROOT_CREDIT, e, &id("g"), key(3))
+        .unwrap();
     r.dispatch(UnixMillis(0), key(3)).unwrap();
     while let Some((t, s)) = r.poll_persist() {
         journal.push(s);
@@ -693,7 +704,8 @@ fn only_a_trusted_issuer_can_mint_a_root() {
 /// `r` reserves and dispatches `units` to `g`; returns the permit message, held back.
 fn dispatched(n: &mut Net, units: u64) -> LedgerMessage {
     let e = n.effect("call", &[("units", units)]);
-    n.r.reserve(ROOT_CREDIT, e, &id("g"), key(1)).unwrap();
+    n.r.reserve(UnixMillis(0), ROOT_CREDIT, e, &id("g"), key(1))
+        .unwrap();
     n.r.dispatch(UnixMillis(0), key(1)).unwrap();
     n.persist_all();
     n.r.poll_transmit().unwrap().1
@@ -717,7 +729,7 @@ fn a_no_effect_proof_counts_only_from_the_gateway_of_the_binding() {
         n.r.handle_message(UnixMillis(1), &id("m"), forged);
         n.persist_all();
         // Meanwhile g runs the effect.
-        n.g.handle_message(&id("r"), permit);
+        n.g.handle_message(UnixMillis(0), &id("r"), permit);
         n.run(&v(&[("units", 5)]), &mut |_, _| false);
         match mutation {
             None => {
@@ -1058,7 +1070,7 @@ fn a_certificate_counts_only_from_its_source() {
 fn a_fence_counts_only_from_the_holder_and_a_fenced_reply_only_from_its_gateway() {
     let mut n = Net::new(&[("units", 5)], None);
     let permit = dispatched(&mut n, 5);
-    n.g.handle_message(&id("r"), permit);
+    n.g.handle_message(UnixMillis(0), &id("r"), permit);
     n.persist_all();
     // m fences r's credit in r's name at g.
     let fence = Fence {
@@ -1068,6 +1080,7 @@ fn a_fence_counts_only_from_the_holder_and_a_fenced_reply_only_from_its_gateway(
         holder: id("r"),
     };
     n.g.handle_message(
+        UnixMillis(0),
         &id("m"),
         LedgerMessage::Fence(Signed::sign(&fence, &id("m"), &sk(5))),
     );
@@ -1113,14 +1126,14 @@ fn the_last_epoch_is_refused_cleanly_not_wrapped() {
 fn gateway_evidence_waits_for_its_record() {
     let mut n = Net::new(&[("units", 5)], None);
     let permit = dispatched(&mut n, 5);
-    n.g.handle_message(&id("r"), permit.clone());
+    n.g.handle_message(UnixMillis(0), &id("r"), permit.clone());
     n.persist_all();
     let run = n.g.poll_execute().unwrap();
     n.g.handle_executed(&run.payer, run.key, v(&[("units", 2)]));
     // The receipt's record is not durable yet: a repeated dispatch hears "pending", and the
     // receipt itself is not out.
     let (_, receipt_record) = n.g.poll_persist().unwrap();
-    n.g.handle_message(&id("r"), permit.clone());
+    n.g.handle_message(UnixMillis(0), &id("r"), permit.clone());
     let replies: Vec<_> = std::iter::from_fn(|| n.g.poll_transmit()).collect();
     assert!(
         replies
@@ -1135,10 +1148,11 @@ fn gateway_evidence_waits_for_its_record() {
     drop(lost);
     m.r.request_fence(ROOT_CREDIT).unwrap();
     let (_, fence) = m.r.poll_transmit().unwrap();
-    m.g.handle_message(&id("r"), fence);
+    m.g.handle_message(UnixMillis(0), &id("r"), fence);
     let (token, _) = m.g.poll_persist().unwrap();
     let b = m.r.operation(key(1)).unwrap().binding.clone();
     m.g.handle_message(
+        UnixMillis(0),
         &id("r"),
         LedgerMessage::Query {
             key: key(1),
@@ -1159,6 +1173,7 @@ fn gateway_evidence_waits_for_its_record() {
         Some((_, LedgerMessage::Fenced(_)))
     ));
     m.g.handle_message(
+        UnixMillis(0),
         &id("r"),
         LedgerMessage::Query {
             key: key(1),
@@ -1193,6 +1208,7 @@ fn another_payer_cannot_squat_a_key() {
         footprint: Footprint::full(&v(&[("units", 5)])),
     };
     n.g.handle_message(
+        UnixMillis(0),
         &id("m"),
         LedgerMessage::Dispatch {
             permit: Signed::sign(&squat, &id("m"), &sk(5)),
@@ -1203,7 +1219,7 @@ fn another_payer_cannot_squat_a_key() {
     while n.g.poll_execute().is_some() {}
     // r's own operation under the same key is still accepted, runs and settles.
     let permit = dispatched(&mut n, 5);
-    n.g.handle_message(&id("r"), permit);
+    n.g.handle_message(UnixMillis(0), &id("r"), permit);
     n.run(&v(&[("units", 3)]), &mut |_, _| false);
     assert!(
         matches!(
@@ -1222,6 +1238,7 @@ fn another_payer_cannot_squat_a_key() {
     again.binding.max_charge = v(&[("units", 1)]);
     again.footprint = Footprint::full(&v(&[("units", 1)]));
     n.g.handle_message(
+        UnixMillis(0),
         &id("m"),
         LedgerMessage::Dispatch {
             permit: Signed::sign(&again, &id("m"), &sk(5)),
@@ -1293,10 +1310,11 @@ fn a_reused_id_with_different_content_is_refused_and_the_same_request_is_a_repla
 
     // Reserve: 10 cents under key 1.
     let e = n.effect("search", &[("cents", 10)]);
-    n.r.reserve(ROOT_CREDIT, e.clone(), &id("g"), key(1))
+    n.r.reserve(UnixMillis(0), ROOT_CREDIT, e.clone(), &id("g"), key(1))
         .unwrap();
     let journal = n.r.journal_len();
-    n.r.reserve(ROOT_CREDIT, e, &id("g"), key(1)).unwrap();
+    n.r.reserve(UnixMillis(0), ROOT_CREDIT, e, &id("g"), key(1))
+        .unwrap();
     assert_eq!(
         n.r.journal_len(),
         journal,
@@ -1304,12 +1322,12 @@ fn a_reused_id_with_different_content_is_refused_and_the_same_request_is_a_repla
     );
     let other = n.effect("book", &[("cents", 10)]);
     assert_eq!(
-        n.r.reserve(ROOT_CREDIT, other, &id("g"), key(1)),
+        n.r.reserve(UnixMillis(0), ROOT_CREDIT, other, &id("g"), key(1)),
         Err(LedgerError::IdInUse("operation key"))
     );
     let bigger = n.effect("search", &[("cents", 20)]);
     assert_eq!(
-        n.r.reserve(ROOT_CREDIT, bigger, &id("g"), key(1)),
+        n.r.reserve(UnixMillis(0), ROOT_CREDIT, bigger, &id("g"), key(1)),
         Err(LedgerError::IdInUse("operation key"))
     );
     assert_eq!(
@@ -1412,7 +1430,8 @@ fn a_journal_that_reuses_an_id_for_other_content_does_not_replay() {
 fn forfeit_then_late_receipt(mutation: Option<LedgerMutation>) -> Net {
     let mut n = Net::new(&[("units", 5)], mutation);
     let e = n.effect("pay", &[("units", 2)]);
-    n.r.reserve(ROOT_CREDIT, e, &id("g"), key(1)).unwrap();
+    n.r.reserve(UnixMillis(0), ROOT_CREDIT, e, &id("g"), key(1))
+        .unwrap();
     n.r.dispatch(UnixMillis(0), key(1)).unwrap();
     let mut lost = None;
     n.run(&v(&[("units", 1)]), &mut |to, m| {
@@ -1516,7 +1535,7 @@ fn an_escrow_short_of_the_maximum_is_refused_by_gateway_and_journal() {
     // gateway refuses the permit, so nothing runs.
     let mut n = Net::new(&[("units", 10)], Some(LedgerMutation::ReserveBelowMaximum));
     let e = n.effect("call", &[("units", 5)]);
-    n.r.reserve(ROOT_CREDIT, e.clone(), &id("g"), key(1))
+    n.r.reserve(UnixMillis(0), ROOT_CREDIT, e.clone(), &id("g"), key(1))
         .unwrap();
     assert_eq!(
         n.r.operation(key(1)).unwrap().footprint.size(),
@@ -1531,7 +1550,7 @@ fn an_escrow_short_of_the_maximum_is_refused_by_gateway_and_journal() {
     n.persist_all();
     let (_, permit) = n.r.poll_transmit().unwrap();
     let mut correct = Gateway::new(id("g"), sk(4), n.keys.clone(), None);
-    correct.handle_message(&id("r"), permit);
+    correct.handle_message(UnixMillis(0), &id("r"), permit);
     // The permit does not validate as a permit (its escrow is not its maximum).
     assert_eq!(refusal(&mut correct), Some(Refusal::BadSignature));
     assert!(correct.poll_persist().is_none() && correct.poll_execute().is_none());
@@ -1539,7 +1558,7 @@ fn an_escrow_short_of_the_maximum_is_refused_by_gateway_and_journal() {
     // A correct branch will not replay a journal step whose escrow is short, nor one whose
     // permit names another effect.
     let mut n = Net::new(&[("units", 10)], None);
-    n.r.reserve(ROOT_CREDIT, e.clone(), &id("g"), key(1))
+    n.r.reserve(UnixMillis(0), ROOT_CREDIT, e.clone(), &id("g"), key(1))
         .unwrap();
     let grant = n.r.roots().next().unwrap().clone();
     let (_, good) = n.r.poll_persist().unwrap();
@@ -1593,7 +1612,7 @@ fn run_with_effect(mutation: Option<LedgerMutation>, larger: bool) -> (Option<Ve
     let mut n = Net::new(&[("units", 10)], None);
     n.g = Gateway::new(id("g"), sk(4), n.keys.clone(), mutation);
     let e = n.effect("call", &[("units", 5)]);
-    n.r.reserve(ROOT_CREDIT, e.clone(), &id("g"), key(1))
+    n.r.reserve(UnixMillis(0), ROOT_CREDIT, e.clone(), &id("g"), key(1))
         .unwrap();
     n.r.dispatch(UnixMillis(0), key(1)).unwrap();
     n.persist_all();
@@ -1610,7 +1629,11 @@ fn run_with_effect(mutation: Option<LedgerMutation>, larger: bool) -> (Option<Ve
     } else {
         e
     };
-    n.g.handle_message(&id("r"), LedgerMessage::Dispatch { permit, effect });
+    n.g.handle_message(
+        UnixMillis(0),
+        &id("r"),
+        LedgerMessage::Dispatch { permit, effect },
+    );
     n.persist_all();
     let limit = n.g.poll_execute().map(|x| x.max_charge);
     (limit, n)
@@ -1672,11 +1695,12 @@ fn a_no_effect_proof_rests_only_on_a_durable_fence() {
         let held_back = dispatched(&mut n, 5);
         n.r.request_fence(ROOT_CREDIT).unwrap();
         let (_, fence) = n.r.poll_transmit().unwrap();
-        n.g.handle_message(&id("r"), fence);
+        n.g.handle_message(UnixMillis(0), &id("r"), fence);
         let (_, being_written) = n.g.poll_persist().unwrap();
         assert!(matches!(being_written, GatewayRecord::Fence { .. }));
         let b = n.r.operation(key(1)).unwrap().binding.clone();
         n.g.handle_message(
+            UnixMillis(0),
             &id("r"),
             LedgerMessage::Query {
                 key: key(1),
@@ -1689,7 +1713,7 @@ fn a_no_effect_proof_rests_only_on_a_durable_fence() {
         n.persist_all();
         // The crash: the fence never landed.
         n.g = Gateway::recover(id("g"), sk(4), n.keys.clone(), mutation, Vec::new());
-        n.g.handle_message(&id("r"), held_back);
+        n.g.handle_message(UnixMillis(0), &id("r"), held_back);
         n.run(&v(&[("units", 5)]), &mut |_, _| false);
         match mutation {
             None => {
@@ -1720,7 +1744,7 @@ fn an_amount_too_fragmented_for_the_wire_is_refused_before_anything_is_signed() 
     let mut n = Net::new(&[("units", 1_000)], None);
     for k in 0..300u128 {
         let e = n.effect(&format!("call-{k}"), &[("units", 2)]);
-        n.r.reserve(ROOT_CREDIT, e, &id("g"), key(1_000 + k))
+        n.r.reserve(UnixMillis(0), ROOT_CREDIT, e, &id("g"), key(1_000 + k))
             .unwrap();
         n.r.dispatch(UnixMillis(0), key(1_000 + k)).unwrap();
     }
@@ -1741,7 +1765,7 @@ fn an_amount_too_fragmented_for_the_wire_is_refused_before_anything_is_signed() 
     let before = n.r.journal_len();
     let big = n.effect("big", &[("units", 400)]);
     assert_eq!(
-        n.r.reserve(ROOT_CREDIT, big, &id("g"), key(9)),
+        n.r.reserve(UnixMillis(0), ROOT_CREDIT, big, &id("g"), key(9)),
         Err(LedgerError::Fragmented {
             dim: "units".into(),
             ranges: 300,
@@ -1764,7 +1788,7 @@ fn an_amount_too_fragmented_for_the_wire_is_refused_before_anything_is_signed() 
     // One past the limit: the lowest 257 atoms are 257 single-atom ranges. Refused.
     let past = n.effect("past", &[("units", MAX_RANGES as u64 + 1)]);
     assert_eq!(
-        n.r.reserve(ROOT_CREDIT, past, &id("g"), key(11)),
+        n.r.reserve(UnixMillis(0), ROOT_CREDIT, past, &id("g"), key(11)),
         Err(LedgerError::Fragmented {
             dim: "units".into(),
             ranges: MAX_RANGES + 1,
@@ -1773,9 +1797,11 @@ fn an_amount_too_fragmented_for_the_wire_is_refused_before_anything_is_signed() 
     );
     // At the limit: the lowest 256 atoms, 256 ranges, are taken.
     let at = n.effect("at", &[("units", MAX_RANGES as u64)]);
-    n.r.reserve(ROOT_CREDIT, at, &id("g"), key(12)).unwrap();
+    n.r.reserve(UnixMillis(0), ROOT_CREDIT, at, &id("g"), key(12))
+        .unwrap();
     let small = n.effect("small", &[("units", 50)]);
-    n.r.reserve(ROOT_CREDIT, small, &id("g"), key(10)).unwrap();
+    n.r.reserve(UnixMillis(0), ROOT_CREDIT, small, &id("g"), key(10))
+        .unwrap();
     assert_eq!(n.violations(), vec![]);
 }
 
@@ -1786,7 +1812,7 @@ fn a_refusal_of_a_tampered_copy_does_not_stop_the_genuine_permit() {
     // the gateway then accepts and settles.
     let mut n = Net::new(&[("units", 5)], None);
     let e = n.effect("call", &[("units", 5)]);
-    n.r.reserve(ROOT_CREDIT, e.clone(), &id("g"), key(1))
+    n.r.reserve(UnixMillis(0), ROOT_CREDIT, e.clone(), &id("g"), key(1))
         .unwrap();
     n.r.dispatch(UnixMillis(0), key(1)).unwrap();
     n.persist_all();
@@ -1801,7 +1827,7 @@ fn a_refusal_of_a_tampered_copy_does_not_stop_the_genuine_permit() {
             ..e
         },
     };
-    n.g.handle_message(&id("r"), tampered);
+    n.g.handle_message(UnixMillis(0), &id("r"), tampered);
     for (_, m) in std::iter::from_fn(|| n.g.poll_transmit()).collect::<Vec<_>>() {
         assert!(matches!(
             m,
@@ -1828,7 +1854,8 @@ fn timeouts_resend_only_what_is_still_undecided() {
     let root = RootId::from_u128(7);
     // Decided for good: a settled operation and an accepted transfer.
     let one = n.effect("one", &[("cents", 10)]);
-    n.r.reserve(ROOT_CREDIT, one, &id("g"), key(1)).unwrap();
+    n.r.reserve(UnixMillis(0), ROOT_CREDIT, one, &id("g"), key(1))
+        .unwrap();
     n.r.dispatch(UnixMillis(0), key(1)).unwrap();
     n.r.transfer(
         ROOT_CREDIT,
@@ -1841,7 +1868,8 @@ fn timeouts_resend_only_what_is_still_undecided() {
     n.run(&v(&[("cents", 10)]), &mut |_, _| false);
     // Undecided: operation 2, whose dispatch never reaches the gateway.
     let two = n.effect("two", &[("cents", 5)]);
-    n.r.reserve(ROOT_CREDIT, two, &id("g"), key(2)).unwrap();
+    n.r.reserve(UnixMillis(0), ROOT_CREDIT, two, &id("g"), key(2))
+        .unwrap();
     n.r.dispatch(UnixMillis(0), key(2)).unwrap();
     n.run(&Vector::zero(), &mut |to, _| to == &id("g"));
     assert!(matches!(
@@ -1918,14 +1946,18 @@ fn a_full_journal_takes_no_new_work_but_ends_what_was_started() {
     n.r = r;
     // At the limit: the reservation that reaches it is taken.
     let e = n.effect("call", &[("cents", 10)]);
-    n.r.reserve(ROOT_CREDIT, e, &id("g"), key(1)).unwrap();
+    n.r.reserve(UnixMillis(0), ROOT_CREDIT, e, &id("g"), key(1))
+        .unwrap();
     n.persist_all();
     assert_eq!(n.r.journal_len(), limit);
     // Past it: each kind of new work is refused naming the limit, and nothing changes.
     let full = Err(LedgerError::JournalFull { limit });
     let before = n.r.buckets(root);
     let e2 = n.effect("call-2", &[("cents", 10)]);
-    assert_eq!(n.r.reserve(ROOT_CREDIT, e2, &id("g"), key(2)), full);
+    assert_eq!(
+        n.r.reserve(UnixMillis(0), ROOT_CREDIT, e2, &id("g"), key(2)),
+        full
+    );
     assert_eq!(
         n.r.transfer(
             ROOT_CREDIT,
@@ -2023,7 +2055,8 @@ fn terminal_rollover_moves_only_the_available_atoms_into_a_fresh_generation() {
     n.r.forfeit(key(2)).unwrap();
     // Work in progress keeps the generation open: a reservation, then a sealed transfer.
     let three = n.effect("three", &[("cents", 5)]);
-    n.r.reserve(ROOT_CREDIT, three, &id("g"), key(3)).unwrap();
+    n.r.reserve(UnixMillis(0), ROOT_CREDIT, three, &id("g"), key(3))
+        .unwrap();
     let busy = Err(LedgerError::WrongState(
         "reissue of a generation with work in progress",
     ));
@@ -2055,10 +2088,11 @@ fn terminal_rollover_moves_only_the_available_atoms_into_a_fresh_generation() {
     // The closed generation takes no work; its successor does.
     let four = n.effect("four", &[("cents", 5)]);
     assert_eq!(
-        n.r.reserve(ROOT_CREDIT, four.clone(), &id("g"), key(4)),
+        n.r.reserve(UnixMillis(0), ROOT_CREDIT, four.clone(), &id("g"), key(4)),
         Err(LedgerError::UnknownCredit(ROOT_CREDIT))
     );
-    n.r.reserve(next, four, &id("g"), key(4)).unwrap();
+    n.r.reserve(UnixMillis(0), next, four, &id("g"), key(4))
+        .unwrap();
     assert_eq!(n.r.operation(key(4)).unwrap().binding.generation, 1);
     assert_eq!(n.violations(), vec![]);
     assert_eq!(n.audit_r(), vec![]);
@@ -2114,7 +2148,7 @@ fn a_fenced_generation_closes_with_its_last_operation_in_one_step() {
     // A fenced generation takes no new work, only ends.
     let three = n.effect("three", &[("units", 1)]);
     assert_eq!(
-        n.r.reserve(ROOT_CREDIT, three, &id("g"), key(3)),
+        n.r.reserve(UnixMillis(0), ROOT_CREDIT, three, &id("g"), key(3)),
         Err(LedgerError::Fenced(ROOT_CREDIT))
     );
     assert_eq!(
@@ -2169,7 +2203,8 @@ fn a_fenced_generation_with_only_ended_work_closes_when_its_last_reservation_is_
     n.spend(ROOT_CREDIT, "one", &[("units", 2)], 1);
     n.run(&Vector::zero(), &mut |to, _| to == &id("g"));
     let two = n.effect("two", &[("units", 1)]);
-    n.r.reserve(ROOT_CREDIT, two, &id("g"), key(2)).unwrap();
+    n.r.reserve(UnixMillis(0), ROOT_CREDIT, two, &id("g"), key(2))
+        .unwrap();
     n.r.request_fence(ROOT_CREDIT).unwrap();
     n.run(&Vector::zero(), &mut |_, _| false);
     // Operation 1's proof came, but operation 2 is still reserved: not closed yet.
@@ -2200,7 +2235,7 @@ fn a_generation_reissued_with_work_in_progress_is_caught() {
         let (_, held) = n.r.poll_transmit().unwrap();
         let r = n.r.reissue(ROOT_CREDIT);
         // The receipt (5 of 20) comes back after the generation closed.
-        n.g.handle_message(&id("r"), held);
+        n.g.handle_message(UnixMillis(0), &id("r"), held);
         n.run(&v(&[("cents", 5)]), &mut |_, _| false);
         match mutation {
             None => {
@@ -2301,7 +2336,8 @@ fn unused_rights_return_to_their_source_with_a_label_no_broader() {
     n.run(&Vector::zero(), &mut |_, _| false);
     let got = n.c.credits().next().unwrap().id;
     let e = n.effect("one", &[("cents", 10)]);
-    n.c.reserve(got, e, &id("g"), key(1)).unwrap();
+    n.c.reserve(UnixMillis(0), got, e, &id("g"), key(1))
+        .unwrap();
     n.c.dispatch(UnixMillis(0), key(1)).unwrap();
     n.run(&v(&[("cents", 4)]), &mut |_, _| false);
     // The root's own credit is not returnable: it came from a grant, not a transfer.
@@ -2485,7 +2521,8 @@ fn worked(mutation: Option<LedgerMutation>) -> Net {
     n.spend(ROOT_CREDIT, "two", &[("cents", 10)], 2);
     n.run(&v(&[("cents", 5)]), &mut |_, _| false);
     let three = n.effect("three", &[("cents", 4)]);
-    n.r.reserve(ROOT_CREDIT, three, &id("g"), key(3)).unwrap();
+    n.r.reserve(UnixMillis(0), ROOT_CREDIT, three, &id("g"), key(3))
+        .unwrap();
     n.r.release_unsent(key(3)).unwrap();
     n.spend(ROOT_CREDIT, "four", &[("cents", 10)], 4);
     n.run(&Vector::zero(), &mut |to, _| to == &id("g"));
@@ -2572,7 +2609,7 @@ fn a_checkpoint_folds_ended_operations_and_recovery_starts_from_it() {
     n.r = b;
     let again = n.effect("again", &[("cents", 1)]);
     assert_eq!(
-        n.r.reserve(next_credit(&n.r), again, &id("g"), key(1)),
+        n.r.reserve(UnixMillis(0), next_credit(&n.r), again, &id("g"), key(1)),
         Err(LedgerError::IdInUse("operation key"))
     );
     n.r.handle_timeout(UnixMillis(1_000));
@@ -2737,7 +2774,7 @@ fn a_checkpoint_makes_room_in_a_full_journal() {
     let full = loop {
         k += 1;
         let e = n.effect(&format!("op-{k}"), &[("cents", 1)]);
-        match n.r.reserve(ROOT_CREDIT, e, &id("g"), key(k)) {
+        match n.r.reserve(UnixMillis(0), ROOT_CREDIT, e, &id("g"), key(k)) {
             Ok(()) => {
                 n.r.dispatch(UnixMillis(0), key(k)).unwrap();
                 n.run(&v(&[("cents", 1)]), &mut |_, _| false);
@@ -2751,7 +2788,8 @@ fn a_checkpoint_makes_room_in_a_full_journal() {
     n.persist_all();
     assert_eq!(n.r.journal_len(), 1);
     let e = n.effect("after", &[("cents", 1)]);
-    n.r.reserve(ROOT_CREDIT, e, &id("g"), key(k)).unwrap();
+    n.r.reserve(UnixMillis(0), ROOT_CREDIT, e, &id("g"), key(k))
+        .unwrap();
     // k - 1 settled at 1 cent each, 1 reserved now.
     let root = RootId::from_u128(7);
     assert_eq!(n.r.buckets(root)[4], v(&[("cents", k as u64 - 1)]));
@@ -2779,7 +2817,7 @@ fn expiring(n: &mut Net, ttl: u64, retain: u64, mutation: Option<LedgerMutation>
 
 /// At `now`, `r` spends 10 cents under key 1 and it settles at 6; the dispatches `g` got.
 fn settle_one_at(n: &mut Net, now: u64) -> Vec<LedgerMessage> {
-    n.r.advance_clock(UnixMillis(now));
+    n.now = now;
     n.spend(ROOT_CREDIT, "one", &[("cents", 10)], 1);
     let mut dispatches = Vec::new();
     n.run(&v(&[("cents", 6)]), &mut |to, m| {
@@ -2819,7 +2857,7 @@ fn a_forgotten_acceptance_is_refused_when_replayed_and_never_proven_without_effe
     // The permit replayed: refused as expired, nothing runs.
     let effects = n.effects.len();
     sent_by_g(&mut n);
-    n.g.handle_message(&id("r"), dispatches[0].clone());
+    n.g.handle_message(UnixMillis(0), &id("r"), dispatches[0].clone());
     assert_eq!(
         sent_by_g(&mut n),
         vec![LedgerMessage::Refused {
@@ -2830,6 +2868,7 @@ fn a_forgotten_acceptance_is_refused_when_replayed_and_never_proven_without_effe
     assert!(n.g.poll_execute().is_none());
     // A query for it: it may have run, so no proof of no effect — forgotten.
     n.g.handle_message(
+        UnixMillis(0),
         &id("r"),
         LedgerMessage::Query {
             key: key(1),
@@ -2853,7 +2892,7 @@ fn a_forgotten_acceptance_is_refused_when_replayed_and_never_proven_without_effe
     let mut g = Gateway::recover(id("g"), sk(4), n.keys.clone(), None, n.log_g.clone());
     assert_eq!(g.horizon(), UnixMillis(1_150));
     assert!(g.acceptance(&id("r"), key(1)).is_none());
-    g.handle_message(&id("r"), dispatches[0].clone());
+    g.handle_message(UnixMillis(0), &id("r"), dispatches[0].clone());
     assert!(g.poll_execute().is_none());
     assert_eq!(
         g.poll_transmit().map(|(_, m)| m),
@@ -2864,7 +2903,7 @@ fn a_forgotten_acceptance_is_refused_when_replayed_and_never_proven_without_effe
     );
     // A permit that is still valid goes through; one that is not is refused and its atoms
     // wait for evidence (quarantined).
-    n.r.advance_clock(UnixMillis(1_200));
+    n.now = 1_200;
     n.spend(ROOT_CREDIT, "two", &[("cents", 10)], 2);
     n.run(&v(&[("cents", 3)]), &mut |_, _| false);
     assert!(matches!(
@@ -2890,7 +2929,7 @@ fn a_gateway_that_forgets_takes_only_permits_that_expire() {
     // run, the atoms quarantined until evidence (a refusal is none).
     let mut n = Net::new(&[("cents", 100)], None);
     expiring(&mut n, 0, 50, None);
-    n.r.advance_clock(UnixMillis(1_000));
+    n.now = 1_000;
     n.spend(ROOT_CREDIT, "one", &[("cents", 10)], 1);
     let mut refused = Vec::new();
     n.run(&v(&[("cents", 6)]), &mut |to, m| {
@@ -2920,7 +2959,7 @@ fn a_gateway_that_forgets_takes_only_permits_that_expire() {
     let mut n = Net::new(&[("cents", 100)], None);
     expiring(&mut n, 0, 50, None);
     n.g = Gateway::new(id("g"), sk(4), n.keys.clone(), None);
-    n.r.advance_clock(UnixMillis(1_000));
+    n.now = 1_000;
     n.spend(ROOT_CREDIT, "one", &[("cents", 10)], 1);
     n.run(&v(&[("cents", 6)]), &mut |_, _| false);
     assert!(matches!(
@@ -2941,7 +2980,7 @@ fn the_checkers_catch_a_gateway_that_forgets_too_early_or_accepts_the_expired() 
     assert!(n.g.acceptance(&id("r"), key(1)).is_none());
     let found = check::audit_gateway(&id("g"), &n.log_g, &n.keys);
     assert!(found.iter().any(|v| v.law == "G5"), "{found:?}");
-    n.g.handle_message(&id("r"), dispatches[0].clone());
+    n.g.handle_message(UnixMillis(0), &id("r"), dispatches[0].clone());
     n.run(&v(&[("cents", 6)]), &mut |_, _| false);
     assert_eq!(n.effects.len(), 2, "the replay ran");
     let found = n.violations();
@@ -2955,7 +2994,7 @@ fn the_checkers_catch_a_gateway_that_forgets_too_early_or_accepts_the_expired() 
         Some(LedgerMutation::GatewayAcceptsExpired),
     );
     expiring(&mut n, 100, 50, Some(LedgerMutation::GatewayAcceptsExpired));
-    n.r.advance_clock(UnixMillis(1_000));
+    n.now = 1_000;
     n.spend(ROOT_CREDIT, "one", &[("cents", 10)], 1);
     n.run(&v(&[("cents", 6)]), &mut |_, _| false);
     n.g.handle_timeout(UnixMillis(1_200)); // Horizon 1,150.
@@ -2971,17 +3010,17 @@ fn a_gateway_checkpoint_keeps_what_is_live_and_refuses_what_does_not_match() {
     expiring(&mut n, 100, 50, None);
     // Key 1 settled and forgotten, key 2 settled and kept, key 3 accepted, not yet run;
     // a fence on another credit.
-    n.r.advance_clock(UnixMillis(1_000));
+    n.now = 1_000;
     n.spend(ROOT_CREDIT, "one", &[("cents", 10)], 1);
     n.run(&v(&[("cents", 6)]), &mut |_, _| false);
     n.g.handle_timeout(UnixMillis(1_200));
-    n.r.advance_clock(UnixMillis(1_200));
+    n.now = 1_200;
     n.spend(ROOT_CREDIT, "two", &[("cents", 10)], 2);
     n.run(&v(&[("cents", 4)]), &mut |_, _| false);
     n.spend(ROOT_CREDIT, "three", &[("cents", 10)], 3);
     n.persist_all();
     let permit = n.r.poll_transmit().map(|(_, m)| m).unwrap();
-    n.g.handle_message(&id("r"), permit);
+    n.g.handle_message(UnixMillis(0), &id("r"), permit);
     n.persist_all();
     let running = n.g.poll_execute().unwrap();
     assert_eq!(running.key, key(3));

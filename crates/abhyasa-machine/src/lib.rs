@@ -97,8 +97,8 @@ pub struct Commit {
 /// Confirms a [`Commit`].
 #[derive(Debug)]
 pub struct CommitToken {
-    custodian: Vec<abhyasa_custody::PersistToken>,
-    receiver: Vec<abhyasa_custody::PersistToken>,
+    custodian: Vec<PersistToken>,
+    receiver: Vec<PersistToken>,
     branch: Vec<PersistToken>,
     gateway: Vec<PersistToken>,
 }
@@ -202,8 +202,6 @@ pub struct MachineConfig {
     pub requests_per_second_per_peer: u32,
     /// How often maintenance is due, in ms.
     pub maintenance_ms: u64,
-    /// How often the ledger's branch and gateway get their timeout (their resends), in ms.
-    pub ledger_resend_ms: u64,
     /// Objects per outgoing group.
     pub batch: usize,
     /// A deliberately broken decision, for the simulation's mutants only.
@@ -215,7 +213,6 @@ impl Default for MachineConfig {
         Self {
             requests_per_second_per_peer: 0,
             maintenance_ms: 60_000,
-            ledger_resend_ms: 500,
             batch: 64,
             mutation: None,
         }
@@ -281,8 +278,9 @@ pub fn gateway_in(
     mutation: Option<NodeMutation>,
 ) {
     match mutation {
-        Some(NodeMutation::StaleGatewayClock) => g.handle_message(from, m),
-        _ => g.handle_message_at(now, from, m),
+        // The mutant judges the permit by the clock of a gateway that never had a timeout.
+        Some(NodeMutation::StaleGatewayClock) => g.handle_message(UnixMillis(0), from, m),
+        _ => g.handle_message(now, from, m),
     }
 }
 
@@ -302,8 +300,7 @@ pub struct NodeMachine {
     buckets: HashMap<AgentId, Bucket>,
     /// Objects dropped per peer for the rate limit.
     slowed: BTreeMap<AgentId, u64>,
-    /// When the ledger next gets its timeout; when maintenance is next due.
-    ledger_tick: Option<UnixMillis>,
+    /// When maintenance is next due.
     next_maintenance: UnixMillis,
     maintenance_due: bool,
     /// The mutant's quiet period: no timer fires before this.
@@ -321,9 +318,6 @@ impl NodeMachine {
         receiver: Receiver,
         ledger: Option<LedgerMachine>,
     ) -> Self {
-        let ledger_tick = ledger
-            .as_ref()
-            .map(|_| UnixMillis(now.0 + config.ledger_resend_ms.max(10)));
         Self {
             agent: custodian.agent().clone(),
             config,
@@ -335,7 +329,6 @@ impl NodeMachine {
             profiles: HashMap::new(),
             buckets: HashMap::new(),
             slowed: BTreeMap::new(),
-            ledger_tick,
             next_maintenance: UnixMillis(now.0 + config.maintenance_ms),
             maintenance_due: false,
             quiet_until: UnixMillis(0),
@@ -601,13 +594,22 @@ impl NodeMachine {
         };
     }
 
-    /// The earliest deadline of every timer: the custody machines', the ledger's next resend
-    /// tick, maintenance. A deadline, not a period: nothing that arrives meanwhile moves it.
+    /// The earliest deadline of every timer: the custody machines', the ledger branch's and
+    /// gateway's, maintenance. A deadline, not a period: nothing that arrives meanwhile moves
+    /// it.
     pub fn poll_timeout(&self) -> Option<UnixMillis> {
+        let (branch, gateway) = match &self.ledger {
+            Some(l) => (
+                l.branch.poll_timeout(),
+                l.gateway.as_ref().and_then(Gateway::poll_timeout),
+            ),
+            None => (None, None),
+        };
         let earliest = [
             self.custodian.poll_timeout(),
             self.receiver.poll_timeout(),
-            self.ledger_tick,
+            branch,
+            gateway,
             Some(self.next_maintenance),
         ]
         .into_iter()
@@ -633,13 +635,14 @@ impl NodeMachine {
             self.custodian.handle_timeout(now);
             self.receiver.handle_timeout(now);
         }
-        if let (Some(tick), Some(l)) = (self.ledger_tick, &mut self.ledger) {
-            if now >= tick {
+        if let Some(l) = &mut self.ledger {
+            if l.branch.poll_timeout().is_some_and(|t| t <= now) {
                 l.branch.handle_timeout(now);
-                if let Some(g) = &mut l.gateway {
+            }
+            if let Some(g) = &mut l.gateway {
+                if g.poll_timeout().is_some_and(|t| t <= now) {
                     g.handle_timeout(now);
                 }
-                self.ledger_tick = Some(UnixMillis(now.0 + self.config.ledger_resend_ms.max(10)));
             }
         }
         if now >= self.next_maintenance {

@@ -106,6 +106,7 @@ fn settle_persists(b: &mut Branch) {
 fn permit(b: &mut Branch, args: &Map<String, Value>, k: u128) -> Signed<Permit> {
     let k = OpKey::from_u128(k);
     b.reserve(
+        UnixMillis(0), // Counts from the branch's own clock (`branch_at`) when later.
         CREDIT,
         tool_effect("book", args, &budget()),
         &id("agent-1"),
@@ -420,7 +421,7 @@ fn branch_at(who: &str, at: UnixMillis, ttl_ms: u64) -> Branch {
         ..BranchConfig::default()
     };
     let mut b = Branch::new(id(who), key(who), keyring(), config);
-    b.advance_clock(at);
+    b.handle_timeout(at); // The branch's clock now reads `at`.
     let grant = RootGrant {
         root: RootId::from_u128(7),
         issuer: id("issuer"),

@@ -211,7 +211,6 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         MachineConfig {
             requests_per_second_per_peer: b.limits.requests_per_second_per_peer,
             maintenance_ms: u64::try_from(b.maintenance.as_millis()).unwrap_or(u64::MAX),
-            ledger_resend_ms: b.ledger.as_ref().map_or(500, |l| l.resend_ms),
             batch: b.limits.session.max_objects_per_group.clamp(1, MAX_BATCH),
             mutation: None,
         },

@@ -373,7 +373,6 @@ impl LedgerPart {
         key: OpKey,
         reply: oneshot::Sender<Signed<Permit>>,
     ) -> Result<(), crate::NodeError> {
-        l.branch.advance_clock(now);
         if !effect.operation.starts_with(CARRIED_BY_MCP) {
             return Err(crate::NodeError::NotCarried);
         }
@@ -382,7 +381,7 @@ impl LedgerPart {
                 cause: "this operation's permit is still being made".into(),
             });
         }
-        l.branch.reserve(credit, effect, gateway, key)?;
+        l.branch.reserve(now, credit, effect, gateway, key)?;
         let op = l
             .branch
             .operation(key)
@@ -413,7 +412,7 @@ impl LedgerPart {
             .peek()
             .map(|p| p.binding.key)
             .unwrap_or(OpKey::from_u128(0));
-        g.handle_message_at(now, from, LedgerMessage::Dispatch { permit, effect });
+        g.handle_message(now, from, LedgerMessage::Dispatch { permit, effect });
         let mut answer = None;
         while let Some((to, m)) = g.poll_transmit() {
             if answer.is_none() && &to == from && reply_key(&m) == Some(key) {
@@ -472,7 +471,6 @@ impl LedgerPart {
         now: UnixMillis,
         cmd: LedgerCommand,
     ) -> Result<LedgerReply, LedgerError> {
-        l.branch.advance_clock(now);
         match cmd {
             LedgerCommand::Grant { grant, credit } => l.branch.grant(grant, credit)?,
             LedgerCommand::Delegate {
@@ -496,7 +494,7 @@ impl LedgerPart {
                 gateway,
                 key,
             } => {
-                l.branch.reserve(credit, effect, &gateway, key)?;
+                l.branch.reserve(now, credit, effect, &gateway, key)?;
                 l.branch.dispatch(now, key)?;
             }
             LedgerCommand::Reclaim { credit } => l.branch.request_fence(credit)?,

@@ -73,7 +73,7 @@ fn payer_branch(d: &Deployment, now: UnixMillis) -> Branch {
         ..BranchConfig::default()
     };
     let mut b = Branch::new(id("payer"), key(&d.payer), keyring(d), config);
-    b.advance_clock(now);
+    b.handle_timeout(now); // The branch's clock reads `now`.
     let grant = RootGrant {
         root: RootId::from_u128(7),
         issuer: id("issuer"),
@@ -104,9 +104,8 @@ fn effect(n: u64) -> Effect {
 
 /// A permit for effect `n`, signed at `now` by the payer's branch.
 fn permit(b: &mut Branch, now: UnixMillis, n: u64) -> (Signed<Permit>, Effect) {
-    b.advance_clock(now);
     let k = OpKey::from_u128(u128::from(n));
-    b.reserve(CREDIT, effect(n), &id("node"), k).unwrap();
+    b.reserve(now, CREDIT, effect(n), &id("node"), k).unwrap();
     b.dispatch(now, k).unwrap();
     settle(b);
     let p = std::iter::from_fn(|| b.poll_transmit())

@@ -940,7 +940,10 @@ impl Sim {
                 max_charge: max,
             };
             let key = OpKey::from_u128(self.fresh());
-            self.with_branch(name, |b, _| b.reserve(credit, effect, &agent(gateway), key));
+            let now = UnixMillis(self.now);
+            self.with_branch(name, |b, _| {
+                b.reserve(now, credit, effect, &agent(gateway), key)
+            });
         } else if roll < self.p.spend_rate + 0.2 && !children(name).is_empty() {
             let to = children(name)[self.rng.random_range(0..children(name).len())];
             let amount = random_part(&mut self.rng, &avail);
@@ -1121,22 +1124,33 @@ impl Sim {
             if self.rng.random_bool(self.p.rogue_rate) {
                 self.rogue();
             }
-            if self.now % 10 == 0 {
-                for who in BRANCHES {
-                    let now = UnixMillis(self.now);
+            // Timers fire at the machines' own deadlines (`poll_timeout`): a branch whose
+            // deadline is wrong never resends, and the run does not settle.
+            let now = UnixMillis(self.now);
+            for who in BRANCHES {
+                let due = self.branches[who]
+                    .machine
+                    .as_ref()
+                    .and_then(Branch::poll_timeout)
+                    .is_some_and(|t| t <= now);
+                if due {
                     self.with_branch(who, |b, _| {
                         b.handle_timeout(now);
                         Ok(())
                     });
                 }
-                let names: Vec<String> = match self.now % self.p.gateway_tick_ms {
-                    0 => self.gateways.keys().cloned().collect(),
-                    _ => Vec::new(),
-                };
-                for name in names {
-                    let node = self.gateways.get_mut(&name).expect("known gateway");
-                    if let Some(g) = node.machine.as_mut() {
-                        g.handle_timeout(UnixMillis(self.now));
+            }
+            // Gateways are driven lazily: their deadlines are looked at every
+            // `gateway_tick_ms` only (permits are judged at arrival all the same).
+            let names: Vec<String> = match self.now % self.p.gateway_tick_ms {
+                0 => self.gateways.keys().cloned().collect(),
+                _ => Vec::new(),
+            };
+            for name in names {
+                let node = self.gateways.get_mut(&name).expect("known gateway");
+                if let Some(g) = node.machine.as_mut() {
+                    if g.poll_timeout().is_some_and(|t| t <= now) {
+                        g.handle_timeout(now);
                         self.drain_gateway(&name);
                     }
                 }
@@ -1149,6 +1163,14 @@ impl Sim {
             }
         }
         self.check_now();
+        if self.report.violations.is_empty() && !self.settled() {
+            self.report.violations.push(format!(
+                "t={}ms did not settle: an operation reserved or quarantined, a transfer sealed or \
+                 a claim unanswered after {} s of quiet (a timer that never fired?)",
+                self.now,
+                (quiet_until - end) / 1_000
+            ));
+        }
         for r in self.gateway_archives.values().flatten() {
             match r {
                 GatewayRecord::Pruned { keys, .. } => self.report.pruned += keys.len() as u64,
@@ -1425,6 +1447,9 @@ impl Sim {
                 && n.machine.as_ref().is_some_and(|b| {
                     b.operations()
                         .all(|o| !matches!(o.state, OpState::Reserved | OpState::Quarantined))
+                        && b.outgoing()
+                            .all(|o| o.state != abhyasa_ledger::OutgoingState::Sealed)
+                        && !b.incoming().any(|s| matches!(s, Step::Claim { .. }))
                 })
         })
     }

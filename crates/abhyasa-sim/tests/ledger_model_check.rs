@@ -443,7 +443,9 @@ impl Model for LedgerModel {
                         b.transfer_reclaimable(live, TRANSFER, &units(1), &id("child"), label)
                     }
                     Act::ReclaimTransfer => b.reclaim_transfer(TRANSFER),
-                    Act::ReserveRoot => b.reserve(live, effect("root-op"), &id("gw"), OP_ROOT),
+                    Act::ReserveRoot => {
+                        b.reserve(UnixMillis(1), live, effect("root-op"), &id("gw"), OP_ROOT)
+                    }
                     Act::DispatchRoot => b.dispatch(UnixMillis(0), OP_ROOT),
                     Act::ReleaseRoot => b.release_unsent(OP_ROOT),
                     Act::FenceRoot => {
@@ -452,7 +454,9 @@ impl Model for LedgerModel {
                     }
                     Act::ForfeitRoot => b.forfeit(OP_ROOT),
                     Act::ReserveChild => match child_credit {
-                        Some(c) => b.reserve(c, effect("child-op"), &id("gw"), OP_CHILD),
+                        Some(c) => {
+                            b.reserve(UnixMillis(1), c, effect("child-op"), &id("gw"), OP_CHILD)
+                        }
                         None => Ok(()),
                     },
                     Act::DispatchChild => b.dispatch(UnixMillis(0), OP_CHILD),
@@ -475,7 +479,7 @@ impl Model for LedgerModel {
                 let m: LedgerMessage = decode(&bytes).ok()?;
                 if to == "gw" {
                     let mut g = gateway(&s);
-                    g.handle_message(&id(from), m);
+                    g.handle_message(UnixMillis(1), &id(from), m);
                     s.settle_gateway(g, crash);
                 } else {
                     let mut b = branch(&s, to);

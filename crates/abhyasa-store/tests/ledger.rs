@@ -51,7 +51,8 @@ fn a_settled_cycle_replays_from_disk() {
         max_charge: Vector::of(&[("cents", 1_000), ("calls", 3)]).unwrap(),
     };
     let key = OpKey::from_u128(9);
-    r.reserve(credit, effect, &id("g"), key).unwrap();
+    r.reserve(UnixMillis(0), credit, effect, &id("g"), key)
+        .unwrap();
     r.dispatch(UnixMillis(0), key).unwrap();
     let persist_branch = |r: &mut Branch, store: &mut Store| {
         let mut ops = Vec::new();
@@ -67,7 +68,7 @@ fn a_settled_cycle_replays_from_disk() {
     };
     persist_branch(&mut r, &mut store);
     let (_, permit) = r.poll_transmit().unwrap();
-    g.handle_message(&id("r"), permit);
+    g.handle_message(UnixMillis(0), &id("r"), permit);
     let persist_gateway = |g: &mut Gateway, store: &mut Store| {
         while let Some((t, rec)) = g.poll_persist() {
             store.commit(&[Op::Gateway(rec)]).unwrap();
@@ -182,7 +183,7 @@ fn cycle(r: &mut Branch, g: &mut Gateway, store: &mut Store, k: u128, charge: u6
         max_charge: Vector::of(&[("cents", 10)]).unwrap(),
     };
     let key = OpKey::from_u128(k);
-    r.reserve(CreditId::from_u128(1), effect, &id("g"), key)
+    r.reserve(UnixMillis(0), CreditId::from_u128(1), effect, &id("g"), key)
         .unwrap();
     r.dispatch(UnixMillis(0), key).unwrap();
     // Messages wait for durability: write what is queued so far.
@@ -200,7 +201,7 @@ fn cycle(r: &mut Branch, g: &mut Gateway, store: &mut Store, k: u128, charge: u6
     };
     flush(r, store);
     let (_, permit) = r.poll_transmit().unwrap();
-    g.handle_message(&id("r"), permit);
+    g.handle_message(UnixMillis(0), &id("r"), permit);
     let persist_gateway = |g: &mut Gateway, store: &mut Store| {
         while let Some((t, rec)) = g.poll_persist() {
             store.commit(&[Op::Gateway(rec)]).unwrap();
@@ -238,6 +239,7 @@ fn a_checkpoint_compacts_the_journal_in_the_commit_that_writes_it() {
         max_charge: Vector::of(&[("cents", 10)]).unwrap(),
     };
     r.reserve(
+        UnixMillis(0),
         CreditId::from_u128(1),
         effect,
         &id("g"),

@@ -70,6 +70,12 @@ impl<'de> Deserialize<'de> for ObligationId {
     }
 }
 
+/// Names one record a state machine handed out to be made durable (custodian, receiver,
+/// branch, gateway: one type for all); hand it back to that machine's `handle_persisted` once
+/// the record is durable. Tokens are issued in order per machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PersistToken(pub u64);
+
 /// An absolute time: milliseconds since the unix epoch.
 ///
 /// Custody never uses relative times on the wire: a deadline fixed at issue means the same

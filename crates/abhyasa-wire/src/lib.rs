@@ -57,7 +57,9 @@ pub use escalation::{
     Escalation, EscalationCause, LastObserved, Outcome, ReconciliationNote, SafeAction,
     TerminalRecord,
 };
-pub use ids::{AgentId, ClientId, NameError, ObligationId, Scope, TokenId, UnixMillis, WeightKey};
+pub use ids::{
+    AgentId, ClientId, NameError, ObligationId, PersistToken, Scope, TokenId, UnixMillis, WeightKey,
+};
 pub use ledger::Digest;
 pub use obligation::{
     BeliefUpdatePayload, ConsentDecision, ConsentPayload, Envelope, Kind, Obligation, Payload,
