@@ -232,6 +232,9 @@ pub enum NodeMutation {
     /// The gateway judges a dispatch against the clock of its last timeout, not the time it
     /// arrived (a fresh gateway against the epoch).
     StaleGatewayClock,
+    /// A fence is routed to the branch, not the gateway: the gateway never records the fence,
+    /// so a dispatch it meets afterwards still runs.
+    FenceToBranch,
 }
 
 /// The quiet period of [`NodeMutation::TimersOnlyWhenQuiet`], in ms.
@@ -265,6 +268,29 @@ pub struct LedgerMachine {
     pub branch: Branch,
     /// The gateway, if this node is one.
     pub gateway: Option<Gateway>,
+}
+
+/// Which part of a node a ledger message is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LedgerTarget {
+    /// The gateway: a payer's dispatch, query or fence.
+    Gateway,
+    /// The branch: everything a gateway or another branch answers or offers.
+    Branch,
+}
+
+/// The node's routing of an arriving ledger message (the ledger simulation routes by it too,
+/// and reports a message routed to a node that has no such part).
+pub fn ledger_target(m: &LedgerMessage, mutation: Option<NodeMutation>) -> LedgerTarget {
+    match m {
+        LedgerMessage::Fence(_) if mutation == Some(NodeMutation::FenceToBranch) => {
+            LedgerTarget::Branch
+        }
+        LedgerMessage::Dispatch { .. } | LedgerMessage::Query { .. } | LedgerMessage::Fence(_) => {
+            LedgerTarget::Gateway
+        }
+        _ => LedgerTarget::Branch,
+    }
 }
 
 /// A message for this node's gateway, from `from`, arriving at `now`: judged against the
@@ -519,14 +545,12 @@ impl NodeMachine {
                 return;
             }
         };
-        match m {
-            LedgerMessage::Dispatch { .. }
-            | LedgerMessage::Query { .. }
-            | LedgerMessage::Fence(_) => match &mut l.gateway {
+        match ledger_target(&m, self.config.mutation) {
+            LedgerTarget::Gateway => match &mut l.gateway {
                 Some(g) => gateway_in(g, now, from, m, self.config.mutation),
                 None => debug!(peer = %from, "a gateway message, but this node is no gateway"),
             },
-            m => l.branch.handle_message(now, from, m),
+            LedgerTarget::Branch => l.branch.handle_message(now, from, m),
         }
     }
 

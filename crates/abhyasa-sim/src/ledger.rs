@@ -42,7 +42,7 @@ use abhyasa_ledger::{
     Label, LedgerMessage, LedgerMutation, LedgerSigningKey, OpKey, OpState, OutgoingState,
     PersistToken, RootGrant, RootId, Signed, Step, TransferId, Vector,
 };
-use abhyasa_machine::NodeMutation;
+use abhyasa_machine::{LedgerTarget, NodeMutation};
 use abhyasa_wire::ledger::{Fence, Fenced, NoEffect, Receipt, SourceDecision, TransferDecision};
 use abhyasa_wire::{AgentId, UnixMillis};
 use rand::Rng;
@@ -837,21 +837,42 @@ impl Sim {
         }
     }
 
+    /// A message arrives: it crosses the wire as the node sends it (CBOR), and the node
+    /// machine's routing picks the part it is for. A message routed to a part the node does
+    /// not have is a violation: the sender addressed it by the same routing.
     fn deliver(&mut self, m: Msg) {
         let to = m.to.as_str().to_owned();
-        if self.gateways.contains_key(&to) {
-            if let Some(g) = self.gateways.get_mut(&to).and_then(|n| n.machine.as_mut()) {
-                // The node machine's decision: judged against the time it arrived.
-                let now = UnixMillis(self.now);
-                abhyasa_machine::gateway_in(g, now, &m.from, m.msg, self.node_mutation);
-                self.drain_gateway(&to);
+        let msg = match abhyasa_wire::decode::<LedgerMessage>(&abhyasa_wire::encode(&m.msg)) {
+            Ok(msg) => msg,
+            Err(e) => {
+                self.report.violations.push(format!(
+                    "a ledger message to {to} does not survive the wire: {e}"
+                ));
+                return;
             }
-        } else {
-            let now = UnixMillis(self.now);
-            self.with_branch(&to, |b, _| {
-                b.handle_message(now, &m.from, m.msg);
-                Ok(())
-            });
+        };
+        let now = UnixMillis(self.now);
+        match (
+            abhyasa_machine::ledger_target(&msg, self.node_mutation),
+            self.gateways.contains_key(&to),
+        ) {
+            (LedgerTarget::Gateway, true) => {
+                if let Some(g) = self.gateways.get_mut(&to).and_then(|n| n.machine.as_mut()) {
+                    // The node machine's decision: judged against the time it arrived.
+                    abhyasa_machine::gateway_in(g, now, &m.from, msg, self.node_mutation);
+                    self.drain_gateway(&to);
+                }
+            }
+            (LedgerTarget::Branch, false) => {
+                self.with_branch(&to, |b, _| {
+                    b.handle_message(now, &m.from, msg);
+                    Ok(())
+                });
+            }
+            (target, _) => self.report.violations.push(format!(
+                "{} sent {to} a ledger message routed to its {target:?}, which it does not have",
+                m.from
+            )),
         }
     }
 

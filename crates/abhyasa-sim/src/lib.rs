@@ -74,10 +74,11 @@ pub const MUTANTS: [(&str, Mutation); 16] = [
 
 /// Every node mutant (a broken decision of the node machine around the custody and ledger
 /// machines), by its command-line name.
-pub const NODE_MUTANTS: [(&str, NodeMutation); 3] = [
+pub const NODE_MUTANTS: [(&str, NodeMutation); 4] = [
     ("timers_only_when_quiet", NodeMutation::TimersOnlyWhenQuiet),
     ("fold_id_spellings", NodeMutation::FoldIdSpellings),
     ("stale_gateway_clock", NodeMutation::StaleGatewayClock),
+    ("fence_to_branch", NodeMutation::FenceToBranch),
 ];
 
 /// The mutant with this command-line name.
