@@ -138,3 +138,88 @@ fn custody_over_mcp_on_streamable_http_survives_a_sigkill_of_the_server() {
         start: AgentStart::Run(&args),
     });
 }
+
+/// `abhyasa mcp --http` allowed 256 descriptors, 2,000 idle connections held against it: the
+/// server keeps running and the host holding the bearer token is answered on time (before,
+/// idle connections were never closed and the host got no answer while they were held).
+#[test]
+fn idle_connections_to_mcp_http_do_not_stop_the_server() {
+    use std::io::{Read as _, Write as _};
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let setup = common::Setup::new(dir.path());
+    let (_, a_cfg) = configs(dir.path(), &setup, free_udp(), free_udp());
+    let http: SocketAddr = ([127, 0, 0, 1], common::free_tcp()).into();
+    let log = dir.path().join("mcp.log");
+    let (a, h) = (a_cfg.to_str().unwrap(), http.to_string());
+    let Some(mut server) =
+        common::abhyasa_with_descriptors(&["mcp", "--config", a, "--http", &h], 256, &log)
+    else {
+        println!("SKIPPED: needs prlimit (util-linux) to start the server with few descriptors");
+        return;
+    };
+    let token_file = setup.state.1.join("mcp.token");
+    common::wait_for("the MCP HTTP port", Duration::from_secs(30), || {
+        token_file.exists() && std::net::TcpStream::connect(http).is_ok()
+    });
+    let token = std::fs::read_to_string(&token_file).unwrap();
+    let idle = common::idle_connections(http, 2_000);
+    assert!(
+        server.try_wait().unwrap().is_none(),
+        "the server stopped under {} idle connections: {}",
+        idle.len(),
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    // The host, with every idle connection still held.
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"flood-test","version":"1"}}}"#;
+    let t = Instant::now();
+    let answer = (|| -> std::io::Result<String> {
+        let mut s = std::net::TcpStream::connect_timeout(&http, Duration::from_secs(5))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        write!(
+            s,
+            "POST /mcp HTTP/1.1\r\nHost: {http}\r\nAuthorization: Bearer {}\r\n\
+             Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            token.trim(),
+            body.len()
+        )?;
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !String::from_utf8_lossy(&got).contains("serverInfo") {
+            let n = s.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        Ok(String::from_utf8_lossy(&got).into_owned())
+    })()
+    .unwrap_or_else(|e| {
+        panic!(
+            "the host was not answered within 5 s under {} idle connections: {e}",
+            idle.len()
+        )
+    });
+    let took = t.elapsed();
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "the host's initialize: {answer}"
+    );
+    assert!(
+        answer.contains("serverInfo"),
+        "an MCP initialize result: {answer}"
+    );
+    assert!(
+        server.try_wait().unwrap().is_none(),
+        "the server still runs"
+    );
+    println!(
+        "mcp http flood: {} idle connections held, the host answered in {} ms",
+        idle.len(),
+        took.as_millis()
+    );
+    drop(idle);
+    let _ = server.kill();
+    let _ = server.wait();
+}

@@ -428,30 +428,46 @@ pub fn config(dir: &Path, certs: &str, extra: &str) -> (PathBuf, PathBuf) {
 /// cannot raise them), its log to `log` (a pipe nobody drains could stall it). `None` where
 /// `prlimit` (util-linux) is missing; the caller says SKIPPED.
 pub fn node_with_descriptors(cfg: &Path, n: u32, log: &Path) -> Option<Child> {
+    let cfg = cfg.to_str().expect("a UTF-8 path");
+    abhyasa_with_descriptors(&["node", "--config", cfg], n, log)
+}
+
+/// `abhyasa ARGS` with `n` descriptors in all, as [`node_with_descriptors`].
+pub fn abhyasa_with_descriptors(args: &[&str], n: u32, log: &Path) -> Option<Child> {
     Command::new("prlimit").arg("--version").output().ok()?;
     Some(
         Command::new("prlimit")
             .arg(format!("--nofile={n}:{n}"))
             .arg(env!("CARGO_BIN_EXE_abhyasa"))
-            .args(["node", "--config"])
-            .arg(cfg)
+            .args(args)
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(log).expect("the node's log"))
+            .stderr(std::fs::File::create(log).expect("the log"))
             .spawn()
-            .expect("spawn node"),
+            .expect("spawn abhyasa"),
     )
 }
 
 /// Up to `n` idle TCP connections to `addr`, held open (this process's descriptor limit
 /// raised first). A refused attempt (the backlog full while the node closes the oldest) is
-/// skipped after a short pause.
+/// skipped after a short pause; after 20 in a row, what is held is returned.
 pub fn idle_connections(addr: SocketAddr, n: usize) -> Vec<std::net::TcpStream> {
     rlimit::increase_nofile_limit(u64::MAX).expect("raise the descriptor limit");
     let mut idle = Vec::with_capacity(n);
+    let mut failed_in_a_row = 0;
     for _ in 0..n {
-        match std::net::TcpStream::connect(addr) {
-            Ok(s) => idle.push(s),
-            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+        match std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500)) {
+            Ok(s) => {
+                idle.push(s);
+                failed_in_a_row = 0;
+            }
+            Err(_) => {
+                // A listener that never accepts again: what is held is the attack.
+                failed_in_a_row += 1;
+                if failed_in_a_row == 20 {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
         }
     }
     idle

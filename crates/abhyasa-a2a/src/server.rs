@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use abhyasa_moq::{agent_of, Identity};
+use abhyasa_node::listen::{waiting_cap, AcceptBackoff, Waiting};
 use abhyasa_node::{Node, NodeError};
 use abhyasa_wire::{AgentId, CustodyAck, Kind};
 use axum::body::Bytes;
@@ -17,7 +18,7 @@ use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use crate::card::{AgentCard, ACK_PATH, CARD_PATH, EXTENSION_URI, MESSAGE_SEND_PATH};
 use crate::json::{from_json, unknown_fields, JsonAck, JsonObligation};
@@ -38,54 +39,6 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a connection may take to send a request's head, and may stay idle between
 /// requests.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Connections allowed in their TLS handshake at once: a quarter of this process's
-/// descriptor limit, at most 1,024 (the rest stay for the store, the peers and the other
-/// listeners).
-fn handshake_cap() -> usize {
-    let soft = rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(1_024, |(soft, _)| soft);
-    usize::try_from(soft / 4).unwrap_or(1_024).clamp(16, 1_024)
-}
-
-/// The connections still in their TLS handshake, oldest first, and the last id given.
-#[derive(Default)]
-struct HandshakingInner {
-    last: u64,
-    queue: std::collections::VecDeque<(u64, tokio::task::AbortHandle)>,
-}
-
-/// Shared by the accept loop and the connections.
-#[derive(Clone, Default)]
-struct Handshaking(Arc<std::sync::Mutex<HandshakingInner>>);
-
-impl Handshaking {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HandshakingInner> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn next_id(&self) -> u64 {
-        let mut g = self.lock();
-        g.last += 1;
-        g.last
-    }
-
-    /// Counts connection `id` as handshaking; closes the oldest past `cap`.
-    fn admit(&self, id: u64, handle: tokio::task::AbortHandle, cap: usize) {
-        let mut g = self.lock();
-        g.queue.retain(|(_, h)| !h.is_finished());
-        while g.queue.len() >= cap {
-            if let Some((_, oldest)) = g.queue.pop_front() {
-                oldest.abort();
-            }
-        }
-        g.queue.push_back((id, handle));
-    }
-
-    /// Connection `id`'s handshake ended (done, failed or timed out).
-    fn finished(&self, id: u64) {
-        self.lock().queue.retain(|(i, _)| *i != id);
-    }
-}
 
 /// A running A2A server.
 pub struct A2aServer {
@@ -149,21 +102,20 @@ pub async fn serve(
         let mut connections = tokio::task::JoinSet::new();
         // Connections still in their TLS handshake (no certificate shown yet): what a stranger
         // on the network can hold. At most `cap` at once; past it the oldest is closed.
-        let handshaking = Handshaking::default();
-        let cap = handshake_cap();
-        let mut backoff = Duration::from_millis(10);
+        // A quarter of the descriptor limit (16..=1,024); the rest stay for the store, the
+        // peers and the other listeners.
+        let handshaking = Waiting::new(waiting_cap(4));
+        let mut backoff = AcceptBackoff::default();
         loop {
             while connections.try_join_next().is_some() {}
             let (tcp, from) = match listener.accept().await {
                 Ok(x) => {
-                    backoff = Duration::from_millis(10);
+                    backoff.reset();
                     x
                 }
                 Err(e) => {
                     // EMFILE / ENFILE: descriptors run out; never a reason to stop serving.
-                    warn!(retry_in_ms = backoff.as_millis() as u64, "a2a: accept: {e}");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    backoff.failed("a2a", &e).await;
                     continue;
                 }
             };
@@ -177,7 +129,7 @@ pub async fn serve(
             let handle = connections.spawn(async move {
                 let _ = wait_counted.await;
                 let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await;
-                done.finished(id);
+                done.done(id);
                 let tls = match tls {
                     Ok(Ok(tls)) => tls,
                     Ok(Err(e)) => {
@@ -205,7 +157,7 @@ pub async fn serve(
                     .serve_connection(TokioIo::new(tls), svc)
                     .await;
             });
-            handshaking.admit(id, handle, cap);
+            handshaking.admit(id, handle);
             let _ = counted.send(());
         }
     });

@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use abhyasa_node::listen::{AcceptBackoff, Waiting};
 use abhyasa_node::{Admission, Node, Status};
 use abhyasa_wire::{
     AgentId, BeliefUpdatePayload, ClientId, ConsentDecision, ConsentPayload, Obligation,
@@ -595,8 +596,8 @@ impl AdminServer {
     /// [`MAX_CONNECTIONS`] connections wait for their request line — past that, the oldest
     /// waiting one is closed, so idle connections cannot crowd out the operator's.
     pub async fn serve(self, node: std::sync::Arc<Node>) -> std::io::Result<()> {
-        let waiting = Waiting::default();
-        let mut backoff = ACCEPT_BACKOFF_MIN;
+        let waiting = Waiting::new(MAX_CONNECTIONS);
+        let mut backoff = AcceptBackoff::default();
         loop {
             let accepted = match &self.listener {
                 Listener::Unix { listener, .. } => {
@@ -609,17 +610,11 @@ impl AdminServer {
             };
             let accepted = match accepted {
                 Ok(a) => {
-                    backoff = ACCEPT_BACKOFF_MIN;
+                    backoff.reset();
                     a
                 }
                 Err(e) => {
-                    tracing::warn!(
-                        error = %e,
-                        retry_in_ms = backoff.as_millis() as u64,
-                        "admin interface: accept failed; retrying"
-                    );
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
+                    backoff.failed("admin", &e).await;
                     continue;
                 }
             };
@@ -638,14 +633,14 @@ impl AdminServer {
                                 "unauthorized: uid {uid:?} is not the node's user ({owner})"
                             ))
                         };
-                        answer(&node, r, w, || waiting.read(id), |_| allowed).await;
+                        answer(&node, r, w, || waiting.done(id), |_| allowed).await;
                     })
                 }
                 (Accepted::Tcp(stream, peer), Listener::Tcp { token, .. }) => {
                     let (token, waiting) = (*token, waiting.clone());
                     tokio::spawn(async move {
                         let (r, w) = stream.into_split();
-                        answer(&node, r, w, || waiting.read(id), |given| {
+                        answer(&node, r, w, || waiting.done(id), |given| {
                             if given.is_some_and(|g| token_matches(g, &token)) {
                                 Ok(())
                             } else {
@@ -674,48 +669,6 @@ enum Accepted {
 pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Connections that may wait for their request line at once; past it the oldest is closed.
 pub const MAX_CONNECTIONS: usize = 64;
-const ACCEPT_BACKOFF_MIN: std::time::Duration = std::time::Duration::from_millis(10);
-const ACCEPT_BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// The connections still waiting for their request line, oldest first: at
-/// [`MAX_CONNECTIONS`] the oldest is closed for a new one.
-#[derive(Clone, Default)]
-struct Waiting(std::sync::Arc<std::sync::Mutex<WaitingInner>>);
-
-#[derive(Default)]
-struct WaitingInner {
-    next: u64,
-    queue: std::collections::VecDeque<(u64, tokio::task::AbortHandle)>,
-}
-
-impl Waiting {
-    fn lock(&self) -> std::sync::MutexGuard<'_, WaitingInner> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn next_id(&self) -> u64 {
-        let mut w = self.lock();
-        w.next += 1;
-        w.next
-    }
-
-    /// Counts connection `id` as waiting; closes the oldest waiting ones past the cap.
-    fn admit(&self, id: u64, handle: tokio::task::AbortHandle) {
-        let mut w = self.lock();
-        w.queue.retain(|(_, h)| !h.is_finished());
-        while w.queue.len() >= MAX_CONNECTIONS {
-            if let Some((_, oldest)) = w.queue.pop_front() {
-                oldest.abort();
-            }
-        }
-        w.queue.push_back((id, handle));
-    }
-
-    /// Connection `id` has read its request line: it no longer counts as waiting.
-    fn read(&self, id: u64) {
-        self.lock().queue.retain(|(i, _)| *i != id);
-    }
-}
 
 /// Reads the token at `path`, or creates one (32 random bytes as hex, mode 0600, never
 /// overwriting) when absent. A token other users can read is refused.

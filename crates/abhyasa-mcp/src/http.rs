@@ -10,6 +10,9 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
+
+use abhyasa_node::listen::{waiting_cap, AcceptBackoff, Waiting};
 
 use abhyasa_node::Node;
 use abhyasa_wire::AgentId;
@@ -90,13 +93,8 @@ pub async fn serve_http(
         // An empty allow-list, enforced: any request with an Origin header is refused.
         StreamableHttpServerConfig::default().enforce_origin_validation(),
     );
-    let mut app = axum::Router::new().nest_service(HTTP_PATH, service);
-    if let Some(token) = bearer {
-        app = app.layer(axum::middleware::from_fn_with_state(
-            Arc::<str>::from(token),
-            require_bearer,
-        ));
-    }
+    let app = axum::Router::new().nest_service(HTTP_PATH, service);
+    let bearer: Option<Arc<str>> = bearer.map(Arc::from);
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|source| HttpError::Bind {
@@ -107,10 +105,70 @@ pub async fn serve_http(
         addr: listen,
         source,
     })?;
-    let task = tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let task = tokio::spawn(accept_loop(listener, app, bearer));
     Ok(HttpServer { local_addr, task })
+}
+
+/// How long a connection may take to send a request's head, and may stay idle between
+/// requests (a response in progress, such as an event stream, is not idle).
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Accepts until the server is dropped. A connection counts as waiting until a request of
+/// it passes the bearer check; at most a quarter of the descriptor limit wait (16..=1,024),
+/// past it the oldest is closed. A failed accept (EMFILE) is retried with backoff.
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    bearer: Option<Arc<str>>,
+) {
+    // Connections live in this task: dropping the server ends them too.
+    let mut connections = tokio::task::JoinSet::new();
+    let waiting = Waiting::new(waiting_cap(4));
+    let mut backoff = AcceptBackoff::default();
+    loop {
+        while connections.try_join_next().is_some() {}
+        let tcp = match listener.accept().await {
+            Ok((tcp, _)) => {
+                backoff.reset();
+                tcp
+            }
+            Err(e) => {
+                backoff.failed("mcp http", &e).await;
+                continue;
+            }
+        };
+        let id = waiting.next_id();
+        let w = waiting.clone();
+        // The first authorized request takes the connection off the waiting list.
+        let shown = axum::middleware::from_fn(
+            move |request: axum::extract::Request, next: axum::middleware::Next| {
+                w.done(id);
+                next.run(request)
+            },
+        );
+        let mut conn_app = app.clone().layer(shown);
+        if let Some(token) = &bearer {
+            conn_app = conn_app.layer(axum::middleware::from_fn_with_state(
+                token.clone(),
+                require_bearer,
+            ));
+        }
+        // Served once counted, so its end is never noted before its start.
+        let (counted, wait_counted) = tokio::sync::oneshot::channel::<()>();
+        let handle = connections.spawn(async move {
+            let _ = wait_counted.await;
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(IDLE_TIMEOUT)
+                .serve_connection(
+                    hyper_util::rt::TokioIo::new(tcp),
+                    hyper_util::service::TowerToHyperService::new(conn_app),
+                )
+                .await;
+        });
+        waiting.admit(id, handle);
+        let _ = counted.send(());
+    }
 }
 
 /// Lets a request through only with `Authorization: Bearer <token>` (compared in time that does

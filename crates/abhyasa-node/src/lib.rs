@@ -21,6 +21,7 @@
 mod core;
 pub mod ledger;
 mod link;
+pub mod listen;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
