@@ -48,11 +48,6 @@ impl Waiting {
         }
     }
 
-    /// The cap.
-    pub fn cap(&self) -> usize {
-        self.cap
-    }
-
     fn lock(&self) -> MutexGuard<'_, WaitingInner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -86,15 +81,11 @@ impl Waiting {
     }
 
     /// How many wait now.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         let mut g = self.lock();
         g.queue.retain(|(_, h)| !h.is_finished());
         g.queue.len()
-    }
-
-    /// Whether none waits.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
