@@ -5,13 +5,14 @@
 //! writes, and request-id flow control.
 
 use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use abhyasa_wire::moqt::{
     Control, MoqtError, ObjectBody, ObjectDatagram, StreamObject, SubgroupHeader, SubgroupId,
 };
 use abhyasa_wire::AgentId;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 
 use crate::session::{close_with, read_control, SendError, MAX_STREAM_BYTES};
 
@@ -151,19 +152,161 @@ pub(crate) trait Inbound: Sync {
     fn event(&self, target: &Self::Target, payload: Vec<u8>) -> Self::Event;
 }
 
-/// Takes every incoming subgroup stream until the connection ends; a malformed one closes the
-/// session with the draft's error code, a reset one loses only itself.
-pub(crate) async fn streams_loop<I: Inbound>(inbound: &I, events: &mpsc::Sender<I::Event>) {
-    while let Ok(mut recv) = inbound.conn().accept_uni().await {
-        let Ok(bytes) = recv.read_to_end(MAX_STREAM_BYTES).await else {
-            continue;
-        };
-        if let Err(e) = take_stream(inbound, &bytes, events).await {
-            close_with(inbound.conn(), &e);
-            return;
+/// How long an incoming subgroup stream may take from its opening to its end. A sender writes
+/// a group whole and finishes it at once; a stream still open after this is stopped
+/// (STOP_SENDING) and what it held is let go, so a peer that never finishes its streams holds
+/// neither memory nor the objects behind them.
+pub(crate) const STREAM_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Bytes one session may hold of subgroup streams not yet ended, read off the connection. A
+/// stream that needs more when this is full stops the oldest unended stream of the session
+/// (an honest sender finishes its streams at once, so the oldest is the one that stalls). With
+/// QUIC's connection receive window ([`crate::endpoint::CONNECTION_RECEIVE_WINDOW`]) this
+/// bounds what one peer makes us buffer, and a stalled stream delays nothing behind it.
+pub(crate) const SESSION_STREAM_BYTES: usize = 8 << 20;
+
+/// Takes every incoming subgroup stream until the connection ends, each read on its own task:
+/// a stream that stalls delays no other. A malformed stream closes the session with the
+/// draft's error code; a reset one, one past [`STREAM_DEADLINE`], or one stopped for room
+/// loses only itself.
+pub(crate) async fn streams_loop<I>(inbound: I, events: mpsc::Sender<I::Event>)
+where
+    I: Inbound + Clone + Send + 'static,
+    I::Event: 'static,
+{
+    let room = Arc::new(Mutex::new(Room::default()));
+    let mut next = 0u64;
+    while let Ok(recv) = inbound.conn().accept_uni().await {
+        let (inbound, events) = (inbound.clone(), events.clone());
+        let held = Held::open(&room, next);
+        next += 1;
+        tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + STREAM_DEADLINE;
+            let Some(bytes) = read_stream(recv, &held, deadline, inbound.remote()).await else {
+                return;
+            };
+            // Ended: its bytes are no longer an unended stream's.
+            drop(held);
+            if let Err(e) = take_stream(&inbound, &bytes, &events).await {
+                close_with(inbound.conn(), &e);
+            }
+        });
+    }
+}
+
+/// What a session's unended streams hold.
+#[derive(Default)]
+struct Room {
+    /// Bytes held, at most [`SESSION_STREAM_BYTES`].
+    used: usize,
+    /// Unended streams by arrival: bytes held, and how to stop it.
+    open: std::collections::BTreeMap<u64, (usize, Arc<Notify>)>,
+}
+
+/// One unended stream's place in its session's [`Room`]; leaving it (dropped) lets its bytes go.
+struct Held {
+    room: Arc<Mutex<Room>>,
+    seq: u64,
+    stop: Arc<Notify>,
+}
+
+impl Held {
+    fn open(room: &Arc<Mutex<Room>>, seq: u64) -> Self {
+        let stop = Arc::new(Notify::new());
+        lock(room).open.insert(seq, (0, stop.clone()));
+        Self {
+            room: room.clone(),
+            seq,
+            stop,
+        }
+    }
+
+    /// Counts `n` more bytes for this stream, stopping the oldest other unended streams until
+    /// they fit; `false` if this stream was itself stopped for room.
+    fn take(&self, n: usize) -> bool {
+        let mut room = lock(&self.room);
+        if !room.open.contains_key(&self.seq) {
+            return false;
+        }
+        while room.used + n > SESSION_STREAM_BYTES {
+            let Some(oldest) = room.open.keys().copied().find(|&s| s != self.seq) else {
+                break;
+            };
+            if let Some((bytes, stop)) = room.open.remove(&oldest) {
+                room.used -= bytes;
+                stop.notify_one();
+            }
+        }
+        room.used += n;
+        if let Some((bytes, _)) = room.open.get_mut(&self.seq) {
+            *bytes += n;
+        }
+        true
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let mut room = lock(&self.room);
+        if let Some((bytes, _)) = room.open.remove(&self.seq) {
+            room.used -= bytes;
         }
     }
 }
+
+fn lock(room: &Mutex<Room>) -> std::sync::MutexGuard<'_, Room> {
+    room.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Reads one stream to its end within `deadline`, counting what it reads in its session's
+/// room; `None` (the stream stopped) if it is reset, runs past [`MAX_STREAM_BYTES`] or the
+/// deadline, or is stopped for room.
+async fn read_stream(
+    mut recv: quinn::RecvStream,
+    held: &Held,
+    deadline: tokio::time::Instant,
+    peer: &AgentId,
+) -> Option<Vec<u8>> {
+    let mut bytes = Vec::new();
+    let read = async {
+        loop {
+            let chunk = tokio::select! {
+                c = recv.read_chunk(64 << 10, true) => c,
+                () = held.stop.notified() => return Some(Err("the oldest unended when the session's room ran out")),
+            };
+            let Some(chunk) = chunk.ok()? else {
+                return Some(Ok(()));
+            };
+            if bytes.len() + chunk.bytes.len() > MAX_STREAM_BYTES {
+                return Some(Err("longer than the stream limit"));
+            }
+            if !held.take(chunk.bytes.len()) {
+                return Some(Err("the oldest unended when the session's room ran out"));
+            }
+            bytes.extend_from_slice(&chunk.bytes);
+        }
+    };
+    let why = match tokio::time::timeout_at(deadline, read).await {
+        Ok(Some(Ok(()))) => return Some(bytes),
+        Ok(None) => return None,
+        Ok(Some(Err(why))) => why,
+        Err(_) => "not ended by its deadline",
+    };
+    tracing::warn!(
+        %peer,
+        read = bytes.len(),
+        stream_limit = MAX_STREAM_BYTES,
+        session_room = SESSION_STREAM_BYTES,
+        deadline_ms = STREAM_DEADLINE.as_millis() as u64,
+        "subgroup stream stopped: {why}"
+    );
+    let _ = recv.stop(STOP_CODE.into());
+    None
+}
+
+/// The STOP_SENDING code for a stream stopped here (0: nothing asked of the sender but to
+/// stop; the draft defines no stream-level error for it).
+const STOP_CODE: u32 = 0;
 
 async fn take_stream<I: Inbound>(
     inbound: &I,

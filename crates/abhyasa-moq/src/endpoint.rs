@@ -80,8 +80,23 @@ pub enum EndpointError {
     Bind(#[from] std::io::Error),
 }
 
+/// Unidirectional streams a peer may have open at once on one connection (QUIC's own limit;
+/// one per group in flight).
+pub const MAX_OPEN_STREAMS: u32 = 100;
+
+/// Bytes a peer may have in flight to us on one connection, across its streams, before we read
+/// them (QUIC connection flow control). Beside the session's own bound on what it has read
+/// of unended streams, this caps what one connection can make a node buffer.
+pub const CONNECTION_RECEIVE_WINDOW: u32 = 8 << 20;
+
+/// Bytes a peer may have in flight on one stream before we read them.
+pub const STREAM_RECEIVE_WINDOW: u32 = 1 << 20;
+
 fn transport(settings: &TransportSettings) -> Result<Arc<quinn::TransportConfig>, EndpointError> {
     let mut t = quinn::TransportConfig::default();
+    t.max_concurrent_uni_streams(MAX_OPEN_STREAMS.into());
+    t.receive_window(CONNECTION_RECEIVE_WINDOW.into());
+    t.stream_receive_window(STREAM_RECEIVE_WINDOW.into());
     t.keep_alive_interval(Some(settings.keep_alive));
     t.max_idle_timeout(Some(
         quinn::IdleTimeout::try_from(settings.idle_timeout)

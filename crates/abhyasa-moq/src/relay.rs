@@ -217,7 +217,7 @@ impl RelaySession {
             let _ = events.send(RelayEvent::Closed(reason)).await;
         });
         let (s, events) = (session.clone(), tx.clone());
-        tokio::spawn(async move { dataplane::streams_loop(&s, &events).await });
+        tokio::spawn(dataplane::streams_loop(s, events));
         let s = session.clone();
         tokio::spawn(async move { dataplane::datagrams_loop(&s, &tx).await });
         Ok((session, rx))

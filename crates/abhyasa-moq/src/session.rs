@@ -393,7 +393,7 @@ impl Session {
         });
         let s = session.clone();
         let events = tx.clone();
-        tokio::spawn(async move { dataplane::streams_loop(&s, &events).await });
+        tokio::spawn(dataplane::streams_loop(s, events));
         let s = session.clone();
         tokio::spawn(async move { dataplane::datagrams_loop(&s, &tx).await });
         (session, rx)

@@ -618,3 +618,125 @@ async fn an_object_that_overtakes_its_subscribe_ok_is_delivered() {
     );
     assert!(conn.close_reason().is_none());
 }
+
+/// A raw client connected to a served agent A with every one of A's subscriptions answered;
+/// the obligations track (what A reads from the client) has alias [`RAW_ALIAS`].
+async fn raw_client_answered(
+    ca: &Ca,
+) -> (
+    quinn::Connection,
+    mpsc::Receiver<SessionEvent>,
+    [quinn::Endpoint; 2],
+    Session,
+) {
+    let (a, b) = (id("agent-a"), id("agent-b"));
+    let ea = ep(ca, &a);
+    let mut accepted = serve(ea.clone(), a.clone());
+    let eb = ep(ca, &b);
+    let (conn, mut send, mut recv, _, mut buf) =
+        raw_client(&eb, ea.local_addr().unwrap(), &a).await;
+    let (sa, ra) = tokio::time::timeout(Duration::from_secs(5), accepted.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    let mut out = Vec::new();
+    let mut answered = 0;
+    while answered < 3 {
+        if let Control::Subscribe {
+            request_id, name, ..
+        } = read_one(&mut recv, &mut buf).await
+        {
+            let track_alias = if name == b"to/agent-a" {
+                RAW_ALIAS
+            } else {
+                100 + answered
+            };
+            Control::SubscribeOk {
+                request_id,
+                track_alias,
+                expires: 0,
+                group_order: 1,
+                largest: None,
+                params: vec![],
+            }
+            .encode(&mut out);
+            answered += 1;
+        }
+    }
+    send.write_all(&out).await.unwrap();
+    // Keep the control stream open for the session's life.
+    std::mem::forget(send);
+    (conn, ra, [ea, eb], sa)
+}
+
+const RAW_ALIAS: u64 = 7;
+
+/// The start of a subgroup stream whose one object claims `len` payload bytes.
+fn subgroup_head(alias: u64, group: u64, len: u64) -> Vec<u8> {
+    use abhyasa_wire::moqt::{SubgroupHeader, SubgroupId};
+    let mut out = Vec::new();
+    SubgroupHeader {
+        track_alias: alias,
+        group,
+        subgroup: SubgroupId::Zero,
+        priority: 0,
+        extensions: false,
+        end_of_group: true,
+    }
+    .encode(&mut out);
+    // Object id delta 0, then the payload length (a QUIC varint of 4 bytes).
+    out.push(0);
+    assert!(len < 1 << 30);
+    out.extend_from_slice(&((len as u32) | 0x8000_0000).to_be_bytes());
+    out
+}
+
+/// Streams of a session are read side by side: streams that never end (a member's, of about a
+/// megabyte each, more in all than the session may hold) delay nothing sent after them, the
+/// oldest are stopped when the session's room runs out, and the rest at their deadline.
+#[tokio::test]
+async fn a_stream_that_never_ends_delays_nothing_behind_it() {
+    let ca = Ca::generate("t").unwrap();
+    let (conn, mut ra, _eps, _sa) = raw_client_answered(&ca).await;
+    // Twelve streams of a megabyte each, never finished: 12 MB past the session's 8 MiB.
+    let mut stalled = Vec::new();
+    for group in 0..12u64 {
+        let mut uni = conn.open_uni().await.unwrap();
+        uni.write_all(&subgroup_head(RAW_ALIAS, group, 2 << 20))
+            .await
+            .unwrap();
+        uni.write_all(&vec![0x5a; 1 << 20]).await.unwrap();
+        stalled.push(uni);
+    }
+    // Then an object on a stream that ends, as an honest sender writes it.
+    let mut uni = conn.open_uni().await.unwrap();
+    uni.write_all(&subgroup(RAW_ALIAS, 100, b"after"))
+        .await
+        .unwrap();
+    uni.finish().unwrap();
+    let e = tokio::time::timeout(
+        Duration::from_secs(3),
+        next(&mut ra, |e| matches!(e, SessionEvent::Object { .. })),
+    )
+    .await
+    .expect("the object behind the stalled streams, well before their deadline");
+    assert_eq!(
+        e,
+        SessionEvent::Object {
+            track: Track::Obligations,
+            payload: b"after".to_vec()
+        }
+    );
+    // The oldest stalled streams were stopped for room, before any deadline.
+    let stopped_early = tokio::time::timeout(Duration::from_secs(2), stalled[0].stopped())
+        .await
+        .expect("the oldest stalled stream stopped for room");
+    assert_eq!(stopped_early.unwrap(), Some(0u32.into()));
+    // The newest is stopped at the stream deadline (10 s), not before the room ran out.
+    let last = stalled.last_mut().unwrap();
+    let at_deadline = tokio::time::timeout(Duration::from_secs(15), last.stopped())
+        .await
+        .expect("every stalled stream stopped by its deadline");
+    assert_eq!(at_deadline.unwrap(), Some(0u32.into()));
+    assert!(conn.close_reason().is_none(), "the session goes on");
+}
