@@ -435,6 +435,7 @@ impl JsonAck {
                 Some("malformed") => DeclineReason::Malformed,
                 Some("unknown_kind") => DeclineReason::UnknownKind,
                 Some("id_conflict") => DeclineReason::IdConflict,
+                Some("over_limit") => DeclineReason::OverLimit,
                 // The reference sends no reason: a refusal.
                 _ => DeclineReason::Refused,
             }),

@@ -316,6 +316,11 @@ fn decline_detail(
             "its sequence is not newer than the last applied on its governed key".into()
         }
         (R::Malformed, _) => "its payload cannot be read".into(),
+        (R::OverLimit, Some(o)) => format!(
+            "this agent holds as many governed records for issuer {} as it keeps for one \
+             issuer ([limits] max_governed); the obligation would add one",
+            o.issuer
+        ),
         (R::UnknownKind, _) => "its kind is unknown to this agent".into(),
         _ => return None,
     })

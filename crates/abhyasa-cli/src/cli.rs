@@ -749,9 +749,12 @@ struct LimitsConfig {
     max_pending_per_target: usize,
     /// Principal-side entries (authorizations, keyed adjustments, revoked tokens).
     max_principal_entries: usize,
-    /// Applied ids this node, as agent, retains (each until its deadline plus the clock
-    /// skew); past it new obligations are deferred.
+    /// Applied ids this node, as agent, retains per issuer (each until its deadline plus the
+    /// clock skew); past it that issuer's new obligations are deferred.
     max_applied: usize,
+    /// Governed keys (scopes, weight keys, tokens) this node, as agent, holds per issuer;
+    /// an obligation that would add one past it is declined `over_limit`.
+    max_governed: usize,
     /// Sessions one peer may hold with this node; a newer one closes its oldest.
     sessions_per_peer: usize,
     /// Requests (subscriptions among them) one peer may make on one session.
@@ -782,6 +785,7 @@ impl Default for LimitsConfig {
             max_pending_per_target: c.max_pending_per_target,
             max_principal_entries: c.max_principal_entries,
             max_applied: r.max_applied,
+            max_governed: r.max_governed,
             sessions_per_peer: n.sessions_per_peer,
             requests_per_session: n.session.max_requests,
             objects_per_group: n.session.max_objects_per_group,
@@ -802,6 +806,7 @@ impl LimitsConfig {
             ("max_pending_per_target", self.max_pending_per_target as u64),
             ("max_principal_entries", self.max_principal_entries as u64),
             ("max_applied", self.max_applied as u64),
+            ("max_governed", self.max_governed as u64),
             ("sessions_per_peer", self.sessions_per_peer as u64),
             ("objects_per_group", self.objects_per_group as u64),
             ("max_terminal_records", self.max_terminal_records),
@@ -1538,6 +1543,7 @@ async fn build_node(config: &NodeConfig) -> Result<Node> {
         })
         .receiver(abhyasa_custody::ReceiverConfig {
             max_applied: config.limits.max_applied,
+            max_governed: config.limits.max_governed,
             ..abhyasa_custody::ReceiverConfig::default()
         })
         .store(abhyasa_store::StoreConfig {

@@ -25,10 +25,16 @@ pub struct ReceiverConfig {
     /// Largest clock difference assumed between agents, in ms: applied ids are kept until
     /// deadline + this.
     pub max_clock_skew_ms: u64,
-    /// Most applied ids retained at once; beyond it new obligations are deferred.
+    /// Most applied ids retained at once **per issuer**; beyond it that issuer's new
+    /// obligations are deferred (no member can fill what another's obligations need).
     pub max_applied: usize,
-    /// Most applies waiting for their commit; beyond it new obligations are deferred.
+    /// Most applies waiting for their commit **per issuer**; beyond it that issuer's new
+    /// obligations are deferred.
     pub max_inflight: usize,
+    /// Most governed keys (scopes, weight keys, tokens) held **per issuer**; an obligation on
+    /// a key new to an issuer at the limit is declined `over_limit`. A token's key goes with
+    /// its record at the token's own expiry; others stay.
+    pub max_governed: usize,
     /// Bounds of preference weights, in millionths.
     pub weight_min: i64,
     /// Upper bound of preference weights, in millionths.
@@ -44,6 +50,7 @@ impl Default for ReceiverConfig {
             max_clock_skew_ms: 5_000,
             max_applied: 1_000_000,
             max_inflight: 4_096,
+            max_governed: 100_000,
             weight_min: -1_000_000,
             weight_max: 1_000_000,
             mutation: None,
@@ -307,6 +314,9 @@ pub struct ReceiverHeld {
     pub token_records: usize,
     /// Last sequences, one per governed key (a token's go with its record).
     pub sequences: usize,
+    /// Governed keys some applied obligation named, each counted against its issuer's
+    /// `max_governed` (a token's go with its record).
+    pub governed: usize,
 }
 
 /// An applied id as persisted: what recovery reads back.
@@ -319,6 +329,9 @@ pub struct AppliedRecord {
     /// The digest of the obligation applied ([`Obligation::digest`]); `None` where a store
     /// written before digests were kept has none (such an id is re-acked on its id alone).
     pub digest: Option<Digest>,
+    /// Its issuer, whose count of applied ids it is in; `None` where the store kept no record
+    /// of the obligation (the id is then counted against no issuer).
+    pub issuer: Option<AgentId>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -326,6 +339,50 @@ struct Applied {
     expires: UnixMillis,
     durable: bool,
     digest: Option<Digest>,
+    /// Its issuer's index in [`Issuers`] (`None`: counted against no issuer).
+    issuer: Option<u32>,
+}
+
+/// What each issuer holds of a receiver's bounded state, so one issuer's limits are its own.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+struct Issuers {
+    index: BTreeMap<AgentId, u32>,
+    /// By index: applied ids retained, applies in flight, governed keys held.
+    held: Vec<IssuerHeld>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+struct IssuerHeld {
+    applied: usize,
+    inflight: usize,
+    governed: usize,
+}
+
+impl Issuers {
+    fn ix(&mut self, issuer: &AgentId) -> u32 {
+        if let Some(&ix) = self.index.get(issuer) {
+            return ix;
+        }
+        let ix = self.held.len() as u32;
+        self.index.insert(issuer.clone(), ix);
+        self.held.push(IssuerHeld::default());
+        ix
+    }
+
+    fn get(&self, issuer: &AgentId) -> IssuerHeld {
+        self.index
+            .get(issuer)
+            .map_or_else(IssuerHeld::default, |&ix| self.held[ix as usize])
+    }
+
+    fn at(&mut self, ix: u32) -> &mut IssuerHeld {
+        &mut self.held[ix as usize]
+    }
+
+    fn of(&mut self, issuer: &AgentId) -> &mut IssuerHeld {
+        let ix = self.ix(issuer);
+        self.at(ix)
+    }
 }
 
 /// An apply whose record is being written: what its commit releases.
@@ -333,6 +390,7 @@ struct Applied {
 struct Applying {
     id: ObligationId,
     issuer: AgentId,
+    issuer_ix: u32,
     payload: Payload,
     ack: Option<AckTransmit>,
 }
@@ -345,11 +403,14 @@ pub struct Receiver {
     applied: BTreeMap<ObligationId, Applied>,
     expiry: BTreeSet<(UnixMillis, ObligationId)>,
     last_sequence: BTreeMap<GovernedKey, u64>,
-    /// The issuers with a last sequence for each token, so the sequences go with the token's
-    /// record at its expiry.
-    sequenced_tokens: BTreeMap<TokenId, BTreeSet<AgentId>>,
+    /// The issuers with a governed key (and perhaps a last sequence) on each token, so both
+    /// go with the token's record at its expiry.
+    token_issuers: BTreeMap<TokenId, BTreeSet<AgentId>>,
+    /// Every governed key some applied obligation named (what a store keeps as governed-by
+    /// rows), each counted against its issuer.
+    governed: BTreeSet<GovernedKey>,
+    issuers: Issuers,
     state: ReceiverState,
-    inflight: usize,
     next_token: u64,
     persists: VecDeque<Persist<ReceiverRecord>>,
     gated: BTreeMap<PersistToken, Applying>,
@@ -367,9 +428,10 @@ impl Receiver {
             applied: BTreeMap::new(),
             expiry: BTreeSet::new(),
             last_sequence: BTreeMap::new(),
-            sequenced_tokens: BTreeMap::new(),
+            token_issuers: BTreeMap::new(),
+            governed: BTreeSet::new(),
+            issuers: Issuers::default(),
             state: ReceiverState::default(),
-            inflight: 0,
             next_token: 0,
             persists: VecDeque::new(),
             gated: BTreeMap::new(),
@@ -379,13 +441,15 @@ impl Receiver {
         }
     }
 
-    /// Resumes from durable state: the applied ids, the last sequence per governed key and the
-    /// effect state, all as one commit left them.
+    /// Resumes from durable state: the applied ids, the last sequence per governed key, the
+    /// governed keys applied obligations named, and the effect state, all as one commit left
+    /// them.
     pub fn recover(
         agent: AgentId,
         config: ReceiverConfig,
         applied: impl IntoIterator<Item = AppliedRecord>,
         last_sequence: impl IntoIterator<Item = (GovernedKey, u64)>,
+        governed: impl IntoIterator<Item = GovernedKey>,
         state: ReceiverState,
     ) -> Self {
         let mut this = Self::new(agent, config);
@@ -393,20 +457,30 @@ impl Receiver {
             id,
             expires,
             digest,
+            issuer,
         } in applied
         {
+            let issuer = issuer.map(|i| this.issuers.ix(&i));
+            if let Some(ix) = issuer {
+                this.issuers.at(ix).applied += 1;
+            }
             this.applied.insert(
                 id,
                 Applied {
                     expires,
                     durable: true,
                     digest,
+                    issuer,
                 },
             );
             this.expiry.insert((expires, id));
         }
+        for key in governed {
+            this.note_governed(key);
+        }
         for (key, seq) in last_sequence {
-            this.note_sequence(key, seq);
+            this.note_governed(key.clone());
+            this.last_sequence.insert(key, seq);
         }
         this.state = state;
         this
@@ -465,14 +539,18 @@ impl Receiver {
                 return self.decline(now, &o.envelope(), DeclineReason::Superseded);
             }
         }
-        if self.applied.len() >= self.config.max_applied
-            || self.inflight >= self.config.max_inflight
-        {
+        // Each issuer's limits are its own: a member filling its share defers only its own.
+        let held = self.issuers.get(&o.issuer);
+        if held.applied >= self.config.max_applied || held.inflight >= self.config.max_inflight {
             self.stats.deferred += 1;
             if under_custody {
                 self.ack(&o.issuer, o.id, now, AckStatus::Deferred);
             }
             return Disposition::Deferred;
+        }
+        let stored_key = kinds::effect(&o).governed_key(&o.issuer);
+        if held.governed >= self.config.max_governed && !self.governed.contains(&stored_key) {
+            return self.decline(now, &o.envelope(), DeclineReason::OverLimit);
         }
         self.apply(now, o, key, under_custody);
         Disposition::Applying
@@ -502,21 +580,27 @@ impl Receiver {
         let effect = kinds::effect(&o);
         self.state
             .apply(&effect, self.config.weight_min, self.config.weight_max);
+        self.note_governed(effect.governed_key(&o.issuer));
         let sequence = o.sequence.map(|seq| {
-            self.note_sequence(key.clone(), seq);
+            self.note_governed(key.clone());
+            self.last_sequence.insert(key.clone(), seq);
             (key, seq)
         });
         let expires = o.deadline.saturating_add(self.config.max_clock_skew_ms);
+        let issuer_ix = self.issuers.ix(&o.issuer);
+        let held = self.issuers.at(issuer_ix);
+        held.applied += 1;
+        held.inflight += 1;
         self.applied.insert(
             o.id,
             Applied {
                 expires,
                 durable: false,
                 digest: Some(o.digest()),
+                issuer: Some(issuer_ix),
             },
         );
         self.expiry.insert((expires, o.id));
-        self.inflight += 1;
         self.stats.applied += 1;
         let token = PersistToken(self.next_token);
         self.next_token += 1;
@@ -552,6 +636,7 @@ impl Receiver {
             Applying {
                 id: o.id,
                 issuer: o.issuer,
+                issuer_ix,
                 payload: o.payload,
                 ack,
             },
@@ -595,13 +680,15 @@ impl Receiver {
         let Some(Applying {
             id,
             issuer,
+            issuer_ix,
             payload,
             ack,
         }) = self.gated.remove(&token)
         else {
             return;
         };
-        self.inflight = self.inflight.saturating_sub(1);
+        let held = self.issuers.at(issuer_ix);
+        held.inflight = held.inflight.saturating_sub(1);
         if let Some(applied) = self.applied.get_mut(&id) {
             applied.durable = true;
         }
@@ -613,14 +700,23 @@ impl Receiver {
         });
     }
 
-    fn note_sequence(&mut self, key: GovernedKey, seq: u64) {
-        if let GovernedKey::Token(issuer, token) = &key {
-            self.sequenced_tokens
-                .entry(token.clone())
-                .or_default()
-                .insert(issuer.clone());
+    /// Counts `key` against its issuer, once.
+    fn note_governed(&mut self, key: GovernedKey) {
+        if self.governed.contains(&key) {
+            return;
         }
-        self.last_sequence.insert(key, seq);
+        let issuer = match &key {
+            GovernedKey::Scope(i, _) | GovernedKey::Weight(i, _) => i,
+            GovernedKey::Token(i, token) => {
+                self.token_issuers
+                    .entry(token.clone())
+                    .or_default()
+                    .insert(i.clone());
+                i
+            }
+        };
+        self.issuers.of(issuer).governed += 1;
+        self.governed.insert(key);
     }
 
     /// Periodic upkeep of memory (the node runs it with the store's own maintenance, at the
@@ -631,9 +727,13 @@ impl Receiver {
     pub fn maintain(&mut self, now: UnixMillis) -> usize {
         let gone = self.state.expire_tokens(now, usize::MAX);
         for (token, _) in &gone {
-            for issuer in self.sequenced_tokens.remove(token).unwrap_or_default() {
-                self.last_sequence
-                    .remove(&GovernedKey::Token(issuer, token.clone()));
+            for issuer in self.token_issuers.remove(token).unwrap_or_default() {
+                let key = GovernedKey::Token(issuer.clone(), token.clone());
+                self.last_sequence.remove(&key);
+                if self.governed.remove(&key) {
+                    let held = self.issuers.of(&issuer);
+                    held.governed = held.governed.saturating_sub(1);
+                }
             }
         }
         gone.len()
@@ -645,6 +745,7 @@ impl Receiver {
             applied: self.applied.len(),
             token_records: self.state.dropped_tokens.len() + self.state.cached_tokens.len(),
             sequences: self.last_sequence.len(),
+            governed: self.governed.len(),
         }
     }
 
@@ -658,7 +759,13 @@ impl Receiver {
             // Safe even for an apply whose commit is in flight: past deadline + skew, any
             // redelivery is declined `expired`, and the prune record commits after the apply.
             self.expiry.pop_first();
-            self.applied.remove(&id);
+            if let Some(Applied {
+                issuer: Some(ix), ..
+            }) = self.applied.remove(&id)
+            {
+                let held = self.issuers.at(ix);
+                held.applied = held.applied.saturating_sub(1);
+            }
             pruned = true;
         }
         if pruned {

@@ -521,6 +521,7 @@ fn a_tokens_record_and_last_sequence_go_at_the_tokens_expiry_and_not_before() {
         ReceiverConfig::default(),
         [],
         [(crate::GovernedKey::Token(p(), t1.clone()), 5)],
+        [],
         state,
     );
     assert_eq!(r.maintain(UnixMillis(999)), 0);
@@ -1130,6 +1131,147 @@ fn applied_ids_retained_are_bounded_and_past_the_limit_obligations_wait() {
     );
 }
 
+/// A deployment member revoking a token in its own name (id `id`, token `token`, expiring at
+/// `expires`).
+fn member_revokes(id: u128, token: &str, expires: Option<u64>) -> Obligation {
+    let mut o = revoke_token(id, 3, 10_000);
+    o.issuer = AgentId::new("member").unwrap();
+    o.payload = Payload::OauthToken(TokenPayload {
+        action: TokenAction::Revoke,
+        token_id: TokenId::new(token).unwrap(),
+        client_id: ClientId::new("c").unwrap(),
+        expires_at: expires.map(UnixMillis),
+    });
+    o
+}
+
+/// Hands `o` to `r` from its own issuer, commits, and returns what was acked.
+fn receive_own(r: &mut Receiver, now: u64, o: Obligation) -> (Disposition, Vec<AckStatus>) {
+    let issuer = o.issuer.clone();
+    let d = r.handle_obligation(UnixMillis(now), &issuer, o);
+    while let Some(rec) = r.poll_persist() {
+        r.handle_persisted(rec.token);
+    }
+    let acks = std::iter::from_fn(|| r.poll_transmit())
+        .map(|t| t.ack.status)
+        .collect();
+    (d, acks)
+}
+
+/// Applied ids and applies in flight are counted per issuer: a member that fills its share
+/// defers only its own obligations, and the principal's still apply at once (they waited
+/// behind the member's when the limits were the receiver's as a whole).
+#[test]
+fn a_member_filling_its_share_does_not_crowd_out_the_principal() {
+    let config = ReceiverConfig {
+        max_applied: 2,
+        max_inflight: 1,
+        ..ReceiverConfig::default()
+    };
+    let mut r = Receiver::new(a(), config.clone());
+    for id in 1..=2 {
+        let token = format!("m{id}");
+        assert_eq!(
+            receive_own(&mut r, 0, member_revokes(id, &token, None)).0,
+            Disposition::Applying
+        );
+    }
+    assert_eq!(
+        receive_own(&mut r, 0, member_revokes(3, "m3", None)),
+        (Disposition::Deferred, vec![AckStatus::Deferred]),
+        "past its own share, the member waits"
+    );
+    assert_eq!(
+        receive_own(&mut r, 0, revoke_token(10, 3, 10_000)),
+        (Disposition::Applying, vec![AckStatus::Applied]),
+        "the principal's share is its own"
+    );
+    // In flight: the member's uncommitted apply holds only the member's slot.
+    let mut r = Receiver::new(a(), config.clone());
+    let member = AgentId::new("member").unwrap();
+    assert_eq!(
+        r.handle_obligation(UnixMillis(0), &member, member_revokes(1, "m1", None)),
+        Disposition::Applying
+    );
+    assert_eq!(
+        r.handle_obligation(UnixMillis(0), &member, member_revokes(2, "m2", None)),
+        Disposition::Deferred
+    );
+    assert_eq!(
+        r.handle_obligation(UnixMillis(0), &p(), revoke_token(10, 3, 10_000)),
+        Disposition::Applying
+    );
+    // Recovered from what a store keeps (each applied id with its issuer): the same.
+    let applied = [1u128, 2].map(|id| AppliedRecord {
+        id: ObligationId::from_u128(id),
+        expires: UnixMillis(20_000),
+        digest: None,
+        issuer: Some(member.clone()),
+    });
+    let mut r = Receiver::recover(a(), config, applied, [], [], ReceiverState::default());
+    assert_eq!(
+        receive_own(&mut r, 0, member_revokes(3, "m3", None)).0,
+        Disposition::Deferred
+    );
+    assert_eq!(
+        receive_own(&mut r, 0, revoke_token(10, 3, 10_000)).0,
+        Disposition::Applying
+    );
+}
+
+/// Governed keys (here token revocations without an expiry, which would otherwise be kept for
+/// good) are capped per issuer: past its cap a member's revocation of a new token is declined
+/// `over_limit`; one on a token it already governs, and the principal's, still apply; a token
+/// record that expires frees its key. A recovered receiver counts the same keys.
+#[test]
+fn governed_keys_are_capped_per_issuer_and_refused_clearly_past_it() {
+    let config = ReceiverConfig {
+        max_governed: 2,
+        ..ReceiverConfig::default()
+    };
+    let mut r = Receiver::new(a(), config.clone());
+    assert_eq!(
+        receive_own(&mut r, 0, member_revokes(1, "m1", None)).0,
+        Disposition::Applying
+    );
+    assert_eq!(
+        receive_own(&mut r, 0, member_revokes(2, "m2", Some(500))).0,
+        Disposition::Applying
+    );
+    let over = AckStatus::Declined(DeclineReason::OverLimit);
+    assert_eq!(
+        receive_own(&mut r, 0, member_revokes(3, "m3", None)),
+        (Disposition::Declined(DeclineReason::OverLimit), vec![over])
+    );
+    assert!(!r.state().is_dropped(&TokenId::new("m3").unwrap()));
+    assert_eq!(
+        receive_own(&mut r, 0, member_revokes(4, "m1", None)).0,
+        Disposition::Applying,
+        "a key the member already governs adds nothing"
+    );
+    assert_eq!(
+        receive_own(&mut r, 0, revoke_token(10, 3, 10_000)).0,
+        Disposition::Applying,
+        "the principal's keys are its own"
+    );
+    assert_eq!(r.held().governed, 3);
+    // m2's record expires at 500: its key goes with it, and the member has room again.
+    assert_eq!(r.maintain(UnixMillis(500)), 1);
+    assert_eq!(r.held().governed, 2);
+    assert_eq!(
+        receive_own(&mut r, 600, member_revokes(5, "m3", None)).0,
+        Disposition::Applying
+    );
+    // Recovered from the governed-by rows a store keeps: the cap holds as before.
+    let member = AgentId::new("member").unwrap();
+    let keys = ["m1", "m3"].map(|t| GovernedKey::Token(member.clone(), TokenId::new(t).unwrap()));
+    let mut r = Receiver::recover(a(), config, [], [], keys, ReceiverState::default());
+    assert_eq!(
+        receive_own(&mut r, 0, member_revokes(6, "m9", None)),
+        (Disposition::Declined(DeclineReason::OverLimit), vec![over])
+    );
+}
+
 /// Different content under a known id is another obligation: declined `id_conflict`, never
 /// acked `applied` — in flight, after its commit, and after a recovery from the applied-id
 /// records (with their digests). The obligation applied under the id is re-acked as before.
@@ -1182,7 +1324,9 @@ fn a_known_id_with_other_content_is_declined_never_acked_applied() {
             id: first.id,
             expires: UnixMillis(20_000),
             digest: Some(first.digest()),
+            issuer: Some(p()),
         }],
+        [],
         [],
         ReceiverState::default(),
     );

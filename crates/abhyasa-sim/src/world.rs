@@ -125,8 +125,10 @@ struct CustodianDisk {
 /// A receiver's disk.
 #[derive(Default)]
 struct ReceiverDisk {
-    applied: BTreeMap<ObligationId, (UnixMillis, abhyasa_wire::Digest)>,
+    applied: BTreeMap<ObligationId, (UnixMillis, abhyasa_wire::Digest, AgentId)>,
     last_sequence: BTreeMap<GovernedKey, u64>,
+    /// The governed key of every apply (a store's governed-by rows).
+    governed: std::collections::BTreeSet<GovernedKey>,
     state: ReceiverState,
     /// Checker-only: every apply ever committed, never pruned.
     apply_count: BTreeMap<ObligationId, u32>,
@@ -836,6 +838,11 @@ impl World {
                     self.report.declines_superseded += 1;
                     self.check_superseded(node, id);
                 }
+                DeclineReason::OverLimit => self.violation(format!(
+                    "{} declined {id} over_limit: no issuer here holds a tenth of the governed \
+                     keys a receiver keeps per issuer",
+                    self.nodes[node].agent
+                )),
                 DeclineReason::IdConflict => self.violation(format!(
                     "{} declined {id} as another obligation's id with other content: no issuer \
                      ever reused an id",
@@ -1123,10 +1130,15 @@ impl World {
                         self.nodes[node].agent
                     ));
                 }
-                disk.applied.insert(id, (expires, obligation.digest()));
+                disk.applied.insert(
+                    id,
+                    (expires, obligation.digest(), obligation.issuer.clone()),
+                );
                 if let Some((key, seq)) = sequence {
                     disk.last_sequence.insert(key, seq);
                 }
+                disk.governed
+                    .insert(effect.governed_key(&obligation.issuer));
                 disk.state.apply(&effect, min, max);
                 disk.apply_log.push(id);
                 let count = disk.apply_count.entry(id).or_insert(0);
@@ -1137,7 +1149,7 @@ impl World {
                     self.violation(what);
                 }
             }
-            ReceiverRecord::Prune { before } => disk.applied.retain(|_, (e, _)| *e >= before),
+            ReceiverRecord::Prune { before } => disk.applied.retain(|_, (e, _, _)| *e >= before),
         }
     }
 
@@ -1208,12 +1220,14 @@ impl World {
                 rc,
                 disk.applied
                     .iter()
-                    .map(|(&id, &(expires, digest))| AppliedRecord {
+                    .map(|(&id, (expires, digest, issuer))| AppliedRecord {
                         id,
-                        expires,
-                        digest: Some(digest),
+                        expires: *expires,
+                        digest: Some(*digest),
+                        issuer: Some(issuer.clone()),
                     }),
                 disk.last_sequence.clone(),
+                disk.governed.iter().cloned(),
                 disk.state.clone(),
             );
             (Custodian::new(agent.clone(), cc, seed), r)

@@ -45,6 +45,7 @@ struct Disk {
 struct RDisk {
     applied: BTreeMap<ObligationId, (UnixMillis, abhyasa_wire::Digest)>,
     last_sequence: BTreeMap<abhyasa_custody::GovernedKey, u64>,
+    governed: std::collections::BTreeSet<abhyasa_custody::GovernedKey>,
     state: ReceiverState,
     apply_count: BTreeMap<ObligationId, u8>,
 }
@@ -309,6 +310,7 @@ impl Model for CustodyModel {
             rdisk: RDisk {
                 applied: BTreeMap::new(),
                 last_sequence: BTreeMap::new(),
+                governed: Default::default(),
                 state: ReceiverState::default(),
                 apply_count: BTreeMap::new(),
             },
@@ -448,12 +450,14 @@ impl Model for CustodyModel {
                             id,
                             expires,
                             digest: Some(digest),
+                            issuer: Some(principal()),
                         });
                 s.receiver = Some(Receiver::recover(
                     agent(),
                     receiver_config(),
                     applied.collect::<Vec<_>>(),
                     s.rdisk.last_sequence.clone(),
+                    s.rdisk.governed.clone(),
                     s.rdisk.state.clone(),
                 ));
                 s.recovered = true;
@@ -641,6 +645,9 @@ fn apply_receiver(s: &mut State, record: ReceiverRecord) {
             if let Some((key, seq)) = sequence {
                 s.rdisk.last_sequence.insert(key, seq);
             }
+            s.rdisk
+                .governed
+                .insert(effect.governed_key(&obligation.issuer));
             s.rdisk.state.apply(&effect, -1_000_000, 1_000_000);
             *s.rdisk.apply_count.entry(id).or_insert(0) += 1;
         }

@@ -829,14 +829,44 @@ impl Store {
             let (k, v) = entry?;
             // The obligation applied under this id (its first entry in the apply log, written
             // in the same commit): its digest tells a different obligation under the same id.
-            let digest = log
-                .get((k.value(), 0))?
+            // Its issuer, from the same row: whose per-issuer count the id is in.
+            let row = log.get((k.value(), 0))?;
+            let digest = row
+                .as_ref()
                 .map(|row| abhyasa_wire::Obligation::digest_of_encoded(row.value().1));
+            let issuer = match &row {
+                Some(row) => Some(
+                    abhyasa_wire::decode_obligation(row.value().1)
+                        .map_err(|e| StoreError::Corrupt {
+                            table: "receiver.apply_log",
+                            key: ObligationId::from_u128(k.value()).to_string(),
+                            detail: e.to_string(),
+                        })?
+                        .issuer,
+                ),
+                None => None,
+            };
             applied.push(AppliedRecord {
                 id: ObligationId::from_u128(k.value()),
                 expires: UnixMillis(v.value()),
                 digest,
+                issuer,
             });
+        }
+        let mut governed = Vec::new();
+        for entry in txn.open_table(GOVERNED_BY)?.iter()? {
+            let (k, _) = entry?;
+            let (kind, issuer, name) = k.value();
+            match rows::parse_governed_key(kind, issuer, name) {
+                Some(key) => governed.push(key),
+                None => {
+                    return Err(StoreError::Corrupt {
+                        table: "receiver.governed_by",
+                        key: format!("{kind}/{issuer}/{name}"),
+                        detail: "unreadable governed key".into(),
+                    })
+                }
+            }
         }
         let mut sequences = Vec::new();
         for entry in txn.open_table(LAST_SEQUENCE)?.iter()? {
@@ -858,6 +888,7 @@ impl Store {
             config,
             applied,
             sequences,
+            governed,
             self.receiver.clone(),
         ))
     }

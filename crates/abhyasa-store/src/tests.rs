@@ -856,6 +856,43 @@ fn a_recovered_receiver_still_tells_other_content_under_a_known_id() {
     );
 }
 
+/// A recovered receiver counts each applied id and governed key against its issuer, read back
+/// from the apply log and the governed-by rows: a member at its limits is still held to them,
+/// and the principal is not.
+#[test]
+fn a_recovered_receiver_keeps_each_issuers_limits() {
+    let (mut store, mut backend) = memory_store();
+    let config = ReceiverConfig {
+        max_applied: 2,
+        max_governed: 2,
+        ..ReceiverConfig::default()
+    };
+    let member = AgentId::new("member").unwrap();
+    let by_member = |id: u128| {
+        let mut o = revoke_token(id);
+        o.issuer = member.clone();
+        o
+    };
+    let mut r = Receiver::new(a(), config.clone());
+    for id in [1, 2] {
+        r.handle_obligation(UnixMillis(0), &member, by_member(id));
+    }
+    assert_eq!(persist_receiver(&mut r, &mut store).len(), 2);
+    drop(store);
+    let store = reopen(&mut backend);
+    let mut r = store.recover_receiver(a(), config).unwrap();
+    assert_eq!(r.held().governed, 2);
+    assert_eq!(
+        r.handle_obligation(UnixMillis(1), &member, by_member(3)),
+        abhyasa_custody::Disposition::Deferred,
+        "the member's applied ids, recovered with their issuer, fill its share"
+    );
+    assert_eq!(
+        r.handle_obligation(UnixMillis(1), &p(), revoke_token(4)),
+        abhyasa_custody::Disposition::Applying
+    );
+}
+
 /// State files are private: a store file is created 0600 (it was 0644, readable by every
 /// user of the machine).
 #[test]

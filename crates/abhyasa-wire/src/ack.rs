@@ -51,6 +51,10 @@ pub enum DeclineReason {
     /// Its id is one the receiver has applied, but the content differs: never acked
     /// `applied` (that would discharge an obligation nobody applied).
     IdConflict,
+    /// The receiver holds as many governed records for the obligation's issuer as it keeps
+    /// for one issuer, and this obligation would add one (a limit per issuer, so no member
+    /// exhausts what another's obligations need).
+    OverLimit,
 }
 
 impl DeclineReason {
@@ -63,6 +67,7 @@ impl DeclineReason {
             DeclineReason::Malformed => "malformed",
             DeclineReason::UnknownKind => "unknown_kind",
             DeclineReason::IdConflict => "id_conflict",
+            DeclineReason::OverLimit => "over_limit",
         }
     }
 }
