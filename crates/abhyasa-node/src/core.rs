@@ -119,6 +119,12 @@ struct StoreFull {
     cause: String,
 }
 
+/// QUIC connections at once in their handshake or MOQT setup; past it the oldest is closed for
+/// the new one. (QUIC takes no descriptor per connection: this bounds memory and work.)
+pub const MAX_SETUPS: usize = 256;
+/// How long an accepted QUIC connection has for its handshake and MOQT setup.
+pub const SETUP_DEADLINE: Duration = Duration::from_secs(10);
+
 const STORE_FULL_BACKOFF_MIN: Duration = Duration::from_millis(250);
 const STORE_FULL_BACKOFF_MAX: Duration = Duration::from_secs(30);
 
@@ -254,20 +260,39 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         let limits = b.limits;
         let per_peer = SessionsPerPeer::default();
         let verifier = verifier.clone();
+        // Connections in their handshake or MOQT setup: capped (the oldest closed for a new
+        // one) and each given SETUP_DEADLINE, so connections that never finish their setup
+        // (a stranger's stalled handshake, a member that never sends CLIENT_SETUP or never
+        // reads SERVER_SETUP) hold nothing for long and crowd out no one.
+        let waiting = crate::listen::Waiting::new(MAX_SETUPS);
         tokio::spawn(async move {
             while let Some(incoming) = endpoint.accept().await {
                 let (itx, me, blocked) = (itx.clone(), me.clone(), blocked.clone());
                 let verifier = verifier.clone();
                 let (mcp_tx, per_peer) = (mcp_tx.clone(), per_peer.clone());
-                tokio::spawn(async move {
-                    match Session::accept_any_with(incoming, &me, limits.session).await {
+                let (setup_id, w) = (waiting.next_id(), waiting.clone());
+                let remote = incoming.remote_address();
+                // The task ends with the setup (a session's forwarding runs on a task of its
+                // own), so closing a waiting setup never touches a running session.
+                let task = tokio::spawn(async move {
+                    let setup = tokio::time::timeout(
+                        SETUP_DEADLINE,
+                        Session::accept_any_with(incoming, &me, limits.session),
+                    )
+                    .await;
+                    w.done(setup_id);
+                    let Ok(setup) = setup else {
+                        debug!(%remote, deadline_ms = SETUP_DEADLINE.as_millis() as u64, "session setup not done by its deadline: closed");
+                        return;
+                    };
+                    match setup {
                         Ok(Accepted::Custody(s, rx)) if is_blocked(&blocked, s.peer()) => {
                             drop(rx);
                             s.close("blocked");
                         }
                         Ok(Accepted::Custody(s, rx)) => {
                             per_peer.admit(s.peer(), s.connection(), limits.sessions_per_peer);
-                            forward(s, rx, itx, verifier).await
+                            tokio::spawn(forward(s, rx, itx, verifier));
                         }
                         Ok(Accepted::Mcp(c)) if is_blocked(&blocked, c.peer()) => {
                             c.close("blocked");
@@ -286,6 +311,12 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
                         Err(e) => debug!(%e, "session setup failed"),
                     }
                 });
+                if waiting.admit(setup_id, task.abort_handle()) > 0 {
+                    debug!(
+                        limit = MAX_SETUPS,
+                        "connections in setup at the limit: the oldest closed"
+                    );
+                }
             }
         });
     }

@@ -38,6 +38,7 @@ use abhyasa_wire::{
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 pub use abhyasa_custody::Admission;
+pub use core::{MAX_SETUPS, SETUP_DEADLINE};
 pub use ledger::{
     Executor, GatewayAnswer, LedgerCommand, LedgerReply, LedgerSetup, LedgerStatus, CARRIED_BY_MCP,
 };

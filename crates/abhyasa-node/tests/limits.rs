@@ -238,3 +238,87 @@ async fn ledger_messages_past_the_rate_are_dropped_and_counted() {
     );
     node.shutdown().await;
 }
+
+/// A client endpoint for `identity` that grants the node no flow-control credit at all: a
+/// member that never reads what the node sends (its SERVER_SETUP write can never finish).
+fn deaf_endpoint(identity: &abhyasa_moq::Identity) -> quinn::Endpoint {
+    use quinn::rustls;
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(identity.ca.clone()).unwrap();
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(identity.chain.clone(), identity.private_key())
+        .unwrap();
+    tls.alpn_protocols = vec![abhyasa_wire::moqt::ALPN.to_vec()];
+    let mut transport = quinn::TransportConfig::default();
+    transport.stream_receive_window(0u32.into());
+    transport.receive_window(0u32.into());
+    transport.keep_alive_interval(Some(Duration::from_millis(500)));
+    let mut client = quinn::ClientConfig::new(std::sync::Arc::new(
+        quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap(),
+    ));
+    client.transport_config(std::sync::Arc::new(transport));
+    let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    ep.set_default_client_config(client);
+    ep
+}
+
+/// Connections that never finish their setup: a member sends CLIENT_SETUP and never reads the
+/// answer (its keep-alives keep the connection alive). Such a setup used to hold its
+/// connection for good; now past `MAX_SETUPS` of them the oldest is closed for the new one,
+/// every one is closed by `SETUP_DEADLINE`, and an honest session comes up meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setups_that_never_finish_are_closed_and_crowd_out_no_one() {
+    use abhyasa_wire::moqt::{Control, KeyValue, DRAFT_14};
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate("t").unwrap();
+    let node = node_with(&ca, dir.path(), Limits::default()).await;
+    let ep = deaf_endpoint(&ca.issue(&id("agent-m")).unwrap());
+    let mut setup = Vec::new();
+    Control::ClientSetup {
+        versions: vec![DRAFT_14],
+        params: vec![KeyValue::Int { key: 2, value: 100 }],
+    }
+    .encode(&mut setup);
+    let started = Instant::now();
+    let mut stalled = Vec::new();
+    for _ in 0..abhyasa_node::MAX_SETUPS + 8 {
+        let conn = ep
+            .connect(node.local_addr(), "agent-a")
+            .unwrap()
+            .await
+            .unwrap();
+        let (mut send, _recv) = conn.open_bi().await.unwrap();
+        send.write_all(&setup).await.unwrap();
+        stalled.push((conn, send, _recv));
+    }
+    // Past the cap: the oldest stalled setups were closed for the newest.
+    assert!(
+        closed_within(&stalled[0].0, Duration::from_secs(2))
+            .await
+            .is_some(),
+        "the oldest stalled setup is closed past the cap"
+    );
+    // An honest member's session comes up all the same.
+    let (honest, _rx, _ep) =
+        tokio::time::timeout(Duration::from_secs(5), session(&ca, &id("agent-b"), &node))
+            .await
+            .expect("an honest session up within 5 s");
+    // And the newest is closed by the setup deadline (it used to stay up for good).
+    let newest = &stalled.last().unwrap().0;
+    let wait =
+        (abhyasa_node::SETUP_DEADLINE + Duration::from_secs(5)).saturating_sub(started.elapsed());
+    assert!(
+        closed_within(newest, wait).await.is_some(),
+        "a setup is closed by its deadline"
+    );
+    assert_eq!(
+        closed_within(honest.connection(), Duration::from_millis(200)).await,
+        None,
+        "the honest session stays"
+    );
+    node.shutdown().await;
+}
