@@ -79,6 +79,12 @@ enum Command {
         /// The kinds of the mix, comma-separated (default: all three, drawn uniformly).
         #[arg(long, value_enum, value_delimiter = ',')]
         kinds: Vec<soak::SoakKind>,
+        /// Instead of partitions and kills, attack agent-0 beside the honest principal: 2,000
+        /// idle admin connections, 300 stalled QUIC setups, four sessions of never-ended
+        /// streams, and a member crowding its applied ids (docs/SECURITY.md). Every honest
+        /// obligation under custody must then end applied.
+        #[arg(long)]
+        adversary: bool,
     },
     /// A UDP relay that impairs traffic like `tc netem`, to put between two nodes.
     Netem {
@@ -890,7 +896,10 @@ async fn run(command: Command) -> Result<ExitCode> {
             dir,
             store_cache_mib,
             kinds,
+            adversary,
         } => {
+            // The attackers hold thousands of connections from this process.
+            raise_descriptor_limit();
             let tmp = tempfile::tempdir()?;
             let report = soak::run(&soak::SoakConfig {
                 exe: std::env::current_exe()?,
@@ -903,6 +912,7 @@ async fn run(command: Command) -> Result<ExitCode> {
                 seed,
                 store_cache_bytes: store_cache_mib.map(|m| m << 20),
                 kinds,
+                adversary,
             })
             .await?;
             for m in &report.latency {
@@ -923,6 +933,9 @@ async fn run(command: Command) -> Result<ExitCode> {
                     "wrote soak.csv, soak-latency.csv and soak.svg under {}",
                     out.display()
                 );
+            }
+            if let Some(a) = &report.adversary {
+                println!("{}", a.summary());
             }
             println!("{}", report.summary());
             Ok(if report.clean() {

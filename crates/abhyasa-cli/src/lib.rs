@@ -5,6 +5,7 @@
 #![warn(missing_docs)]
 
 pub mod admin;
+pub mod adversary;
 pub mod audit;
 mod cli;
 pub mod demo;

@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use abhyasa_moq::Ca;
@@ -51,7 +52,14 @@ pub struct SoakConfig {
     pub store_cache_bytes: Option<usize>,
     /// The kinds of the mix, drawn uniformly (all three by default).
     pub kinds: Vec<SoakKind>,
+    /// Run the attacks of [`crate::adversary`] against `agent-0` instead of partitions and
+    /// kills: the honest principal's obligations must then all apply.
+    pub adversary: bool,
 }
+
+/// `agent-0`'s applied ids per issuer under `--adversary`: small, so the crowding member
+/// reaches its share within seconds.
+pub const ADVERSARY_MAX_APPLIED: usize = 1_000;
 
 /// A kind of obligation the soak issues.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -126,6 +134,30 @@ pub struct SoakReport {
     pub outcomes: BTreeMap<String, u64>,
     /// The audit of every store.
     pub audit: AuditReport,
+    /// Under `--adversary`: what the attacks did.
+    pub adversary: Option<Arc<crate::adversary::AdversaryStats>>,
+    /// The honest principal's obligations under custody (not best effort), and how many of
+    /// them ended `applied`; the same for those to `agent-0`, the agent attacked.
+    pub honest: HonestCount,
+}
+
+/// Obligations of the honest principal under custody, and those applied.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HonestCount {
+    /// To any agent: under custody.
+    pub custody: u64,
+    /// ... ended `applied`.
+    pub applied: u64,
+    /// ... declined `superseded`: a later decision of the principal on the same key (a
+    /// grant, sent best effort) was applied first, after the first attempt of this one was
+    /// lost (a datagram dropped under load): what the principal last decided is in force.
+    pub superseded: u64,
+    /// To `agent-0`: under custody.
+    pub agent0_custody: u64,
+    /// ... ended `applied`.
+    pub agent0_applied: u64,
+    /// ... declined `superseded`.
+    pub agent0_superseded: u64,
 }
 
 impl SoakReport {
@@ -133,7 +165,7 @@ impl SoakReport {
     pub fn summary(&self) -> String {
         let (first, last) = (self.samples.first(), self.samples.last());
         format!(
-            "soak: acked={} refused={} kills={} partitions={} outcomes={:?} rss_kib first={} last={} max={} fds first={} last={} agent0_rss_kib first={} last={} max={} peers_up={}/{} still_pending={} lost={} double_applied={} violations={}",
+            "soak: acked={} refused={} kills={} partitions={} outcomes={:?} rss_kib first={} last={} max={} fds first={} last={} agent0_rss_kib first={} last={} max={} agent0_fds max={} honest_applied={}/{} honest_superseded={} agent0_honest_applied={}/{} agent0_honest_superseded={} peers_up={}/{} still_pending={} lost={} double_applied={} violations={}",
             self.acked,
             self.refused.values().sum::<u64>(),
             self.kills,
@@ -147,6 +179,13 @@ impl SoakReport {
             first.map_or(0, |s| s.agent_rss_kib),
             last.map_or(0, |s| s.agent_rss_kib),
             self.samples.iter().map(|s| s.agent_rss_kib).max().unwrap_or(0),
+            self.samples.iter().map(|s| s.agent_fds).max().unwrap_or(0),
+            self.honest.applied,
+            self.honest.custody,
+            self.honest.superseded,
+            self.honest.agent0_applied,
+            self.honest.agent0_custody,
+            self.honest.agent0_superseded,
             self.peers_up,
             self.agents,
             self.still_pending,
@@ -156,9 +195,14 @@ impl SoakReport {
         )
     }
 
-    /// Whether nothing was lost, applied twice or left pending, and the audit passed.
+    /// Whether nothing was lost, applied twice or left pending, and the audit passed; under
+    /// `--adversary` also every honest obligation under custody applied, or was superseded by
+    /// the principal's own later decision (nothing declined otherwise, nothing escalated).
     pub fn clean(&self) -> bool {
-        self.lost == 0
+        let honest = self.adversary.is_none()
+            || self.honest.applied + self.honest.superseded == self.honest.custody;
+        honest
+            && self.lost == 0
             && self.peers_up == self.agents
             && self.still_pending == 0
             && self.audit.double_applied == 0
@@ -216,6 +260,10 @@ impl Proc {
 
 fn free_udp() -> Result<SocketAddr, Error> {
     Ok(crate::demo::free_addr()?)
+}
+
+fn free_tcp() -> Result<SocketAddr, Error> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
 }
 
 /// Resident memory (KiB) and open files of a process, from `/proc`.
@@ -355,7 +403,15 @@ pub async fn run(config: &SoakConfig) -> Result<SoakReport, Error> {
     let ca = Ca::generate("abhyasa soak CA")?;
     ca.save(&certs)?;
     let names: Vec<String> = (0..config.agents).map(|i| format!("agent-{i}")).collect();
-    for n in std::iter::once("principal").chain(names.iter().map(String::as_str)) {
+    let attackers: &[&str] = if config.adversary {
+        &["eve", "mallory"]
+    } else {
+        &[]
+    };
+    for n in std::iter::once("principal")
+        .chain(names.iter().map(String::as_str))
+        .chain(attackers.iter().copied())
+    {
         ca.issue(&AgentId::new(n)?)?.save(&certs)?;
     }
     // Agents listen on their own ports; the principal reaches each through its relay.
@@ -366,14 +422,31 @@ pub async fn run(config: &SoakConfig) -> Result<SoakReport, Error> {
         .store_cache_bytes
         .map(|b| format!("\n[limits]\nstore_cache_bytes = {b}\n"))
         .unwrap_or_default();
+    // Under --adversary, agent-0 also serves its admin interface on TCP (what the idle
+    // connections aim at) and keeps few applied ids per issuer (what the member crowds).
+    let mut attacked: Option<(SocketAddr, SocketAddr)> = None;
     for name in &names {
         let (listen, relay) = (free_udp()?, free_udp()?);
         let state = dir.join(format!("state-{name}"));
         let cfg = dir.join(format!("{name}.toml"));
+        let (admin_line, limits) = if config.adversary && attacked.is_none() {
+            let admin_tcp = free_tcp()?;
+            attacked = Some((listen, admin_tcp));
+            let cache = config
+                .store_cache_bytes
+                .map(|b| format!("store_cache_bytes = {b}\n"))
+                .unwrap_or_default();
+            (
+                format!("admin = \"{admin_tcp}\"\n"),
+                format!("\n[limits]\nmax_applied = {ADVERSARY_MAX_APPLIED}\n{cache}"),
+            )
+        } else {
+            (String::new(), limits.clone())
+        };
         std::fs::write(
             &cfg,
             format!(
-                "agent = \"{name}\"\nlisten = \"{listen}\"\ncerts = \"{}\"\nstate = \"{}\"\n{limits}",
+                "agent = \"{name}\"\nlisten = \"{listen}\"\ncerts = \"{}\"\nstate = \"{}\"\n{admin_line}{limits}",
                 certs.display(),
                 state.display()
             ),
@@ -410,10 +483,40 @@ pub async fn run(config: &SoakConfig) -> Result<SoakReport, Error> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // The attackers: mallory's node (a member issuing in its own name, straight to agent-0)
+    // and eve's connections.
+    let mut mallory = None;
+    let mut attacks = None;
+    if let Some((agent0, admin_tcp)) = attacked {
+        let m_state = dir.join("state-mallory");
+        let m_cfg = dir.join("mallory.toml");
+        std::fs::write(
+            &m_cfg,
+            format!(
+                "agent = \"mallory\"\nlisten = \"{}\"\ncerts = \"{}\"\nstate = \"{}\"\n\n[[peers]]\nid = \"{}\"\naddr = \"{agent0}\"\n",
+                free_udp()?,
+                certs.display(),
+                m_state.display(),
+                names[0],
+            ),
+        )?;
+        mallory = Some((
+            Proc::start(&config.exe, &m_cfg, &dir.join("mallory.log"))?,
+            m_state.clone(),
+        ));
+        attacks = Some(crate::adversary::start(crate::adversary::Target {
+            agent: AgentId::new(&names[0])?,
+            quic: agent0,
+            admin_tcp,
+            eve: abhyasa_moq::Identity::load(&certs, &AgentId::new("eve")?)?,
+            mallory_state: m_state,
+        })?);
+    }
 
     let mut rng = rand::rngs::StdRng::seed_from_u64(config.seed);
     let start = Instant::now();
-    let mut acked: Vec<(ObligationId, u64, u64)> = Vec::new(); // id, acked at (unix ms), second
+    // id, acked at (unix ms), second, to agent-0
+    let mut acked: Vec<(ObligationId, u64, u64, bool)> = Vec::new();
     let mut refused: BTreeMap<String, u64> = BTreeMap::new();
     let mut samples = Vec::new();
     let (mut kills, mut partitions) = (0u64, 0u64);
@@ -450,7 +553,7 @@ pub async fn run(config: &SoakConfig) -> Result<SoakReport, Error> {
                 agents[a].0.restart()?;
             }
         }
-        if now >= next_fault {
+        if now >= next_fault && !config.adversary {
             next_fault += config.fault_every;
             let a = rng.random_range(0..config.agents);
             if !healing.iter().any(|h| h.1 == a) {
@@ -472,7 +575,8 @@ pub async fn run(config: &SoakConfig) -> Result<SoakReport, Error> {
         if now >= next_issue {
             next_issue += issue_every;
             n += 1;
-            let agent = &names[rng.random_range(0..config.agents)];
+            let a = rng.random_range(0..config.agents);
+            let agent = &names[a];
             let reply = admin::request(
                 &target(&p_state),
                 Request::Issue(Box::new(spec(
@@ -493,6 +597,7 @@ pub async fn run(config: &SoakConfig) -> Result<SoakReport, Error> {
                     ObligationId::from_u128(id),
                     crate::sweep::unix_ms(),
                     start.elapsed().as_secs(),
+                    a == 0,
                 ));
             } else {
                 let why = reply["error"].as_str().unwrap_or("?").to_owned();
@@ -503,6 +608,11 @@ pub async fn run(config: &SoakConfig) -> Result<SoakReport, Error> {
         tokio::time::sleep(wake.saturating_duration_since(Instant::now())).await;
     }
 
+    let adversary = attacks.map(|a| {
+        let stats = a.stats.clone();
+        a.stop();
+        stats
+    });
     // Heal everything and let the pending set drain (at most one deadline and a margin).
     for (_, a, partition) in healing {
         if partition {
@@ -526,6 +636,9 @@ pub async fn run(config: &SoakConfig) -> Result<SoakReport, Error> {
     for (a, _) in &mut agents {
         a.sigterm();
     }
+    if let Some((m, _)) = &mut mallory {
+        m.sigterm();
+    }
     for r in relays.into_iter().filter_map(|l| l.relay) {
         r.stop();
     }
@@ -543,6 +656,9 @@ pub async fn run(config: &SoakConfig) -> Result<SoakReport, Error> {
     for (name, (_, state)) in names.iter().zip(&agents) {
         rows.push(open(name, state)?);
     }
+    if let Some((_, state)) = &mallory {
+        rows.push(open("mallory", state)?);
+    }
     let report = audit::audit(
         &rows,
         None,
@@ -552,9 +668,27 @@ pub async fn run(config: &SoakConfig) -> Result<SoakReport, Error> {
     let (mut lost, mut still_pending) = (0, 0);
     let mut outcomes: BTreeMap<String, u64> = BTreeMap::new();
     let mut per_minute: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
-    for (id, at, second) in &acked {
+    let mut honest = HonestCount::default();
+    for (id, at, second, to_agent0) in &acked {
         match p.terminal(*id) {
             Some(t) => {
+                if t.outcome != abhyasa_wire::Outcome::BestEffort {
+                    let applied = u64::from(t.outcome == abhyasa_wire::Outcome::Applied);
+                    let superseded = u64::from(
+                        t.outcome
+                            == abhyasa_wire::Outcome::Declined(
+                                abhyasa_wire::DeclineReason::Superseded,
+                            ),
+                    );
+                    honest.custody += 1;
+                    honest.applied += applied;
+                    honest.superseded += superseded;
+                    if *to_agent0 {
+                        honest.agent0_custody += 1;
+                        honest.agent0_applied += applied;
+                        honest.agent0_superseded += superseded;
+                    }
+                }
                 let name = format!("{:?}", t.outcome);
                 let name = name.split(['(', ' ', '{']).next().unwrap_or("?").to_owned();
                 *outcomes.entry(name).or_default() += 1;
@@ -602,6 +736,8 @@ pub async fn run(config: &SoakConfig) -> Result<SoakReport, Error> {
         still_pending,
         outcomes,
         audit: report,
+        adversary,
+        honest,
     })
 }
 
@@ -624,7 +760,8 @@ pub fn write(report: &SoakReport, out: &Path) -> Result<(), sweep::Error> {
         ));
     }
     sweep::write(out, "soak-latency.csv", &lat)?;
-    let series = vec![
+    let attacked = report.adversary.is_some();
+    let mut series = vec![
         Series {
             label: "principal RSS, MiB".into(),
             points: report
@@ -634,7 +771,11 @@ pub fn write(report: &SoakReport, out: &Path) -> Result<(), sweep::Error> {
                 .collect(),
         },
         Series {
-            label: "agent-0 RSS, MiB (partitioned, never killed)".into(),
+            label: if attacked {
+                "agent-0 RSS, MiB (under attack)".into()
+            } else {
+                "agent-0 RSS, MiB (partitioned, never killed)".into()
+            },
             points: report
                 .samples
                 .iter()
@@ -658,10 +799,24 @@ pub fn write(report: &SoakReport, out: &Path) -> Result<(), sweep::Error> {
                 .collect(),
         },
     ];
+    if attacked {
+        series.push(Series {
+            label: "agent-0 open files".into(),
+            points: report
+                .samples
+                .iter()
+                .map(|s| (s.t_s, s.agent_fds as f64))
+                .collect(),
+        });
+    }
     sweep::plot(
         &out.join("soak.svg"),
         &Axes {
-            title: "soak: the principal and agent-0 over time (agents partitioned and SIGKILLed)",
+            title: if attacked {
+                "soak --adversary: agent-0 under every attack at once, beside the honest principal"
+            } else {
+                "soak: the principal and agent-0 over time (agents partitioned and SIGKILLed)"
+            },
             x: "seconds",
             y: "MiB / files / obligations",
             log_x: false,
