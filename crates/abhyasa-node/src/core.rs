@@ -199,7 +199,14 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         objects: Verifier::new(b.identity.ca.clone()),
         ledger: b.ledger.as_ref().map(|l| l.keys.clone()),
     });
-    let store = Store::open(&db_path, b.store.clone())?;
+    let open = {
+        let (path, config, backend) = (db_path.clone(), b.store.clone(), b.backend.clone());
+        move || match &backend {
+            Some(disk) => Store::open_backend(disk.clone(), config.clone()),
+            None => Store::open(&path, config.clone()),
+        }
+    };
+    let store = open()?;
     let clock = Clock::start();
     let t = clock.now();
     let seed = t.0 ^ 0x9e37_79b9_7f4a_7c15;
@@ -224,10 +231,7 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         receiver,
         ledger_machine,
     );
-    let (path, store_config) = (db_path.clone(), b.store.clone());
-    let group = GroupCommit::spawn(store, b.group, move || {
-        Store::open(&path, store_config.clone())
-    });
+    let group = GroupCommit::spawn(store, b.group, open);
     let (endpoint, impairment) = match b.impairment.clone() {
         None => (
             abhyasa_moq::endpoint(&b.identity, b.listen, &b.transport)?,

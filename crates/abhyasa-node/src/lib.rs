@@ -352,6 +352,7 @@ pub struct NodeBuilder {
     store: StoreConfig,
     group: GroupConfig,
     impairment: Option<(abhyasa_netem::Impairment, u64)>,
+    backend: Option<abhyasa_store::fault::FaultyBackend>,
     ledger: Option<ledger::LedgerSetup>,
     maintenance: Duration,
     limits: Limits,
@@ -390,6 +391,16 @@ impl NodeBuilder {
     /// benchmarks). Impair both nodes to impair both directions.
     pub fn impair(mut self, spec: abhyasa_netem::Impairment, seed: u64) -> Self {
         self.impairment = Some((spec, seed));
+        self
+    }
+
+    /// Keeps the store on `backend` instead of `<state_dir>/node.redb` (tests: a disk that
+    /// fails on cue, e.g. [`FaultPlan::NoSpace`](abhyasa_store::fault::FaultPlan)). The
+    /// state directory still holds nothing else of the store; a reopen after a failed commit
+    /// reopens the same backend.
+    #[doc(hidden)]
+    pub fn store_backend(mut self, backend: abhyasa_store::fault::FaultyBackend) -> Self {
+        self.backend = Some(backend);
         self
     }
 
@@ -543,6 +554,7 @@ impl Node {
             store: StoreConfig::default(),
             group: GroupConfig::default(),
             impairment: None,
+            backend: None,
             ledger: None,
             maintenance: Duration::from_secs(60),
             paused_clock: false,

@@ -6,6 +6,12 @@
 //! - [`FaultPlan::FailSync`]`(n)`: the n-th sync returns an I/O error and persists nothing;
 //!   the device is dead from then on.
 //!
+//! - [`FaultPlan::NoSpace`]: the file system is full, as a sparse file sees it — growing the
+//!   file, or writing to a block never written before (a hole), fails with ENOSPC (`os error
+//!   28`) and changes nothing; rewriting blocks already written, reads and syncs go on — until
+//!   [`FaultyBackend::arm`] sets another plan. What a full file system does to a store,
+//!   without a file system.
+//!
 //! [`FaultyBackend::power_cycle`] gives a fresh backend on the surviving durable image.
 
 use std::io;
@@ -22,6 +28,8 @@ pub enum FaultPlan {
     PowerLossAfterSync(u64),
     /// This (1-based) sync fails with an I/O error.
     FailSync(u64),
+    /// Full: writes, growth and syncs fail with ENOSPC until another plan is armed.
+    NoSpace,
 }
 
 #[derive(Debug)]
@@ -31,7 +39,13 @@ struct Disk {
     syncs: u64,
     plan: FaultPlan,
     dead: bool,
+    /// Operations refused under [`FaultPlan::NoSpace`].
+    refused: u64,
+    /// The 4 KiB blocks ever written (what a full file system can still rewrite).
+    written: std::collections::BTreeSet<u64>,
 }
+
+const BLOCK: u64 = 4096;
 
 /// The backend. Clones share one disk, so a test keeps a handle while redb owns another.
 #[derive(Clone, Debug)]
@@ -44,12 +58,15 @@ impl FaultyBackend {
     }
 
     fn with_image(image: Vec<u8>, plan: FaultPlan) -> Self {
+        let image_len = image.len() as u64;
         Self(Arc::new(Mutex::new(Disk {
             volatile: image.clone(),
             durable: image,
             syncs: 0,
             plan,
             dead: false,
+            refused: 0,
+            written: (0..image_len.div_ceil(BLOCK)).collect(),
         })))
     }
 
@@ -66,7 +83,13 @@ impl FaultyBackend {
             FaultPlan::None => FaultPlan::None,
             FaultPlan::PowerLossAfterSync(n) => FaultPlan::PowerLossAfterSync(base + n),
             FaultPlan::FailSync(n) => FaultPlan::FailSync(base + n),
+            FaultPlan::NoSpace => FaultPlan::NoSpace,
         };
+    }
+
+    /// Writes, growths and syncs refused for want of space so far.
+    pub fn refused_for_space(&self) -> u64 {
+        self.disk().refused
     }
 
     /// Syncs completed so far.
@@ -90,6 +113,24 @@ fn dead() -> io::Error {
     io::Error::other("injected fault: device is gone")
 }
 
+impl Disk {
+    /// Fails, while the disk is full, an operation that needs new space: bytes `offset..end`
+    /// of which some lie past the end or in a block never written.
+    fn check_space(&mut self, offset: u64, end: u64) -> Result<(), io::Error> {
+        if self.plan != FaultPlan::NoSpace || offset >= end {
+            return Ok(());
+        }
+        let past_end = end > self.volatile.len() as u64;
+        let hole = (offset / BLOCK..end.div_ceil(BLOCK)).any(|b| !self.written.contains(&b));
+        if past_end || hole {
+            self.refused += 1;
+            // ENOSPC: "No space left on device (os error 28)".
+            return Err(io::Error::from_raw_os_error(28));
+        }
+        Ok(())
+    }
+}
+
 impl StorageBackend for FaultyBackend {
     fn len(&self) -> Result<u64, io::Error> {
         Ok(self.disk().volatile.len() as u64)
@@ -111,6 +152,8 @@ impl StorageBackend for FaultyBackend {
         if disk.dead {
             return Err(dead());
         }
+        let current = disk.volatile.len() as u64;
+        disk.check_space(current, len)?;
         let len = usize::try_from(len).map_err(|_| io::Error::other("length overflow"))?;
         disk.volatile.resize(len, 0);
         Ok(())
@@ -145,6 +188,11 @@ impl StorageBackend for FaultyBackend {
         let end = start
             .checked_add(data.len())
             .ok_or_else(|| io::Error::other("write overflow"))?;
+        disk.check_space(offset, end as u64)?;
+        if !data.is_empty() {
+            let blocks = offset / BLOCK..(end as u64).div_ceil(BLOCK);
+            disk.written.extend(blocks);
+        }
         if end > disk.volatile.len() {
             disk.volatile.resize(end, 0);
         }

@@ -1,0 +1,113 @@
+//! A full store is an answer, not a silence: with its store on a disk that fails every write
+//! with ENOSPC until told otherwise (`FaultPlan::NoSpace`, no file system needed), a principal
+//! refuses new work with `NodeError::StoreFull`, keeps answering `status`, retries its commits
+//! with backoff (not in a tight loop), loses nothing it had accepted, and takes work again once
+//! space returns. `tests/disk_full.rs` shows the same on a real full tmpfs where it can mount.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use abhyasa_moq::Ca;
+use abhyasa_node::{Node, NodeError};
+use abhyasa_store::fault::{FaultPlan, FaultyBackend};
+use abhyasa_wire::Outcome;
+use common::{custodian, free_addr, id, revoke};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_without_space_refuses_clearly_answers_status_and_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate("t").unwrap();
+    let (p, a) = (id("principal"), id("agent-1"));
+    let a_addr = free_addr();
+    let _agent = Node::builder(ca.issue(&a).unwrap())
+        .listen(a_addr)
+        .state_dir(dir.path().join("a"))
+        .build()
+        .await
+        .unwrap();
+    let disk = FaultyBackend::new(FaultPlan::None);
+    let principal = Node::builder(ca.issue(&p).unwrap())
+        .peer(a.clone(), a_addr)
+        .state_dir(dir.path().join("p"))
+        .store_backend(disk.clone())
+        .custodian(custodian())
+        .build()
+        .await
+        .unwrap();
+    let applied = |h: abhyasa_node::IssueHandle| async move {
+        let (record, _) = tokio::time::timeout(Duration::from_secs(10), h.outcome())
+            .await
+            .expect("an outcome in time")
+            .expect("the node runs");
+        record.outcome
+    };
+    let h = principal.issue(revoke(1, &a, 20_000)).await.unwrap();
+    assert_eq!(applied(h).await, Outcome::Applied);
+
+    // The file system fills: issues go on while the store rewrites pages it already has, until
+    // a commit needs new space and fails. Each issue is answered, never left hanging.
+    disk.arm(FaultPlan::NoSpace);
+    let mut n = 100;
+    loop {
+        n += 1;
+        let answer = tokio::time::timeout(
+            Duration::from_secs(5),
+            principal.issue(revoke(n, &a, 20_000)),
+        )
+        .await
+        .expect("the issue is answered, not left hanging");
+        if answer.is_err() {
+            break;
+        }
+        assert!(n < 2_000, "no commit needed new space in 1,900 issues");
+    }
+    assert!(disk.refused_for_space() > 0);
+    // From now on new work is refused at once, naming the store and why.
+    let t = Instant::now();
+    match principal.issue(revoke(3, &a, 20_000)).await {
+        Err(NodeError::StoreFull { cause, .. }) => {
+            assert!(cause.contains("os error 28"), "{cause}")
+        }
+        other => panic!("expected StoreFull, got {other:?}"),
+    }
+    assert!(t.elapsed() < Duration::from_secs(2), "refused at once");
+    // Status answers, and says the store is full.
+    let status = tokio::time::timeout(Duration::from_secs(2), principal.status())
+        .await
+        .expect("status answered while full")
+        .unwrap();
+    assert!(status.store_full.is_some(), "{:?}", status.store_full);
+    // While full, commits are retried with backoff, not in a loop: over two seconds, a handful
+    // of attempts (each refused write counted), never thousands.
+    let before = disk.refused_for_space();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let attempts = disk.refused_for_space() - before;
+    assert!(
+        attempts < 100,
+        "{attempts} refused writes in 2 s: a tight loop"
+    );
+
+    // Space returns: the node takes work again, and what it applied before is still known.
+    disk.arm(FaultPlan::None);
+    let back = Instant::now() + Duration::from_secs(40);
+    let h = loop {
+        match principal.issue(revoke(4, &a, 20_000)).await {
+            Ok(h) => break h,
+            Err(NodeError::StoreFull { .. }) if Instant::now() < back => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Err(e) => panic!("still refused after space returned: {e}"),
+        }
+    };
+    assert_eq!(applied(h).await, Outcome::Applied);
+    let status = principal.status().await.unwrap();
+    assert!(status.store_full.is_none(), "{:?}", status.store_full);
+    assert!(
+        status
+            .recent
+            .iter()
+            .any(|t| t.obligation_id == abhyasa_wire::ObligationId::from_u128(1)),
+        "the obligation applied before the disk filled is still recorded"
+    );
+}
