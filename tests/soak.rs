@@ -110,7 +110,7 @@ fn an_adversary_soak_applies_every_honest_obligation() {
     let number = |l: &str, name: &str| -> u64 { field(l, name).parse().unwrap() };
     // Every honest obligation under custody applied, to agent-0 too, and there were some —
     // or, rarely, was superseded by the principal's own later grant on the same scope after a
-    // lost first attempt (2 of 25,018 in the ten-minute run): nothing escalated, nothing
+    // lost first attempt (at most 2 of 25,018 in the ten-minute runs): nothing escalated, nothing
     // declined otherwise.
     for (name, superseded) in [
         ("honest_applied", "honest_superseded"),
