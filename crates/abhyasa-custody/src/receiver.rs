@@ -548,8 +548,12 @@ impl Receiver {
             }
             return Disposition::Deferred;
         }
-        let stored_key = kinds::effect(&o).governed_key(&o.issuer);
-        if held.governed >= self.config.max_governed && !self.governed.contains(&stored_key) {
+        // The key's effect is built only at the cap (`apply` builds it again for the record).
+        if held.governed >= self.config.max_governed
+            && !self
+                .governed
+                .contains(&kinds::effect(&o).governed_key(&o.issuer))
+        {
             return self.decline(now, &o.envelope(), DeclineReason::OverLimit);
         }
         self.apply(now, o, key, under_custody);
