@@ -152,6 +152,7 @@ fn in_memory_cycle(r: &mut Branch, g: &mut Gateway, n: u64) -> EffectInstance {
         payer: e.payer,
         key,
         charge,
+        expires: e.expires,
     }
 }
 

@@ -15,13 +15,13 @@ use std::sync::Mutex;
 
 use abhyasa_ledger::check::{audit, audit_gateway, check, EffectInstance, Violation, World};
 use abhyasa_ledger::{
-    Branch, CreditId, Dim, Effect, Gateway, Keyring, Label, LedgerSigningKey, OpKey, RootGrant,
-    RootId, Signed, TransferId, Vector,
+    Branch, CreditId, Dim, Effect, Execute, Gateway, Keyring, Label, LedgerSigningKey, OpKey,
+    RootGrant, RootId, Signed, TransferId, Vector,
 };
 use abhyasa_moq::{certified_keys, Identity, Signer};
 use abhyasa_node::{Executor, LedgerCommand, LedgerReply, LedgerStatus};
 use abhyasa_store::{Store, StoreConfig};
-use abhyasa_wire::{decode, encode, AgentId};
+use abhyasa_wire::{decode, encode, AgentId, UnixMillis};
 use serde::{Deserialize, Serialize};
 
 /// Errors of the ledger commands.
@@ -374,7 +374,7 @@ pub fn print_status(v: &serde_json::Value) {
 }
 
 /// The reference gateway executor: records each effect that runs in an append-only, fsynced
-/// file (`<state>/effects.log`: `key dim=n,… payer` per line) before reporting it, and charges the
+/// file (`<state>/effects.log`: `key dim=n,… payer [expires]` per line, the permit's expiry in Unix ms when it has one) before reporting it, and charges the
 /// effect's declared maximum. Resumed effects are looked up there first. Embedders running
 /// real effects provide their own [`Executor`].
 pub struct FileExecutor {
@@ -415,14 +415,9 @@ impl FileExecutor {
 }
 
 impl Executor for FileExecutor {
-    fn execute(
-        &self,
-        payer: &AgentId,
-        key: OpKey,
-        effect: &Effect,
-        max: &Vector,
-        resume: bool,
-    ) -> Vector {
+    fn execute(&self, run: &Execute) -> Vector {
+        let (payer, key, effect, max) = (&run.payer, run.key, &run.effect, &run.max_charge);
+        let resume = run.resume;
         let mut ran = self.ran.lock().unwrap_or_else(|e| e.into_inner());
         let id = (payer.clone(), key);
         if let Some(c) = ran.get(&id).filter(|_| resume) {
@@ -437,7 +432,15 @@ impl Executor for FileExecutor {
         // The record is durable before the receipt can exist. A failed write is reported as
         // the maximum charge: conservative, never an unrecorded free effect.
         // One write of the whole line: a crash leaves at most a torn tail.
-        let line = format!("{:x} {} {payer}\n", key.to_u128(), show_vector(&charge));
+        let line = match run.expires {
+            Some(e) => format!(
+                "{:x} {} {payer} {}\n",
+                key.to_u128(),
+                show_vector(&charge),
+                e.0
+            ),
+            None => format!("{:x} {} {payer}\n", key.to_u128(), show_vector(&charge)),
+        };
         let _ = f.write_all(line.as_bytes()).and_then(|()| f.sync_data());
         ran.insert(id, charge.clone());
         charge
@@ -465,8 +468,14 @@ fn read_effects_at(path: &Path, gateway: Option<&AgentId>) -> Result<Vec<EffectI
         }
         let text = String::from_utf8_lossy(line);
         let parts: Vec<&str> = text.split_whitespace().collect();
-        let [k, c, payer] = parts[..] else {
-            return Err(format!("effects log: unreadable line {:?}", text.trim()).into());
+        let unreadable = || format!("effects log: unreadable line {:?}", text.trim());
+        let (k, c, payer, expires) = match parts[..] {
+            [k, c, payer] => (k, c, payer, None),
+            [k, c, payer, e] => {
+                let e = e.parse::<u64>().map_err(|_| unreadable())?;
+                (k, c, payer, Some(UnixMillis(e)))
+            }
+            _ => return Err(unreadable().into()),
         };
         out.push(EffectInstance {
             gateway: gw.clone(),
@@ -477,6 +486,7 @@ fn read_effects_at(path: &Path, gateway: Option<&AgentId>) -> Result<Vec<EffectI
             } else {
                 parse_vector(c)?
             },
+            expires,
         });
     }
     Ok(out)
@@ -567,17 +577,33 @@ mod tests {
         };
         let payer = AgentId::new("child").unwrap();
         let max = parse_vector("cents=10").unwrap();
-        x.execute(&payer, OpKey::from_u128(0xc3), &effect, &max, false);
-        let got: Vec<(u128, String, Vector)> = read_effects(&path)
+        for (k, expires) in [(0xc3, Some(UnixMillis(1_700_000_000_000))), (0xc4, None)] {
+            x.execute(&Execute {
+                payer: payer.clone(),
+                key: OpKey::from_u128(k),
+                effect: effect.clone(),
+                max_charge: max.clone(),
+                expires,
+                resume: false,
+            });
+        }
+        let got: Vec<(u128, String, Vector, Option<UnixMillis>)> = read_effects(&path)
             .unwrap()
             .into_iter()
-            .map(|e| (e.key.to_u128(), e.payer.to_string(), e.charge))
+            .map(|e| (e.key.to_u128(), e.payer.to_string(), e.charge, e.expires))
             .collect();
+        let cents = |s| parse_vector(s).unwrap();
         assert_eq!(
             got,
             vec![
-                (0xa1, "root".into(), parse_vector("cents=10").unwrap()),
-                (0xc3, "child".into(), parse_vector("cents=7").unwrap()),
+                (0xa1, "root".into(), cents("cents=10"), None),
+                (
+                    0xc3,
+                    "child".into(),
+                    cents("cents=7"),
+                    Some(UnixMillis(1_700_000_000_000))
+                ),
+                (0xc4, "child".into(), cents("cents=7"), None),
             ]
         );
     }

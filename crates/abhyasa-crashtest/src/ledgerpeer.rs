@@ -483,6 +483,9 @@ pub fn read_effects(db: &Path) -> Result<Vec<EffectInstance>, std::io::Error> {
             payer,
             key: OpKey::from_u128(k),
             charge: cents(c),
+            // Its gateway keeps every acceptance: nothing is forgotten, so the expiry is
+            // never needed.
+            expires: None,
         });
     }
     Ok(out)

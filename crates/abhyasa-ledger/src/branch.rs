@@ -431,8 +431,13 @@ pub struct Branch {
     /// The step that made each credit (grant, split, accept, join): a reused id with
     /// different content is refused, the same step again is a replay.
     origins: BTreeMap<CreditId, Step>,
-    /// Operations a checkpoint folded (ended), by key: their keys stay taken.
+    /// Operations a checkpoint folded (ended), by key: their keys stay taken until the
+    /// gateway's horizon passes their expiry (see `horizons`).
     ended: BTreeMap<OpKey, EndedOp>,
+    /// Per gateway, the instant before which it holds nothing of this branch's and takes
+    /// nothing more ([`LedgerMessage::Horizon`]): a checkpoint forgets the ended operations
+    /// at that gateway whose permits expired before it, and keeps the instants.
+    horizons: BTreeMap<AgentId, UnixMillis>,
     /// Atoms committed by folded operations, per root.
     committed: BTreeMap<RootId, Footprint>,
     /// Journal steps folded into the checkpoint the journal starts with.
@@ -475,6 +480,7 @@ impl Branch {
             incoming: BTreeMap::new(),
             origins: BTreeMap::new(),
             ended: BTreeMap::new(),
+            horizons: BTreeMap::new(),
             committed: BTreeMap::new(),
             folded_steps: 0,
             resends: BTreeMap::new(),
@@ -1044,6 +1050,20 @@ impl Branch {
                 Ok(())
             }
             LedgerMessage::Pending { .. } => Ok(()),
+            LedgerMessage::Horizon { horizon } => {
+                // Only a gateway this branch pays through speaks for its own log; the next
+                // checkpoint forgets what the instant covers.
+                let pays_there = self.ended.values().any(|e| &e.receiver == from)
+                    || self.ops.values().any(|o| &o.binding.receiver == from);
+                if !pays_there {
+                    return Err(LedgerError::WrongState(
+                        "a horizon from an agent this branch never paid through",
+                    ));
+                }
+                let h = self.horizons.entry(from.clone()).or_insert(horizon);
+                *h = (*h).max(horizon);
+                Ok(())
+            }
             LedgerMessage::Fenced(fenced) => {
                 let f = fenced.peek()?;
                 self.party("a fenced reply", from, &f.gateway)?;

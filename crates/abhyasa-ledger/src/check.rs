@@ -25,6 +25,12 @@ pub struct EffectInstance {
     pub key: OpKey,
     /// What it charged.
     pub charge: Vector,
+    /// When its permit expired, as the gateway told the executor ([`Execute::expires`]);
+    /// `None` when it had none or the record does not say. Only an effect whose permit
+    /// expired may have every record of it forgotten (its gateway's and its payer's).
+    ///
+    /// [`Execute::expires`]: crate::Execute::expires
+    pub expires: Option<abhyasa_wire::UnixMillis>,
 }
 
 /// A broken invariant.
@@ -465,6 +471,15 @@ pub fn check(w: &World<'_>) -> Vec<Violation> {
         .iter()
         .map(|g| (g.agent().clone(), g.horizon()))
         .collect();
+    // The horizons gateways told each payer, by (payer, gateway).
+    let told: BTreeMap<(AgentId, AgentId), abhyasa_wire::UnixMillis> = w
+        .branches
+        .iter()
+        .flat_map(|b| {
+            b.horizons()
+                .map(move |(g, h)| ((b.agent().clone(), g.clone()), *h))
+        })
+        .collect();
     // Operations checkpoints folded, by (payer, key).
     let ended: BTreeMap<(AgentId, OpKey), &crate::EndedOp> = w
         .branches
@@ -521,7 +536,15 @@ pub fn check(w: &World<'_>) -> Vec<Violation> {
                             OpState::NoEffect(_) | OpState::Released | OpState::Refunded => false,
                         }
                 }
-                (None, None) => false,
+                // Forgotten by both: the payer's checkpoint too, behind the horizon the
+                // gateway told it — which must not pass what the gateway itself forgot.
+                (None, None) => {
+                    let told = told
+                        .get(&(e.payer.clone(), e.gateway.clone()))
+                        .copied()
+                        .unwrap_or(abhyasa_wire::UnixMillis(0));
+                    e.expires.is_some_and(|x| x < horizon && x < told)
+                }
             };
             if !forgotten {
                 let payer_has = match (ended.get(&payer_key), ops.get(&payer_key)) {
@@ -792,7 +815,9 @@ fn normalize_loose(mut v: Vec<Iv>) -> Vec<Iv> {
 ///   from it after its `Fenced` step;
 /// - `H9` a checkpoint is signed by the branch; first in the journal it is the state the
 ///   audit starts from; after other steps it must agree with them — every operation in the
-///   same state (open, dispatched, forfeited, ended) and the same credits closed.
+///   same state (open, dispatched, forfeited, ended) and the same credits closed; an ended
+///   operation may be missing only if its permit expired before the horizon the checkpoint
+///   names for its gateway.
 pub fn audit(agent: &AgentId, steps: &[Step], keys: &Keyring) -> Vec<Violation> {
     use std::collections::{BTreeMap as Map, BTreeSet};
 
@@ -817,6 +842,9 @@ pub fn audit(agent: &AgentId, steps: &[Step], keys: &Keyring) -> Vec<Violation> 
     let mut decided: BTreeSet<TransferId> = BTreeSet::new();
     // Each operation's credit and the epoch its permit is bound to.
     let mut op_credit: Map<OpKey, (CreditId, u64)> = Map::new();
+    // Each operation's gateway and its permit's expiry: a checkpoint may forget an ended
+    // one only behind that gateway's horizon.
+    let mut op_at: Map<OpKey, (AgentId, Option<abhyasa_wire::UnixMillis>)> = Map::new();
     let mut closed: BTreeSet<CreditId> = BTreeSet::new();
     let mut fenced_credits: BTreeSet<CreditId> = BTreeSet::new();
     // A fused reissue ends its last operation first, in the same step.
@@ -984,6 +1012,10 @@ pub fn audit(agent: &AgentId, steps: &[Step], keys: &Keyring) -> Vec<Violation> 
                 }
                 ops.insert(p.binding.key, (Op::Reserved, p.binding.max_charge.clone()));
                 op_credit.insert(p.binding.key, (p.binding.credit, p.binding.epoch));
+                op_at.insert(
+                    p.binding.key,
+                    (p.binding.receiver.clone(), p.binding.expires),
+                );
             }
             Step::Dispatch { key } => match ops.get_mut(key) {
                 Some((st @ Op::Reserved, _)) => *st = Op::Dispatched,
@@ -1135,7 +1167,7 @@ pub fn audit(agent: &AgentId, steps: &[Step], keys: &Keyring) -> Vec<Violation> 
                         };
                         (b.key, st)
                     })
-                    .chain(seed.ended.iter().map(|k| (*k, Op::Ended)))
+                    .chain(seed.ended.iter().map(|(k, _, _)| (*k, Op::Ended)))
                     .collect();
                 if i == 0 {
                     // The journal starts here: the checkpoint is the state before it.
@@ -1153,9 +1185,11 @@ pub fn audit(agent: &AgentId, steps: &[Step], keys: &Keyring) -> Vec<Violation> 
                     }
                     for (b, _, _) in &seed.ops {
                         op_credit.insert(b.key, (b.credit, b.epoch));
+                        op_at.insert(b.key, (b.receiver.clone(), b.expires));
                         ops.insert(b.key, (theirs[&b.key], b.max_charge.clone()));
                     }
-                    for k in &seed.ended {
+                    for (k, receiver, expires) in &seed.ended {
+                        op_at.insert(*k, (receiver.clone(), *expires));
                         ops.insert(*k, (Op::Ended, Vector::zero()));
                     }
                     for (c, is_decided) in seed.outgoing {
@@ -1167,7 +1201,25 @@ pub fn audit(agent: &AgentId, steps: &[Step], keys: &Keyring) -> Vec<Violation> 
                     continue;
                 }
                 // Mid-journal (a journal kept whole): the checkpoint must say what the
-                // history before it says, operation by operation and credit by credit.
+                // history before it says, operation by operation and credit by credit —
+                // except ended operations it forgot, each only behind the horizon of its
+                // gateway the checkpoint names (its permit expired before it).
+                let forgotten: Vec<OpKey> = ops
+                    .iter()
+                    .filter(|(k, (st, _))| *st == Op::Ended && !theirs.contains_key(*k))
+                    .filter(|(k, _)| {
+                        op_at.get(*k).is_some_and(|(g, e)| {
+                            let h = seed.horizons.get(g);
+                            e.zip(h.copied()).is_some_and(|(e, h)| e < h)
+                        })
+                    })
+                    .map(|(k, _)| *k)
+                    .collect();
+                for k in &forgotten {
+                    ops.remove(k);
+                    op_at.remove(k);
+                    op_credit.remove(k);
+                }
                 let mine: Map<OpKey, Op> = ops.iter().map(|(k, (st, _))| (*k, *st)).collect();
                 if mine != theirs {
                     let differ = mine

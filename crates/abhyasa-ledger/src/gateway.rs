@@ -96,6 +96,9 @@ pub struct Execute {
     pub effect: Effect,
     /// The hard limit on its charge.
     pub max_charge: Vector,
+    /// When its permit expires (`Binding::expires`): an executor's record of the effect
+    /// keeps it, so a checker can tell an effect whose records were forgotten in time.
+    pub expires: Option<UnixMillis>,
     /// Found accepted at recovery.
     pub resume: bool,
 }
@@ -226,12 +229,31 @@ impl Gateway {
         if keys.is_empty() {
             return;
         }
+        let payers: std::collections::BTreeSet<AgentId> =
+            keys.iter().map(|(p, _)| p.clone()).collect();
         let record = GatewayRecord::Pruned {
             horizon: horizon.max(self.horizon),
             keys,
         };
         self.apply(&record);
-        self.persist(record);
+        let token = self.persist(record);
+        // Each payer learns, once the record is durable, the instant before which nothing of
+        // its own is left here: the horizon, or the earliest expiry of what is left of it (a
+        // batch may leave some behind). Acceptances from now on expire after the clock, which
+        // is past the horizon, so the instant stays true.
+        for payer in payers {
+            let left = self
+                .log
+                .range((payer.clone(), OpKey::from_u128(0))..)
+                .take_while(|((p, _), _)| *p == payer)
+                .filter_map(|(_, a)| a.binding.expires)
+                .min();
+            let horizon = left.map_or(self.horizon, |e| e.min(self.horizon));
+            self.gate(
+                token,
+                Gated::Send(payer, LedgerMessage::Horizon { horizon }),
+            );
+        }
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) is next due: the next look for
@@ -289,6 +311,7 @@ impl Gateway {
                 key: *k,
                 effect: a.effect.clone(),
                 max_charge: g.limit_for(&a.binding, &a.effect),
+                expires: a.binding.expires,
                 resume: true,
             })
             .collect();
@@ -426,6 +449,7 @@ impl Gateway {
                 key,
                 effect,
                 max_charge,
+                expires: b.expires,
                 resume: false,
             }),
         );

@@ -320,11 +320,14 @@ pub enum LedgerMutation {
     /// The branch's timer is not armed again after its first resend: `poll_timeout` says
     /// nothing is due while transfers and dispatches are still undecided.
     TimerNotRearmed,
+    /// A checkpoint forgets every ended operation at a gateway that sent a horizon, not
+    /// only those whose permits expired before it.
+    ForgetBeforeHorizon,
 }
 
 impl LedgerMutation {
     /// Every mutant, with its command-line name.
-    pub const ALL: [(&'static str, LedgerMutation); 21] = [
+    pub const ALL: [(&'static str, LedgerMutation); 22] = [
         ("refund_on_timeout", LedgerMutation::RefundOnTimeout),
         (
             "accept_replayed_transfer",
@@ -385,6 +388,7 @@ impl LedgerMutation {
         ),
         ("reclaim_after_confirm", LedgerMutation::ReclaimAfterConfirm),
         ("timer_not_rearmed", LedgerMutation::TimerNotRearmed),
+        ("forget_before_horizon", LedgerMutation::ForgetBeforeHorizon),
     ];
 }
 

@@ -121,6 +121,7 @@ impl Net {
                         payer: e.payer.clone(),
                         key: e.key,
                         charge: charge.clone(),
+                        expires: e.expires,
                     });
                 }
                 self.g.handle_executed(&e.payer, e.key, charge.clone());
@@ -2755,6 +2756,7 @@ fn the_checker_still_disagrees_about_folded_operations() {
         payer: id("r"),
         key: key(3),
         charge: Vector::zero(),
+        expires: None,
     });
     let found = n.violations();
     assert!(found.iter().any(|v| v.law == "L3"), "{found:?}");
@@ -2921,6 +2923,117 @@ fn a_forgotten_acceptance_is_refused_when_replayed_and_never_proven_without_effe
     assert_eq!(n.r.buckets(root)[3], v(&[("cents", 10)]));
     assert_eq!(n.r.buckets(root)[4], v(&[("cents", 9)]));
     assert_eq!(n.violations(), vec![]);
+}
+
+/// `r` after the schedule of [`forgetting`]: key 1 (expiring at 1,100) and key 2 (at 1,220)
+/// settled and folded, the gateway's horizon 1,150 told to `r`, and a checkpoint after it.
+fn forgetting(mutation: Option<LedgerMutation>) -> (Net, Vec<LedgerMessage>) {
+    let mut n = Net::new(&[("cents", 100)], None);
+    expiring(&mut n, 100, 50, mutation);
+    settle_one_at(&mut n, 1_000);
+    n.now = 1_120;
+    n.spend(ROOT_CREDIT, "two", &[("cents", 10)], 2);
+    n.run(&v(&[("cents", 3)]), &mut |_, _| false);
+    n.r.checkpoint().unwrap();
+    n.persist_all();
+    assert_eq!(n.r.ended().count(), 2);
+    // The gateway forgets key 1 (its permit expired before 1,150), not key 2; it tells `r`
+    // only once the record of it is durable.
+    n.g.handle_timeout(UnixMillis(1_200));
+    assert!(sent_by_g(&mut n).is_empty());
+    n.persist_all();
+    let told = sent_by_g(&mut n);
+    for m in &told {
+        n.r.handle_message(UnixMillis(1_200), &id("g"), m.clone());
+    }
+    n.r.checkpoint().unwrap();
+    n.persist_all();
+    (n, told)
+}
+
+#[test]
+fn a_branch_forgets_an_ended_operation_only_behind_its_gateways_horizon() {
+    let (mut n, told) = forgetting(None);
+    // The instant is the gateway's horizon: what is left of `r` there expires later.
+    assert_eq!(
+        told,
+        vec![LedgerMessage::Horizon {
+            horizon: UnixMillis(1_150)
+        }]
+    );
+    let ended: Vec<OpKey> = n.r.ended().map(|e| e.key).collect();
+    assert_eq!(ended, vec![key(2)]);
+    assert_eq!(
+        n.r.horizons().collect::<Vec<_>>(),
+        vec![(&id("g"), &UnixMillis(1_150))]
+    );
+    // The effect of key 1 is covered though neither side remembers it: its permit expired
+    // behind both horizons. The journal, checkpoints and all, audits clean.
+    assert_eq!(n.violations(), vec![]);
+    assert_eq!(n.audit_r(), vec![]);
+    // Recovered from the whole journal (each checkpoint checked against the steps before
+    // it, forgetting by its own horizons): the same state.
+    let config = BranchConfig {
+        resend_ms: 100,
+        permit_ttl_ms: 100,
+        ..BranchConfig::default()
+    };
+    let (back, rejected) = Branch::recover(
+        id("r"),
+        sk(2),
+        n.keys.clone(),
+        config.clone(),
+        n.journal_r.clone(),
+    );
+    assert!(rejected.is_empty(), "{rejected:?}");
+    assert_eq!(
+        back.ended().map(|e| e.key).collect::<Vec<_>>(),
+        vec![key(2)]
+    );
+    // And from its last checkpoint alone.
+    let last = n.journal_r.last().cloned().into_iter();
+    let (back, rejected) = Branch::recover(id("r"), sk(2), n.keys.clone(), config, last);
+    assert!(rejected.is_empty(), "{rejected:?}");
+    assert_eq!(
+        back.ended().map(|e| e.key).collect::<Vec<_>>(),
+        vec![key(2)]
+    );
+    assert_eq!(back.horizons().count(), 1);
+    // A horizon from an agent `r` never paid through is refused, and changes nothing.
+    while n.r.poll_event().is_some() {}
+    n.r.handle_message(
+        UnixMillis(1_300),
+        &id("m"),
+        LedgerMessage::Horizon {
+            horizon: UnixMillis(9_999),
+        },
+    );
+    assert!(matches!(n.r.poll_event(), Some(LedgerEvent::Rejected(_))));
+    assert_eq!(n.r.horizons().count(), 1);
+    // The checker can disagree: an effect whose permit expired at the horizon, not before
+    // it, may not have been forgotten.
+    let one = n.effects.iter().position(|e| e.key == key(1)).unwrap();
+    n.effects[one].expires = Some(UnixMillis(1_150));
+    let found = n.violations();
+    assert!(
+        found
+            .iter()
+            .any(|v| v.law == "L3" && v.detail.contains("no acceptance")),
+        "{found:?}"
+    );
+}
+
+#[test]
+fn forgetting_past_the_horizon_is_found_by_the_checker_and_the_auditor() {
+    // The mutant forgets key 2 too, which the gateway still holds: L7 (an acceptance its
+    // payer has no record of) and H9 (a checkpoint missing an operation its horizon does
+    // not cover).
+    let (mut n, _) = forgetting(Some(LedgerMutation::ForgetBeforeHorizon));
+    assert_eq!(n.r.ended().count(), 0);
+    let found = n.violations();
+    assert!(found.iter().any(|v| v.law == "L7"), "{found:?}");
+    let audit = n.audit_r();
+    assert!(audit.iter().any(|v| v.law == "H9"), "{audit:?}");
 }
 
 #[test]

@@ -17,7 +17,7 @@ use abhyasa_mcp::{
 };
 use abhyasa_moq::{Ca, Identity, Signer};
 use abhyasa_node::{Executor, LedgerCommand, LedgerReply, LedgerSetup, Node};
-use abhyasa_wire::{encode, AgentId, UnixMillis};
+use abhyasa_wire::{encode, UnixMillis};
 use rmcp::model::{CallToolRequestParams, CallToolResult, RequestMetaObject};
 use rmcp::service::RunningService;
 use rmcp::RoleClient;
@@ -66,16 +66,9 @@ fn budget() -> ToolBudget {
 struct NoResumes(Arc<AtomicU32>);
 
 impl Executor for NoResumes {
-    fn execute(
-        &self,
-        _payer: &AgentId,
-        _key: OpKey,
-        _effect: &abhyasa_ledger::Effect,
-        max: &Vector,
-        _resume: bool,
-    ) -> Vector {
+    fn execute(&self, run: &abhyasa_ledger::Execute) -> Vector {
         self.0.fetch_add(1, Ordering::SeqCst);
-        max.clone()
+        run.max_charge.clone()
     }
 }
 

@@ -1444,10 +1444,7 @@ impl Core {
                 let itx = itx.clone();
                 tokio::spawn(async move {
                     let (payer, key) = (e.payer.clone(), e.key);
-                    let charge = tokio::task::spawn_blocking(move || {
-                        executor.execute(&e.payer, e.key, &e.effect, &e.max_charge, e.resume)
-                    })
-                    .await;
+                    let charge = tokio::task::spawn_blocking(move || executor.execute(&e)).await;
                     if let Ok(charge) = charge {
                         let _ = itx.send(Internal::Executed(payer, key, charge)).await;
                     }

@@ -18,19 +18,15 @@ use tokio::sync::oneshot;
 use tracing::debug;
 
 /// Runs the effects a gateway accepted. Called off the core task, after the acceptance is
-/// durable; must be bounded by `max` (the gateway clamps anything above it). With `resume`,
-/// the effect may already have run before a crash: report its charge instead of running it
-/// again (look it up by `payer` and `key`: keys are scoped per payer).
+/// durable; must be bounded by `run.max_charge` (the gateway clamps anything above it). With
+/// `run.resume`, the effect may already have run before a crash: report its charge instead
+/// of running it again (look it up by `run.payer` and `run.key`: keys are scoped per payer).
+/// An executor that keeps a record of what ran for `abhyasa ledger check` keeps
+/// `run.expires` too: after the gateway and the payer have both forgotten an operation, the
+/// checker accepts its effect only if its permit expired behind both horizons.
 pub trait Executor: Send + Sync + 'static {
-    /// Runs (or, resumed, looks up) the effect of `payer`'s `key`; returns its actual charge.
-    fn execute(
-        &self,
-        payer: &AgentId,
-        key: OpKey,
-        effect: &Effect,
-        max: &Vector,
-        resume: bool,
-    ) -> Vector;
+    /// Runs (or, resumed, looks up) the effect `run` names; returns its actual charge.
+    fn execute(&self, run: &Execute) -> Vector;
 }
 
 /// What a node needs to take part in the ledger. Its ledger messages are signed with its

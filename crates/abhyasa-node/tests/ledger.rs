@@ -49,14 +49,8 @@ fn keys() -> Keyring {
 struct Recorder(Mutex<Vec<EffectInstance>>);
 
 impl Executor for Recorder {
-    fn execute(
-        &self,
-        payer: &abhyasa_wire::AgentId,
-        key: OpKey,
-        _effect: &Effect,
-        _max: &Vector,
-        resume: bool,
-    ) -> Vector {
+    fn execute(&self, run: &abhyasa_ledger::Execute) -> Vector {
+        let (payer, key, resume) = (&run.payer, run.key, run.resume);
         let mut ran = self.0.lock().unwrap();
         let found = ran.iter().find(|e| e.key == key && &e.payer == payer);
         if let Some(e) = found.filter(|_| resume) {
@@ -68,6 +62,7 @@ impl Executor for Recorder {
             payer: payer.clone(),
             key,
             charge: charge.clone(),
+            expires: run.expires,
         });
         charge
     }

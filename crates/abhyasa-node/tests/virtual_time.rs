@@ -143,15 +143,8 @@ fn revoke(node: &Node, n: u128, deadline_ms: u64) -> Obligation {
 struct ChargesItsMaximum;
 
 impl abhyasa_node::Executor for ChargesItsMaximum {
-    fn execute(
-        &self,
-        _payer: &abhyasa_wire::AgentId,
-        _key: OpKey,
-        _effect: &Effect,
-        max: &Vector,
-        _resume: bool,
-    ) -> Vector {
-        max.clone()
+    fn execute(&self, run: &abhyasa_ledger::Execute) -> Vector {
+        run.max_charge.clone()
     }
 }
 

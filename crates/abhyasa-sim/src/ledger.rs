@@ -98,6 +98,9 @@ pub struct LedgerReport {
     pub checkpoints: u64,
     /// Settled acceptances gateways forgot (pruned) after their permits expired.
     pub pruned: u64,
+    /// Ended operations branches forgot behind their gateways' horizons (reserved, and
+    /// neither open nor summarized at the end).
+    pub forgotten: u64,
     /// Gateway checkpoints made durable (each dropped the log before it).
     pub gateway_checkpoints: u64,
     /// Broken invariants (the first few).
@@ -729,6 +732,7 @@ impl Sim {
                             payer: e.payer.clone(),
                             key: e.key,
                             charge: c.clone(),
+                            expires: e.expires,
                         });
                         self.report.effects += 1;
                         asked
@@ -1191,6 +1195,24 @@ impl Sim {
                 self.now,
                 (quiet_until - end) / 1_000
             ));
+        }
+        for (name, archive) in &self.archives {
+            let Some(b) = self.branches.get(name).and_then(|n| n.machine.as_ref()) else {
+                continue;
+            };
+            let reserved: std::collections::BTreeSet<OpKey> = archive
+                .iter()
+                .filter_map(|s| match s {
+                    Step::Reserve { permit, .. } => permit.peek().ok().map(|p| p.binding.key),
+                    _ => None,
+                })
+                .collect();
+            let kept: std::collections::BTreeSet<OpKey> = b
+                .operations()
+                .map(|o| o.binding.key)
+                .chain(b.ended().map(|e| e.key))
+                .collect();
+            self.report.forgotten += reserved.difference(&kept).count() as u64;
         }
         for r in self.gateway_archives.values().flatten() {
             match r {

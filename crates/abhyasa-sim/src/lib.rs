@@ -20,6 +20,7 @@ mod oracle;
 mod rng;
 mod scenario;
 mod world;
+mod year;
 
 pub use abhyasa_custody::Mutation;
 pub use abhyasa_ledger::LedgerMutation;
@@ -30,6 +31,7 @@ pub use ledger::{
 pub use rng::SimRng;
 pub use scenario::{NetParams, NodeParams, Scenario, TargetParams};
 pub use world::RunReport;
+pub use year::{run_year, DaySample, YearParams, YearReport};
 
 /// Every mutant, by its command-line name.
 pub const MUTANTS: [(&str, Mutation); 16] = [

@@ -29,6 +29,31 @@ enum Command {
     Node(RunArgs),
     /// How often each fault class and rare schedule is drawn, over --seeds seeds.
     Census(RunArgs),
+    /// A payer spending through a gateway for --days days of virtual time over a lossy link,
+    /// checked every day: fails unless the state both keep stays flat.
+    Year(YearArgs),
+}
+
+#[derive(clap::Args)]
+struct YearArgs {
+    /// Days of virtual time.
+    #[arg(long, default_value_t = 365)]
+    days: u64,
+    /// Operations started per day.
+    #[arg(long, default_value_t = 720)]
+    ops_per_day: u64,
+    /// Chance that a message is lost.
+    #[arg(long, default_value_t = 0.05)]
+    loss: f64,
+    /// The gateway's retention of settled acceptances after expiry, in ms (0: for ever).
+    #[arg(long, default_value_t = 3_600_000)]
+    retain_ms: u64,
+    /// The seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Writes one CSV line per day here.
+    #[arg(long)]
+    csv: Option<std::path::PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -94,6 +119,7 @@ impl Totals for LedgerReport {
         self.fused += r.fused;
         self.checkpoints += r.checkpoints;
         self.pruned += r.pruned;
+        self.forgotten += r.forgotten;
         self.gateway_checkpoints += r.gateway_checkpoints;
         self.returns += r.returns;
         self.reclaims += r.reclaims;
@@ -204,6 +230,54 @@ fn main() -> ExitCode {
             );
             exit(violations)
         }
+        Command::Year(args) => {
+            let p = abhyasa_sim::YearParams {
+                days: args.days,
+                ops_per_day: args.ops_per_day,
+                loss: args.loss,
+                retain_ms: (args.retain_ms > 0).then_some(args.retain_ms),
+                seed: args.seed,
+                ..abhyasa_sim::YearParams::default()
+            };
+            let started = Instant::now();
+            let r = abhyasa_sim::run_year(&p);
+            if let Some(path) = &args.csv {
+                if let Err(e) = std::fs::write(path, r.csv()) {
+                    eprintln!("cannot write {}: {e}", path.display());
+                    return ExitCode::from(2);
+                }
+            }
+            for v in r.violations.iter().take(5) {
+                eprintln!("{v}");
+            }
+            let last = r.samples.last().cloned().unwrap_or_default();
+            let peak =
+                |f: fn(&abhyasa_sim::DaySample) -> u64| r.samples.iter().map(f).max().unwrap_or(0);
+            let flat = r.flat();
+            println!(
+                "year: days={} settled={} effects={} lost={} ended_last={} ended_peak={} checkpoint_bytes_last={} checkpoint_bytes_peak={} acceptances_peak={} gateway_checkpoint_bytes_peak={} committed_ranges_last={} credits_last={} violations={} flat={} in {:.1}s",
+                r.samples.len(),
+                last.settled,
+                r.effects,
+                r.lost,
+                last.ended,
+                peak(|s| s.ended),
+                last.checkpoint_bytes,
+                peak(|s| s.checkpoint_bytes),
+                peak(|s| s.acceptances),
+                peak(|s| s.gateway_checkpoint_bytes),
+                last.committed_ranges,
+                last.credits,
+                r.violations.len(),
+                flat.as_ref().map_or_else(|e| format!("no ({e})"), |()| "yes".into()),
+                started.elapsed().as_secs_f64()
+            );
+            if r.violations.is_empty() && flat.is_ok() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
         Command::Census(args) => {
             println!("| drawn in | fault class or schedule |\n|---:|---|");
             for (name, n) in census(args.seed, args.seeds) {
@@ -231,8 +305,8 @@ fn main() -> ExitCode {
                     Err(code) => return code,
                 };
             eprintln!(
-                "transfers={} claims={} reclaims={} returns={} joins={} reissues={} fused={} checkpoints={} gateway_checkpoints={} pruned={} effects={} overdrawn={} crashes={} forgeries={} failing_seeds={failing}",
-                r.transfers, r.claims, r.reclaims, r.returns, r.joins, r.reissues, r.fused, r.checkpoints, r.gateway_checkpoints, r.pruned, r.effects, r.overdrawn, r.crashes, r.forgeries
+                "transfers={} claims={} reclaims={} returns={} joins={} reissues={} fused={} checkpoints={} gateway_checkpoints={} pruned={} forgotten={} effects={} overdrawn={} crashes={} forgeries={} failing_seeds={failing}",
+                r.transfers, r.claims, r.reclaims, r.returns, r.joins, r.reissues, r.fused, r.checkpoints, r.gateway_checkpoints, r.pruned, r.forgotten, r.effects, r.overdrawn, r.crashes, r.forgeries
             );
             println!(
                 "ledger: seeds={} operations={} settled={} forfeited={} no_effect={} diamonds={} violations={violations}",

@@ -221,6 +221,8 @@ impl State {
                 payer: p.clone(),
                 key: *k,
                 charge: units(*n),
+                // The model's gateway keeps every acceptance.
+                expires: None,
             })
             .collect();
         let k = keys();

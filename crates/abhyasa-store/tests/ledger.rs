@@ -114,6 +114,7 @@ fn a_settled_cycle_replays_from_disk() {
         payer: exec.payer.clone(),
         key,
         charge,
+        expires: exec.expires,
     }];
     let k = keys();
     let found = check(&World {
@@ -289,6 +290,7 @@ fn a_checkpoint_compacts_the_journal_in_the_commit_that_writes_it() {
             payer: id("r"),
             key: OpKey::from_u128(k),
             charge: Vector::of(&[("cents", 3)]).unwrap(),
+            expires: None,
         })
         .collect();
     let k = keys();

@@ -975,6 +975,15 @@ pub enum LedgerMessage {
         /// The operation.
         key: OpKey,
     },
+    /// Gateway → payer, once the record of a prune is durable: every acceptance of this
+    /// payer whose permit expires before `horizon` is forgotten, and no permit expiring before
+    /// it will be accepted again. The payer may then forget its own summaries of those
+    /// operations. Unsigned like [`Pending`](Self::Pending): it names no operation and proves
+    /// nothing to a third party; a payer takes it only from the gateway itself.
+    Horizon {
+        /// Bindings of this payer at this gateway expiring before this instant are gone.
+        horizon: UnixMillis,
+    },
     /// A fence request, holder → gateway.
     Fence(Signed<Fence>),
     /// Its confirmation, gateway → holder.
@@ -1009,7 +1018,8 @@ impl LedgerMessage {
             LedgerMessage::Fenced(s) => Some(s.to_verify()),
             LedgerMessage::Refused { .. }
             | LedgerMessage::Query { .. }
-            | LedgerMessage::Pending { .. } => None,
+            | LedgerMessage::Pending { .. }
+            | LedgerMessage::Horizon { .. } => None,
         }
     }
 }

@@ -155,6 +155,10 @@ pub(crate) struct Snapshot {
     origins: Vec<(CreditId, Step)>,
     ops: Vec<OpRow>,
     ended: Vec<EndedOp>,
+    /// Per gateway, the instant its ended operations were forgotten before (absent in
+    /// checkpoints written before forgetting).
+    #[serde(default)]
+    horizons: Vec<(AgentId, abhyasa_wire::UnixMillis)>,
     committed: Vec<(RootId, Atoms)>,
     outgoing: Vec<OutRow>,
     incoming: Vec<Step>,
@@ -171,6 +175,8 @@ struct SnapshotRef<'a> {
     origins: Vec<(CreditId, &'a Step)>,
     ops: Vec<OpRowRef<'a>>,
     ended: Vec<&'a EndedOp>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    horizons: Vec<(&'a AgentId, abhyasa_wire::UnixMillis)>,
     committed: Vec<(RootId, Atoms)>,
     outgoing: Vec<OutRowRef<'a>>,
     incoming: Vec<&'a Step>,
@@ -215,8 +221,10 @@ pub(crate) struct AuditSeed {
     pub(crate) credits: Vec<(CreditId, Label, u64, bool, bool)>,
     /// Open and forfeited operations: binding, and whether dispatched / forfeited.
     pub(crate) ops: Vec<(Binding, bool, bool)>,
-    /// Ended operations: key, credit and epoch are not kept; only the key.
-    pub(crate) ended: Vec<OpKey>,
+    /// Ended operations: key, gateway and expiry (credit and epoch are not kept).
+    pub(crate) ended: Vec<(OpKey, AgentId, Option<abhyasa_wire::UnixMillis>)>,
+    /// Per gateway, the instant ended operations expiring before it were forgotten.
+    pub(crate) horizons: BTreeMap<AgentId, abhyasa_wire::UnixMillis>,
     /// Sealed transfers and whether each is decided.
     pub(crate) outgoing: Vec<(TransferCert, bool)>,
 }
@@ -253,7 +261,12 @@ impl Snapshot {
                     ))
                 })
                 .collect(),
-            ended: self.ended.iter().map(|e| e.key).collect(),
+            ended: self
+                .ended
+                .iter()
+                .map(|e| (e.key, e.receiver.clone(), e.expires))
+                .collect(),
+            horizons: self.horizons.iter().cloned().collect(),
             outgoing: self
                 .outgoing
                 .iter()
@@ -367,7 +380,31 @@ impl Branch {
                 },
             );
         }
+        self.forget_behind_horizons();
         Ok(())
+    }
+
+    /// Forgets the ended operations each gateway's horizon covers: their permits expired
+    /// before it, so the gateway holds no acceptance of them and will take none (it refuses
+    /// a permit expiring before its horizon), and their keys may be used again. What a
+    /// forgotten settlement committed stays in `committed`.
+    fn forget_behind_horizons(&mut self) {
+        if self.horizons.is_empty() {
+            return;
+        }
+        let early = self.config.mutation == Some(crate::LedgerMutation::ForgetBeforeHorizon);
+        let horizons = &self.horizons;
+        self.ended.retain(|_, e| match horizons.get(&e.receiver) {
+            Some(_) if early => false,
+            Some(h) => e.expires.is_none_or(|x| x >= *h),
+            None => true,
+        });
+    }
+
+    /// Per gateway, the instant before which this branch forgets (or has forgotten) its
+    /// ended operations there ([`LedgerMessage::Horizon`](abhyasa_wire::ledger::LedgerMessage)).
+    pub fn horizons(&self) -> impl Iterator<Item = (&AgentId, &abhyasa_wire::UnixMillis)> {
+        self.horizons.iter()
     }
 
     fn snapshot(&self, folded_steps: u64) -> SnapshotRef<'_> {
@@ -408,6 +445,7 @@ impl Branch {
                 })
                 .collect(),
             ended: self.ended.values().collect(),
+            horizons: self.horizons.iter().map(|(g, h)| (g, *h)).collect(),
             committed: self.committed.iter().map(|(r, f)| (*r, atoms(f))).collect(),
             outgoing: self
                 .outgoing
@@ -441,6 +479,12 @@ impl Branch {
     pub(super) fn apply_checkpoint(&mut self, record: &SignedRecord) -> Result<bool, LedgerError> {
         let snap = Snapshot::open(record, &self.me, &self.keys)?;
         if self.journal_len > 0 || self.folded_steps > 0 {
+            // What it forgot was told by gateways, not written as steps: the replay forgets
+            // by the checkpoint's own horizons (never lowering one already applied).
+            for (g, h) in &snap.horizons {
+                let mine = self.horizons.entry(g.clone()).or_insert(*h);
+                *mine = (*mine).max(*h);
+            }
             self.fold()?;
             let total = self.folded_steps + self.journal_len;
             if self.snapshot_read_back(total)? != snap {
@@ -516,6 +560,12 @@ impl Branch {
                 return Err(corrupt("checkpoint names an operation twice"));
             }
         }
+        let mut horizons = BTreeMap::new();
+        for (g, h) in s.horizons {
+            if horizons.insert(g, h).is_some() {
+                return Err(corrupt("checkpoint names a gateway's horizon twice"));
+            }
+        }
         let mut committed = BTreeMap::new();
         for (root, a) in s.committed {
             if committed.insert(root, footprint(a)?).is_some() {
@@ -563,6 +613,7 @@ impl Branch {
         self.origins = origins;
         self.ops = ops;
         self.ended = ended;
+        self.horizons = horizons;
         self.committed = committed;
         self.outgoing = outgoing;
         self.incoming = incoming;
