@@ -28,7 +28,7 @@ pub struct A2aPeer {
 }
 
 /// Most POSTs in flight to one peer.
-const IN_FLIGHT: usize = 64;
+const IN_FLIGHT: usize = crate::server::MAX_CONNECTIONS_PER_MEMBER;
 
 /// The HTTPS client for `peer`: trusts the deployment CA only, presents `identity`'s
 /// certificate, and checks that the server's certificate names the URL's host (the agent).

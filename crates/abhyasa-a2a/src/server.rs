@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use abhyasa_moq::{agent_of, Identity};
-use abhyasa_node::listen::{waiting_cap, AcceptBackoff, Waiting};
+use abhyasa_node::listen::{waiting_cap, AcceptBackoff, PerPeer, Waiting};
 use abhyasa_node::{Node, NodeError};
 use abhyasa_wire::{AgentId, CustodyAck, Kind};
 use axum::body::Bytes;
@@ -39,6 +39,11 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a connection may take to send a request's head, and may stay idle between
 /// requests.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Connections one member (by its certificate's agent id) may hold past their handshake; a
+/// new one beyond is closed at once. As many as this binding's own client keeps in flight
+/// to one peer.
+pub const MAX_CONNECTIONS_PER_MEMBER: usize = 64;
 
 /// A running A2A server.
 pub struct A2aServer {
@@ -105,6 +110,9 @@ pub async fn serve(
         // A quarter of the descriptor limit (16..=1,024); the rest stay for the store, the
         // peers and the other listeners.
         let handshaking = Waiting::new(waiting_cap(4));
+        // Connections past their handshake, per member: one member holding many takes no
+        // other's place.
+        let members: PerPeer<AgentId> = PerPeer::new(MAX_CONNECTIONS_PER_MEMBER);
         let mut backoff = AcceptBackoff::default();
         loop {
             while connections.try_join_next().is_some() {}
@@ -123,6 +131,7 @@ pub async fn serve(
             let app = app.clone();
             let id = handshaking.next_id();
             let done = handshaking.clone();
+            let members = members.clone();
             // The handshake starts once the connection is counted, so its end is never
             // noted before its start.
             let (counted, wait_counted) = tokio::sync::oneshot::channel::<()>();
@@ -146,6 +155,14 @@ pub async fn serve(
                     .and_then(|c| agent_of(c).ok());
                 let Some(peer) = peer else {
                     debug!("a2a: {from} presented no agent certificate");
+                    return;
+                };
+                let Some(_slot) = members.claim(peer.clone()) else {
+                    tracing::warn!(
+                        %peer,
+                        limit = MAX_CONNECTIONS_PER_MEMBER,
+                        "a2a: a member's connection refused: it holds as many as it may"
+                    );
                     return;
                 };
                 let svc = TowerToHyperService::new(app.layer(Extension(Peer(peer))));

@@ -614,3 +614,63 @@ async fn message_send_carries_obligations_as_parts_and_answers_their_acks() {
     assert!(honours.is_dropped(&TokenId::new("tok-2").unwrap()));
     agent_node.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_holding_its_share_of_connections_crowds_out_no_other_member() {
+    use abhyasa_a2a::server::MAX_CONNECTIONS_PER_MEMBER;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate("t").unwrap();
+    let (agent_id, greedy, other) = (
+        ca.issue(&id("agent-1")).unwrap(),
+        ca.issue(&id("principal")).unwrap(),
+        ca.issue(&id("member-2")).unwrap(),
+    );
+    let https = free_tcp();
+    let (agent_node, _server) = agent(&agent_id, dir.path(), https).await;
+    let peer = A2aPeer {
+        agent: id("agent-1"),
+        card_url: format!(
+            "https://agent-1:{}/.well-known/agent-card.json",
+            https.port()
+        ),
+        addr: Some(https),
+    };
+    let card = |c: reqwest::Client| {
+        let url = peer.card_url.clone();
+        async move {
+            let ok = c
+                .get(&url)
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success());
+            (ok, c)
+        }
+    };
+    // One member opens more connections than its share, each kept open by its own client.
+    let mut held = Vec::new();
+    let mut served = 0;
+    for _ in 0..MAX_CONNECTIONS_PER_MEMBER + 8 {
+        let (ok, c) = card(abhyasa_a2a::client::http_client(&greedy, &peer).unwrap()).await;
+        served += usize::from(ok);
+        held.push(c);
+    }
+    assert_eq!(served, MAX_CONNECTIONS_PER_MEMBER);
+    // Another member is served while they are held.
+    let (ok, _c) = card(abhyasa_a2a::client::http_client(&other, &peer).unwrap()).await;
+    assert!(ok, "another member was refused");
+    // Closed, they give their places back.
+    drop(held);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (ok, _c) = card(abhyasa_a2a::client::http_client(&greedy, &peer).unwrap()).await;
+        if ok {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the member's places never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    agent_node.shutdown().await;
+}

@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use abhyasa_node::listen::{waiting_cap, AcceptBackoff, Waiting};
+use abhyasa_node::listen::{waiting_cap, AcceptBackoff, PeerSlot, PerPeer, Waiting};
 
 use abhyasa_node::Node;
 use abhyasa_wire::AgentId;
@@ -124,6 +124,9 @@ async fn accept_loop(
     // Connections live in this task: dropping the server ends them too.
     let mut connections = tokio::task::JoinSet::new();
     let waiting = Waiting::new(waiting_cap(4));
+    // Connections whose request passed the bearer check: every holder of the token is one
+    // peer here, so they share one cap (a quarter of the descriptor limit too).
+    let authorized: PerPeer<()> = PerPeer::new(waiting_cap(4));
     let mut backoff = AcceptBackoff::default();
     loop {
         while connections.try_join_next().is_some() {}
@@ -139,11 +142,33 @@ async fn accept_loop(
         };
         let id = waiting.next_id();
         let w = waiting.clone();
-        // The first authorized request takes the connection off the waiting list.
+        let authorized = authorized.clone();
+        let slot: Arc<std::sync::Mutex<Option<PeerSlot<()>>>> = Arc::default();
+        // The first authorized request takes the connection off the waiting list and counts
+        // it as authorized; past that cap it is answered 503 and closed.
         let shown = axum::middleware::from_fn(
             move |request: axum::extract::Request, next: axum::middleware::Next| {
                 w.done(id);
-                next.run(request)
+                let admitted = {
+                    let mut held = slot.lock().unwrap_or_else(|e| e.into_inner());
+                    if held.is_none() {
+                        *held = authorized.claim(());
+                    }
+                    held.is_some()
+                };
+                async move {
+                    if admitted {
+                        return next.run(request).await;
+                    }
+                    use axum::response::IntoResponse as _;
+                    tracing::warn!("MCP connection refused: as many authorized as allowed");
+                    (
+                        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                        [(axum::http::header::CONNECTION, "close")],
+                        "too many authorized connections; try again",
+                    )
+                        .into_response()
+                }
             },
         );
         let mut conn_app = app.clone().layer(shown);

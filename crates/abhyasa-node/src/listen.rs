@@ -89,6 +89,64 @@ impl Waiting {
     }
 }
 
+/// Connections already authenticated, counted per peer (a member's certificate, a bearer
+/// token): past `cap` a peer's new connection is refused, so one peer holding many cannot
+/// take the descriptors another needs. Each claim is a [`PeerSlot`], given back when dropped.
+#[derive(Clone)]
+pub struct PerPeer<K> {
+    inner: Arc<Mutex<std::collections::HashMap<K, usize>>>,
+    cap: usize,
+}
+
+impl<K: Clone + Eq + std::hash::Hash> PerPeer<K> {
+    /// At most `cap` (at least one) connections per peer.
+    pub fn new(cap: usize) -> Self {
+        Self {
+            inner: Arc::default(),
+            cap: cap.max(1),
+        }
+    }
+
+    /// A slot for one more connection of `peer`, or `None` when it holds `cap` already.
+    pub fn claim(&self, peer: K) -> Option<PeerSlot<K>> {
+        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let n = g.entry(peer.clone()).or_default();
+        if *n >= self.cap {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot {
+            owner: self.clone(),
+            peer,
+        })
+    }
+
+    /// Connections `peer` holds now.
+    pub fn held(&self, peer: &K) -> usize {
+        let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        g.get(peer).copied().unwrap_or(0)
+    }
+}
+
+/// One connection counted against its peer's share ([`PerPeer::claim`]); dropping it gives
+/// the place back.
+pub struct PeerSlot<K: Clone + Eq + std::hash::Hash> {
+    owner: PerPeer<K>,
+    peer: K,
+}
+
+impl<K: Clone + Eq + std::hash::Hash> Drop for PeerSlot<K> {
+    fn drop(&mut self) {
+        let mut g = self.owner.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = g.get_mut(&self.peer) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                g.remove(&self.peer);
+            }
+        }
+    }
+}
+
 /// The pause after a failed `accept`: 10 ms, doubling to 1 s, back to 10 ms after a success.
 #[derive(Debug)]
 pub struct AcceptBackoff {
@@ -128,6 +186,20 @@ impl AcceptBackoff {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_peer_holds_at_most_its_share_and_a_dropped_slot_gives_it_back() {
+        let p = PerPeer::new(2);
+        let a1 = p.claim("a").expect("first");
+        let _a2 = p.claim("a").expect("second");
+        assert!(p.claim("a").is_none(), "a third past the cap");
+        // Another peer has a share of its own.
+        let _b = p.claim("b").expect("another peer");
+        assert_eq!((p.held(&"a"), p.held(&"b")), (2, 1));
+        drop(a1);
+        assert_eq!(p.held(&"a"), 1);
+        assert!(p.claim("a").is_some());
+    }
 
     #[tokio::test]
     async fn past_the_cap_the_oldest_waiting_connection_is_closed() {
