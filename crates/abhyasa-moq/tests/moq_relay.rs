@@ -468,3 +468,129 @@ async fn two_relay_sessions_find_each_other_and_exchange_objects() {
     assert_eq!(c.peers_seen(), std::slice::from_ref(&principal));
     assert_eq!(a.peers_seen(), [id("agent-2"), principal.clone()]);
 }
+
+/// A member that opens a stream through the relay and never ends it holds nothing up: the
+/// agent's relay session reads its streams side by side, so an object the principal sends
+/// after it arrives at once (read one stream at a time, it waited behind the open one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_left_open_through_the_relay_delays_nothing_behind_it() {
+    use abhyasa_moq::{RelayEvent, Track};
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate("relay-test").unwrap();
+    let Some((_relay, addr, _)) = start_relay(&ca, dir.path()) else {
+        return;
+    };
+    let (principal, agent, stalling) = (id("principal"), id("agent-1"), id("agent-2"));
+    let (_a, mut arx, _ae) = relay_session(&ca, &agent, addr).await;
+
+    // The stalling member speaks raw MOQT: it publishes its namespace and answers the
+    // relay's subscriptions on behalf of agent-1 with aliases of its own.
+    let (h_conn, mut h) = connect(&ca, &stalling, addr).await;
+    h.send(Control::PublishNamespace {
+        request_id: 0,
+        namespace: namespace(&stalling),
+        params: vec![],
+    })
+    .await;
+    let mut obligations_alias = None;
+    // Three tracks: obligations, acks, ledger.
+    let mut answered = 0;
+    while answered < 3 {
+        match h.recv("agent-2").await {
+            Control::PublishNamespaceOk { request_id } => assert_eq!(request_id, 0),
+            // The relay tells it of others' namespaces too; it subscribes to none.
+            Control::PublishNamespace { request_id, .. } => {
+                h.send(Control::PublishNamespaceOk { request_id }).await;
+            }
+            Control::Subscribe {
+                request_id, name, ..
+            } => {
+                let alias = 100 + request_id;
+                if name == Track::Obligations.name(&agent) {
+                    obligations_alias = Some(alias);
+                }
+                h.send(Control::SubscribeOk {
+                    request_id,
+                    track_alias: alias,
+                    expires: 0,
+                    group_order: 1,
+                    largest: None,
+                    params: vec![],
+                })
+                .await;
+                answered += 1;
+            }
+            other => panic!("expected PUBLISH_NAMESPACE_OK or SUBSCRIBE, got {other:?}"),
+        }
+    }
+    let alias = obligations_alias.expect("agent-1 subscribed to agent-2's obligations");
+
+    let (p, _prx, _pe) = relay_session(&ca, &principal, addr).await;
+    next_relay_event(&mut arx, |e| match e {
+        RelayEvent::PeerSubscribed { peer, .. } if peer == principal => Some(()),
+        _ => None,
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // One whole object on a stream left open.
+    let mut stream = Vec::new();
+    SubgroupHeader {
+        track_alias: alias,
+        group: 0,
+        subgroup: SubgroupId::Zero,
+        priority: 0,
+        extensions: false,
+        end_of_group: false,
+    }
+    .encode(&mut stream);
+    StreamObject {
+        object_id_delta: 0,
+        extensions: vec![],
+        body: ObjectBody::Payload(b"first, and the stream stays open".to_vec()),
+    }
+    .encode(false, &mut stream);
+    let mut open = h_conn.open_uni().await.unwrap();
+    open.write_all(&stream).await.unwrap();
+    // Time for the relay to carry the open stream to agent-1 ahead of anything else.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let object_from = |from: &AgentId| {
+        let from = from.clone();
+        move |e| match e {
+            RelayEvent::Object {
+                from: f,
+                track,
+                payload,
+            } if f == from => Some((track, payload)),
+            _ => None,
+        }
+    };
+
+    // The principal's object, sent while that stream is still open, arrives at once: well
+    // before the open stream's own deadline (10 s) could have freed a one-at-a-time reader.
+    let sent = std::time::Instant::now();
+    p.send_group(&agent, Track::Obligations, &[b"behind it".to_vec()], false)
+        .await
+        .unwrap();
+    let got = tokio::time::timeout(
+        Duration::from_secs(3),
+        next_relay_event(&mut arx, object_from(&principal)),
+    )
+    .await
+    .expect("the principal's object waited behind the open stream");
+    assert_eq!(got, (Track::Obligations, b"behind it".to_vec()));
+    eprintln!(
+        "through the relay, an object behind an open stream arrived in {} ms",
+        sent.elapsed().as_millis()
+    );
+    // The open stream was carried all along: ended now, its object is delivered (objects of
+    // a stream are taken when it ends).
+    open.finish().unwrap();
+    assert_eq!(
+        next_relay_event(&mut arx, object_from(&stalling)).await,
+        (
+            Track::Obligations,
+            b"first, and the stream stays open".to_vec()
+        )
+    );
+}
