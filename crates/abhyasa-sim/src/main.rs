@@ -54,6 +54,74 @@ struct YearArgs {
     /// Writes one CSV line per day here.
     #[arg(long)]
     csv: Option<std::path::PathBuf>,
+    /// Draws what each side keeps, day by day, as an SVG here.
+    #[arg(long)]
+    svg: Option<std::path::PathBuf>,
+}
+
+/// Draws the year's samples: what the payer and the gateway keep, per day.
+fn plot_year(
+    path: &std::path::Path,
+    r: &abhyasa_sim::YearReport,
+) -> Result<(), Box<dyn std::error::Error>> {
+    use plotters::prelude::*;
+    type Measure = (&'static str, fn(&abhyasa_sim::DaySample) -> f64);
+    let series: [Measure; 4] = [
+        ("payer: ended summaries kept", |s| s.ended as f64),
+        ("payer: checkpoint (KB)", |s| {
+            s.checkpoint_bytes as f64 / 1e3
+        }),
+        ("gateway: acceptances kept", |s| s.acceptances as f64),
+        ("gateway: checkpoint (KB)", |s| {
+            s.gateway_checkpoint_bytes as f64 / 1e3
+        }),
+    ];
+    let days = r.samples.len().max(2) as f64;
+    let top = r
+        .samples
+        .iter()
+        .flat_map(|s| series.iter().map(move |(_, f)| f(s)))
+        .fold(1.0f64, f64::max)
+        * 1.2;
+    let root = SVGBackend::new(path, (800, 480)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!(
+                "A year of spending: {} operations settled, state per day",
+                r.samples.last().map_or(0, |s| s.settled)
+            ),
+            ("sans-serif", 20),
+        )
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(60)
+        .build_cartesian_2d(1f64..days, 0f64..top)?;
+    chart
+        .configure_mesh()
+        .x_desc("day")
+        .y_desc("rows kept / KB")
+        .draw()?;
+    let colors = [BLUE, RED, GREEN, MAGENTA];
+    for (i, (label, f)) in series.iter().enumerate() {
+        let color = colors[i];
+        chart
+            .draw_series(LineSeries::new(
+                r.samples.iter().map(|s| (s.day as f64, f(s))),
+                color.stroke_width(2),
+            ))?
+            .label(*label)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
 }
 
 #[derive(clap::Args)]
@@ -244,6 +312,12 @@ fn main() -> ExitCode {
             if let Some(path) = &args.csv {
                 if let Err(e) = std::fs::write(path, r.csv()) {
                     eprintln!("cannot write {}: {e}", path.display());
+                    return ExitCode::from(2);
+                }
+            }
+            if let Some(path) = &args.svg {
+                if let Err(e) = plot_year(path, &r) {
+                    eprintln!("cannot draw {}: {e}", path.display());
                     return ExitCode::from(2);
                 }
             }
