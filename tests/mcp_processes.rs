@@ -172,8 +172,8 @@ fn idle_connections_to_mcp_http_do_not_stop_the_server() {
     );
     // The host, with every idle connection still held.
     let body = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"flood-test","version":"1"}}}"#;
-    let t = Instant::now();
-    let answer = (|| -> std::io::Result<String> {
+    // An authorized `initialize` sent on a new connection.
+    let initialize = |http: SocketAddr| -> std::io::Result<std::net::TcpStream> {
         let mut s = std::net::TcpStream::connect_timeout(&http, Duration::from_secs(5))?;
         s.set_read_timeout(Some(Duration::from_secs(5)))?;
         write!(
@@ -184,6 +184,11 @@ fn idle_connections_to_mcp_http_do_not_stop_the_server() {
             token.trim(),
             body.len()
         )?;
+        Ok(s)
+    };
+    let t = Instant::now();
+    let answer = (|| -> std::io::Result<String> {
+        let mut s = initialize(http)?;
         let mut got = Vec::new();
         let mut buf = [0u8; 4096];
         while !String::from_utf8_lossy(&got).contains("serverInfo") {
@@ -224,16 +229,7 @@ fn idle_connections_to_mcp_http_do_not_stop_the_server() {
     // newest past the cap answered 503 and closed: a token holder opening many cannot take
     // the descriptors the node needs.
     let authorized = |http: SocketAddr| -> std::io::Result<(String, std::net::TcpStream)> {
-        let mut s = std::net::TcpStream::connect_timeout(&http, Duration::from_secs(5))?;
-        s.set_read_timeout(Some(Duration::from_secs(5)))?;
-        write!(
-            s,
-            "POST /mcp HTTP/1.1\r\nHost: {http}\r\nAuthorization: Bearer {}\r\n\
-             Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
-             Content-Length: {}\r\n\r\n{body}",
-            token.trim(),
-            body.len()
-        )?;
+        let mut s = initialize(http)?;
         let mut head = [0u8; 12];
         s.read_exact(&mut head)?;
         Ok((String::from_utf8_lossy(&head).into_owned(), s))

@@ -354,6 +354,21 @@ async fn next_relay_event<T>(
     .expect("a relay event in time")
 }
 
+/// Picks an object `from` sends: its track and payload.
+fn object_from(
+    from: &AgentId,
+) -> impl Fn(abhyasa_moq::RelayEvent) -> Option<(abhyasa_moq::Track, Vec<u8>)> {
+    let from = from.clone();
+    move |e| match e {
+        abhyasa_moq::RelayEvent::Object {
+            from: f,
+            track,
+            payload,
+        } if f == from => Some((track, payload)),
+        _ => None,
+    }
+}
+
 /// Two nodes' `RelaySession`s meet at the unmodified relay with nothing configured but its
 /// address: each finds the other's namespace, subscribes to what is addressed to it, and is
 /// told when the other subscribed; then objects flow both ways on streams, and a datagram
@@ -388,36 +403,25 @@ async fn two_relay_sessions_find_each_other_and_exchange_objects() {
     // relay (no subscriber yet): give the subscriptions a moment to settle.
     tokio::time::sleep(Duration::from_millis(200)).await;
 
-    let object = |from: &AgentId| {
-        let from = from.clone();
-        move |e| match e {
-            RelayEvent::Object {
-                from: f,
-                track,
-                payload,
-            } if f == from => Some((track, payload)),
-            _ => None,
-        }
-    };
     p.send_group(&agent, Track::Obligations, &[b"obligation".to_vec()], false)
         .await
         .unwrap();
     assert_eq!(
-        next_relay_event(&mut arx, object(&principal)).await,
+        next_relay_event(&mut arx, object_from(&principal)).await,
         (Track::Obligations, b"obligation".to_vec())
     );
     a.send_group(&principal, Track::Acks, &[b"ack".to_vec()], false)
         .await
         .unwrap();
     assert_eq!(
-        next_relay_event(&mut prx, object(&agent)).await,
+        next_relay_event(&mut prx, object_from(&agent)).await,
         (Track::Acks, b"ack".to_vec())
     );
     p.send_group(&agent, Track::Obligations, &[b"best effort".to_vec()], true)
         .await
         .unwrap();
     assert_eq!(
-        next_relay_event(&mut arx, object(&principal)).await,
+        next_relay_event(&mut arx, object_from(&principal)).await,
         (Track::Obligations, b"best effort".to_vec())
     );
     // Nobody subscribed for agent-2: nothing to send it on.
@@ -554,18 +558,6 @@ async fn a_stream_left_open_through_the_relay_delays_nothing_behind_it() {
     open.write_all(&stream).await.unwrap();
     // Time for the relay to carry the open stream to agent-1 ahead of anything else.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let object_from = |from: &AgentId| {
-        let from = from.clone();
-        move |e| match e {
-            RelayEvent::Object {
-                from: f,
-                track,
-                payload,
-            } if f == from => Some((track, payload)),
-            _ => None,
-        }
-    };
-
     // The principal's object, sent while that stream is still open, arrives at once: well
     // before the open stream's own deadline (10 s) could have freed a one-at-a-time reader.
     let sent = std::time::Instant::now();
