@@ -1060,8 +1060,7 @@ impl Branch {
                         "a horizon from an agent this branch never paid through",
                     ));
                 }
-                let h = self.horizons.entry(from.clone()).or_insert(horizon);
-                *h = (*h).max(horizon);
+                self.raise_horizon(from, horizon);
                 Ok(())
             }
             LedgerMessage::Fenced(fenced) => {

@@ -401,6 +401,12 @@ impl Branch {
         });
     }
 
+    /// Moves `gateway`'s horizon up to `horizon` (never down).
+    pub(super) fn raise_horizon(&mut self, gateway: &AgentId, horizon: abhyasa_wire::UnixMillis) {
+        let h = self.horizons.entry(gateway.clone()).or_insert(horizon);
+        *h = (*h).max(horizon);
+    }
+
     /// Per gateway, the instant before which this branch forgets (or has forgotten) its
     /// ended operations there ([`LedgerMessage::Horizon`](abhyasa_wire::ledger::LedgerMessage)).
     pub fn horizons(&self) -> impl Iterator<Item = (&AgentId, &abhyasa_wire::UnixMillis)> {
@@ -482,8 +488,7 @@ impl Branch {
             // What it forgot was told by gateways, not written as steps: the replay forgets
             // by the checkpoint's own horizons (never lowering one already applied).
             for (g, h) in &snap.horizons {
-                let mine = self.horizons.entry(g.clone()).or_insert(*h);
-                *mine = (*mine).max(*h);
+                self.raise_horizon(g, *h);
             }
             self.fold()?;
             let total = self.folded_steps + self.journal_len;
