@@ -533,7 +533,7 @@ impl Custodian {
         if self.config.mutation == Some(Mutation::RefusedIssueChangesState) {
             // The bug this mutant restores: the principal's decision taken before the checks.
             if let Some(update) = kinds::on_issue(&obligation) {
-                self.principal.apply(&update);
+                self.principal.apply(&update, obligation.id);
             }
         }
         self.forget_ended(now);
@@ -580,7 +580,7 @@ impl Custodian {
         // Every check has passed: from here on the issue changes state.
         let principal = kinds::on_issue(&obligation);
         if let Some(update) = &principal {
-            self.principal.apply(update);
+            self.principal.apply(update, id);
         }
         if !admissible {
             self.issue_best_effort(now, obligation, principal);
@@ -977,7 +977,7 @@ impl Custodian {
         self.timers.remove(&(p.wake, id));
         self.remember_ended(id, p.obligation.deadline);
         if let Some(update) = &principal {
-            self.principal.apply(update);
+            self.principal.apply(update, id);
         }
         let record = TerminalRecord {
             obligation_id: id,

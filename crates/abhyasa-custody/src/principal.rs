@@ -38,6 +38,9 @@ pub struct Authorization {
     pub withheld: bool,
     /// The sequence of the decision that set it.
     pub sequence: Option<u64>,
+    /// The obligation that carried the decision in force (`None` in a store written before
+    /// it was kept): what an enforcement point names when it refuses.
+    pub by: Option<ObligationId>,
 }
 
 /// One keyed down-weight, as a store keeps it.
@@ -69,6 +72,8 @@ pub struct PrincipalState {
     revoked_tokens: BTreeMap<TokenId, Option<UnixMillis>>,
     /// The revoked tokens that expire, by expiry.
     token_expiry: BTreeSet<(UnixMillis, TokenId)>,
+    /// The obligation that revoked each token most recently.
+    token_revoked_by: BTreeMap<TokenId, ObligationId>,
     adjustments: usize,
 }
 
@@ -106,15 +111,34 @@ impl PrincipalState {
         }
     }
 
-    /// Applies an update; returns whether anything changed. Idempotent.
-    pub fn apply(&mut self, update: &PrincipalUpdate) -> bool {
+    /// Applies an update carried by obligation `by`; returns whether anything changed,
+    /// including which obligation a decision in force is named by. Idempotent.
+    pub fn apply(&mut self, update: &PrincipalUpdate, by: ObligationId) -> bool {
         match update {
-            PrincipalUpdate::Safe(action) => self.apply_safe(action),
+            PrincipalUpdate::Safe(action) => {
+                if let SafeAction::WithholdScope {
+                    target,
+                    scope,
+                    sequence,
+                } = action
+                {
+                    return self.decide_named(target, scope, true, *sequence, Some(by));
+                }
+                let changed = self.apply_safe(action);
+                let named = match action {
+                    SafeAction::StopHonouringToken { token_id, .. } => {
+                        self.token_revoked_by.insert(token_id.clone(), by) != Some(by)
+                    }
+                    // A down-weight is keyed by its obligation already.
+                    _ => false,
+                };
+                changed || named
+            }
             PrincipalUpdate::Grant {
                 target,
                 scope,
                 sequence,
-            } => self.decide(target, scope, false, *sequence),
+            } => self.decide_named(target, scope, false, *sequence, Some(by)),
         }
     }
 
@@ -176,6 +200,7 @@ impl PrincipalState {
         let gone = pop_expired(&mut self.token_expiry, now, limit);
         for (token, _) in &gone {
             self.revoked_tokens.remove(token);
+            self.token_revoked_by.remove(token);
         }
         gone
     }
@@ -186,6 +211,19 @@ impl PrincipalState {
         scope: &Scope,
         withheld: bool,
         sequence: Option<u64>,
+    ) -> bool {
+        self.decide_named(target, scope, withheld, sequence, None)
+    }
+
+    /// Takes a decision on (`target`, `scope`) unless a strictly newer one stands; `by`, when
+    /// given, names the obligation of a decision taken. Returns whether anything changed.
+    fn decide_named(
+        &mut self,
+        target: &AgentId,
+        scope: &Scope,
+        withheld: bool,
+        sequence: Option<u64>,
+        by: Option<ObligationId>,
     ) -> bool {
         let key = (target.clone(), scope.clone());
         let current = self.authorizations.get(&key).copied();
@@ -199,7 +237,11 @@ impl PrincipalState {
                 return false;
             }
         }
-        let next = Authorization { withheld, sequence };
+        let next = Authorization {
+            withheld,
+            sequence,
+            by: by.or(current.and_then(|c| c.by)),
+        };
         self.authorizations.insert(key, next);
         current != Some(next)
     }
@@ -260,6 +302,30 @@ impl PrincipalState {
             });
         }
         this
+    }
+
+    /// Names the obligation that revoked each token (as a store keeps them); a token with no
+    /// revocation record is skipped.
+    pub fn with_token_revocations(
+        mut self,
+        by: impl IntoIterator<Item = (TokenId, ObligationId)>,
+    ) -> Self {
+        for (token, id) in by {
+            if self.revoked_tokens.contains_key(&token) {
+                self.token_revoked_by.insert(token, id);
+            }
+        }
+        self
+    }
+
+    /// The obligation that revoked `token` most recently, if its record is held and names one.
+    pub fn token_revoked_by(&self, token: &TokenId) -> Option<ObligationId> {
+        self.token_revoked_by.get(token).copied()
+    }
+
+    /// Every revoked token with the obligation that revoked it, in order.
+    pub fn token_revocations(&self) -> impl Iterator<Item = (&TokenId, ObligationId)> {
+        self.token_revoked_by.iter().map(|(t, id)| (t, *id))
     }
 
     /// The weight bounds.
@@ -532,11 +598,14 @@ mod tests {
     fn an_older_withhold_does_not_override_a_newer_grant() {
         let mut s = PrincipalState::new(WeightBounds::default());
         let scope = Scope::new("cal").unwrap();
-        s.apply(&PrincipalUpdate::Grant {
-            target: a(),
-            scope: scope.clone(),
-            sequence: Some(5),
-        });
+        s.apply(
+            &PrincipalUpdate::Grant {
+                target: a(),
+                scope: scope.clone(),
+                sequence: Some(5),
+            },
+            ObligationId::from_u128(5),
+        );
         assert!(!s.apply_safe(&withhold(Some(4))));
         assert!(!s.is_withheld(&a(), &scope));
         // The superseded withhold still counts as honoured: a newer decision stands.
@@ -544,5 +613,58 @@ mod tests {
         assert!(s.apply_safe(&withhold(Some(6))));
         assert!(s.is_withheld(&a(), &scope));
         assert!(!s.holds(&down(9, 1, 1)));
+    }
+
+    #[test]
+    fn a_decision_in_force_names_the_obligation_that_carried_it() {
+        let mut s = PrincipalState::new(WeightBounds::default());
+        let scope = Scope::new("cal").unwrap();
+        let id = ObligationId::from_u128;
+        let by = |s: &PrincipalState| s.authorization(&a(), &scope).and_then(|x| x.by);
+        assert!(s.apply(&PrincipalUpdate::Safe(withhold(Some(3))), id(1)));
+        assert_eq!(by(&s), Some(id(1)));
+        // Re-asserted by the same obligation (its escalation): nothing changes.
+        assert!(!s.apply(&PrincipalUpdate::Safe(withhold(Some(3))), id(1)));
+        // An older decision neither overrides nor renames the one in force.
+        assert!(!s.apply(
+            &PrincipalUpdate::Grant {
+                target: a(),
+                scope: scope.clone(),
+                sequence: Some(2),
+            },
+            id(2)
+        ));
+        assert_eq!(by(&s), Some(id(1)));
+        assert!(s.is_withheld(&a(), &scope));
+        // A newer one does both.
+        assert!(s.apply(
+            &PrincipalUpdate::Grant {
+                target: a(),
+                scope: scope.clone(),
+                sequence: Some(4),
+            },
+            id(3)
+        ));
+        assert_eq!(by(&s), Some(id(3)));
+        // A safe action applied without an obligation keeps the name it had.
+        assert!(s.apply_safe(&withhold(Some(5))));
+        assert_eq!(by(&s), Some(id(3)));
+
+        let t = TokenId::new("t").unwrap();
+        assert!(s.apply(&PrincipalUpdate::Safe(stop("t", Some(10))), id(7)));
+        assert!(s.apply(&PrincipalUpdate::Safe(stop("t", Some(10))), id(8)));
+        assert_eq!(s.token_revoked_by(&t), Some(id(8)));
+        // Rebuilt from a store's rows, the name is kept only for a token still recorded.
+        let rebuilt = PrincipalState::from_parts(
+            s.bounds(),
+            s.authorizations().map(|(k, v)| (k.clone(), *v)),
+            None,
+            s.adjustments(),
+            s.revoked_tokens_until().map(|(t, e)| (t.clone(), e)),
+        )
+        .with_token_revocations([(t.clone(), id(8)), (TokenId::new("u").unwrap(), id(9))]);
+        assert_eq!(rebuilt, s);
+        s.expire_tokens(UnixMillis(10), usize::MAX);
+        assert_eq!(s.token_revoked_by(&t), None);
     }
 }

@@ -1049,7 +1049,7 @@ impl World {
                 principal: update,
             } => {
                 if let Some(u) = &update {
-                    principal.apply(u);
+                    principal.apply(u, obligation.id);
                 }
                 self.principal_oracles[p].issued(&obligation);
                 self.ever_pending.insert(obligation.id);
@@ -1078,7 +1078,7 @@ impl World {
                 principal: update,
             } => {
                 if let Some(u) = &update {
-                    principal.apply(u);
+                    principal.apply(u, record.obligation_id);
                 }
                 let id = record.obligation_id;
                 if let Some(o) = self.all.get(&id) {

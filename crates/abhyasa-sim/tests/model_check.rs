@@ -593,7 +593,7 @@ fn apply_custodian(s: &mut State, record: CustodianRecord) {
             principal,
         } => {
             if let Some(u) = &principal {
-                s.cdisk.principal.apply(u);
+                s.cdisk.principal.apply(u, obligation.id);
             }
             s.accepted.insert(obligation.id);
             s.ever_pending.insert(obligation.id);
@@ -617,7 +617,7 @@ fn apply_custodian(s: &mut State, record: CustodianRecord) {
             principal,
         } => {
             if let Some(u) = &principal {
-                s.cdisk.principal.apply(u);
+                s.cdisk.principal.apply(u, record.obligation_id);
             }
             s.cdisk.pending.remove(&record.obligation_id);
             if let Some(e) = escalation {

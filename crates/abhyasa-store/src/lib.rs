@@ -367,6 +367,8 @@ impl Store {
             txn.open_table(ADJUSTMENTS)?;
             txn.open_table(REVOKED_TOKENS)?;
             txn.open_table(REVOKED_TOKENS_BY_EXPIRY)?;
+            txn.open_table(AUTHORIZATION_BY)?;
+            txn.open_table(TOKEN_REVOKED_BY)?;
             txn.open_table(APPLIED)?;
             txn.open_table(APPLIED_BY_EXPIRY)?;
             txn.open_table(LAST_SEQUENCE)?;
@@ -455,7 +457,7 @@ impl Store {
                 };
                 txn.open_table(PENDING)?
                     .insert(obligation.id.to_u128(), encode(&row).as_slice())?;
-                self.apply_principal(txn, principal.as_ref())?;
+                self.apply_principal(txn, principal.as_ref(), obligation.id)?;
             }
             CustodianRecord::Attempt {
                 id,
@@ -489,7 +491,7 @@ impl Store {
                     txn.open_table(ESCALATIONS_BY_TIME)?
                         .insert((e.at.0, key), ())?;
                 }
-                self.apply_principal(txn, principal.as_ref())?;
+                self.apply_principal(txn, principal.as_ref(), record.obligation_id)?;
             }
             CustodianRecord::Reconciliation(note) => {
                 txn.open_table(NOTES)?
@@ -499,12 +501,13 @@ impl Store {
         Ok(())
     }
 
-    /// Applies a principal update to the mirror (the one place its semantics live) and writes
-    /// back exactly the row it touches.
+    /// Applies a principal update carried by obligation `by` to the mirror (the one place its
+    /// semantics live) and writes back exactly the rows it touches.
     fn apply_principal(
         &mut self,
         txn: &WriteTransaction,
         update: Option<&PrincipalUpdate>,
+        by: ObligationId,
     ) -> Result<(), StoreError> {
         let Some(update) = update else {
             return Ok(());
@@ -515,15 +518,20 @@ impl Store {
             }
             _ => None,
         };
-        if !self.principal.apply(update) {
+        if !self.principal.apply(update, by) {
             return Ok(());
         }
         match update {
             PrincipalUpdate::Grant { target, scope, .. }
             | PrincipalUpdate::Safe(SafeAction::WithholdScope { target, scope, .. }) => {
                 if let Some(a) = self.principal.authorization(target, scope) {
+                    let key = (target.as_str(), scope.as_str());
                     txn.open_table(AUTHORIZATIONS)?
-                        .insert((target.as_str(), scope.as_str()), (a.withheld, a.sequence))?;
+                        .insert(key, (a.withheld, a.sequence))?;
+                    if let Some(by) = a.by {
+                        txn.open_table(AUTHORIZATION_BY)?
+                            .insert(key, by.to_u128())?;
+                    }
                 }
             }
             PrincipalUpdate::Safe(SafeAction::DownWeight {
@@ -541,6 +549,10 @@ impl Store {
             PrincipalUpdate::Safe(SafeAction::StopHonouringToken { token_id, .. }) => {
                 txn.open_table(REVOKED_TOKENS)?
                     .insert(token_id.as_str(), ())?;
+                if let Some(by) = self.principal.token_revoked_by(token_id) {
+                    txn.open_table(TOKEN_REVOKED_BY)?
+                        .insert(token_id.as_str(), by.to_u128())?;
+                }
                 let mut by_expiry = txn.open_table(REVOKED_TOKENS_BY_EXPIRY)?;
                 if let Some(at) = held_token {
                     by_expiry.remove((at.0, token_id.as_str()))?;
@@ -687,8 +699,10 @@ impl Store {
         {
             let mut revoked = txn.open_table(REVOKED_TOKENS)?;
             let mut by_expiry = txn.open_table(REVOKED_TOKENS_BY_EXPIRY)?;
+            let mut revoked_by = txn.open_table(TOKEN_REVOKED_BY)?;
             for (token, at) in self.principal.expire_tokens(now, budget) {
                 revoked.remove(token.as_str())?;
+                revoked_by.remove(token.as_str())?;
                 by_expiry.remove((at.0, token.as_str()))?;
                 report.tokens_expired += 1;
             }
@@ -896,17 +910,25 @@ impl Store {
     fn load_principal(&self) -> Result<PrincipalState, StoreError> {
         let txn = self.db.begin_read()?;
         let mut auths = Vec::new();
+        let named = txn.open_table(AUTHORIZATION_BY)?;
         for entry in txn.open_table(AUTHORIZATIONS)?.iter()? {
             let (k, v) = entry?;
             let (target, scope) = k.value();
             let (withheld, sequence) = v.value();
+            let by = named
+                .get((target, scope))?
+                .map(|id| ObligationId::from_u128(id.value()));
             let t = "principal.authorizations";
             auths.push((
                 (
                     rows::name(t, target, AgentId::new)?,
                     rows::name(t, scope, Scope::new)?,
                 ),
-                Authorization { withheld, sequence },
+                Authorization {
+                    withheld,
+                    sequence,
+                    by,
+                },
             ));
         }
         let mut bases = Vec::new();
@@ -951,13 +973,22 @@ impl Store {
                 expiry.get(k.value()).copied(),
             ));
         }
+        let mut revoked_by = Vec::new();
+        for entry in txn.open_table(TOKEN_REVOKED_BY)?.iter()? {
+            let (k, v) = entry?;
+            revoked_by.push((
+                rows::name("principal.token_revoked_by", k.value(), TokenId::new)?,
+                ObligationId::from_u128(v.value()),
+            ));
+        }
         Ok(PrincipalState::from_parts(
             self.config.principal_weights,
             auths,
             bases,
             adjustments,
             tokens,
-        ))
+        )
+        .with_token_revocations(revoked_by))
     }
 
     fn load_receiver_state(&self) -> Result<ReceiverState, StoreError> {

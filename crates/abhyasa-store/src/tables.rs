@@ -48,6 +48,14 @@ pub(crate) const REVOKED_TOKENS: TableDefinition<'_, &str, ()> =
 /// "none expire".)
 pub(crate) const REVOKED_TOKENS_BY_EXPIRY: TableDefinition<'_, (u64, &str), ()> =
     TableDefinition::new("principal.revoked_tokens_by_expiry");
+/// The obligation that carried the authorization in force: (target, scope) → obligation id.
+/// (Added after layout 1 was first written: absent reads as "not named".)
+pub(crate) const AUTHORIZATION_BY: TableDefinition<'_, (&str, &str), u128> =
+    TableDefinition::new("principal.authorization_by");
+/// The obligation that revoked each token most recently: token id → obligation id. (Added
+/// after layout 1 was first written: absent reads as "not named".)
+pub(crate) const TOKEN_REVOKED_BY: TableDefinition<'_, &str, u128> =
+    TableDefinition::new("principal.token_revoked_by");
 
 // Receiver -------------------------------------------------------------------------------------
 

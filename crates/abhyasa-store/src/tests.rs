@@ -725,6 +725,13 @@ fn token_records_are_forgotten_on_disk_at_the_tokens_own_expiry_and_not_before()
         Some(Some(UnixMillis(2_000)))
     );
     assert_eq!(store.principal().revoked_until(&t(3)), Some(None));
+    // So does the obligation that revoked each: what an enforcement point names.
+    for n in 1..=3 {
+        assert_eq!(
+            store.principal().token_revoked_by(&t(n)),
+            Some(ObligationId::from_u128(u128::from(n)))
+        );
+    }
     assert_eq!(
         store.receiver_state().token_record(&t(12)),
         Some((false, Some(UnixMillis(5_000))))
@@ -737,6 +744,8 @@ fn token_records_are_forgotten_on_disk_at_the_tokens_own_expiry_and_not_before()
     assert_eq!(store.maintain(UnixMillis(2_000)).unwrap().tokens_expired, 2);
     let mut store = reopen(&mut backend);
     assert_eq!(principal(&store), vec![t(2), t(3)]);
+    assert_eq!(store.principal().token_revoked_by(&t(1)), None);
+    assert_eq!(store.principal().token_revocations().count(), 2);
     assert_eq!(dropped(&store), vec![t(13)]);
     assert_eq!(cached(&store), vec![t(12)]);
     assert_eq!(governed(&store, 11), None);
@@ -905,4 +914,32 @@ fn a_new_store_file_is_private() {
     assert_eq!(mode, 0o600, "node.redb mode {mode:o}");
     // And it reopens as a store.
     drop(Store::open(&path, StoreConfig::default()).unwrap());
+}
+
+/// The obligation whose decision is in force on a scope is kept with it across a restart, and
+/// a newer decision renames it: an enforcement point names the one that stands.
+#[test]
+fn a_scope_decision_keeps_the_obligation_that_carried_it_across_a_restart() {
+    let (mut store, mut backend) = memory_store();
+    let mut c = Custodian::new(p(), CustodianConfig::default(), 1);
+    let scope = Scope::new("s1").unwrap();
+    c.issue(UnixMillis(0), revoke_scope(1)).unwrap();
+    persist_custodian(&mut c, &mut store, 0);
+    let by = |s: &Store| s.principal().authorization(&a(), &scope).and_then(|x| x.by);
+    let mut store = reopen(&mut backend);
+    assert_eq!(by(&store), Some(ObligationId::from_u128(1)));
+    assert!(store.principal().is_withheld(&a(), &scope));
+    // A grant with a newer sequence (best effort: ends at once) takes the name.
+    let mut grant = revoke_scope(1);
+    grant.id = ObligationId::from_u128(2);
+    grant.sequence = Some(2);
+    grant.payload = Payload::AnumatiConsent(ConsentPayload {
+        decision: Some(ConsentDecision::Grant),
+        scope: scope.clone(),
+    });
+    c.issue(UnixMillis(1), grant).unwrap();
+    persist_custodian(&mut c, &mut store, 1);
+    let store = reopen(&mut backend);
+    assert_eq!(by(&store), Some(ObligationId::from_u128(2)));
+    assert!(!store.principal().is_withheld(&a(), &scope));
 }
