@@ -501,6 +501,50 @@ struct NodeConfig {
     mcp: Option<crate::mcp_cli::McpConfig>,
     /// Present: the node serves the A2A binding over HTTPS.
     a2a: Option<A2aConfig>,
+    /// Present: the node serves its enforcement points (docs/ENFORCEMENT.md).
+    enforce: Option<EnforceSection>,
+}
+
+/// `[enforce]`: RFC 7662 introspection, RFC 7009 revocation and the proxy check, answered
+/// from this node's decisions as principal (docs/ENFORCEMENT.md).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EnforceSection {
+    /// Where to listen: loopback only.
+    listen: SocketAddr,
+    /// The key callers show (created 0600 when absent); default `<state>/enforce.key`.
+    #[serde(default)]
+    key_file: Option<PathBuf>,
+    /// The agents an RFC 7009 revocation is carried to; default every `[[peers]]` id.
+    #[serde(default)]
+    holders: Option<Vec<String>>,
+    /// The deadline of a revocation's obligations, ms.
+    #[serde(default = "default_revoke_deadline_ms")]
+    revoke_deadline_ms: u64,
+    /// The client id a revocation names when the request and the upstream give none.
+    #[serde(default)]
+    client_id: Option<String>,
+    /// The authorization server asked about tokens this node does not govern.
+    #[serde(default)]
+    upstream: Option<UpstreamSection>,
+}
+
+fn default_revoke_deadline_ms() -> u64 {
+    30_000
+}
+
+/// `[enforce.upstream]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UpstreamSection {
+    /// The upstream's introspection URL.
+    url: String,
+    /// A file (0600) holding the `Authorization` header value to present, e.g. `Basic …`.
+    #[serde(default)]
+    authorization_file: Option<PathBuf>,
+    /// PEM roots for an `https://` URL.
+    #[serde(default)]
+    ca: Option<PathBuf>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -1659,6 +1703,7 @@ fn valid_card(config: &NodeConfig) -> Result<abhyasa_a2a::AgentCard> {
 
 /// What a running node serves and reaches besides MOQT; dropping it stops them.
 struct Bindings {
+    _enforce: Option<abhyasa_enforce::Server>,
     _a2a: Option<abhyasa_a2a::A2aServer>,
     a2a_peers: Vec<tokio::task::JoinHandle<()>>,
     _mcp_links: Vec<abhyasa_mcp::PrincipalLink>,
@@ -1718,12 +1763,93 @@ async fn start_bindings(config: &NodeConfig, node: &Node) -> Result<Bindings> {
         ));
     }
     let (a2a, a2a_peers) = start_a2a(config, node).await?;
+    let enforce = start_enforce(config, node).await?;
     Ok(Bindings {
+        _enforce: enforce,
         _a2a: a2a,
         a2a_peers,
         _mcp_links: mcp_links,
         mcp_server,
     })
+}
+
+/// The enforcement key's file name in a state directory.
+const ENFORCE_KEY_FILE: &str = "enforce.key";
+
+/// Serves `[enforce]`.
+async fn start_enforce(config: &NodeConfig, node: &Node) -> Result<Option<abhyasa_enforce::Server>> {
+    let Some(e) = &config.enforce else {
+        return Ok(None);
+    };
+    let key_path = e
+        .key_file
+        .clone()
+        .unwrap_or_else(|| config.state.join(ENFORCE_KEY_FILE));
+    let mut c = abhyasa_enforce::EnforceConfig::new(e.listen);
+    c.key = Some(hex::encode(admin::load_or_create_token(&key_path)?));
+    c.holders = match &e.holders {
+        Some(h) => h.iter().map(|a| AgentId::new(a.clone())).collect::<std::result::Result<_, _>>()?,
+        None => config
+            .peers
+            .iter()
+            .map(|p| AgentId::new(p.id.clone()))
+            .collect::<std::result::Result<_, _>>()?,
+    };
+    c.revoke_deadline = Duration::from_millis(e.revoke_deadline_ms);
+    if let Some(id) = &e.client_id {
+        c.client_id = abhyasa_wire::ClientId::new(id.clone())
+            .map_err(|err| format!("[enforce] client_id {id:?}: {err}"))?;
+    }
+    if let Some(u) = &e.upstream {
+        let authorization = match &u.authorization_file {
+            None => None,
+            Some(path) => Some(secret_file(path)?),
+        };
+        let roots = match &u.ca {
+            None => None,
+            Some(path) => {
+                let pem = std::fs::read(path).map_err(|err| format!("{}: {err}", path.display()))?;
+                let mut roots = rustls::RootCertStore::empty();
+                use rustls::pki_types::pem::PemObject as _;
+                for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
+                    let cert = cert.map_err(|err| format!("{}: {err}", path.display()))?;
+                    roots
+                        .add(cert)
+                        .map_err(|err| format!("{}: {err}", path.display()))?;
+                }
+                Some(roots)
+            }
+        };
+        c.upstream = Some(abhyasa_enforce::Upstream {
+            url: u.url.clone(),
+            authorization,
+            roots,
+        });
+    }
+    let server = abhyasa_enforce::serve(node.clone(), c).await?;
+    eprintln!(
+        "node {}: enforcement points on http://{} (key in {})",
+        node.agent(),
+        server.local_addr(),
+        key_path.display()
+    );
+    Ok(Some(server))
+}
+
+/// Reads a secret from a file that only its owner may read (trimmed).
+fn secret_file(path: &std::path::Path) -> Result<String> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(format!(
+            "{}: readable by other users (mode {mode:o}); chmod 600 it",
+            path.display()
+        )
+        .into());
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok(text.trim().to_owned())
 }
 
 /// Serves `[a2a]` and reaches the `transport = "a2a"` peers.

@@ -1158,6 +1158,11 @@ impl Custodian {
         self.pending.contains_key(&id)
     }
 
+    /// The attempts made so far on `id`, if it is under custody.
+    pub fn attempts(&self, id: ObligationId) -> Option<u32> {
+        self.pending.get(&id).map(|p| p.attempts)
+    }
+
     /// Principal-side state as this custodian last set it.
     pub fn principal(&self) -> &PrincipalState {
         &self.principal

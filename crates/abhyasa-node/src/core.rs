@@ -1067,6 +1067,7 @@ impl Core {
                     store_full: self.refuse_new_work().map(|e| e.to_string()),
                 });
             }
+            Command::Decide(ask, reply) => self.decide(&ask, reply),
             Command::Honours(reply) => {
                 let state = self.group.read(|s| s.receiver_state().clone());
                 let _ = reply.send(state.map_err(NodeError::from));
@@ -1404,6 +1405,60 @@ impl Core {
     }
 
     /// The refusal for new work now, if the store is full.
+    /// Answers an enforcement point from the decisions in force ([`crate::decide`]). Where
+    /// the obligation that carried a refusal is no longer pending, its outcome is read on the
+    /// writer thread, which sends the answer itself: the core never waits on a read.
+    fn decide(&self, ask: &crate::Ask, reply: tokio::sync::oneshot::Sender<crate::Verdict>) {
+        use crate::{Carried, Refusal, Verdict};
+        let principal = self.machine.custodian().principal();
+        let (obligation, until) = match ask {
+            crate::Ask::Scope { agent, scope } => match principal.authorization(agent, scope) {
+                None => {
+                    let _ = reply.send(Verdict::NotGoverned);
+                    return;
+                }
+                Some(a) if !a.withheld => {
+                    let _ = reply.send(Verdict::Allow { obligation: a.by });
+                    return;
+                }
+                Some(a) => (a.by, None),
+            },
+            crate::Ask::Token(token) => match principal.revoked_until(token) {
+                None => {
+                    let _ = reply.send(Verdict::NotGoverned);
+                    return;
+                }
+                Some(until) => (principal.token_revoked_by(token), until),
+            },
+        };
+        let refusal = move |carried| {
+            Verdict::Refuse(Refusal {
+                obligation,
+                carried,
+                until,
+            })
+        };
+        let Some(id) = obligation else {
+            let _ = reply.send(refusal(Carried::Unknown));
+            return;
+        };
+        if let Some(attempts) = self.machine.custodian().attempts(id) {
+            let _ = reply.send(refusal(Carried::Pending { attempts }));
+            return;
+        }
+        let read = self.group.read_then(move |store| {
+            let carried = match store.terminal(id) {
+                Ok(Some(record)) => Carried::Ended(record.outcome),
+                _ => Carried::Unknown,
+            };
+            let _ = reply.send(refusal(carried));
+        });
+        if read.is_err() {
+            // The writer has stopped: the node is going down; the caller sees it stopped.
+            debug!("decide: the store's writer has stopped");
+        }
+    }
+
     fn refuse_new_work(&self) -> Option<NodeError> {
         self.store_full.as_ref().map(|f| self.full_error(&f.cause))
     }

@@ -19,6 +19,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod core;
+pub mod decide;
 pub mod ledger;
 mod link;
 pub mod listen;
@@ -38,6 +39,7 @@ use abhyasa_wire::{
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 pub use abhyasa_custody::Admission;
+pub use decide::{Ask, Carried, Refusal, Verdict};
 pub use core::{MAX_SETUPS, SETUP_DEADLINE};
 pub use ledger::{
     Executor, GatewayAnswer, LedgerCommand, LedgerReply, LedgerSetup, LedgerStatus, CARRIED_BY_MCP,
@@ -227,6 +229,7 @@ pub(crate) enum Command {
     ),
     Status(oneshot::Sender<Status>),
     Honours(oneshot::Sender<Result<abhyasa_custody::ReceiverState, NodeError>>),
+    Decide(Ask, oneshot::Sender<Verdict>),
     Deliver(
         AgentId,
         Vec<Vec<u8>>,
@@ -703,6 +706,18 @@ impl Node {
             .await
             .map_err(|_| NodeError::Stopped)?;
         rx.await.map_err(|_| NodeError::Stopped)?
+    }
+
+    /// Asks this node, as principal, whether an agent may exercise a scope or a token is
+    /// still honoured ([`decide`]): answered from the decisions in force in memory, so a
+    /// revocation refuses from the moment it is issued, not when the agent acks it.
+    pub async fn decide(&self, ask: Ask) -> Result<Verdict, NodeError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Command::Decide(ask, tx))
+            .await
+            .map_err(|_| NodeError::Stopped)?;
+        rx.await.map_err(|_| NodeError::Stopped)
     }
 
     /// Hands the receiver obligation objects (CBOR, as on the `to/<agent>` track) that
