@@ -1777,7 +1777,10 @@ async fn start_bindings(config: &NodeConfig, node: &Node) -> Result<Bindings> {
 const ENFORCE_KEY_FILE: &str = "enforce.key";
 
 /// Serves `[enforce]`.
-async fn start_enforce(config: &NodeConfig, node: &Node) -> Result<Option<abhyasa_enforce::Server>> {
+async fn start_enforce(
+    config: &NodeConfig,
+    node: &Node,
+) -> Result<Option<abhyasa_enforce::Server>> {
     let Some(e) = &config.enforce else {
         return Ok(None);
     };
@@ -1788,7 +1791,10 @@ async fn start_enforce(config: &NodeConfig, node: &Node) -> Result<Option<abhyas
     let mut c = abhyasa_enforce::EnforceConfig::new(e.listen);
     c.key = Some(hex::encode(admin::load_or_create_token(&key_path)?));
     c.holders = match &e.holders {
-        Some(h) => h.iter().map(|a| AgentId::new(a.clone())).collect::<std::result::Result<_, _>>()?,
+        Some(h) => h
+            .iter()
+            .map(|a| AgentId::new(a.clone()))
+            .collect::<std::result::Result<_, _>>()?,
         None => config
             .peers
             .iter()
@@ -1808,7 +1814,8 @@ async fn start_enforce(config: &NodeConfig, node: &Node) -> Result<Option<abhyas
         let roots = match &u.ca {
             None => None,
             Some(path) => {
-                let pem = std::fs::read(path).map_err(|err| format!("{}: {err}", path.display()))?;
+                let pem =
+                    std::fs::read(path).map_err(|err| format!("{}: {err}", path.display()))?;
                 let mut roots = rustls::RootCertStore::empty();
                 use rustls::pki_types::pem::PemObject as _;
                 for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {

@@ -140,10 +140,7 @@ pub async fn serve(node: Node, config: EnforceConfig) -> Result<Server, EnforceE
         None => None,
         Some(u) => {
             // Roots only for an `https://` upstream; with none, `http://` alone works.
-            let roots = u
-                .roots
-                .clone()
-                .unwrap_or_else(rustls::RootCertStore::empty);
+            let roots = u.roots.clone().unwrap_or_else(rustls::RootCertStore::empty);
             let provider = Arc::new(rustls::crypto::ring::default_provider());
             let tls = rustls::ClientConfig::builder_with_provider(provider)
                 .with_safe_default_protocol_versions()?
@@ -174,8 +171,14 @@ pub async fn serve(node: Node, config: EnforceConfig) -> Result<Server, EnforceE
             "/oauth2/revoke",
             axum::routing::post(revoke).with_state(state.clone()),
         )
-        .route("/authz", axum::routing::any(check).with_state(state.clone()))
-        .route("/authz/{*rest}", axum::routing::any(check).with_state(state));
+        .route(
+            "/authz",
+            axum::routing::any(check).with_state(state.clone()),
+        )
+        .route(
+            "/authz/{*rest}",
+            axum::routing::any(check).with_state(state),
+        );
     Ok(abhyasa_http::serve(bound, app, key, "enforce"))
 }
 
@@ -303,7 +306,11 @@ async fn introspect(
     let now_s = state.node.now().0 / 1_000;
     if let Some(exp) = answer.get("exp").and_then(serde_json::Value::as_u64) {
         if exp <= now_s {
-            info!(exp, now = now_s, "introspection: upstream says active past exp; inactive");
+            info!(
+                exp,
+                now = now_s,
+                "introspection: upstream says active past exp; inactive"
+            );
             return inactive(None);
         }
     }
@@ -500,19 +507,24 @@ async fn check(
         }
         Ok(out)
     };
-    let (agents, scopes) = match (text(&AGENT_HEADER), text(&SCOPE_HEADER)) {
-        (Ok(a), Ok(s)) => (a, s),
-        (Err(e), _) | (_, Err(e)) => return forbid(&e, None),
+    let scopes = match text(&SCOPE_HEADER) {
+        Ok(s) => s,
+        Err(e) => return forbid(&e, None),
     };
     if scopes.len() > MAX_SCOPES {
         return forbid(&format!("more than {MAX_SCOPES} scopes named"), None);
     }
     let mut asks = Vec::new();
     if !scopes.is_empty() {
+        let agents: Vec<&HeaderValue> = headers.get_all(&AGENT_HEADER).iter().collect();
         let agent = match agents.as_slice() {
-            [one] => match AgentId::new(one.clone()) {
+            [one] => match one
+                .to_str()
+                .map_err(|_| "the agent header is not text".to_owned())
+                .and_then(agent_named)
+            {
                 Ok(a) => a,
-                Err(e) => return forbid(&format!("agent {one:?}: {e}"), None),
+                Err(e) => return forbid(&e, None),
             },
             [] => return forbid("a scope was named without the agent exercising it", None),
             _ => return forbid("more than one agent named", None),
@@ -562,4 +574,38 @@ async fn check(
         }
     }
     StatusCode::OK.into_response()
+}
+
+/// The agent an `Abhyasa-Agent` header names: its id, or a client certificate's subject as a
+/// proxy words it (RFC 2253, `CN=agent-1,O=…`, nginx's `$ssl_client_s_dn`; or OpenSSL's
+/// one-line form, `/O=…/CN=agent-1`), whose common name is the agent id the deployment CA
+/// issued it for.
+pub fn agent_named(value: &str) -> Result<AgentId, String> {
+    let value = value.trim();
+    let name = if value.contains('=') {
+        value
+            .split([',', '/'])
+            .map(str::trim)
+            .find_map(|rdn| rdn.strip_prefix("CN="))
+            .ok_or_else(|| format!("the subject {value:?} names no CN"))?
+    } else {
+        value
+    };
+    AgentId::new(name.to_owned()).map_err(|e| format!("agent {name:?}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_agent_is_named_by_its_id_or_its_certificates_subject() {
+        let a = AgentId::new("agent-1").unwrap();
+        assert_eq!(agent_named("agent-1"), Ok(a.clone()));
+        assert_eq!(agent_named(" CN=agent-1,O=abhyasa"), Ok(a.clone()));
+        assert_eq!(agent_named("O=abhyasa, CN=agent-1"), Ok(a.clone()));
+        assert_eq!(agent_named("/O=abhyasa/CN=agent-1"), Ok(a));
+        assert!(agent_named("O=abhyasa").unwrap_err().contains("no CN"));
+        assert!(agent_named("").is_err());
+    }
 }

@@ -67,7 +67,13 @@ async fn pair(agent_up: bool) -> Pair {
     }
 }
 
-fn consent(node: &Node, n: u128, decision: ConsentDecision, seq: u64, deadline_ms: u64) -> Obligation {
+fn consent(
+    node: &Node,
+    n: u128,
+    decision: ConsentDecision,
+    seq: u64,
+    deadline_ms: u64,
+) -> Obligation {
     let now = node.now();
     Obligation {
         id: ObligationId::from_u128(n),
@@ -135,7 +141,10 @@ async fn a_revocation_refuses_from_its_issue_and_names_its_obligation() {
     let (_server, base) = serve(&p.principal, None).await;
 
     // No decision yet: the check lets the call through.
-    assert_eq!(check(&base, Some("calendar.read"), None).await.status(), 200);
+    assert_eq!(
+        check(&base, Some("calendar.read"), None).await.status(),
+        200
+    );
     // Without the key nothing is answered.
     let r = client()
         .get(format!("{base}/authz"))
@@ -176,14 +185,20 @@ async fn a_revocation_refuses_from_its_issue_and_names_its_obligation() {
     assert_eq!(record.outcome, Outcome::Applied);
     let r = check(&base, Some("mail.send, calendar.read"), None).await;
     assert_eq!(r.status(), 403);
-    assert_eq!(header(&r, "abhyasa-obligation-state").as_deref(), Some("applied"));
+    assert_eq!(
+        header(&r, "abhyasa-obligation-state").as_deref(),
+        Some("applied")
+    );
 
     // A newer grant lifts it.
     p.principal
         .issue(consent(&p.principal, 2, ConsentDecision::Grant, 2, 60_000))
         .await
         .unwrap();
-    assert_eq!(check(&base, Some("calendar.read"), None).await.status(), 200);
+    assert_eq!(
+        check(&base, Some("calendar.read"), None).await.status(),
+        200
+    );
     assert_eq!(
         p.principal
             .decide(Ask::Scope {
@@ -225,7 +240,10 @@ async fn with_the_agent_down_the_refusal_holds_while_the_obligation_escalates() 
         .unwrap();
     let r = check(&base, Some("calendar.read"), None).await;
     assert_eq!(r.status(), 403);
-    assert_eq!(header(&r, "abhyasa-obligation-state").as_deref(), Some("pending"));
+    assert_eq!(
+        header(&r, "abhyasa-obligation-state").as_deref(),
+        Some("pending")
+    );
     let (record, escalation) = handle.outcome().await.unwrap();
     assert!(matches!(record.outcome, Outcome::Escalated(_)));
     assert!(escalation.is_some());
@@ -285,7 +303,10 @@ async fn upstream_server(down: bool) -> (SocketAddr, Arc<AtomicU32>, Arc<Mutex<V
     (addr, asked, auths)
 }
 
-async fn introspect(base: &str, token: &str) -> (reqwest::StatusCode, Option<String>, serde_json::Value) {
+async fn introspect(
+    base: &str,
+    token: &str,
+) -> (reqwest::StatusCode, Option<String>, serde_json::Value) {
     let r = client()
         .post(format!("{base}/oauth2/introspect"))
         .bearer_auth(KEY)
@@ -324,7 +345,11 @@ async fn introspection_refuses_what_the_node_revoked_and_filters_its_upstream() 
     let (_, _, unknown) = introspect(&base, "tok-unknown").await;
     assert_eq!(unknown["active"], false);
     assert_eq!(asked.load(Ordering::SeqCst), 3);
-    assert!(auths.lock().unwrap().iter().all(|a| a == "Basic cnM6c2VjcmV0"));
+    assert!(auths
+        .lock()
+        .unwrap()
+        .iter()
+        .all(|a| a == "Basic cnM6c2VjcmV0"));
 
     // RFC 7009 revocation: carried to the holder under custody, refused at once.
     let r = client()
@@ -344,7 +369,11 @@ async fn introspection_refuses_what_the_node_revoked_and_filters_its_upstream() 
     assert_eq!(body, serde_json::json!({"active": false}));
     assert_eq!(named, Some(carried.to_string()));
     // The upstream is not asked about a token the node refuses.
-    assert_eq!(asked.load(Ordering::SeqCst), 4, "3 + one at revocation + none now");
+    assert_eq!(
+        asked.load(Ordering::SeqCst),
+        4,
+        "3 + one at revocation + none now"
+    );
     // The record lapses with the token: its expiry came from the upstream's `exp`.
     let status = p.principal.status().await.unwrap();
     let until = status
@@ -362,10 +391,16 @@ async fn introspection_refuses_what_the_node_revoked_and_filters_its_upstream() 
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let s = p.principal.status().await.unwrap();
-        if s.recent.iter().any(|r| r.obligation_id == carried && r.outcome == Outcome::Applied) {
+        if s.recent
+            .iter()
+            .any(|r| r.obligation_id == carried && r.outcome == Outcome::Applied)
+        {
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "revocation not applied");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "revocation not applied"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     match p
@@ -388,7 +423,10 @@ async fn introspection_refuses_what_the_node_revoked_and_filters_its_upstream() 
         .await
         .unwrap();
     assert_eq!(r.status(), 400);
-    assert_eq!(r.json::<serde_json::Value>().await.unwrap()["error"], "invalid_request");
+    assert_eq!(
+        r.json::<serde_json::Value>().await.unwrap()["error"],
+        "invalid_request"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -396,7 +434,10 @@ async fn without_a_working_upstream_an_ungoverned_token_is_inactive() {
     let p = pair(true).await;
     let (none, _) = serve(&p.principal, None).await;
     let base = format!("http://{}", none.local_addr());
-    assert_eq!(introspect(&base, "tok-live").await.2, serde_json::json!({"active": false}));
+    assert_eq!(
+        introspect(&base, "tok-live").await.2,
+        serde_json::json!({"active": false})
+    );
     let (up, _, _) = upstream_server(true).await;
     let (_down, base) = serve(
         &p.principal,
@@ -407,5 +448,8 @@ async fn without_a_working_upstream_an_ungoverned_token_is_inactive() {
         }),
     )
     .await;
-    assert_eq!(introspect(&base, "tok-live").await.2, serde_json::json!({"active": false}));
+    assert_eq!(
+        introspect(&base, "tok-live").await.2,
+        serde_json::json!({"active": false})
+    );
 }

@@ -39,8 +39,8 @@ use abhyasa_wire::{
 use tokio::sync::{broadcast, mpsc, oneshot};
 
 pub use abhyasa_custody::Admission;
-pub use decide::{Ask, Carried, Refusal, Verdict};
 pub use core::{MAX_SETUPS, SETUP_DEADLINE};
+pub use decide::{Ask, Carried, Refusal, Verdict};
 pub use ledger::{
     Executor, GatewayAnswer, LedgerCommand, LedgerReply, LedgerSetup, LedgerStatus, CARRIED_BY_MCP,
 };
