@@ -25,8 +25,9 @@
 //!   (`Abhyasa-Refusal`). A check that names no agent for a scope, or names a scope or token
 //!   that is not a valid name, is refused too: a proxy check fails closed.
 //!
-//! Every request must show the node's enforcement key (`Authorization: Bearer <key>`, or for
-//! `/authz`, whose `Authorization` header is the end user's, `Abhyasa-Key: <key>`); the
+//! Every request must show the node's enforcement key: `Authorization: Bearer <key>`, or as
+//! OAuth clients authenticate, HTTP Basic with the key as the password (any client id), or
+//! for `/authz`, whose `Authorization` header is the end user's, `Abhyasa-Key: <key>`. The
 //! listener is loopback only ([`abhyasa_http`]).
 
 use std::net::SocketAddr;
@@ -156,7 +157,7 @@ pub async fn serve(node: Node, config: EnforceConfig) -> Result<Server, EnforceE
     let key = config
         .key
         .clone()
-        .map(|k| abhyasa_http::Key::bearer(k).header(KEY_HEADER));
+        .map(|k| abhyasa_http::Key::bearer(k).header(KEY_HEADER).basic());
     let state = Arc::new(State {
         node,
         config,

@@ -49,6 +49,7 @@ pub enum HttpError {
 pub struct Key {
     secret: Arc<str>,
     header: Option<HeaderName>,
+    basic: bool,
 }
 
 impl Key {
@@ -57,7 +58,16 @@ impl Key {
         Self {
             secret: secret.into(),
             header: None,
+            basic: false,
         }
+    }
+
+    /// Also accepts the key as the password of HTTP Basic authentication (any user name): how
+    /// OAuth clients authenticate to an authorization server's endpoints (RFC 6749 §2.3.1,
+    /// `client_secret_basic`), which RFC 7662 and RFC 7009 callers use.
+    pub fn basic(mut self) -> Self {
+        self.basic = true;
+        self
     }
 
     /// Also accepts the key as the whole value of `header` (for requests whose
@@ -77,6 +87,18 @@ impl Key {
             .filter_map(|v| v.to_str().ok())
             .filter_map(|v| v.strip_prefix("Bearer "))
             .any(matches);
+        let basic = self.basic
+            && headers
+                .get_all(header::AUTHORIZATION)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .filter_map(|v| v.strip_prefix("Basic "))
+                .filter_map(|b| {
+                    use base64::Engine as _;
+                    base64::engine::general_purpose::STANDARD.decode(b.trim()).ok()
+                })
+                .filter_map(|b| String::from_utf8(b).ok())
+                .any(|pair| pair.split_once(':').is_some_and(|(_, password)| matches(password)));
         let own = self.header.as_ref().is_some_and(|h| {
             headers
                 .get_all(h)
@@ -84,7 +106,7 @@ impl Key {
                 .filter_map(|v| v.to_str().ok())
                 .any(matches)
         });
-        bearer || own
+        bearer || basic || own
     }
 }
 
@@ -245,5 +267,42 @@ async fn accept_loop(
         });
         waiting.admit(id, handle);
         let _ = counted.send(());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::{HeaderMap, HeaderValue};
+
+    fn with(name: &str, value: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(
+            HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            HeaderValue::from_str(value).unwrap(),
+        );
+        h
+    }
+
+    #[test]
+    fn a_key_is_shown_only_where_the_face_accepts_it() {
+        let secret = "0123456789abcdef";
+        // base64("rs:0123456789abcdef"), base64("rs:wrong")
+        let basic_ok = "Basic cnM6MDEyMzQ1Njc4OWFiY2RlZg==";
+        let basic_wrong = "Basic cnM6d3Jvbmc=";
+        let bearer = Key::bearer(secret);
+        assert!(bearer.shown(&with("authorization", "Bearer 0123456789abcdef")));
+        assert!(!bearer.shown(&with("authorization", "Bearer 0123456789abcdeF")));
+        assert!(!bearer.shown(&with("authorization", basic_ok)));
+        assert!(!bearer.shown(&with("abhyasa-key", secret)));
+        let all = Key::bearer(secret)
+            .header(HeaderName::from_static("abhyasa-key"))
+            .basic();
+        assert!(all.shown(&with("authorization", basic_ok)));
+        assert!(!all.shown(&with("authorization", basic_wrong)));
+        assert!(!all.shown(&with("authorization", "Basic !!!")));
+        assert!(all.shown(&with("abhyasa-key", secret)));
+        assert!(!all.shown(&with("abhyasa-key", "Bearer 0123456789abcdef")));
+        assert!(!all.shown(&HeaderMap::new()));
     }
 }
