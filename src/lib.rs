@@ -12,7 +12,9 @@
 //! - [`machine`]: the node's own decisions around those machines, sans-IO;
 //! - [`node`]: the runtime that drives them — the `Node` an application embeds;
 //! - [`netem`]: packet impairment in userspace, for tests and benchmarks under loss;
-//! - [`mcp`], [`a2a`]: the MCP and A2A bindings.
+//! - [`mcp`], [`a2a`]: the MCP and A2A bindings;
+//! - [`enforce`]: the enforcement points (RFC 7662 introspection, RFC 7009 revocation, the
+//!   nginx `auth_request` / Envoy `ext_authz` check) answered from the principal's decisions.
 //!
 //! The `abhyasa` command lives in `abhyasa-cli`, the simulation in `abhyasa-sim`, and the
 //! processes the crash tests kill in `abhyasa-crashtest`.
@@ -21,6 +23,7 @@
 
 pub use abhyasa_a2a as a2a;
 pub use abhyasa_custody as custody;
+pub use abhyasa_enforce as enforce;
 pub use abhyasa_ledger as ledger;
 pub use abhyasa_machine as machine;
 pub use abhyasa_mcp as mcp;

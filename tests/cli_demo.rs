@@ -32,6 +32,23 @@ fn demo_ends_with_a_clean_summary() {
         + field(last, "escalated")
         + field(last, "best_effort");
     assert_eq!(total, field(last, "obligations"));
+    // Where nginx is installed the demo ends with it refusing a call after the revocation;
+    // where it is not, the demo says so.
+    if abhyasa::enforce::nginx::find_nginx().is_some() {
+        let lines: Vec<&str> = stdout.lines().collect();
+        let first = lines
+            .iter()
+            .position(|l| l.ends_with("GET /files/q3 as agent-0 -> 200"));
+        let refused = lines
+            .iter()
+            .position(|l| l.contains("revoke files.read for agent-0 issued; GET /files/q3 as agent-0 -> 403 (scope files.read is withheld from agent-0 by obligation"));
+        assert!(
+            matches!((first, refused), (Some(a), Some(b)) if a < b),
+            "no nginx refusal after the revocation:\n{stdout}"
+        );
+    } else {
+        assert!(stdout.contains("nginx: not installed"), "{stdout}");
+    }
 }
 
 #[test]

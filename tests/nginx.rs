@@ -11,29 +11,14 @@ mod common;
 
 use std::io::{Read as _, Write as _};
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use abhyasa::enforce::nginx::{standalone, Protected, Site};
 use common::{abhyasa, free_tcp, free_udp, wait_for, NodeProc};
-
-fn nginx_binary() -> Option<PathBuf> {
-    if let Ok(p) = std::env::var("ABHYASA_NGINX") {
-        return Some(PathBuf::from(p));
-    }
-    let sbin = PathBuf::from("/usr/sbin/nginx");
-    if sbin.exists() {
-        return Some(sbin);
-    }
-    let out = Command::new("sh")
-        .args(["-c", "command -v nginx"])
-        .output()
-        .ok()?;
-    let path = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-    (!path.is_empty()).then(|| PathBuf::from(path))
-}
 
 /// The tool: answers every request 200 with a small JSON body and counts them.
 fn tool_service() -> (u16, Arc<AtomicU32>) {
@@ -107,66 +92,6 @@ impl Drop for Nginx {
     }
 }
 
-/// The configuration docs/ENFORCEMENT.md shows, on loopback ports, with its scratch files
-/// under `dir`. The agent is named by the caller's `X-Agent` header here; behind TLS it is
-/// the client certificate's subject (`$ssl_client_s_dn`).
-fn nginx_conf(dir: &Path, listen: u16, enforce: u16, key: &str, tool: u16) -> String {
-    let d = dir.display();
-    let check = |name: &str, scope: &str| {
-        format!(
-            "    location = /_abhyasa_{name} {{
-      internal;
-      proxy_pass http://127.0.0.1:{enforce}/authz;
-      proxy_pass_request_body off;
-      proxy_set_header Content-Length \"\";
-      proxy_set_header Abhyasa-Key \"{key}\";
-      proxy_set_header Abhyasa-Agent $http_x_agent;
-      proxy_set_header Abhyasa-Scope \"{scope}\";
-    }}
-"
-        )
-    };
-    let tool_location = |path: &str, name: &str| {
-        format!(
-            "    location {path} {{
-      auth_request /_abhyasa_{name};
-      auth_request_set $abhyasa_obligation $upstream_http_abhyasa_obligation;
-      auth_request_set $abhyasa_state $upstream_http_abhyasa_obligation_state;
-      auth_request_set $abhyasa_refusal $upstream_http_abhyasa_refusal;
-      add_header Abhyasa-Obligation $abhyasa_obligation always;
-      add_header Abhyasa-Obligation-State $abhyasa_state always;
-      add_header Abhyasa-Refusal $abhyasa_refusal always;
-      proxy_pass http://127.0.0.1:{tool};
-    }}
-"
-        )
-    };
-    format!(
-        "daemon off;
-master_process off;
-worker_processes 1;
-pid {d}/nginx.pid;
-error_log {d}/error.log info;
-events {{ worker_connections 64; }}
-http {{
-  access_log {d}/access.log;
-  client_body_temp_path {d}/body;
-  proxy_temp_path {d}/proxy;
-  fastcgi_temp_path {d}/fastcgi;
-  uwsgi_temp_path {d}/uwsgi;
-  scgi_temp_path {d}/scgi;
-  server {{
-    listen 127.0.0.1:{listen};
-{}{}{}{}  }}
-}}
-",
-        check("calendar", "calendar.read"),
-        check("mail", "mail.send"),
-        tool_location("/calendar/", "calendar"),
-        tool_location("/mail/", "mail"),
-    )
-}
-
 fn issue(admin: &str, scope: &str, deadline_ms: &str) -> String {
     let out = abhyasa(&[
         "issue",
@@ -190,13 +115,15 @@ fn issue(admin: &str, scope: &str, deadline_ms: &str) -> String {
 
 #[test]
 fn nginx_refuses_a_call_once_the_principal_revokes_and_names_the_obligation() {
-    let Some(nginx) = nginx_binary() else {
+    let Some(nginx) = abhyasa::enforce::nginx::find_nginx() else {
         println!("SKIPPED: no nginx binary (install Debian's nginx or set ABHYASA_NGINX)");
         return;
     };
     let dir = tempfile::tempdir().unwrap();
     let certs = dir.path().join("certs").display().to_string();
-    assert!(abhyasa(&["certs", "init", "--dir", &certs]).status.success());
+    assert!(abhyasa(&["certs", "init", "--dir", &certs])
+        .status
+        .success());
     for a in ["principal", "agent-1"] {
         assert!(abhyasa(&["certs", "issue", a, "--dir", &certs])
             .status
@@ -234,20 +161,43 @@ fn nginx_refuses_a_call_once_the_principal_revokes_and_names_the_obligation() {
     let agent = NodeProc::start(&agent_cfg);
     let _principal = NodeProc::start(&principal_cfg);
     let key_file = p_state.join("enforce.key");
-    wait_for("the principal's enforcement key", Duration::from_secs(30), || {
-        key_file.exists() && std::net::TcpStream::connect(("127.0.0.1", enforce_port)).is_ok()
-    });
+    wait_for(
+        "the principal's enforcement key",
+        Duration::from_secs(30),
+        || key_file.exists() && std::net::TcpStream::connect(("127.0.0.1", enforce_port)).is_ok(),
+    );
     wait_for("the agent's admin socket", Duration::from_secs(30), || {
         Path::new(&a_admin).exists()
     });
-    let key = std::fs::read_to_string(&key_file).unwrap().trim().to_owned();
+    let key = std::fs::read_to_string(&key_file)
+        .unwrap()
+        .trim()
+        .to_owned();
 
     let (tool_port, calls) = tool_service();
     let listen = free_tcp();
-    let conf = write(
-        "nginx.conf",
-        nginx_conf(dir.path(), listen, enforce_port, &key, tool_port),
-    );
+    // The configuration docs/ENFORCEMENT.md shows. The agent is named by the caller's
+    // `X-Agent` header here; behind mutual TLS it is the certificate's `$ssl_client_s_dn`.
+    let tool = format!("http://127.0.0.1:{tool_port}");
+    let site = Site {
+        listen: format!("127.0.0.1:{listen}"),
+        enforce: format!("127.0.0.1:{enforce_port}").parse().unwrap(),
+        key,
+        agent_from: "$http_x_agent".into(),
+        protected: vec![
+            Protected {
+                path: "/calendar/".into(),
+                scope: "calendar.read".into(),
+                upstream: tool.clone(),
+            },
+            Protected {
+                path: "/mail/".into(),
+                scope: "mail.send".into(),
+                upstream: tool,
+            },
+        ],
+    };
+    let conf = write("nginx.conf", standalone(&site, dir.path()));
     let _nginx = Nginx(
         Command::new(&nginx)
             .arg("-p")
@@ -274,8 +224,13 @@ fn nginx_refuses_a_call_once_the_principal_revokes_and_names_the_obligation() {
     let revoked = issue(&p_admin, "calendar.read", "30000");
     let (status, headers, _) = get(listen, "/calendar/today", "agent-1");
     assert_eq!(status, 403);
-    assert_eq!(header(&headers, "abhyasa-obligation"), Some(revoked.as_str()));
-    let refusal = header(&headers, "abhyasa-refusal").unwrap_or_default().to_owned();
+    assert_eq!(
+        header(&headers, "abhyasa-obligation"),
+        Some(revoked.as_str())
+    );
+    let refusal = header(&headers, "abhyasa-refusal")
+        .unwrap_or_default()
+        .to_owned();
     assert!(refusal.contains("calendar.read"), "{refusal}");
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     // Another agent, and another scope, still pass.
@@ -294,7 +249,10 @@ fn nginx_refuses_a_call_once_the_principal_revokes_and_names_the_obligation() {
     let (status, headers, _) = get(listen, "/mail/outbox", "agent-1");
     assert_eq!(status, 403);
     assert_eq!(header(&headers, "abhyasa-obligation"), Some(down.as_str()));
-    assert_eq!(header(&headers, "abhyasa-obligation-state"), Some("pending"));
+    assert_eq!(
+        header(&headers, "abhyasa-obligation-state"),
+        Some("pending")
+    );
     let mut states = vec!["pending".to_owned()];
     wait_for("the escalation", Duration::from_secs(30), || {
         let (status, h, _) = get(listen, "/mail/outbox", "agent-1");
@@ -308,7 +266,11 @@ fn nginx_refuses_a_call_once_the_principal_revokes_and_names_the_obligation() {
         state == "escalated"
     });
     assert_eq!(states, ["pending", "escalated"]);
-    assert_eq!(calls.load(Ordering::SeqCst), 3, "no refused call reached the tool");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        3,
+        "no refused call reached the tool"
+    );
     println!(
         "nginx enforcement: {} refused after revocation (obligation {revoked}, applied); \
          agent down: refused pending then escalated (obligation {down}); tool calls 3",

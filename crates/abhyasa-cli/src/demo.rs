@@ -234,6 +234,7 @@ pub async fn run(config: DemoConfig) -> Result<Summary, Box<dyn std::error::Erro
     }
     if let Some(agent) = &agent0 {
         governed_tool_story(&principal, agent, config.deadline_ms, &started).await?;
+        crate::demo_nginx::story(&principal, agent, config.deadline_ms, &started).await;
     }
     principal.shutdown().await;
     if let Some(n) = agent0 {

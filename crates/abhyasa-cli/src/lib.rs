@@ -9,6 +9,7 @@ pub mod adversary;
 pub mod audit;
 mod cli;
 pub mod demo;
+mod demo_nginx;
 pub mod fanout;
 pub mod ledger_cli;
 pub mod mcp_cli;

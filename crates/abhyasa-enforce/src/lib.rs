@@ -30,6 +30,8 @@
 //! for `/authz`, whose `Authorization` header is the end user's, `Abhyasa-Key: <key>`. The
 //! listener is loopback only ([`abhyasa_http`]).
 
+pub mod nginx;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;

@@ -95,10 +95,15 @@ impl Key {
                 .filter_map(|v| v.strip_prefix("Basic "))
                 .filter_map(|b| {
                     use base64::Engine as _;
-                    base64::engine::general_purpose::STANDARD.decode(b.trim()).ok()
+                    base64::engine::general_purpose::STANDARD
+                        .decode(b.trim())
+                        .ok()
                 })
                 .filter_map(|b| String::from_utf8(b).ok())
-                .any(|pair| pair.split_once(':').is_some_and(|(_, password)| matches(password)));
+                .any(|pair| {
+                    pair.split_once(':')
+                        .is_some_and(|(_, password)| matches(password))
+                });
         let own = self.header.as_ref().is_some_and(|h| {
             headers
                 .get_all(h)
