@@ -120,15 +120,7 @@ fn nginx_refuses_a_call_once_the_principal_revokes_and_names_the_obligation() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let certs = dir.path().join("certs").display().to_string();
-    assert!(abhyasa(&["certs", "init", "--dir", &certs])
-        .status
-        .success());
-    for a in ["principal", "agent-1"] {
-        assert!(abhyasa(&["certs", "issue", a, "--dir", &certs])
-            .status
-            .success());
-    }
+    let certs = common::Setup::new(dir.path()).certs;
     let (agent_addr, enforce_port) = (free_udp(), free_tcp());
     let (p_admin, a_admin) = (
         dir.path().join("p.sock").display().to_string(),

@@ -249,6 +249,19 @@ async fn read_form(body: axum::body::Body) -> Result<TokenForm, Response> {
     })
 }
 
+/// Reads a form body and its required `token` parameter.
+async fn read_token_form(body: axum::body::Body) -> Result<(String, TokenForm), Response> {
+    let mut form = read_form(body).await?;
+    match form.token.take().filter(|t| !t.is_empty()) {
+        Some(token) => Ok((token, form)),
+        None => Err(oauth_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "the token parameter is required",
+        )),
+    }
+}
+
 fn unavailable(e: &NodeError) -> Response {
     oauth_error(
         StatusCode::SERVICE_UNAVAILABLE,
@@ -261,16 +274,9 @@ async fn introspect(
     axum::extract::State(state): axum::extract::State<Arc<State>>,
     body: axum::body::Body,
 ) -> Response {
-    let form = match read_form(body).await {
-        Ok(f) => f,
+    let (raw, _) = match read_token_form(body).await {
+        Ok(t) => t,
         Err(r) => return r,
-    };
-    let Some(raw) = form.token.filter(|t| !t.is_empty()) else {
-        return oauth_error(
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
-            "the token parameter is required",
-        );
     };
     // A token that is not a valid name here was never revoked here: only the upstream can
     // say anything about it.
@@ -382,16 +388,9 @@ async fn revoke(
     axum::extract::State(state): axum::extract::State<Arc<State>>,
     body: axum::body::Body,
 ) -> Response {
-    let form = match read_form(body).await {
-        Ok(f) => f,
+    let (raw, form) = match read_token_form(body).await {
+        Ok(t) => t,
         Err(r) => return r,
-    };
-    let Some(raw) = form.token.filter(|t| !t.is_empty()) else {
-        return oauth_error(
-            StatusCode::BAD_REQUEST,
-            "invalid_request",
-            "the token parameter is required",
-        );
     };
     // RFC 7009 answers 200 for a token the server does not know; but a revocation this node
     // cannot carry would be lost in silence, so it is refused in words instead.
