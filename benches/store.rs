@@ -156,6 +156,7 @@ fn recovery(c: &mut Criterion) {
                         target: target.clone(),
                         status: AckStatus::Applied,
                         acked_at: UnixMillis(1),
+                        detail: None,
                     },
                 );
             }

@@ -26,6 +26,7 @@ fn main() {
         payload: Payload::AnumatiConsent(ConsentPayload {
             decision: Some(ConsentDecision::Revoke),
             scope: Scope::new("calendar.read").unwrap(),
+            expires_at: None,
         }),
     };
     let scope = Scope::new("calendar.read").unwrap();

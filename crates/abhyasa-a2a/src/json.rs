@@ -217,6 +217,9 @@ struct JsonConsent {
     #[serde(default)]
     decision: Option<String>,
     scope: String,
+    /// Ours: a grant's lease (RFC 3339); the authority lapses then unless renewed.
+    #[serde(default)]
+    expires_at: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -288,6 +291,10 @@ impl JsonObligation {
                         _ => ConsentDecision::Unrecognized(d),
                     }),
                     scope: Scope::new(p.scope).map_err(|e| field("payload.scope", e))?,
+                    expires_at: p
+                        .expires_at
+                        .map(|t| parse_time("payload.expires_at", &t))
+                        .transpose()?,
                 })
             }
             Kind::PhalaBeliefUpdate => {
@@ -366,6 +373,9 @@ impl JsonObligation {
                     m.insert("decision".into(), word.into());
                 }
                 m.insert("scope".into(), p.scope.as_str().into());
+                if let Some(t) = p.expires_at {
+                    m.insert("expires_at".into(), format_time(t).into());
+                }
                 serde_json::Value::Object(m)
             }
             Payload::PhalaBeliefUpdate(p) => {
@@ -420,7 +430,7 @@ impl JsonAck {
             status: status.into(),
             acked_at: format_time(ack.acked_at),
             reason,
-            detail: None,
+            detail: ack.detail.as_ref().map(|d| d.as_str().to_owned()),
         }
     }
 
@@ -436,6 +446,7 @@ impl JsonAck {
                 Some("unknown_kind") => DeclineReason::UnknownKind,
                 Some("id_conflict") => DeclineReason::IdConflict,
                 Some("over_limit") => DeclineReason::OverLimit,
+                Some("policy") => DeclineReason::Policy,
                 // The reference sends no reason: a refusal.
                 _ => DeclineReason::Refused,
             }),
@@ -451,6 +462,13 @@ impl JsonAck {
             target: AgentId::new(self.target.clone()).map_err(|e| field("target", e))?,
             status,
             acked_at: parse_time("acked_at", &self.acked_at)?,
+            // The agent's own words are kept (cut to size) where it declined on its policy.
+            detail: match (status, &self.detail) {
+                (AckStatus::Declined(DeclineReason::Policy), Some(d)) => {
+                    Some(abhyasa_wire::Detail::lossy(d))
+                }
+                _ => None,
+            },
         })
     }
 }
@@ -500,7 +518,8 @@ mod tests {
             o.payload,
             Payload::AnumatiConsent(ConsentPayload {
                 decision: Some(ConsentDecision::Revoke),
-                scope: Scope::new("calendar.read").unwrap()
+                scope: Scope::new("calendar.read").unwrap(),
+                expires_at: None,
             })
         );
         let mut belief = consent();
@@ -609,6 +628,7 @@ mod tests {
             target: AgentId::new("agent-1").unwrap(),
             status: AckStatus::Declined(DeclineReason::Superseded),
             acked_at: UnixMillis(1_764_504_000_123),
+            detail: None,
         };
         let j = JsonAck::of(&ack, "rev-1");
         assert_eq!(j.status, "declined");
@@ -756,14 +776,18 @@ mod tests {
                             .prop_filter("not a known word", |w| w != "grant" && w != "revoke")
                             .prop_map(|w| Some(ConsentDecision::Unrecognized(w))),
                     ],
-                    "[a-z][a-z.]{0,20}"
+                    "[a-z][a-z.]{0,20}",
+                    proptest::option::of(0u64..=253_402_300_799_000),
                 )
-                    .prop_map(|(decision, scope)| Payload::AnumatiConsent(
-                        ConsentPayload {
+                    .prop_map(|(decision, scope, lease)| {
+                        // Only a grant carries a lease.
+                        let grant = decision == Some(ConsentDecision::Grant);
+                        Payload::AnumatiConsent(ConsentPayload {
                             decision,
                             scope: Scope::new(scope).unwrap(),
-                        }
-                    )),
+                            expires_at: lease.filter(|_| grant).map(UnixMillis),
+                        })
+                    }),
                 (
                     -1_000_000i32..=1_000_000,
                     "[a-z][a-z/]{0,20}",

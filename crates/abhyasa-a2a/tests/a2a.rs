@@ -100,6 +100,7 @@ fn nth(n: u128) -> Obligation {
         0 => Payload::AnumatiConsent(ConsentPayload {
             decision: Some(ConsentDecision::Revoke),
             scope: Scope::new(format!("scope-{n}")).unwrap(),
+            expires_at: None,
         }),
         1 => Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
             weight_key: WeightKey::new(format!("supplier/{n}")).unwrap(),
@@ -374,14 +375,15 @@ async fn the_card_reads_with_the_official_a2a_types_and_json_obligations_get_jso
         assert_eq!(r.status().as_u16(), status, "{u} {ct}");
     }
     assert_eq!(agent_node.status().await.unwrap().applied.len(), 1);
-    // A best-effort kind (a consent grant) is taken and not acked: 202.
-    let mut grant = revoke.clone();
-    grant["obligation_id"] = "grant-1".into();
-    grant["payload"]["decision"] = "grant".into();
+    // A best-effort kind (a preference raised) is taken and not acked: 202.
+    let mut raise = revoke.clone();
+    raise["obligation_id"] = "raise-1".into();
+    raise["kind"] = "phala.belief_update".into();
+    raise["payload"] = serde_json::json!({"weight_delta": 0.25, "weight_key": "supplier/a"});
     let r = http
-        .post(url(Kind::AnumatiConsent))
+        .post(url(Kind::PhalaBeliefUpdate))
         .header("content-type", "application/json")
-        .body(grant.to_string())
+        .body(raise.to_string())
         .send()
         .await
         .unwrap();
@@ -500,6 +502,7 @@ async fn two_spellings_of_one_uuid_are_two_obligations_and_a_reused_id_is_never_
     o.payload = Payload::AnumatiConsent(ConsentPayload {
         decision: Some(ConsentDecision::Revoke),
         scope: Scope::new("another-scope").unwrap(),
+        expires_at: None,
     });
     let r = http
         .post(url.clone())
@@ -542,11 +545,12 @@ async fn message_send_carries_obligations_as_parts_and_answers_their_acks() {
         "created_at": created,
     });
     let cbor = nth(2); // a token revocation
-    let grant = serde_json::json!({
-        "obligation_id": "msg-grant-1",
-        "kind": "anumati.consent",
+                       // Best effort: a preference raised (a grant would be under custody: it fails closed).
+    let raise = serde_json::json!({
+        "obligation_id": "msg-raise-1",
+        "kind": "phala.belief_update",
         "target": "agent-1",
-        "payload": {"decision": "grant", "scope": "photos.read"},
+        "payload": {"weight_delta": 0.25, "weight_key": "supplier/a"},
         "deadline_seconds": 3600,
         "max_retries": 15,
         "created_at": created,
@@ -592,7 +596,7 @@ async fn message_send_carries_obligations_as_parts_and_answers_their_acks() {
         {"data": json_part},
         {"raw": base64::engine::general_purpose::STANDARD.encode(abhyasa_wire::encode(&cbor)),
          "mediaType": "application/cbor"},
-        {"data": grant},
+        {"data": raise},
     ]))
     .await;
     assert_eq!(status, 200, "{v}");

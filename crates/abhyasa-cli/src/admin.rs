@@ -58,6 +58,11 @@ pub struct IssueSpec {
     #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_expires_in_ms: Option<u64>,
+    /// Consent grant: its lease, ms from now. The authority lapses then, on the agent's side
+    /// and at every enforcement point, unless a later grant renews it.
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_ms: Option<u64>,
     /// Deadline, ms from now.
     #[arg(long, default_value_t = 30_000)]
     #[serde(default = "default_deadline_ms")]
@@ -103,6 +108,11 @@ impl IssueSpec {
                     other => ConsentDecision::Unrecognized(other.to_owned()),
                 }),
                 scope: Scope::new(need(&self.scope, "scope")?).map_err(|e| e.to_string())?,
+                expires_at: self
+                    .lease_ms
+                    .map(|ms| now.checked_add(ms).map(UnixMillis))
+                    .map(|at| at.ok_or("--lease-ms is too large"))
+                    .transpose()?,
             }),
             "phala.belief_update" => {
                 let delta = self
@@ -283,6 +293,9 @@ pub struct OutcomeJson {
     /// The outcome in words, with its attempts.
     #[serde(default)]
     pub words: String,
+    /// A decline's reason in the agent's own words (a decline of its policy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }
 
 impl From<Status> for StatusJson {
@@ -323,6 +336,7 @@ impl From<Status> for StatusJson {
                     at: r.at.0,
                     safe_action: None,
                     words: abhyasa_wire::words::outcome(&r.outcome, r.attempts),
+                    detail: r.detail.as_ref().map(ToString::to_string),
                 })
                 .collect(),
             escalations: s
@@ -340,6 +354,7 @@ impl From<Status> for StatusJson {
                         &abhyasa_wire::Outcome::Escalated(e.cause),
                         e.attempts,
                     ),
+                    detail: None,
                 })
                 .collect(),
             withheld: s

@@ -286,6 +286,7 @@ async fn crowd(state: PathBuf, agent: AgentId, stats: Arc<AdversaryStats>) {
             deadline_ms: MEMBER_DEADLINE_MS,
             max_retries: None,
             sequence: None,
+            lease_ms: None,
         };
         // The error is not `Send`: only what it means is kept past the await.
         let answer = admin::request(&target, Request::Issue(Box::new(spec)))

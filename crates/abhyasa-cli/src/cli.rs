@@ -503,6 +503,9 @@ struct NodeConfig {
     a2a: Option<A2aConfig>,
     /// Present: the node serves its enforcement points (docs/ENFORCEMENT.md).
     enforce: Option<EnforceSection>,
+    /// Present: a command decides, before each apply, whether this agent applies, declines
+    /// or defers (docs/CUSTODY.md, "Agents decide").
+    policy: Option<crate::policy::PolicySection>,
 }
 
 /// `[enforce]`: RFC 7662 introspection, RFC 7009 revocation and the proxy check, answered
@@ -1406,6 +1409,9 @@ impl NodeConfig {
         self.transport.settings()?;
         self.custody.channel()?;
         self.limits.check()?;
+        if let Some(p) = &self.policy {
+            p.check()?;
+        }
         for p in &self.peers {
             AgentId::new(p.id.clone())?;
             match p.transport.as_deref().unwrap_or("moqt") {
@@ -1619,6 +1625,9 @@ async fn build_node(config: &NodeConfig) -> Result<Node> {
         })
         .maintenance(Duration::from_millis(config.custody.maintenance_ms));
     config.check()?;
+    if let Some(p) = &config.policy {
+        builder = builder.policy(p.policy());
+    }
     for p in &config.peers {
         // `a2a` and `mcp` peers are reached by `start_bindings` once the node runs.
         if p.transport.as_deref().unwrap_or("moqt") == "moqt" {

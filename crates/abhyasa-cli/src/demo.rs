@@ -100,6 +100,7 @@ fn obligation(i: u32, deadline_ms: u64) -> Obligation {
                 ConsentDecision::Grant
             }),
             scope: Scope::new(format!("calendar.{i}")).expect("valid"),
+            expires_at: None,
         }),
         1 => Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
             weight_key: WeightKey::new(format!("supplier/{i}")).expect("valid"),
@@ -334,6 +335,7 @@ async fn governed_tool_story(
         payload: Payload::AnumatiConsent(ConsentPayload {
             decision: Some(ConsentDecision::Revoke),
             scope,
+            expires_at: None,
         }),
     };
     let words = abhyasa_wire::words::obligation(&revoke);

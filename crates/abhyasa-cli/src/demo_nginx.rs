@@ -143,6 +143,7 @@ async fn run(
         payload: Payload::AnumatiConsent(ConsentPayload {
             decision: Some(ConsentDecision::Revoke),
             scope: Scope::new("files.read")?,
+            expires_at: None,
         }),
     };
     let words = abhyasa_wire::words::obligation(&revoke);

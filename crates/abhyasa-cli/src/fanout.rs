@@ -78,6 +78,7 @@ fn obligation(principal: &AgentId, target: &AgentId, n: u64) -> Result<Obligatio
         payload: Payload::AnumatiConsent(ConsentPayload {
             decision: Some(ConsentDecision::Revoke),
             scope: Scope::new(format!("scope-{}", n % 8))?,
+            expires_at: None,
         }),
     })
 }

@@ -13,6 +13,7 @@ mod demo_nginx;
 pub mod fanout;
 pub mod ledger_cli;
 pub mod mcp_cli;
+pub mod policy;
 pub mod soak;
 pub mod sweep;
 

@@ -360,6 +360,7 @@ fn spec(
         deadline_ms,
         max_retries: None,
         sequence: None,
+        lease_ms: None,
     };
     let all = [SoakKind::Consent, SoakKind::Belief, SoakKind::Token];
     let kinds = if kinds.is_empty() { &all[..] } else { kinds };

@@ -476,6 +476,7 @@ fn consent(pair: &Pair, n: u64, deadline_ms: u64) -> Result<Obligation, Error> {
     o.payload = Payload::AnumatiConsent(ConsentPayload {
         decision: Some(ConsentDecision::Revoke),
         scope: Scope::new(format!("scope-{}", n % 8))?,
+        expires_at: None,
     });
     Ok(o)
 }

@@ -111,6 +111,7 @@ pub fn workload(epoch: u64, count: u32) -> Vec<Obligation> {
                 Payload::AnumatiConsent(ConsentPayload {
                     decision: Some(ConsentDecision::Revoke),
                     scope: Scope::new(format!("scope-{i}")).expect("valid"),
+                    expires_at: None,
                 })
             } else if i % 7 == 6 {
                 Payload::OauthToken(TokenPayload {

@@ -16,9 +16,9 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use abhyasa_wire::{
-    AckStatus, AgentId, CustodyAck, Escalation, EscalationCause, Kind, LastObserved, Obligation,
-    ObligationId, Outcome, ReconciliationNote, TerminalRecord, UnixMillis, WireError,
-    MAX_OBJECT_SIZE, MAX_RETRIES_LIMIT,
+    AckStatus, AgentId, CustodyAck, DeclineReason, Detail, Escalation, EscalationCause, Kind,
+    LastObserved, Obligation, ObligationId, Outcome, ReconciliationNote, TerminalRecord,
+    UnixMillis, WireError, MAX_OBJECT_SIZE, MAX_RETRIES_LIMIT,
 };
 use rand::Rng;
 
@@ -578,7 +578,13 @@ impl Custodian {
             }
         }
         // Every check has passed: from here on the issue changes state.
-        let principal = kinds::on_issue(&obligation);
+        let mut principal = kinds::on_issue(&obligation);
+        if self.config.mutation == Some(Mutation::GrantOpensAtIssue) {
+            // The bug this mutant restores: a grant opens the scope before it is confirmed.
+            if let Some(PrincipalUpdate::AwaitGrant { .. }) = principal {
+                principal = kinds::on_applied(&obligation);
+            }
+        }
         if let Some(update) = &principal {
             self.principal.apply(update, id);
         }
@@ -632,6 +638,7 @@ impl Custodian {
             outcome: Outcome::BestEffort,
             attempts: 0,
             at: now,
+            detail: None,
         };
         self.persist(CustodianRecord::Terminal {
             record: record.clone(),
@@ -675,15 +682,23 @@ impl Custodian {
             return AckDisposition::IgnoredNotTarget;
         }
         match ack.status {
-            AckStatus::Applied => self.terminate(now, id, Outcome::Applied, None),
+            AckStatus::Applied => {
+                // What only a confirmation opens (a grant) opens now.
+                let opens = kinds::on_applied(&pending.obligation);
+                self.terminate(now, id, Outcome::Applied, opens)
+            }
             AckStatus::Declined(reason) => {
                 // A delivered outcome; the principal side still takes the conservative action.
                 let safe = kinds::safe(&pending.obligation, retention);
-                self.terminate(
+                // The agent's own words are kept only with a decline of its own judgement.
+                let detail = ack.detail.filter(|_| reason == DeclineReason::Policy);
+                self.terminate_with(
                     now,
                     id,
                     Outcome::Declined(reason),
                     safe.map(PrincipalUpdate::Safe),
+                    None,
+                    detail,
                 );
             }
             AckStatus::Deferred => {
@@ -938,7 +953,14 @@ impl Custodian {
         } else {
             Some(PrincipalUpdate::Safe(safe_action))
         };
-        self.terminate_with(now, id, Outcome::Escalated(cause), update, Some(escalation));
+        self.terminate_with(
+            now,
+            id,
+            Outcome::Escalated(cause),
+            update,
+            Some(escalation),
+            None,
+        );
         self.remember_escalation(id, target);
     }
 
@@ -949,7 +971,7 @@ impl Custodian {
         outcome: Outcome,
         principal: Option<PrincipalUpdate>,
     ) {
-        self.terminate_with(now, id, outcome, principal, None);
+        self.terminate_with(now, id, outcome, principal, None, None);
     }
 
     fn terminate_with(
@@ -959,6 +981,7 @@ impl Custodian {
         outcome: Outcome,
         principal: Option<PrincipalUpdate>,
         escalation: Option<Escalation>,
+        detail: Option<Detail>,
     ) {
         if !self.pending.contains_key(&id) {
             return;
@@ -986,6 +1009,7 @@ impl Custodian {
             outcome,
             attempts: p.attempts,
             at: now,
+            detail,
         };
         let token = self.persist(CustodianRecord::Terminal {
             record: record.clone(),

@@ -23,6 +23,11 @@ pub trait KindRules {
     fn safe(o: &Obligation, p: &Self::Payload, retention: u64) -> Option<SafeAction>;
     /// The principal's own decision, applied at issue and never gated on an ack.
     fn on_issue(o: &Obligation, p: &Self::Payload) -> Option<PrincipalUpdate>;
+    /// What the principal opens only once the target confirmed it (`applied`): authority
+    /// an unconfirmed obligation must not open (fail-closed). `None` for most kinds.
+    fn on_applied(_o: &Obligation, _p: &Self::Payload) -> Option<PrincipalUpdate> {
+        None
+    }
     /// The key whose `sequence` orders obligations (supersession).
     fn governed_key(o: &Obligation, p: &Self::Payload) -> GovernedKey;
     /// What the receiver does when it applies the obligation.
@@ -64,6 +69,11 @@ pub fn on_issue(o: &Obligation) -> Option<PrincipalUpdate> {
     dispatch!(o, |p, R| R::on_issue(o, p))
 }
 
+/// The principal-side update applied when the target acks `o` `applied`.
+pub fn on_applied(o: &Obligation) -> Option<PrincipalUpdate> {
+    dispatch!(o, |p, R| R::on_applied(o, p))
+}
+
 /// The mutant's key ([`crate::Mutation::SupersedeAcrossIssuers`]): the name without its
 /// issuer.
 pub(crate) fn without_issuer(key: GovernedKey) -> GovernedKey {
@@ -101,7 +111,19 @@ pub enum GovernedKey {
 pub enum PrincipalUpdate {
     /// A safe action (at issue for revocations, at escalation or decline otherwise).
     Safe(SafeAction),
-    /// The principal grants `scope` to `target` (its own decision; propagated best-effort).
+    /// A grant of `scope` to `target` was issued and is not confirmed: the authority it opens
+    /// stays closed (fail-closed). An open grant in force stands (a renewal does not close
+    /// the lease it extends); anything else becomes a withhold named by the grant.
+    AwaitGrant {
+        /// The agent to be granted.
+        target: AgentId,
+        /// The scope.
+        scope: Scope,
+        /// The grant's sequence.
+        sequence: Option<u64>,
+    },
+    /// The target confirmed a grant of `scope` (its `applied` ack): the scope opens, until
+    /// the grant's lease, if it has one.
     Grant {
         /// The agent granted.
         target: AgentId,
@@ -109,6 +131,8 @@ pub enum PrincipalUpdate {
         scope: Scope,
         /// The decision's sequence.
         sequence: Option<u64>,
+        /// The lease: the authority lapses at this time (`None`: no lease).
+        until: Option<UnixMillis>,
     },
 }
 
@@ -118,8 +142,8 @@ pub enum PrincipalUpdate {
 pub enum ReceiverEffect {
     /// Stop exercising a scope granted by `issuer`.
     WithholdScope(AgentId, Scope),
-    /// Resume exercising a scope granted by `issuer`.
-    GrantScope(AgentId, Scope),
+    /// Resume exercising a scope granted by `issuer`, until its lease, if it has one.
+    GrantScope(AgentId, Scope, Option<UnixMillis>),
     /// Add `delta` millionths to the preference weight, clipped to bounds.
     AdjustWeight(AgentId, WeightKey, i32),
     /// Drop the cached token; the record is kept until the token's own expiry, if given.
@@ -133,7 +157,7 @@ impl ReceiverEffect {
     /// scoped to their issuer as their sequences are).
     pub fn governed_key(&self, issuer: &AgentId) -> GovernedKey {
         match self {
-            Self::WithholdScope(i, s) | Self::GrantScope(i, s) => {
+            Self::WithholdScope(i, s) | Self::GrantScope(i, s, _) => {
                 GovernedKey::Scope(i.clone(), s.clone())
             }
             Self::AdjustWeight(i, k, _) => GovernedKey::Weight(i.clone(), k.clone()),
@@ -154,13 +178,14 @@ pub struct OauthToken;
 impl KindRules for AnumatiConsent {
     type Payload = ConsentPayload;
 
-    fn admissible(p: &ConsentPayload) -> bool {
-        // A missing or unrecognized decision is restrictive.
-        !matches!(p.decision, Some(ConsentDecision::Grant))
+    fn admissible(_p: &ConsentPayload) -> bool {
+        // Every consent decision fails closed: a revocation's withhold stands at issue, and
+        // a grant opens nothing until it is confirmed (docs/CUSTODY.md, "Grants").
+        true
     }
 
     fn safe(o: &Obligation, p: &ConsentPayload, _retention: u64) -> Option<SafeAction> {
-        Self::admissible(p).then(|| SafeAction::WithholdScope {
+        Some(SafeAction::WithholdScope {
             target: o.target.clone(),
             scope: p.scope.clone(),
             sequence: o.sequence,
@@ -168,14 +193,29 @@ impl KindRules for AnumatiConsent {
     }
 
     fn on_issue(o: &Obligation, p: &ConsentPayload) -> Option<PrincipalUpdate> {
-        // Revocation or grant, it is the principal's own decision: it stands at once.
-        Some(match Self::safe(o, p, 0) {
-            Some(withhold) => PrincipalUpdate::Safe(withhold),
-            None => PrincipalUpdate::Grant {
+        // A revocation is the principal's own decision: it stands at once. A grant is too,
+        // but the authority it opens waits for the agent's confirmation.
+        Some(if is_grant(p) {
+            PrincipalUpdate::AwaitGrant {
                 target: o.target.clone(),
                 scope: p.scope.clone(),
                 sequence: o.sequence,
-            },
+            }
+        } else {
+            PrincipalUpdate::Safe(SafeAction::WithholdScope {
+                target: o.target.clone(),
+                scope: p.scope.clone(),
+                sequence: o.sequence,
+            })
+        })
+    }
+
+    fn on_applied(o: &Obligation, p: &ConsentPayload) -> Option<PrincipalUpdate> {
+        is_grant(p).then(|| PrincipalUpdate::Grant {
+            target: o.target.clone(),
+            scope: p.scope.clone(),
+            sequence: o.sequence,
+            until: p.expires_at,
         })
     }
 
@@ -184,12 +224,17 @@ impl KindRules for AnumatiConsent {
     }
 
     fn effect(o: &Obligation, p: &ConsentPayload) -> ReceiverEffect {
-        if Self::admissible(p) {
-            ReceiverEffect::WithholdScope(o.issuer.clone(), p.scope.clone())
+        if is_grant(p) {
+            ReceiverEffect::GrantScope(o.issuer.clone(), p.scope.clone(), p.expires_at)
         } else {
-            ReceiverEffect::GrantScope(o.issuer.clone(), p.scope.clone())
+            ReceiverEffect::WithholdScope(o.issuer.clone(), p.scope.clone())
         }
     }
+}
+
+/// Whether a consent decision is a grant (a missing or unrecognized decision is restrictive).
+fn is_grant(p: &ConsentPayload) -> bool {
+    matches!(p.decision, Some(ConsentDecision::Grant))
 }
 
 impl KindRules for PhalaBeliefUpdate {

@@ -74,8 +74,8 @@ pub use custodian::{
 pub use kinds::{GovernedKey, PrincipalUpdate, ReceiverEffect};
 pub use principal::{later_expiry, Adjustment, Authorization, PrincipalState, WeightBounds};
 pub use receiver::{
-    AckTransmit, AppliedRecord, Disposition, Receiver, ReceiverConfig, ReceiverEvent, ReceiverHeld,
-    ReceiverRecord, ReceiverState, ReceiverStats,
+    AckTransmit, AppliedRecord, Disposition, PolicyDecision, Receiver, ReceiverConfig,
+    ReceiverEvent, ReceiverHeld, ReceiverRecord, ReceiverState, ReceiverStats,
 };
 
 /// Names one record handed out by a `poll_persist` (the same type the ledger's machines use).
@@ -131,6 +131,12 @@ pub enum Mutation {
     /// machine without checking its end-to-end signature, so what a relay altered or forged
     /// is acted on.
     AcceptUnverified,
+    /// Receiver: a grant is applied as if it had no lease, so the agent goes on exercising
+    /// the scope after the lease ends when every renewal is lost.
+    LeaseIgnored,
+    /// Custodian: a grant opens the scope on the principal's side at issue, before the agent
+    /// confirmed it (fail-open).
+    GrantOpensAtIssue,
 }
 
 /// The custodian's seeded RNG. Comparable and hashable by its exact stream position, so a

@@ -41,6 +41,17 @@ pub struct Authorization {
     /// The obligation that carried the decision in force (`None` in a store written before
     /// it was kept): what an enforcement point names when it refuses.
     pub by: Option<ObligationId>,
+    /// A grant's lease: the scope is open only before this time (`None`: no lease, or
+    /// withheld).
+    pub until: Option<UnixMillis>,
+}
+
+impl Authorization {
+    /// Whether this decision lets the scope be exercised at `now`: granted, and its lease (if
+    /// any) not yet ended.
+    pub fn permits(&self, now: UnixMillis) -> bool {
+        !self.withheld && self.until.is_none_or(|end| now < end)
+    }
 }
 
 /// One keyed down-weight, as a store keeps it.
@@ -122,7 +133,7 @@ impl PrincipalState {
                     sequence,
                 } = action
                 {
-                    return self.decide_named(target, scope, true, *sequence, Some(by));
+                    return self.decide_named(target, scope, true, *sequence, None, Some(by));
                 }
                 let changed = self.apply_safe(action);
                 let named = match action {
@@ -134,11 +145,21 @@ impl PrincipalState {
                 };
                 changed || named
             }
+            PrincipalUpdate::AwaitGrant {
+                target,
+                scope,
+                sequence,
+            } => match self.authorization(target, scope) {
+                // An open grant runs to its own lease while its renewal is unconfirmed.
+                Some(a) if !a.withheld => false,
+                _ => self.decide_named(target, scope, true, *sequence, None, Some(by)),
+            },
             PrincipalUpdate::Grant {
                 target,
                 scope,
                 sequence,
-            } => self.decide_named(target, scope, false, *sequence, Some(by)),
+                until,
+            } => self.decide_named(target, scope, false, *sequence, *until, Some(by)),
         }
     }
 
@@ -149,7 +170,7 @@ impl PrincipalState {
                 target,
                 scope,
                 sequence,
-            } => self.decide(target, scope, true, *sequence),
+            } => self.decide_named(target, scope, true, *sequence, None, None),
             SafeAction::DownWeight {
                 obligation_id,
                 target,
@@ -205,24 +226,16 @@ impl PrincipalState {
         gone
     }
 
-    fn decide(
-        &mut self,
-        target: &AgentId,
-        scope: &Scope,
-        withheld: bool,
-        sequence: Option<u64>,
-    ) -> bool {
-        self.decide_named(target, scope, withheld, sequence, None)
-    }
-
-    /// Takes a decision on (`target`, `scope`) unless a strictly newer one stands; `by`, when
-    /// given, names the obligation of a decision taken. Returns whether anything changed.
+    /// Takes a decision on (`target`, `scope`) unless a strictly newer one stands; `until` is
+    /// a grant's lease; `by`, when given, names the obligation of a decision taken. Returns
+    /// whether anything changed.
     fn decide_named(
         &mut self,
         target: &AgentId,
         scope: &Scope,
         withheld: bool,
         sequence: Option<u64>,
+        until: Option<UnixMillis>,
         by: Option<ObligationId>,
     ) -> bool {
         let key = (target.clone(), scope.clone());
@@ -241,6 +254,7 @@ impl PrincipalState {
             withheld,
             sequence,
             by: by.or(current.and_then(|c| c.by)),
+            until: if withheld { None } else { until },
         };
         self.authorizations.insert(key, next);
         current != Some(next)
@@ -361,6 +375,12 @@ impl PrincipalState {
     pub fn is_withheld(&self, target: &AgentId, scope: &Scope) -> bool {
         self.authorization(target, scope)
             .is_some_and(|a| a.withheld)
+    }
+
+    /// Whether the principal lets `target` exercise `scope` at `now`: `None` if it never
+    /// decided on it, else whether a confirmed grant stands and its lease has not ended.
+    pub fn permits(&self, target: &AgentId, scope: &Scope, now: UnixMillis) -> Option<bool> {
+        self.authorization(target, scope).map(|a| a.permits(now))
     }
 
     /// The authorization of (`target`, `scope`), if any decision was made.
@@ -603,6 +623,7 @@ mod tests {
                 target: a(),
                 scope: scope.clone(),
                 sequence: Some(5),
+                until: None,
             },
             ObligationId::from_u128(5),
         );
@@ -631,6 +652,7 @@ mod tests {
                 target: a(),
                 scope: scope.clone(),
                 sequence: Some(2),
+                until: None,
             },
             id(2)
         ));
@@ -642,6 +664,7 @@ mod tests {
                 target: a(),
                 scope: scope.clone(),
                 sequence: Some(4),
+                until: None,
             },
             id(3)
         ));

@@ -12,8 +12,8 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use abhyasa_wire::{
-    AckStatus, AgentId, CustodyAck, DeclineReason, Digest, Envelope, Obligation, ObligationId,
-    Payload, Scope, TokenId, UnixMillis, WeightKey,
+    AckStatus, AgentId, CustodyAck, DeclineReason, Detail, Digest, Envelope, Obligation,
+    ObligationId, Payload, Scope, TokenId, UnixMillis, WeightKey,
 };
 
 use crate::kinds::{self, GovernedKey, ReceiverEffect};
@@ -39,6 +39,11 @@ pub struct ReceiverConfig {
     pub weight_min: i64,
     /// Upper bound of preference weights, in millionths.
     pub weight_max: i64,
+    /// Ask the agent's own policy before applying: an obligation that would be applied is
+    /// held (as in flight) and surfaced as [`ReceiverEvent::Decide`], and waits for
+    /// [`Receiver::decided`]. Off: every admissible obligation that passes the checks is
+    /// applied.
+    pub ask_policy: bool,
     /// A deliberately broken rule, for the simulation's mutation tests. Always `None` in use.
     #[doc(hidden)]
     pub mutation: Option<Mutation>,
@@ -53,9 +58,22 @@ impl Default for ReceiverConfig {
             max_governed: 100_000,
             weight_min: -1_000_000,
             weight_max: 1_000_000,
+            ask_policy: false,
             mutation: None,
         }
     }
+}
+
+/// The agent's own decision on an obligation it was asked about ([`ReceiverEvent::Decide`]).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum PolicyDecision {
+    /// Apply it (the checks run again first: time has passed).
+    Apply,
+    /// Decline it, in the agent's own words: the principal's side takes the safe action.
+    Decline(Detail),
+    /// Not now: acked `deferred`; custody stays with the custodian, which offers it again
+    /// (and the agent is asked again) until its deadline.
+    Defer,
 }
 
 /// A record the driver must commit before the ack that depends on it is released.
@@ -109,6 +127,13 @@ pub enum ReceiverEvent {
         /// What it says.
         payload: Payload,
     },
+    /// An obligation passed every check and waits for the agent's own decision: answer with
+    /// [`Receiver::decided`]. Nothing is applied or acked until then; a redelivery meanwhile
+    /// is held too. Lost with the process (never durable): the custodian offers it again.
+    Decide {
+        /// The obligation.
+        obligation: Box<Obligation>,
+    },
     /// An obligation was declined.
     Declined {
         /// The obligation.
@@ -129,6 +154,8 @@ pub enum Disposition {
     Declined(DeclineReason),
     /// Deferred for lack of room, with an ack.
     Deferred,
+    /// Held for the agent's own decision ([`ReceiverEvent::Decide`]); no ack yet.
+    Deciding,
     /// Dropped: the session's identity is not the issuer's.
     DroppedForged,
 }
@@ -152,6 +179,8 @@ pub struct ReceiverStats {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
 pub struct ReceiverState {
     withheld: BTreeSet<(AgentId, Scope)>,
+    /// Granted scopes that lapse: (issuer, scope) → the end of the grant's lease.
+    leases: BTreeMap<(AgentId, Scope), UnixMillis>,
     weights: BTreeMap<(AgentId, WeightKey), i64>,
     /// Dropped tokens → their own expiry (`None`: kept for good).
     dropped_tokens: BTreeMap<TokenId, Option<UnixMillis>>,
@@ -181,6 +210,46 @@ impl ReceiverState {
             this.apply(&ReceiverEffect::DropToken(token, at), 0, 0);
         }
         this
+    }
+
+    /// Adds the leases of granted scopes (as a store keeps them); a scope withheld has none.
+    pub fn with_leases(
+        mut self,
+        leases: impl IntoIterator<Item = ((AgentId, Scope), UnixMillis)>,
+    ) -> Self {
+        for (key, end) in leases {
+            if !self.withheld.contains(&key) {
+                self.leases.insert(key, end);
+            }
+        }
+        self
+    }
+
+    /// Every granted scope with a lease, with the lease's end.
+    pub fn leases(&self) -> impl Iterator<Item = (&(AgentId, Scope), UnixMillis)> {
+        self.leases.iter().map(|(k, v)| (k, *v))
+    }
+
+    /// The end of the lease of `scope` granted by `issuer`, if it has one.
+    pub fn lease(&self, issuer: &AgentId, scope: &Scope) -> Option<UnixMillis> {
+        self.leases.get(&(issuer.clone(), scope.clone())).copied()
+    }
+
+    /// Whether the agent may exercise `scope` granted by `issuer` at `now`: not withheld,
+    /// and its lease (if any) not ended. A scope never decided on is not governed here.
+    pub fn permits(&self, issuer: &AgentId, scope: &Scope, now: UnixMillis) -> bool {
+        !self.is_withheld(issuer, scope) && self.lease(issuer, scope).is_none_or(|end| now < end)
+    }
+
+    /// Whether the agent may use `token` at `now`: not dropped, and not past the expiry
+    /// recorded for it (a cached token is honoured only until its own `exp`, even before
+    /// upkeep forgets its record).
+    pub fn token_in_force(&self, token: &TokenId, now: UnixMillis) -> bool {
+        match self.token_record(token) {
+            Some((true, _)) => false,
+            Some((false, until)) => until.is_none_or(|end| now < end),
+            None => true,
+        }
     }
 
     /// Every (issuer, scope) withheld.
@@ -265,10 +334,17 @@ impl ReceiverState {
     pub fn apply(&mut self, effect: &ReceiverEffect, min: i64, max: i64) {
         match effect {
             ReceiverEffect::WithholdScope(issuer, scope) => {
-                self.withheld.insert((issuer.clone(), scope.clone()));
+                let key = (issuer.clone(), scope.clone());
+                self.leases.remove(&key);
+                self.withheld.insert(key);
             }
-            ReceiverEffect::GrantScope(issuer, scope) => {
-                self.withheld.remove(&(issuer.clone(), scope.clone()));
+            ReceiverEffect::GrantScope(issuer, scope, until) => {
+                let key = (issuer.clone(), scope.clone());
+                self.withheld.remove(&key);
+                match until {
+                    Some(end) => self.leases.insert(key, *end),
+                    None => self.leases.remove(&key),
+                };
             }
             ReceiverEffect::AdjustWeight(issuer, key, delta) => {
                 let w = self
@@ -414,6 +490,8 @@ pub struct Receiver {
     next_token: u64,
     persists: VecDeque<Persist<ReceiverRecord>>,
     gated: BTreeMap<PersistToken, Applying>,
+    /// Obligations waiting for the agent's own decision, each counted in flight.
+    deciding: BTreeMap<ObligationId, Obligation>,
     transmits: VecDeque<AckTransmit>,
     events: VecDeque<ReceiverEvent>,
     stats: ReceiverStats,
@@ -435,6 +513,7 @@ impl Receiver {
             next_token: 0,
             persists: VecDeque::new(),
             gated: BTreeMap::new(),
+            deciding: BTreeMap::new(),
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             stats: ReceiverStats::default(),
@@ -497,6 +576,42 @@ impl Receiver {
             self.stats.forged += 1;
             return Disposition::DroppedForged;
         }
+        self.admit(now, o, true)
+    }
+
+    /// The agent decided on an obligation it was asked about; `None` if none waits under
+    /// `id` (answered already, or lost in a restart: the custodian offers it again).
+    pub fn decided(
+        &mut self,
+        now: UnixMillis,
+        id: ObligationId,
+        decision: PolicyDecision,
+    ) -> Option<Disposition> {
+        let o = self.deciding.remove(&id)?;
+        let held = self.issuers.of(&o.issuer);
+        held.inflight = held.inflight.saturating_sub(1);
+        Some(match decision {
+            PolicyDecision::Apply => self.admit(now, o, false),
+            PolicyDecision::Decline(detail) => {
+                self.decline_with(now, &o.envelope(), DeclineReason::Policy, Some(detail))
+            }
+            PolicyDecision::Defer => {
+                self.stats.deferred += 1;
+                if kinds::admissible(&o) {
+                    self.ack(&o.issuer, o.id, now, AckStatus::Deferred);
+                }
+                Disposition::Deferred
+            }
+        })
+    }
+
+    /// How many obligations wait for the agent's own decision.
+    pub fn deciding_len(&self) -> usize {
+        self.deciding.len()
+    }
+
+    /// The checks, then the apply (or, when `ask` and the agent has a policy, the question).
+    fn admit(&mut self, now: UnixMillis, o: Obligation, ask: bool) -> Disposition {
         let under_custody = kinds::admissible(&o);
         if o.target != self.agent {
             return self.decline(now, &o.envelope(), DeclineReason::Refused);
@@ -528,6 +643,13 @@ impl Receiver {
                 return Disposition::Duplicate;
             }
         }
+        if let Some(waiting) = self.deciding.get(&o.id) {
+            if waiting.digest() != o.digest() {
+                return self.decline(now, &o.envelope(), DeclineReason::IdConflict);
+            }
+            self.stats.duplicates += 1;
+            return Disposition::Deciding;
+        }
         if now > o.deadline && self.config.mutation != Some(Mutation::ApplyAfterDeadline) {
             return self.decline(now, &o.envelope(), DeclineReason::Expired);
         }
@@ -556,6 +678,14 @@ impl Receiver {
         {
             return self.decline(now, &o.envelope(), DeclineReason::OverLimit);
         }
+        if ask && self.config.ask_policy {
+            self.issuers.of(&o.issuer).inflight += 1;
+            self.deciding.insert(o.id, o.clone());
+            self.events.push_back(ReceiverEvent::Decide {
+                obligation: Box::new(o),
+            });
+            return Disposition::Deciding;
+        }
         self.apply(now, o, key, under_custody);
         Disposition::Applying
     }
@@ -581,7 +711,13 @@ impl Receiver {
     }
 
     fn apply(&mut self, now: UnixMillis, o: Obligation, key: GovernedKey, under_custody: bool) {
-        let effect = kinds::effect(&o);
+        let mut effect = kinds::effect(&o);
+        if self.config.mutation == Some(Mutation::LeaseIgnored) {
+            // The bug this mutant restores: a grant applied as if it had no lease.
+            if let ReceiverEffect::GrantScope(_, _, until) = &mut effect {
+                *until = None;
+            }
+        }
         self.state
             .apply(&effect, self.config.weight_min, self.config.weight_max);
         self.note_governed(effect.governed_key(&o.issuer));
@@ -627,6 +763,7 @@ impl Receiver {
                 target: self.agent.clone(),
                 status: AckStatus::Applied,
                 acked_at: now,
+                detail: None,
             },
         });
         let ack = if self.config.mutation == Some(Mutation::AckBeforePersist) {
@@ -653,13 +790,27 @@ impl Receiver {
         envelope: &Envelope,
         reason: DeclineReason,
     ) -> Disposition {
+        self.decline_with(now, envelope, reason, None)
+    }
+
+    fn decline_with(
+        &mut self,
+        now: UnixMillis,
+        envelope: &Envelope,
+        reason: DeclineReason,
+        detail: Option<Detail>,
+    ) -> Disposition {
         self.stats.declined += 1;
-        self.ack(
-            &envelope.issuer,
-            envelope.id,
-            now,
-            AckStatus::Declined(reason),
-        );
+        self.transmits.push_back(AckTransmit {
+            to: envelope.issuer.clone(),
+            ack: CustodyAck {
+                obligation_id: envelope.id,
+                target: self.agent.clone(),
+                status: AckStatus::Declined(reason),
+                acked_at: now,
+                detail,
+            },
+        });
         self.events.push_back(ReceiverEvent::Declined {
             id: envelope.id,
             reason,
@@ -675,6 +826,7 @@ impl Receiver {
                 target: self.agent.clone(),
                 status,
                 acked_at: now,
+                detail: None,
             },
         });
     }

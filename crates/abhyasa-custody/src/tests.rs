@@ -2,8 +2,8 @@
 
 use abhyasa_wire::{
     AckStatus, AgentId, BeliefUpdatePayload, ClientId, ConsentDecision, ConsentPayload, CustodyAck,
-    DeclineReason, EscalationCause, Kind, LastObserved, Obligation, ObligationId, Outcome, Payload,
-    Scope, TokenAction, TokenId, TokenPayload, UnixMillis, WeightDelta, WeightKey,
+    DeclineReason, Detail, EscalationCause, Kind, LastObserved, Obligation, ObligationId, Outcome,
+    Payload, Scope, TokenAction, TokenId, TokenPayload, UnixMillis, WeightDelta, WeightKey,
 };
 
 use super::*;
@@ -66,6 +66,7 @@ fn ack(id: u128, status: AckStatus) -> CustodyAck {
         target: a(),
         status,
         acked_at: UnixMillis(1),
+        detail: None,
     }
 }
 
@@ -320,9 +321,10 @@ fn recovery_refuses_records_that_were_never_custody() {
 fn inadmissible_obligations_go_best_effort_once() {
     let mut c = Custodian::new(p(), config(), 3);
     let mut o = revoke_token(1, 3, 10_000);
-    o.payload = Payload::AnumatiConsent(ConsentPayload {
-        decision: Some(ConsentDecision::Grant),
-        scope: Scope::new("cal").unwrap(),
+    o.payload = Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
+        weight_key: WeightKey::new("k").unwrap(),
+        weight_delta: WeightDelta(200_000),
+        ttl_ms: 1,
     });
     assert_eq!(c.issue(UnixMillis(0), o), Ok(Admission::BestEffort));
     let t = c.poll_transmit().unwrap();
@@ -584,11 +586,13 @@ fn admissibility_is_per_instance() {
         (Some(ConsentDecision::Revoke), true),
         (None, true),
         (Some(ConsentDecision::Unrecognized("pause".into())), true),
-        (Some(ConsentDecision::Grant), false),
+        // A grant fails closed: under custody, its safe action withholds.
+        (Some(ConsentDecision::Grant), true),
     ] {
         o.payload = Payload::AnumatiConsent(ConsentPayload {
             decision,
             scope: Scope::new("s").unwrap(),
+            expires_at: None,
         });
         assert_eq!(kinds::admissible(&o), admissible);
         assert_eq!(kinds::safe(&o, 0).is_some(), admissible);
@@ -809,6 +813,7 @@ fn a_budget_that_cannot_span_the_deadline_is_refused_when_the_profile_says_so() 
     consent.payload = Payload::AnumatiConsent(ConsentPayload {
         decision: Some(ConsentDecision::Revoke),
         scope: Scope::new("cal").unwrap(),
+        expires_at: None,
     });
     assert_eq!(c.issue(UnixMillis(0), consent), Ok(Admission::Custody));
 }
@@ -830,6 +835,7 @@ fn a_refused_issue_changes_no_principal_state() {
     consent.payload = Payload::AnumatiConsent(ConsentPayload {
         decision: Some(ConsentDecision::Revoke),
         scope: Scope::new("cal").unwrap(),
+        expires_at: None,
     });
     assert!(matches!(
         c.issue(UnixMillis(0), consent),
@@ -1283,6 +1289,7 @@ fn a_known_id_with_other_content_is_declined_never_acked_applied() {
     other.payload = Payload::AnumatiConsent(ConsentPayload {
         decision: Some(ConsentDecision::Revoke),
         scope: Scope::new("calendar.read").unwrap(),
+        expires_at: None,
     });
     assert_eq!(
         r.handle_obligation(UnixMillis(0), &p(), first.clone()),
@@ -1360,6 +1367,7 @@ mod known_ids {
                     0 => Payload::AnumatiConsent(ConsentPayload {
                         decision: Some(ConsentDecision::Revoke),
                         scope: Scope::new(name).unwrap(),
+                        expires_at: None,
                     }),
                     1 => Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
                         weight_key: WeightKey::new(name).unwrap(),
@@ -1424,4 +1432,243 @@ mod known_ids {
             }
         }
     }
+}
+
+fn grant(id: u128, sequence: u64, deadline: u64, lease: Option<u64>) -> Obligation {
+    let mut o = revoke_token(id, 3, deadline);
+    o.sequence = Some(sequence);
+    o.payload = Payload::AnumatiConsent(ConsentPayload {
+        decision: Some(ConsentDecision::Grant),
+        scope: Scope::new("cal").unwrap(),
+        expires_at: lease.map(UnixMillis),
+    });
+    o
+}
+
+#[test]
+fn a_grant_opens_the_scope_only_when_confirmed_and_only_for_its_lease() {
+    let cal = Scope::new("cal").unwrap();
+    let mut c = Custodian::new(p(), config(), 5);
+    assert_eq!(
+        c.issue(UnixMillis(0), grant(1, 1, 1_000, Some(5_000))),
+        Ok(Admission::Custody)
+    );
+    // Unconfirmed: withheld, named by the grant.
+    let a1 = c.principal().authorization(&a(), &cal).unwrap();
+    assert!(a1.withheld && a1.by == Some(ObligationId::from_u128(1)));
+    assert_eq!(
+        c.principal().permits(&a(), &cal, UnixMillis(1)),
+        Some(false)
+    );
+    persist_all(&mut c, 0);
+    assert_eq!(
+        c.handle_ack(UnixMillis(20), &a(), ack(1, AckStatus::Applied)),
+        AckDisposition::Discharged
+    );
+    // Confirmed: open until the lease ends, and not a millisecond after.
+    assert_eq!(
+        c.principal().permits(&a(), &cal, UnixMillis(4_999)),
+        Some(true)
+    );
+    assert_eq!(
+        c.principal().permits(&a(), &cal, UnixMillis(5_000)),
+        Some(false)
+    );
+    // The terminal record carries the opening, so a store that replays it opens too.
+    let rec = std::iter::from_fn(|| c.poll_persist())
+        .find(|r| matches!(r.record, CustodianRecord::Terminal { .. }))
+        .unwrap();
+    let CustodianRecord::Terminal { principal, .. } = rec.record else {
+        unreachable!()
+    };
+    assert!(matches!(
+        principal,
+        Some(PrincipalUpdate::Grant {
+            until: Some(UnixMillis(5_000)),
+            ..
+        })
+    ));
+    // A renewal, unconfirmed, leaves the running lease alone ...
+    c.issue(UnixMillis(100), grant(2, 2, 1_100, Some(9_000)))
+        .unwrap();
+    assert_eq!(
+        c.principal().permits(&a(), &cal, UnixMillis(200)),
+        Some(true)
+    );
+    // ... and when it cannot be confirmed, its fail-safe closes the scope at once.
+    persist_all(&mut c, 100);
+    let mut now = 100;
+    while c.is_pending(ObligationId::from_u128(2)) {
+        now = c.poll_timeout().unwrap().0;
+        c.handle_timeout(UnixMillis(now));
+        persist_all(&mut c, now);
+    }
+    assert!(now <= 1_100 + 50);
+    assert_eq!(
+        c.principal().permits(&a(), &cal, UnixMillis(now)),
+        Some(false)
+    );
+    // A declined grant leaves the scope withheld as well.
+    c.issue(UnixMillis(now), grant(3, 3, now + 1_000, None))
+        .unwrap();
+    persist_all(&mut c, now);
+    c.handle_ack(
+        UnixMillis(now + 1),
+        &a(),
+        ack(3, AckStatus::Declined(DeclineReason::Refused)),
+    );
+    assert_eq!(
+        c.principal().permits(&a(), &cal, UnixMillis(now + 2)),
+        Some(false)
+    );
+}
+
+#[test]
+fn an_older_grant_confirmed_late_does_not_reopen_a_newer_revocation() {
+    let cal = Scope::new("cal").unwrap();
+    let mut c = Custodian::new(p(), config(), 5);
+    c.issue(UnixMillis(0), grant(1, 1, 5_000, None)).unwrap();
+    let mut revoke = grant(2, 2, 5_000, None);
+    revoke.payload = Payload::AnumatiConsent(ConsentPayload {
+        decision: Some(ConsentDecision::Revoke),
+        scope: cal.clone(),
+        expires_at: None,
+    });
+    c.issue(UnixMillis(1), revoke).unwrap();
+    persist_all(&mut c, 1);
+    c.handle_ack(UnixMillis(20), &a(), ack(1, AckStatus::Applied));
+    let now = c.principal().authorization(&a(), &cal).unwrap();
+    assert!(now.withheld && now.sequence == Some(2), "{now:?}");
+}
+
+#[test]
+fn the_agents_view_ends_a_lease_and_an_expired_token() {
+    let cal = Scope::new("cal").unwrap();
+    let mut r = Receiver::new(a(), ReceiverConfig::default());
+    assert_eq!(
+        receive(&mut r, 0, grant(1, 1, 1_000, Some(5_000))),
+        (Disposition::Applying, vec![AckStatus::Applied])
+    );
+    assert!(r.state().permits(&p(), &cal, UnixMillis(4_999)));
+    assert!(!r.state().permits(&p(), &cal, UnixMillis(5_000)));
+    // A renewal extends it; a grant without a lease ends the lease.
+    receive(&mut r, 10, grant(2, 2, 1_000, Some(8_000)));
+    assert!(r.state().permits(&p(), &cal, UnixMillis(7_999)));
+    assert!(!r.state().permits(&p(), &cal, UnixMillis(8_000)));
+    receive(&mut r, 20, grant(3, 3, 1_000, None));
+    assert!(r.state().permits(&p(), &cal, UnixMillis(u64::MAX)));
+    assert_eq!(r.state().leases().count(), 0);
+    // A scope never decided on is not governed here.
+    assert!(r
+        .state()
+        .permits(&p(), &Scope::new("other").unwrap(), UnixMillis(0)));
+    // A cached token is in force until its own expiry, before upkeep forgets it.
+    let mut issue = token_t1(4, TokenAction::Issue, 1);
+    if let Payload::OauthToken(t) = &mut issue.payload {
+        t.expires_at = Some(UnixMillis(3_000));
+    }
+    receive(&mut r, 30, issue);
+    let t1 = TokenId::new("t1").unwrap();
+    assert!(r.state().is_cached(&t1));
+    assert!(r.state().token_in_force(&t1, UnixMillis(2_999)));
+    assert!(!r.state().token_in_force(&t1, UnixMillis(3_000)));
+}
+
+#[test]
+fn the_lease_mutant_applies_a_grant_for_good() {
+    let cal = Scope::new("cal").unwrap();
+    let config = ReceiverConfig {
+        mutation: Some(Mutation::LeaseIgnored),
+        ..ReceiverConfig::default()
+    };
+    let mut r = Receiver::new(a(), config);
+    receive(&mut r, 0, grant(1, 1, 1_000, Some(5_000)));
+    assert!(r.state().permits(&p(), &cal, UnixMillis(6_000)));
+}
+
+#[test]
+fn an_agent_with_a_policy_is_asked_once_per_obligation_and_its_decision_stands() {
+    let config = ReceiverConfig {
+        ask_policy: true,
+        ..ReceiverConfig::default()
+    };
+    let mut r = Receiver::new(a(), config);
+    let o = revoke_token(1, 3, 10_000);
+    assert_eq!(
+        receive(&mut r, 0, o.clone()),
+        (Disposition::Deciding, vec![])
+    );
+    let asked: Vec<_> = std::iter::from_fn(|| r.poll_event()).collect();
+    assert!(matches!(&asked[..], [ReceiverEvent::Decide { obligation }] if obligation.id == o.id));
+    // A redelivery while the agent decides is held: not asked again, not acked.
+    assert_eq!(
+        receive(&mut r, 1, o.clone()),
+        (Disposition::Deciding, vec![])
+    );
+    assert!(r.poll_event().is_none());
+    // Another obligation under the same id while deciding is a conflict, declined.
+    let mut other = o.clone();
+    other.max_retries = 9;
+    assert_eq!(
+        receive(&mut r, 2, other).0,
+        Disposition::Declined(DeclineReason::IdConflict)
+    );
+    // Deferred: acked so, nothing applied, and the next delivery asks again.
+    assert_eq!(
+        r.decided(UnixMillis(3), o.id, PolicyDecision::Defer),
+        Some(Disposition::Deferred)
+    );
+    assert_eq!(
+        std::iter::from_fn(|| r.poll_transmit())
+            .map(|t| t.ack.status)
+            .collect::<Vec<_>>(),
+        vec![AckStatus::Deferred]
+    );
+    assert!(!r.has_applied(o.id));
+    assert_eq!(r.decided(UnixMillis(3), o.id, PolicyDecision::Apply), None);
+    receive(&mut r, 4, o.clone());
+    // Applied: the checks and the apply run, and the ack follows the commit.
+    assert_eq!(
+        r.decided(UnixMillis(5), o.id, PolicyDecision::Apply),
+        Some(Disposition::Applying)
+    );
+    while let Some(rec) = r.poll_persist() {
+        r.handle_persisted(rec.token);
+    }
+    assert!(r.has_applied(o.id));
+    assert_eq!(r.deciding_len(), 0);
+    // Declined in the agent's words: the ack carries them.
+    let o2 = revoke_token(2, 3, 10_000);
+    receive(&mut r, 6, o2.clone());
+    std::iter::from_fn(|| r.poll_transmit()).for_each(drop);
+    let words = Detail::new("a live job holds it").unwrap();
+    r.decided(UnixMillis(7), o2.id, PolicyDecision::Decline(words.clone()));
+    let ack = r.poll_transmit().unwrap().ack;
+    assert_eq!(ack.status, AckStatus::Declined(DeclineReason::Policy));
+    assert_eq!(ack.detail, Some(words));
+    assert!(!r.has_applied(o2.id));
+}
+
+#[test]
+fn a_policy_decline_reaches_the_principals_terminal_record_with_its_words() {
+    let mut c = Custodian::new(p(), config(), 5);
+    c.issue(UnixMillis(0), revoke_token(1, 3, 10_000)).unwrap();
+    persist_all(&mut c, 0);
+    let words = Detail::new("a live job holds it").unwrap();
+    c.handle_ack(
+        UnixMillis(10),
+        &a(),
+        CustodyAck {
+            detail: Some(words.clone()),
+            ..ack(1, AckStatus::Declined(DeclineReason::Policy))
+        },
+    );
+    let records: Vec<_> = std::iter::from_fn(|| c.poll_persist()).collect();
+    let Some(CustodianRecord::Terminal { record, .. }) = records.last().map(|r| &r.record) else {
+        panic!("a terminal record: {records:?}");
+    };
+    assert_eq!(record.outcome, Outcome::Declined(DeclineReason::Policy));
+    assert_eq!(record.detail, Some(words));
+    // The safe action stands, as for every decline.
+    assert!(c.principal().is_revoked(&TokenId::new("t1").unwrap()));
 }

@@ -556,11 +556,14 @@ async fn check(
     for ask in asks {
         match state.node.decide(ask.clone()).await {
             Ok(Verdict::Refuse(r)) => {
-                let reason = match &ask {
-                    Ask::Scope { agent, scope } => {
+                let reason = match (&ask, r.lease_ended) {
+                    (Ask::Scope { agent, scope }, Some(end)) => {
+                        format!("the lease on scope {scope} for {agent} ended at unix time {end}")
+                    }
+                    (Ask::Scope { agent, scope }, None) => {
                         format!("scope {scope} is withheld from {agent}")
                     }
-                    Ask::Token(_) => "the bearer token is revoked".to_owned(),
+                    (Ask::Token(_), _) => "the bearer token is revoked".to_owned(),
                 };
                 let reason = match (r.obligation, &r.carried) {
                     (Some(id), carried) => format!("{reason} by obligation {id} ({carried})"),

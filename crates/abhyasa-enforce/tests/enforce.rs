@@ -86,6 +86,7 @@ fn consent(
         payload: Payload::AnumatiConsent(ConsentPayload {
             decision: Some(decision),
             scope: Scope::new("calendar.read").unwrap(),
+            expires_at: None,
         }),
     }
 }
@@ -190,27 +191,55 @@ async fn a_revocation_refuses_from_its_issue_and_names_its_obligation() {
         Some("applied")
     );
 
-    // A newer grant lifts it.
-    p.principal
-        .issue(consent(&p.principal, 2, ConsentDecision::Grant, 2, 60_000))
-        .await
-        .unwrap();
+    // A newer grant lifts it, once agent-1 confirms it (fail-closed until then), for its
+    // lease.
+    let mut grant = consent(&p.principal, 2, ConsentDecision::Grant, 2, 60_000);
+    let lease = UnixMillis(p.principal.now().0 + 2_500);
+    if let Payload::AnumatiConsent(c) = &mut grant.payload {
+        c.expires_at = Some(lease);
+    }
+    let handle = p.principal.issue(grant).await.unwrap();
+    let unconfirmed = check(&base, Some("calendar.read"), None).await;
+    if unconfirmed.status() == 403 {
+        // Refused while pending, naming the grant (unless the ack beat the check).
+        assert_eq!(
+            header(&unconfirmed, "abhyasa-obligation").as_deref(),
+            Some(format!("{}", ObligationId::from_u128(2)).as_str())
+        );
+    } else {
+        assert_eq!(unconfirmed.status(), 200);
+    }
+    let (record, _) = handle.outcome().await.unwrap();
+    assert_eq!(record.outcome, Outcome::Applied);
     assert_eq!(
         check(&base, Some("calendar.read"), None).await.status(),
         200
     );
+    let ask = Ask::Scope {
+        agent: id("agent-1"),
+        scope: Scope::new("calendar.read").unwrap(),
+    };
     assert_eq!(
-        p.principal
-            .decide(Ask::Scope {
-                agent: id("agent-1"),
-                scope: Scope::new("calendar.read").unwrap()
-            })
-            .await
-            .unwrap(),
+        p.principal.decide(ask.clone()).await.unwrap(),
         Verdict::Allow {
-            obligation: Some(ObligationId::from_u128(2))
+            obligation: Some(ObligationId::from_u128(2)),
+            until: Some(lease),
         }
     );
+    // The lease ends with no renewal: refused from its end on, saying so.
+    let wait = lease.0.saturating_sub(p.principal.now().0) + 50;
+    tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+    let lapsed = check(&base, Some("calendar.read"), None).await;
+    assert_eq!(lapsed.status(), 403);
+    let refusal = header(&lapsed, "abhyasa-refusal").unwrap();
+    assert!(
+        refusal.contains("lease") && refusal.contains("ended"),
+        "{refusal}"
+    );
+    assert!(matches!(
+        p.principal.decide(ask).await.unwrap(),
+        Verdict::Refuse(r) if r.lease_ended == Some(lease)
+    ));
 
     // A check that cannot be read fails closed, saying why.
     let no_agent = client()

@@ -23,8 +23,8 @@ pub mod binding;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use abhyasa_custody::{
-    Admission, Channel, Custodian, CustodianEvent, CustodianRecord, IssueError, Receiver,
-    ReceiverEvent, ReceiverRecord,
+    Admission, Channel, Custodian, CustodianEvent, CustodianRecord, IssueError, PolicyDecision,
+    Receiver, ReceiverEvent, ReceiverRecord,
 };
 use abhyasa_ledger::{Branch, Gateway, GatewayRecord, LedgerMessage, PersistToken, Step};
 use abhyasa_wire::{
@@ -128,6 +128,9 @@ pub enum MachineEvent {
         /// What it says.
         payload: Payload,
     },
+    /// An obligation waits for this agent's own decision (its receiver asks a policy):
+    /// answer with [`NodeMachine::decided`].
+    Decide(Box<Obligation>),
     /// An ack the receiver released (durable), whichever route it takes: a binding's caller
     /// waiting on [`NodeMachine::deliver`] is answered with it.
     Acked {
@@ -592,6 +595,13 @@ impl NodeMachine {
         self.sessions.remove(peer);
     }
 
+    /// The agent's own decision on an obligation it was asked about
+    /// ([`MachineEvent::Decide`]); `false` if none waits under `id`.
+    pub fn decided(&mut self, now: UnixMillis, id: ObligationId, decision: PolicyDecision) -> bool {
+        self.input(now);
+        self.receiver.decided(now, id, decision).is_some()
+    }
+
     /// `peer` subscribed to its obligations track: what is pending for it is offered now.
     pub fn peer_ready(&mut self, now: UnixMillis, peer: &AgentId) {
         self.input(now);
@@ -825,18 +835,21 @@ impl NodeMachine {
             });
         }
         while let Some(e) = self.receiver.poll_event() {
-            if let ReceiverEvent::Applied {
-                id,
-                issuer,
-                payload,
-            } = e
-            {
-                self.events.push_back(MachineEvent::Applied {
+            match e {
+                ReceiverEvent::Applied {
+                    id,
+                    issuer,
+                    payload,
+                } => self.events.push_back(MachineEvent::Applied {
                     id,
                     issuer,
                     kind: payload.kind(),
                     payload,
-                });
+                }),
+                ReceiverEvent::Decide { obligation } => {
+                    self.events.push_back(MachineEvent::Decide(obligation));
+                }
+                ReceiverEvent::Declined { .. } => {}
             }
         }
     }

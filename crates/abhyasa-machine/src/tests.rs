@@ -75,6 +75,7 @@ fn drive_under_traffic(m: &mut NodeMachine, every: u64, end: u64) -> Option<(u64
                 target: a(),
                 status: AckStatus::Applied,
                 acked_at: UnixMillis(now),
+                detail: None,
             };
             m.handle_object(UnixMillis(now), &a(), Track::Acks, &encode(&noise));
             next_input += every;

@@ -219,6 +219,7 @@ mod tests {
             target: AgentId::new("agent-1").unwrap(),
             status: AckStatus::Applied,
             acked_at: UnixMillis(5),
+            detail: None,
         };
         let mut m = Map::new();
         m.insert(META_ACKS.into(), acks_to_meta(std::slice::from_ref(&ack)));

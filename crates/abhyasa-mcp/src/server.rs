@@ -114,27 +114,37 @@ impl AgentServer {
             return Ok(None);
         }
         let honours = self.node.honours().await?;
+        // Leases and token expiries are read against the clock now: no sweep has to run first.
+        let now = self.node.now();
+        let named = |by: Option<abhyasa_wire::ObligationId>| {
+            by.map(|id| format!(" (obligation {id})"))
+                .unwrap_or_default()
+        };
         for scope in &g.scopes {
-            if honours.is_withheld(&self.principal, scope) {
-                let key = GovernedKey::Scope(self.principal.clone(), scope.clone());
-                let by = self.node.governed_by(key).await?;
-                return Ok(Some(format!(
-                    "refused: consent to {scope} is withheld for {}{}",
-                    self.principal,
-                    by.map(|id| format!(" (obligation {id})"))
-                        .unwrap_or_default()
-                )));
+            if honours.permits(&self.principal, scope, now) {
+                continue;
             }
+            let key = GovernedKey::Scope(self.principal.clone(), scope.clone());
+            let by = named(self.node.governed_by(key).await?);
+            let principal = &self.principal;
+            return Ok(Some(match honours.lease(principal, scope) {
+                Some(end) if !honours.is_withheld(principal, scope) => format!(
+                    "refused: the lease on consent to {scope} for {principal} ended at {end} \
+                     (unix time){by}"
+                ),
+                _ => format!("refused: consent to {scope} is withheld for {principal}{by}"),
+            }));
         }
         if let Some(token) = &g.token {
-            if honours.is_dropped(token) {
+            if !honours.token_in_force(token, now) {
                 let key = GovernedKey::Token(self.principal.clone(), token.clone());
-                let by = self.node.governed_by(key).await?;
-                return Ok(Some(format!(
-                    "refused: token {token} is revoked{}",
-                    by.map(|id| format!(" (obligation {id})"))
-                        .unwrap_or_default()
-                )));
+                let by = named(self.node.governed_by(key).await?);
+                return Ok(Some(match honours.token_record(token) {
+                    Some((false, Some(end))) => {
+                        format!("refused: token {token} expired at {end} (unix){by}")
+                    }
+                    _ => format!("refused: token {token} is revoked{by}"),
+                }));
             }
         }
         Ok(None)
@@ -297,6 +307,7 @@ impl AgentServer {
             target: self.node.agent().clone(),
             status: AckStatus::Applied,
             acked_at: now,
+            detail: None,
         };
         let mut acks = Vec::new();
         let mut status = Map::new();

@@ -268,6 +268,67 @@ async fn obligations_ride_calls_and_a_revocation_governs_that_very_call() {
     f.node.shutdown().await;
 }
 
+/// A grant with a lease lets a governed tool run only until the lease ends; a token cached
+/// with its own expiry governs its tool only until then. No sweep runs first: the gate reads
+/// the clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gate_ends_a_lease_and_an_expired_token_when_they_end() {
+    let f = fixture().await;
+    let end = abhyasa_wire::UnixMillis(f.node.now().0 + 1_500);
+    let mut grant = consent(1, ConsentDecision::Grant, "calendar.read", 60_000);
+    if let Payload::AnumatiConsent(c) = &mut grant.payload {
+        c.expires_at = Some(end);
+    }
+    let mut issue = revoke_token(2, "tok-mail", 60_000);
+    if let Payload::OauthToken(t) = &mut issue.payload {
+        t.action = abhyasa_wire::TokenAction::Issue;
+        t.expires_at = Some(end);
+    }
+    let r = f
+        .client
+        .call_tool(call("calendar_read", &[grant.clone(), issue], json!({})))
+        .await
+        .unwrap();
+    assert_eq!(r.is_error, Some(false), "{}", text(&r));
+    let r = f
+        .client
+        .call_tool(call("mail_send", &[], json!({})))
+        .await
+        .unwrap();
+    assert_eq!(r.is_error, Some(false), "{}", text(&r));
+    tokio::time::sleep(std::time::Duration::from_millis(
+        end.0 - f.node.now().0 + 50,
+    ))
+    .await;
+    let r = f
+        .client
+        .call_tool(call("calendar_read", &[], json!({})))
+        .await
+        .unwrap();
+    assert_eq!(r.is_error, Some(true), "the lease ended");
+    let why = text(&r);
+    assert!(
+        why.contains("lease")
+            && why.contains("calendar.read")
+            && why.contains(&grant.id.to_string()),
+        "{why}"
+    );
+    let r = f
+        .client
+        .call_tool(call("mail_send", &[], json!({})))
+        .await
+        .unwrap();
+    assert_eq!(r.is_error, Some(true), "the token expired");
+    assert!(
+        text(&r).contains("tok-mail") && text(&r).contains("expired"),
+        "{}",
+        text(&r)
+    );
+    assert_eq!(f.calendar_runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+    f.client.cancel().await.unwrap();
+    f.node.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_envelope_is_invalid_params_and_nothing_is_applied() {
     let f = fixture().await;
@@ -303,6 +364,7 @@ async fn a_malformed_envelope_is_invalid_params_and_nothing_is_applied() {
         Payload::AnumatiConsent(ConsentPayload {
             decision: Some(ConsentDecision::Revoke),
             scope: Scope::new("calendar.read").unwrap(),
+            expires_at: None,
         }),
     );
     let r = f

@@ -65,6 +65,8 @@ pub(crate) enum Internal {
     Unverified(AgentId, String),
     /// The executor ran an accepted effect.
     Executed(AgentId, abhyasa_ledger::OpKey, abhyasa_ledger::Vector),
+    /// The receiver policy decided on an obligation it was asked about.
+    Decided(abhyasa_wire::ObligationId, crate::PolicyDecision),
 }
 
 fn wall_clock() -> UnixMillis {
@@ -211,7 +213,11 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
     let t = clock.now();
     let seed = t.0 ^ 0x9e37_79b9_7f4a_7c15;
     let custodian = store.recover_custodian(agent.clone(), b.custodian.clone(), seed, t)?;
-    let receiver = store.recover_receiver(agent.clone(), b.receiver.clone())?;
+    let receiver_config = abhyasa_custody::ReceiverConfig {
+        ask_policy: b.receiver.ask_policy || b.policy.is_some(),
+        ..b.receiver.clone()
+    };
+    let receiver = store.recover_receiver(agent.clone(), receiver_config.clone())?;
     let (ledger, ledger_machine) = match b.ledger.clone() {
         Some(setup) => {
             let (part, machine) = LedgerPart::recover(&agent, signer.key().clone(), setup, &store)?;
@@ -454,7 +460,8 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         machine,
         group,
         custodian_config: b.custodian.clone(),
-        receiver_config: b.receiver,
+        receiver_config,
+        policy: b.policy.clone(),
         sessions: HashMap::new(),
         events: events.clone(),
         blocked,
@@ -738,6 +745,8 @@ struct Core {
     group: GroupCommit,
     custodian_config: abhyasa_custody::CustodianConfig,
     receiver_config: abhyasa_custody::ReceiverConfig,
+    /// The agent's own judgement, asked before each apply.
+    policy: Option<crate::Policy>,
     sessions: HashMap<AgentId, Link>,
     events: broadcast::Sender<NodeEvent>,
     blocked: Blocked,
@@ -1214,6 +1223,11 @@ impl Core {
                     warn!(%peer, reason = why, dropped = *n, "dropped an object whose signature does not verify");
                 }
             }
+            Internal::Decided(id, decision) => {
+                if !self.machine.decided(t, id, decision) {
+                    debug!(obligation = %id, "a policy decision for nothing waiting (a restart?)");
+                }
+            }
             Internal::Executed(payer, key, charge) => {
                 if let Some(m) = self.machine.ledger_mut() {
                     LedgerPart::executed(m, &payer, key, charge);
@@ -1411,24 +1425,31 @@ impl Core {
     fn decide(&self, ask: &crate::Ask, reply: tokio::sync::oneshot::Sender<crate::Verdict>) {
         use crate::{Carried, Refusal, Verdict};
         let principal = self.machine.custodian().principal();
-        let (obligation, until) = match ask {
+        let now = self.clock.now();
+        let (obligation, until, lease_ended) = match ask {
             crate::Ask::Scope { agent, scope } => match principal.authorization(agent, scope) {
                 None => {
                     let _ = reply.send(Verdict::NotGoverned);
                     return;
                 }
-                Some(a) if !a.withheld => {
-                    let _ = reply.send(Verdict::Allow { obligation: a.by });
+                Some(a) if a.permits(now) => {
+                    let _ = reply.send(Verdict::Allow {
+                        obligation: a.by,
+                        until: a.until,
+                    });
                     return;
                 }
-                Some(a) => (a.by, None),
+                // Granted, but its lease has ended (every timer is a deadline: the answer
+                // reads the clock, it does not wait for a sweep).
+                Some(a) if !a.withheld => (a.by, None, a.until),
+                Some(a) => (a.by, None, None),
             },
             crate::Ask::Token(token) => match principal.revoked_until(token) {
                 None => {
                     let _ = reply.send(Verdict::NotGoverned);
                     return;
                 }
-                Some(until) => (principal.token_revoked_by(token), until),
+                Some(until) => (principal.token_revoked_by(token), until, None),
             },
         };
         let refusal = move |carried| {
@@ -1436,6 +1457,7 @@ impl Core {
                 obligation,
                 carried,
                 until,
+                lease_ended,
             })
         };
         let Some(id) = obligation else {
@@ -1586,6 +1608,26 @@ impl Core {
                     NodeEvent::Terminal { record, escalation }
                 }
                 MachineEvent::Reconciled(note) => NodeEvent::Reconciled(note),
+                MachineEvent::Decide(o) => {
+                    let (id, itx) = (o.id, self.itx.clone());
+                    match self.policy.clone() {
+                        Some(policy) => {
+                            tokio::spawn(async move {
+                                let decision = policy.ask(*o).await;
+                                let _ = itx.send(Internal::Decided(id, decision)).await;
+                            });
+                        }
+                        // Asked with no policy (a receiver configured to ask): apply.
+                        None => {
+                            let _ = self.machine.decided(
+                                self.clock.now(),
+                                id,
+                                crate::PolicyDecision::Apply,
+                            );
+                        }
+                    }
+                    continue;
+                }
                 MachineEvent::Applied {
                     id,
                     issuer,

@@ -48,6 +48,9 @@ pub struct Refusal {
     /// For a token: until when the refusal is recorded (the token's own expiry; `None`: for
     /// good).
     pub until: Option<UnixMillis>,
+    /// For a scope granted with a lease that has ended: when it ended (the grant, named by
+    /// `obligation`, stands, but its authority lapsed; a renewal reopens it).
+    pub lease_ended: Option<UnixMillis>,
 }
 
 /// The node's answer to an [`Ask`].
@@ -55,11 +58,13 @@ pub struct Refusal {
 pub enum Verdict {
     /// A decision of this node refuses it.
     Refuse(Refusal),
-    /// This node decided, and allows it (a scope granted and not withheld since), naming the
-    /// obligation of the grant.
+    /// This node decided, and allows it (a scope granted, confirmed and not withheld since,
+    /// its lease running), naming the obligation of the grant.
     Allow {
         /// The grant's obligation.
         obligation: Option<ObligationId>,
+        /// When the grant's lease ends (`None`: no lease).
+        until: Option<UnixMillis>,
     },
     /// No decision of this node concerns it: the node neither allows nor refuses (an
     /// introspection endpoint then asks its upstream; a proxy check lets it through).

@@ -23,6 +23,7 @@ pub mod decide;
 pub mod ledger;
 mod link;
 pub mod listen;
+pub mod policy;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -44,6 +45,7 @@ pub use decide::{Ask, Carried, Refusal, Verdict};
 pub use ledger::{
     Executor, GatewayAnswer, LedgerCommand, LedgerReply, LedgerSetup, LedgerStatus, CARRIED_BY_MCP,
 };
+pub use policy::{Policy, PolicyDecision};
 
 /// What a node reports.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -360,6 +362,7 @@ pub struct NodeBuilder {
     maintenance: Duration,
     limits: Limits,
     paused_clock: bool,
+    policy: Option<Policy>,
 }
 
 impl NodeBuilder {
@@ -478,6 +481,14 @@ impl NodeBuilder {
         self
     }
 
+    /// The agent's own judgement ([`Policy`]): asked before each obligation this node
+    /// would apply; it applies, declines in its own words, or defers. Without one, every
+    /// obligation that passes the receiver's checks is applied.
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policy = Some(policy);
+        self
+    }
+
     /// Receiver settings.
     pub fn receiver(mut self, r: ReceiverConfig) -> Self {
         self.receiver = r;
@@ -562,6 +573,7 @@ impl Node {
             maintenance: Duration::from_secs(60),
             paused_clock: false,
             limits: Limits::default(),
+            policy: None,
         }
     }
 

@@ -16,6 +16,7 @@ fn consent_revoke(n: u128, scope: &str) -> abhyasa_wire::Obligation {
     o.payload = Payload::AnumatiConsent(ConsentPayload {
         decision: Some(ConsentDecision::Revoke),
         scope: Scope::new(scope).unwrap(),
+        expires_at: None,
     });
     o
 }

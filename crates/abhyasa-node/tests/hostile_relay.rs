@@ -403,6 +403,7 @@ impl HostileRelay {
             target: self.ghost.clone(),
             status: AckStatus::Applied,
             acked_at: o.created_at,
+            detail: None,
         });
         let (alias, replayed) = {
             let mut st = self.st();

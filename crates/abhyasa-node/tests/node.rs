@@ -160,6 +160,7 @@ async fn an_agent_sees_what_it_must_honour() {
     consent.payload = Payload::AnumatiConsent(abhyasa_wire::ConsentPayload {
         decision: Some(abhyasa_wire::ConsentDecision::Revoke),
         scope: scope.clone(),
+        expires_at: None,
     });
     let mut belief = revoke(2, &a, 20_000);
     belief.payload = Payload::PhalaBeliefUpdate(BeliefUpdatePayload {

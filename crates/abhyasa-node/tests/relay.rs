@@ -40,6 +40,7 @@ fn obligation(n: u128, kind: u8, target: &AgentId, deadline_ms: u64) -> Obligati
             o.payload = Payload::AnumatiConsent(ConsentPayload {
                 decision: Some(ConsentDecision::Revoke),
                 scope: Scope::new(format!("calendar.read.{n}")).unwrap(),
+                expires_at: None,
             })
         }
         1 => {

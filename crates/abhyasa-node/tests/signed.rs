@@ -142,6 +142,7 @@ async fn only_the_targets_signed_ack_discharges() {
         target: t.clone(),
         status: AckStatus::Applied,
         acked_at: o.created_at,
+        detail: None,
     });
     let send = |bytes: Vec<u8>| {
         let s = s.clone();

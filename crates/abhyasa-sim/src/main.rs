@@ -165,6 +165,7 @@ impl Totals for RunReport {
         self.declines_superseded += r.declines_superseded;
         self.tampered += r.tampered;
         self.expired_certs += r.expired_certs;
+        self.lapsed_probes += r.lapsed_probes;
         self.unverified += r.unverified;
         (r.violations.len(), r.violations.into_iter().next())
     }
@@ -287,10 +288,10 @@ fn main() -> ExitCode {
                 Err(code) => return code,
             };
             eprintln!(
-                "crashes={} reconciled={} resubscriptions={} full_refusals={} declines: malformed={} refused={} superseded={} relay: tampered={} unverified={} expired_certs={} failing_seeds={failing}",
+                "crashes={} reconciled={} resubscriptions={} full_refusals={} declines: malformed={} refused={} superseded={} relay: tampered={} unverified={} expired_certs={} lapsed_probes={} failing_seeds={failing}",
                 r.crashes, r.reconciled, r.resubscriptions, r.full_refusals,
                 r.declines_malformed, r.declines_refused, r.declines_superseded,
-                r.tampered, r.unverified, r.expired_certs
+                r.tampered, r.unverified, r.expired_certs, r.lapsed_probes
             );
             println!(
                 "custody: seeds={} obligations={} applied={} declined={} escalated={} best_effort={} violations={violations}",

@@ -10,24 +10,36 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use abhyasa_custody::{PrincipalState, ReceiverState, WeightBounds};
 use abhyasa_wire::{
-    AgentId, ConsentDecision, Obligation, ObligationId, Payload, SafeAction, Scope, TokenAction,
-    TokenId, UnixMillis, WeightKey,
+    AgentId, ConsentDecision, ConsentPayload, Obligation, ObligationId, Payload, SafeAction, Scope,
+    TokenAction, TokenId, UnixMillis, WeightKey,
 };
 
-/// SPEC AC-1, from the kind table: a consent whose decision is not `grant` (missing or
-/// unknown is restrictive), a negative belief update, a token revocation.
+/// Restrictive decisions, from the kind table: a consent whose decision is not `grant`
+/// (missing or unknown is restrictive), a negative belief update, a token revocation.
 pub(crate) fn restrictive(o: &Obligation) -> bool {
     match &o.payload {
-        Payload::AnumatiConsent(p) => !matches!(p.decision, Some(ConsentDecision::Grant)),
+        Payload::AnumatiConsent(p) => !is_grant(p),
         Payload::PhalaBeliefUpdate(p) => p.weight_delta.0 < 0,
         Payload::OauthToken(p) => p.action == TokenAction::Revoke,
     }
 }
 
-/// `safe(O)` from the kind table: withhold the scope; down-weight by `|delta|`, keyed by the
-/// obligation and foldable `retention` after the deadline; stop honouring the token.
+/// A consent grant.
+pub(crate) fn is_grant(p: &ConsentPayload) -> bool {
+    matches!(p.decision, Some(ConsentDecision::Grant))
+}
+
+/// SPEC AC-1 as docs/CUSTODY.md ("Grants") reads the paper: every restrictive decision, and
+/// every consent grant too — a grant fails closed (its safe action withholds the scope).
+pub(crate) fn admissible(o: &Obligation) -> bool {
+    restrictive(o) || matches!(o.payload, Payload::AnumatiConsent(_))
+}
+
+/// `safe(O)` from the kind table: withhold the scope (revocation or grant alike); down-weight
+/// by `|delta|`, keyed by the obligation and foldable `retention` after the deadline; stop
+/// honouring the token.
 pub(crate) fn expected_safe(o: &Obligation, retention: u64) -> Option<SafeAction> {
-    if !restrictive(o) {
+    if !admissible(o) {
         return None;
     }
     Some(match &o.payload {
@@ -68,18 +80,36 @@ pub(crate) fn governed(o: &Obligation) -> Governed {
 
 /// The principal's expected state, from the decisions the simulation saw reach its disk.
 ///
-/// Decisions: at issue, a consent decision stands at once (grant or withhold) and a token
-/// revocation stops honouring the token; when custody ends `declined` or `escalated`, the
-/// safe action is (re-)asserted. A consent decision never overrides a strictly newer one on
-/// the same scope (SPEC: "a decision never overrides a strictly newer one").
+/// Decisions: at issue, a consent revocation stands at once and a token revocation stops
+/// honouring the token; a grant opens nothing at issue (an open grant in force stands, else
+/// the scope is withheld) and opens the scope, until its lease, when its `applied` ack is
+/// recorded; when custody ends `declined` or `escalated`, the safe action is (re-)asserted. A
+/// consent decision never overrides a strictly newer one on the same scope (SPEC: "a
+/// decision never overrides a strictly newer one").
 #[derive(Debug, Default)]
 pub(crate) struct PrincipalOracle {
-    /// (target, scope) → (withheld, sequence of the standing decision).
-    scopes: BTreeMap<(AgentId, Scope), (bool, Option<u64>)>,
+    /// (target, scope) → the standing decision.
+    scopes: BTreeMap<(AgentId, Scope), Standing>,
     /// (target, key) → the sum of keyed down-weights.
     down: BTreeMap<(AgentId, WeightKey), i64>,
     adjusted: BTreeSet<ObligationId>,
     revoked: BTreeSet<TokenId>,
+}
+
+/// A decision on a scope as the oracle keeps it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Standing {
+    withheld: bool,
+    sequence: Option<u64>,
+    /// An open grant's lease.
+    until: Option<UnixMillis>,
+}
+
+impl Standing {
+    /// Whether the scope may be exercised at `now`.
+    pub(crate) fn permits(&self, now: UnixMillis) -> bool {
+        !self.withheld && self.until.is_none_or(|end| now < end)
+    }
 }
 
 impl PrincipalOracle {
@@ -87,7 +117,11 @@ impl PrincipalOracle {
     pub(crate) fn issued(&mut self, o: &Obligation) {
         match &o.payload {
             Payload::AnumatiConsent(p) => {
-                self.decide(&o.target, &p.scope, restrictive(o), o.sequence);
+                let key = (o.target.clone(), p.scope.clone());
+                let open = self.scopes.get(&key).is_some_and(|s| !s.withheld);
+                if !(is_grant(p) && open) {
+                    self.decide(&o.target, &p.scope, true, o.sequence, None);
+                }
             }
             Payload::OauthToken(p) if restrictive(o) => {
                 self.revoked.insert(p.token_id.clone());
@@ -96,13 +130,22 @@ impl PrincipalOracle {
         }
     }
 
+    /// Its target confirmed `o` (the `applied` terminal record is durable).
+    pub(crate) fn applied(&mut self, o: &Obligation) {
+        if let Payload::AnumatiConsent(p) = &o.payload {
+            if is_grant(p) {
+                self.decide(&o.target, &p.scope, false, o.sequence, p.expires_at);
+            }
+        }
+    }
+
     /// Custody of `o` ended without `applied`: its safe action is in force from here on.
     pub(crate) fn unconfirmed(&mut self, o: &Obligation) {
-        if !restrictive(o) {
+        if !admissible(o) {
             return;
         }
         match &o.payload {
-            Payload::AnumatiConsent(p) => self.decide(&o.target, &p.scope, true, o.sequence),
+            Payload::AnumatiConsent(p) => self.decide(&o.target, &p.scope, true, o.sequence, None),
             Payload::PhalaBeliefUpdate(p) => {
                 if self.adjusted.insert(o.id) {
                     *self
@@ -117,24 +160,56 @@ impl PrincipalOracle {
         }
     }
 
-    fn decide(&mut self, target: &AgentId, scope: &Scope, withheld: bool, seq: Option<u64>) {
+    fn decide(
+        &mut self,
+        target: &AgentId,
+        scope: &Scope,
+        withheld: bool,
+        sequence: Option<u64>,
+        until: Option<UnixMillis>,
+    ) {
         let key = (target.clone(), scope.clone());
-        if let (Some((_, Some(cur))), Some(s)) = (self.scopes.get(&key), seq) {
+        if let (
+            Some(Standing {
+                sequence: Some(cur),
+                ..
+            }),
+            Some(s),
+        ) = (self.scopes.get(&key), sequence)
+        {
             if s < *cur {
                 return;
             }
         }
-        self.scopes.insert(key, (withheld, seq));
+        let until = if withheld { None } else { until };
+        self.scopes.insert(
+            key,
+            Standing {
+                withheld,
+                sequence,
+                until,
+            },
+        );
+    }
+
+    /// The standing decision on (`target`, `scope`), if any.
+    pub(crate) fn standing(&self, target: &AgentId, scope: &Scope) -> Option<Standing> {
+        self.scopes.get(&(target.clone(), scope.clone())).copied()
     }
 
     /// Every way `actual` differs from the expectation.
     pub(crate) fn differences(&self, actual: &PrincipalState, bounds: WeightBounds) -> Vec<String> {
         let mut out = Vec::new();
-        for ((target, scope), (withheld, _)) in &self.scopes {
-            if actual.is_withheld(target, scope) != *withheld {
+        for ((target, scope), standing) in &self.scopes {
+            let got = actual.authorization(target, scope);
+            if got.map(|a| (a.withheld, a.until)) != Some((standing.withheld, standing.until)) {
                 out.push(format!(
-                    "principal: {scope} for {target} should be {} but is not",
-                    if *withheld { "withheld" } else { "granted" }
+                    "principal: {scope} for {target} should be {} but is {got:?}",
+                    match (standing.withheld, standing.until) {
+                        (true, _) => "withheld".to_owned(),
+                        (false, None) => "granted".to_owned(),
+                        (false, Some(end)) => format!("granted until {end}"),
+                    }
                 ));
             }
         }
@@ -177,6 +252,8 @@ impl PrincipalOracle {
 #[derive(Debug, Default)]
 pub(crate) struct ReceiverOracle {
     withheld: BTreeSet<(AgentId, Scope)>,
+    /// Granted scopes that lapse, with the end of their lease.
+    leases: BTreeMap<(AgentId, Scope), UnixMillis>,
     weights: BTreeMap<(AgentId, WeightKey), i64>,
     dropped: BTreeSet<TokenId>,
     cached: BTreeSet<TokenId>,
@@ -187,9 +264,13 @@ impl ReceiverOracle {
         match &o.payload {
             Payload::AnumatiConsent(p) => {
                 let key = (o.issuer.clone(), p.scope.clone());
-                if restrictive(o) {
+                self.leases.remove(&key);
+                if !is_grant(p) {
                     self.withheld.insert(key);
                 } else {
+                    if let Some(end) = p.expires_at {
+                        self.leases.insert(key.clone(), end);
+                    }
                     self.withheld.remove(&key);
                 }
             }
@@ -214,8 +295,28 @@ impl ReceiverOracle {
         }
     }
 
+    /// Whether the agent's applies let it exercise `scope` of `issuer` at `now` (`true` for
+    /// a scope never decided on: not governed).
+    pub(crate) fn permits(&self, issuer: &AgentId, scope: &Scope, now: UnixMillis) -> bool {
+        let key = (issuer.clone(), scope.clone());
+        !self.withheld.contains(&key) && self.leases.get(&key).is_none_or(|end| now < *end)
+    }
+
+    /// Whether a grant of `scope` by `issuer` stands and its lease ended at or before `now`.
+    pub(crate) fn lapsed(&self, issuer: &AgentId, scope: &Scope, now: UnixMillis) -> bool {
+        let key = (issuer.clone(), scope.clone());
+        !self.withheld.contains(&key) && self.leases.get(&key).is_some_and(|end| *end <= now)
+    }
+
     pub(crate) fn differences(&self, agent: &AgentId, actual: &ReceiverState) -> Vec<String> {
         let mut out = Vec::new();
+        let leases: BTreeMap<_, _> = actual.leases().map(|(k, v)| (k.clone(), v)).collect();
+        if leases != self.leases {
+            out.push(format!(
+                "{agent}: holds leases {leases:?}, its applies give {:?}",
+                self.leases
+            ));
+        }
         let withheld: BTreeSet<_> = actual.withheld().cloned().collect();
         if withheld != self.withheld {
             out.push(format!(

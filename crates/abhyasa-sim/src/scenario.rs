@@ -117,6 +117,9 @@ pub struct Scenario {
     pub end: u64,
     /// The node machine's world.
     pub node: NodeParams,
+    /// Obligations every copy of which the network loses (a lease's renewals): their custody
+    /// must end escalated, and the lease they would have extended must end on both sides.
+    pub lost: BTreeSet<ObligationId>,
 }
 
 const MAX_DOWNTIME: u64 = 1_500;
@@ -222,6 +225,47 @@ impl Scenario {
                     max_retries: rng.random_range(3..=12),
                     sequence: Some(if n == 0 { s1 } else { s2 }),
                     payload: make_payload(kind, admissible, decision, delta, &key),
+                });
+            }
+        }
+        // Leases: half the grants lapse a while after they are issued.
+        for o in &mut obligations {
+            if let Payload::AnumatiConsent(p) = &mut o.payload {
+                if p.decision == Some(ConsentDecision::Grant) && rng.random_bool(0.5) {
+                    p.expires_at = Some(UnixMillis(o.created_at.0 + rng.random_range(200..=4_000)));
+                }
+            }
+        }
+        // A lease whose every renewal is lost: a grant, then renewals each half a lease
+        // later (a later lease, the next sequence), none of which ever reaches the agent.
+        let mut lost_at = Vec::new();
+        if rng.random_bool(0.3) {
+            let who = rng.random_range(0..principals);
+            let target = AgentId::new(format!("agent-{}", rng.random_range(0..targets.len())))
+                .expect("valid");
+            let lease = rng.random_range(600..=2_000u64);
+            let start = rng.random_range(0..=500u64);
+            for k in 0..=rng.random_range(1..=4u64) {
+                let at = start + k * lease / 2;
+                sequences[who] += 1;
+                if k > 0 {
+                    lost_at.push(obligations.len());
+                }
+                obligations.push(Obligation {
+                    id: ObligationId::from_u128(
+                        (u128::from(rng.random::<u64>()) << 32) | obligations.len() as u128,
+                    ),
+                    issuer: principal_names[who].clone(),
+                    target: target.clone(),
+                    created_at: UnixMillis(epoch + at),
+                    deadline: UnixMillis(epoch + at + lease / 3),
+                    max_retries: rng.random_range(3..=12),
+                    sequence: Some(sequences[who]),
+                    payload: Payload::AnumatiConsent(ConsentPayload {
+                        decision: Some(ConsentDecision::Grant),
+                        scope: Scope::new("scope-lease").expect("valid"),
+                        expires_at: Some(UnixMillis(epoch + at + lease)),
+                    }),
                 });
             }
         }
@@ -338,6 +382,8 @@ impl Scenario {
             0.0
         };
         let node = node_params(rng, principals, nodes, &mut obligations);
+        // After `node_params`, which renames obligations to text targets.
+        let lost = lost_at.iter().map(|&i| obligations[i].id).collect();
         // Biased to the rare schedule: now and then a deadline so tight that the first retry
         // goes just before it and its ack can only arrive after it.
         for o in &mut obligations {
@@ -365,6 +411,7 @@ impl Scenario {
             receiver,
             end: last_deadline + 2 * MAX_DOWNTIME + MAX_REPLAY + 500,
             node,
+            lost,
         }
     }
 }
@@ -470,6 +517,7 @@ fn make_payload(
         0 => Payload::AnumatiConsent(ConsentPayload {
             decision,
             scope: Scope::new(format!("scope-{key}")).expect("valid"),
+            expires_at: None,
         }),
         1 => Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
             weight_key: WeightKey::new(format!("supplier/{key}")).expect("valid"),

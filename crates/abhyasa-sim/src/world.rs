@@ -85,6 +85,10 @@ fn signature(signer: usize, generation: u64, bytes: &[u8]) -> u64 {
     h.finish()
 }
 
+/// How many times, beside the ends of leases, the world probes who may exercise a consent
+/// scope.
+const PROBES: u32 = 24;
+
 /// The relay on the path: a deployment member with its own valid key.
 const RELAY: usize = usize::MAX - 1;
 
@@ -110,6 +114,8 @@ enum Event {
     Flap(usize),
     /// The target sends the principal a stale ack (steady traffic), and the next one is due.
     Chatter(usize),
+    /// Every side that could exercise or permit a consent scope is asked whether it does now.
+    Probe,
 }
 
 /// The custodian's disk.
@@ -189,6 +195,9 @@ pub struct RunReport {
     /// Messages dropped because the certificate that signed them had expired (or was not yet
     /// valid) when they arrived.
     pub expired_certs: u64,
+    /// Probes that found an agent holding a grant whose lease had ended (and that agent
+    /// refusing it, or a violation).
+    pub lapsed_probes: u64,
     /// Invariant violations found, described.
     pub violations: Vec<String>,
 }
@@ -230,6 +239,8 @@ pub(crate) struct World {
     principal_oracles: Vec<PrincipalOracle>,
     /// Links (target node) cut until this true time by a flap.
     flapping: BTreeMap<usize, u64>,
+    /// (principal node, target node, scope) of every consent decision: what a probe asks.
+    probed: Vec<(usize, usize, abhyasa_wire::Scope)>,
     report: RunReport,
 }
 
@@ -273,6 +284,7 @@ impl World {
                 .map(|_| PrincipalOracle::default())
                 .collect(),
             flapping: BTreeMap::new(),
+            probed: Vec::new(),
             report: RunReport::default(),
         };
         world.all = world
@@ -319,6 +331,50 @@ impl World {
         for &(node, start, count, interval) in &self.scenario.flaps.clone() {
             for k in 0..u64::from(count) {
                 self.push(start + k * interval, Event::Flap(node));
+            }
+        }
+        let probed: BTreeSet<(usize, usize, abhyasa_wire::Scope)> = self
+            .scenario
+            .obligations
+            .iter()
+            .filter_map(|o| {
+                let Payload::AnumatiConsent(c) = &o.payload else {
+                    return None;
+                };
+                let p = (0..self.principals).find(|&p| self.nodes[p].agent == o.issuer)?;
+                let t = (self.principals..self.nodes.len())
+                    .find(|&t| self.nodes[t].agent == o.target)?;
+                Some((p, t, c.scope.clone()))
+            })
+            .collect();
+        self.probed = probed.into_iter().collect();
+        if !self.probed.is_empty() {
+            // Around every lease's end, where an agent's clock (skewed either way) passes
+            // it, and at moments drawn across the run.
+            let ends: Vec<u64> = self
+                .scenario
+                .obligations
+                .iter()
+                .filter_map(|o| match &o.payload {
+                    Payload::AnumatiConsent(c) => c.expires_at,
+                    _ => None,
+                })
+                .map(|end| end.0.saturating_sub(self.scenario.epoch))
+                .collect();
+            let skew = self.scenario.receiver.max_clock_skew_ms;
+            for end in ends {
+                for at in [
+                    end.saturating_sub(skew),
+                    end.saturating_sub(1),
+                    end,
+                    end + skew,
+                ] {
+                    self.push(at, Event::Probe);
+                }
+            }
+            for _ in 0..PROBES {
+                let at = self.rng.random_range(0..self.scenario.end);
+                self.push(at, Event::Probe);
             }
         }
     }
@@ -465,6 +521,68 @@ impl World {
                 self.push(back, Event::PeerReady(target));
             }
             Event::Chatter(target) => self.chatter(target),
+            Event::Probe => self.probe(),
+        }
+    }
+
+    /// Asks each principal's enforcement answer ([`PrincipalState::permits`], what
+    /// `Node::decide` answers) and each agent's view ([`ReceiverState::permits`], what a
+    /// governed tool checks) whether a consent scope may be exercised now, on what is
+    /// durable, and holds the answer against the oracles: no authority past its lease, none
+    /// withheld, none unconfirmed — even when every renewal is lost.
+    fn probe(&mut self) {
+        let mut found = Vec::new();
+        let mut lapsed = 0;
+        // Each agent's view from its applies, replayed once per probe.
+        let mut views: BTreeMap<usize, ReceiverOracle> = BTreeMap::new();
+        for (p, t, scope) in &self.probed {
+            let (p, t) = (*p, *t);
+            let (issuer, target) = (&self.nodes[p].agent, &self.nodes[t].agent);
+            let now = self.time(p);
+            let got = self.cdisks[p]
+                .principal
+                .as_ref()
+                .and_then(|s| s.permits(target, scope, now))
+                .unwrap_or(true);
+            let expected = self.principal_oracles[p]
+                .standing(target, scope)
+                .is_none_or(|s| s.permits(now));
+            if got != expected {
+                found.push(format!(
+                    "{issuer} {} {scope} to {target} at {now}; its decisions {} it",
+                    if got { "permits" } else { "refuses" },
+                    if expected { "permit" } else { "refuse" },
+                ));
+            }
+            let now = self.time(t);
+            let disk = self.rdisk(t);
+            let view = views.entry(t).or_insert_with(|| {
+                let mut view = ReceiverOracle::default();
+                let cfg = &self.scenario.receiver;
+                for o in disk.apply_log.iter().filter_map(|id| self.all.get(id)) {
+                    view.apply(o, cfg.weight_min, cfg.weight_max);
+                }
+                view
+            });
+            let got = disk.state.permits(issuer, scope, now);
+            let expected = view.permits(issuer, scope, now);
+            let ended = view.lapsed(issuer, scope, now);
+            lapsed += u64::from(ended);
+            if got != expected {
+                found.push(format!(
+                    "{target} {} {scope} of {issuer} at {now}; {}",
+                    if got { "exercises" } else { "withholds" },
+                    match (expected, ended) {
+                        (true, _) => "its applies permit it",
+                        (false, true) => "authority used past its lease",
+                        (false, false) => "authority used while its applies withhold it",
+                    }
+                ));
+            }
+        }
+        self.report.lapsed_probes += lapsed;
+        for f in found {
+            self.violation(f);
         }
     }
 
@@ -482,6 +600,7 @@ impl World {
             target: self.nodes[target].agent.clone(),
             status: AckStatus::Applied,
             acked_at: self.time(target),
+            detail: None,
         };
         for p in 0..self.principals {
             self.send(target, p, Message::Ack(Signed::new(target, encode(&ack))));
@@ -648,6 +767,7 @@ impl World {
             target,
             status,
             acked_at: UnixMillis(self.scenario.epoch + self.now),
+            detail: None,
         };
         let at = self.now + 1;
         self.push(
@@ -713,6 +833,9 @@ impl World {
                             continue;
                         };
                         if let Some(bytes) = self.custody_transmit(node, now, &o, attempt) {
+                            if self.scenario.lost.contains(&o.id) {
+                                continue; // Every copy of a lost renewal is lost.
+                            }
                             sends.push((to, Message::Obligation(Signed::new(node, bytes))));
                         }
                     }
@@ -967,6 +1090,7 @@ impl World {
                     target,
                     status: AckStatus::Applied,
                     acked_at: UnixMillis(self.scenario.epoch + self.now),
+                    detail: None,
                 };
                 let forged = Message::Ack(Signed::new(RELAY, encode(&ack)));
                 self.deliver_at(at, t, issuer, &forged);
@@ -1087,7 +1211,7 @@ impl World {
                         Outcome::Declined(_) | Outcome::Escalated(_) => {
                             self.principal_oracles[p].unconfirmed(o)
                         }
-                        Outcome::Applied => {}
+                        Outcome::Applied => self.principal_oracles[p].applied(o),
                     }
                 }
                 self.cdisks[p].pending.remove(&id);
@@ -1171,7 +1295,7 @@ impl World {
                 .issued
                 .values()
                 .filter(|o| o.issuer == me)
-                .filter(|o| oracle::restrictive(o) && !self.accepted.contains(&o.id))
+                .filter(|o| oracle::admissible(o) && !self.accepted.contains(&o.id))
                 .map(|o| o.id)
                 .collect();
             for id in unaccepted {
@@ -1276,7 +1400,7 @@ impl World {
         // distinguishable until deadline + twice the skew).
         let retention = self.scenario.custodian.max_clock_skew_ms * 2;
         for (id, o) in &self.issued.clone() {
-            let admissible = oracle::restrictive(o);
+            let admissible = oracle::admissible(o);
             let p = self.issuer_of(o);
             let terminal = self.cdisks[p].terminal.get(id).cloned();
             if !admissible {

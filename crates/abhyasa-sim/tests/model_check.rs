@@ -6,9 +6,10 @@
 //! Three models. Two with one obligation each: one with a retry budget of one retry (its
 //! escalation is reachable through `retries_exhausted`) and one with a large budget (its
 //! escalation is reachable only through the deadline). The third carries several obligations
-//! at once: two admissible revocations of one governed key (sequences 1 and 2) and a
-//! best-effort grant of the same key (sequence 3), racing. Every model has crashes of both
-//! ends, loss, duplication, reordering and re-subscriptions (`handle_peer_ready`).
+//! at once: a grant of one governed key (sequence 3, under custody: it fails closed) and two
+//! revocations of it (sequences 1 and 2), racing, and a best-effort token issue. Every model
+//! has crashes of both ends, loss, duplication, reordering and re-subscriptions
+//! (`handle_peer_ready`).
 //!
 //! Safety properties hold in every reachable state, among them the paper's bounded retries
 //! (no obligation is transmitted more than `1 + max_retries` times, re-offers included) and
@@ -116,8 +117,8 @@ impl CustodyModel {
         }
     }
 
-    /// Two revocations of scope `cal` (sequences 1, 2; one attempt each) and a best-effort
-    /// grant of it (sequence 3).
+    /// A grant of scope `cal` (sequence 3; under custody, failing closed), two revocations of
+    /// it (sequences 1, 2), one attempt each, and a best-effort token issue.
     fn several() -> Self {
         // A shorter life and no duplication keep three obligations' interleavings within
         // memory; loss, reordering, crashes and a re-subscription remain.
@@ -128,14 +129,27 @@ impl CustodyModel {
             payload: Payload::AnumatiConsent(ConsentPayload {
                 decision: Some(decision),
                 scope: Scope::new("cal").expect("valid"),
+                expires_at: None,
             }),
             ..obligation(id, 0)
         };
         Self {
             obligations: vec![
+                // The grant leaves first: the network holds two messages at once.
+                consent(3, ConsentDecision::Grant, 3),
                 consent(1, ConsentDecision::Revoke, 1),
                 consent(2, ConsentDecision::Revoke, 2),
-                consent(3, ConsentDecision::Grant, 3),
+                // Best effort: a token issued (benign on loss).
+                Obligation {
+                    deadline: UnixMillis(deadline),
+                    payload: Payload::OauthToken(TokenPayload {
+                        action: TokenAction::Issue,
+                        token_id: TokenId::new("t4").expect("valid"),
+                        client_id: ClientId::new("c").expect("valid"),
+                        expires_at: None,
+                    }),
+                    ..obligation(4, 0)
+                },
             ],
             reoffers: 1,
             dups: 0,
@@ -151,12 +165,13 @@ impl CustodyModel {
             .map_or(0, |o| o.max_retries + 1)
     }
 
-    /// AC-1 from the kind table, written out: a consent that is not a grant, a token revoke.
+    /// AC-1 from the kind table, written out: every consent decision (a grant fails closed,
+    /// docs/CUSTODY.md "Grants"), a token revoke, a negative belief update.
     fn admissible(&self, id: ObligationId) -> bool {
         self.obligations.iter().any(|o| {
             o.id == id
                 && match &o.payload {
-                    Payload::AnumatiConsent(p) => p.decision != Some(ConsentDecision::Grant),
+                    Payload::AnumatiConsent(_) => true,
                     Payload::OauthToken(p) => p.action == TokenAction::Revoke,
                     Payload::PhalaBeliefUpdate(p) => p.weight_delta.0 < 0,
                 }
@@ -513,6 +528,30 @@ impl Model for CustodyModel {
                 },
             ),
             Property::always(
+                "a grant opens the scope only once its target confirmed it",
+                |m: &CustodyModel, s: &State| {
+                    // Read from the raw state: open on the principal's side ⇒ some grant of
+                    // that scope to that target ended `applied` on the custodian's disk.
+                    m.obligations.iter().all(|o| {
+                        let Payload::AnumatiConsent(p) = &o.payload else {
+                            return true;
+                        };
+                        let open = s
+                            .cdisk
+                            .principal
+                            .authorization(&o.target, &p.scope)
+                            .is_some_and(|a| !a.withheld);
+                        !open
+                            || m.obligations.iter().any(|g| {
+                                matches!(&g.payload, Payload::AnumatiConsent(q)
+                                    if q.scope == p.scope
+                                        && q.decision == Some(ConsentDecision::Grant))
+                                    && s.cdisk.terminal.get(&g.id) == Some(&Outcome::Applied)
+                            })
+                    })
+                },
+            ),
+            Property::always(
                 "bounded retries: at most 1 + max_retries transmissions",
                 |m: &CustodyModel, s: &State| {
                     s.sent
@@ -568,6 +607,16 @@ impl Model for CustodyModel {
                 m.reoffers == 0
                     || (s.reoffered && s.cdisk.terminal.values().any(|o| *o == Outcome::Applied))
             }),
+            Property::sometimes(
+                "a confirmed grant opens its scope (several obligations)",
+                |m: &CustodyModel, s: &State| {
+                    m.obligations.len() == 1
+                        || s.cdisk
+                            .principal
+                            .authorization(&agent(), &Scope::new("cal").expect("valid"))
+                            .is_some_and(|a| !a.withheld)
+                },
+            ),
             Property::sometimes("applied", |_, s: &State| {
                 s.cdisk.terminal.values().any(|o| *o == Outcome::Applied)
             }),
@@ -677,9 +726,20 @@ fn model_check_deadline() {
 #[test]
 fn model_check_several_obligations_on_one_key() {
     check(
-        "two revocations and a best-effort grant of one scope",
+        "two revocations and a grant of one scope, a best-effort issue",
         CustodyModel::several(),
     );
+}
+
+#[test]
+fn model_check_finds_a_grant_that_opens_before_it_is_confirmed() {
+    let model = CustodyModel {
+        mutation: Some(abhyasa_custody::Mutation::GrantOpensAtIssue),
+        ..CustodyModel::several()
+    };
+    let checker = model.checker().threads(2).spawn_bfs().join();
+    let found = checker.discovery("a grant opens the scope only once its target confirmed it");
+    assert!(found.is_some(), "the mutant's early opening was not found");
 }
 
 #[test]

@@ -369,10 +369,12 @@ impl Store {
             txn.open_table(REVOKED_TOKENS_BY_EXPIRY)?;
             txn.open_table(AUTHORIZATION_BY)?;
             txn.open_table(TOKEN_REVOKED_BY)?;
+            txn.open_table(AUTHORIZATION_UNTIL)?;
             txn.open_table(APPLIED)?;
             txn.open_table(APPLIED_BY_EXPIRY)?;
             txn.open_table(LAST_SEQUENCE)?;
             txn.open_table(RECV_WITHHELD)?;
+            txn.open_table(RECV_LEASES)?;
             txn.open_table(RECV_WEIGHTS)?;
             txn.open_table(RECV_TOKENS)?;
             txn.open_table(RECV_TOKENS_BY_EXPIRY)?;
@@ -523,6 +525,7 @@ impl Store {
         }
         match update {
             PrincipalUpdate::Grant { target, scope, .. }
+            | PrincipalUpdate::AwaitGrant { target, scope, .. }
             | PrincipalUpdate::Safe(SafeAction::WithholdScope { target, scope, .. }) => {
                 if let Some(a) = self.principal.authorization(target, scope) {
                     let key = (target.as_str(), scope.as_str());
@@ -532,6 +535,11 @@ impl Store {
                         txn.open_table(AUTHORIZATION_BY)?
                             .insert(key, by.to_u128())?;
                     }
+                    let mut leases = txn.open_table(AUTHORIZATION_UNTIL)?;
+                    match a.until {
+                        Some(end) => leases.insert(key, end.0)?,
+                        None => leases.remove(key)?,
+                    };
                 }
             }
             PrincipalUpdate::Safe(SafeAction::DownWeight {
@@ -633,13 +641,19 @@ impl Store {
         self.receiver.apply(effect, min, max);
         match effect {
             ReceiverEffect::WithholdScope(issuer, scope)
-            | ReceiverEffect::GrantScope(issuer, scope) => {
+            | ReceiverEffect::GrantScope(issuer, scope, _) => {
+                let key = (issuer.as_str(), scope.as_str());
                 let mut t = txn.open_table(RECV_WITHHELD)?;
                 if self.receiver.is_withheld(issuer, scope) {
-                    t.insert((issuer.as_str(), scope.as_str()), ())?;
+                    t.insert(key, ())?;
                 } else {
-                    t.remove((issuer.as_str(), scope.as_str()))?;
+                    t.remove(key)?;
                 }
+                let mut leases = txn.open_table(RECV_LEASES)?;
+                match self.receiver.lease(issuer, scope) {
+                    Some(end) => leases.insert(key, end.0)?,
+                    None => leases.remove(key)?,
+                };
             }
             ReceiverEffect::AdjustWeight(issuer, key, _) => {
                 let w = self.receiver.weight(issuer, key);
@@ -911,6 +925,7 @@ impl Store {
         let txn = self.db.begin_read()?;
         let mut auths = Vec::new();
         let named = txn.open_table(AUTHORIZATION_BY)?;
+        let leases = txn.open_table(AUTHORIZATION_UNTIL)?;
         for entry in txn.open_table(AUTHORIZATIONS)?.iter()? {
             let (k, v) = entry?;
             let (target, scope) = k.value();
@@ -918,6 +933,12 @@ impl Store {
             let by = named
                 .get((target, scope))?
                 .map(|id| ObligationId::from_u128(id.value()));
+            let until = match withheld {
+                true => None,
+                false => leases
+                    .get((target, scope))?
+                    .map(|end| UnixMillis(end.value())),
+            };
             let t = "principal.authorizations";
             auths.push((
                 (
@@ -928,6 +949,7 @@ impl Store {
                     withheld,
                     sequence,
                     by,
+                    until,
                 },
             ));
         }
@@ -1035,9 +1057,20 @@ impl Store {
                 cached.push((token, at));
             }
         }
-        Ok(ReceiverState::from_parts(
-            withheld, weights, dropped, cached,
-        ))
+        let mut leases = Vec::new();
+        for entry in txn.open_table(RECV_LEASES)?.iter()? {
+            let (k, v) = entry?;
+            let (issuer, scope) = k.value();
+            let t = "receiver.leases";
+            leases.push((
+                (
+                    rows::name(t, issuer, AgentId::new)?,
+                    rows::name(t, scope, Scope::new)?,
+                ),
+                UnixMillis(v.value()),
+            ));
+        }
+        Ok(ReceiverState::from_parts(withheld, weights, dropped, cached).with_leases(leases))
     }
 
     /// Principal-side state as committed.

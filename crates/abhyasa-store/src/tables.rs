@@ -57,6 +57,12 @@ pub(crate) const AUTHORIZATION_BY: TableDefinition<'_, (&str, &str), u128> =
 pub(crate) const TOKEN_REVOKED_BY: TableDefinition<'_, &str, u128> =
     TableDefinition::new("principal.token_revoked_by");
 
+/// The lease of each open grant: (target, scope) → the unix ms at which it ends. A grant
+/// without a row has no lease. (Added after layout 1 was first written: absent reads as
+/// "no leases".)
+pub(crate) const AUTHORIZATION_UNTIL: TableDefinition<'_, (&str, &str), u64> =
+    TableDefinition::new("principal.authorization_until");
+
 // Receiver -------------------------------------------------------------------------------------
 
 /// The applied-id ledger: id → expires (deadline + skew, unix ms).
@@ -70,6 +76,10 @@ pub(crate) const LAST_SEQUENCE: TableDefinition<'_, (u8, &str, &str), u64> =
 /// Scopes the receiver stopped exercising: (issuer, scope) → ().
 pub(crate) const RECV_WITHHELD: TableDefinition<'_, (&str, &str), ()> =
     TableDefinition::new("receiver.withheld");
+/// The lease of each granted scope that lapses: (issuer, scope) → the unix ms at which it
+/// ends. (Added after layout 1 was first written: absent reads as "no leases".)
+pub(crate) const RECV_LEASES: TableDefinition<'_, (&str, &str), u64> =
+    TableDefinition::new("receiver.leases");
 /// Preference weights: (issuer, weight key) → millionths.
 pub(crate) const RECV_WEIGHTS: TableDefinition<'_, (&str, &str), i64> =
     TableDefinition::new("receiver.weights");

@@ -47,6 +47,7 @@ fn revoke_scope(id: u128) -> Obligation {
         Payload::AnumatiConsent(ConsentPayload {
             decision: Some(ConsentDecision::Revoke),
             scope: Scope::new(format!("s{id}")).unwrap(),
+            expires_at: None,
         }),
     )
 }
@@ -269,6 +270,7 @@ fn a_reconciliation_note_is_kept() {
         target: a(),
         status: AckStatus::Applied,
         acked_at: UnixMillis(1_050),
+        detail: None,
     };
     assert_eq!(
         c.handle_ack(UnixMillis(1_100), &a(), ack.clone()),
@@ -483,6 +485,7 @@ fn terminal_outcomes_are_readable() {
         target: a(),
         status: AckStatus::Applied,
         acked_at: UnixMillis(3),
+        detail: None,
     };
     c.handle_ack(UnixMillis(3), &a(), ack);
     persist_custodian(&mut c, &mut store, 3);
@@ -596,6 +599,7 @@ fn the_most_recent_history_is_read_by_time_without_reading_it_all() {
             outcome: Outcome::Escalated(EscalationCause::Deadline),
             attempts: 1,
             at: UnixMillis(at(id)),
+            detail: None,
         };
         // Every third one escalated.
         let escalation = (id % 3 == 0).then(|| Escalation {
@@ -844,6 +848,7 @@ fn a_recovered_receiver_still_tells_other_content_under_a_known_id() {
     other.payload = Payload::AnumatiConsent(ConsentPayload {
         decision: Some(ConsentDecision::Revoke),
         scope: abhyasa_wire::Scope::new("another.scope").unwrap(),
+        expires_at: None,
     });
     assert_eq!(
         r.handle_obligation(UnixMillis(1), &p(), other),
@@ -929,17 +934,89 @@ fn a_scope_decision_keeps_the_obligation_that_carried_it_across_a_restart() {
     let mut store = reopen(&mut backend);
     assert_eq!(by(&store), Some(ObligationId::from_u128(1)));
     assert!(store.principal().is_withheld(&a(), &scope));
-    // A grant with a newer sequence (best effort: ends at once) takes the name.
+    // A grant with a newer sequence and a lease takes the name at once, but opens the scope
+    // only when its target confirms it (fail-closed), until its lease.
     let mut grant = revoke_scope(1);
     grant.id = ObligationId::from_u128(2);
     grant.sequence = Some(2);
     grant.payload = Payload::AnumatiConsent(ConsentPayload {
         decision: Some(ConsentDecision::Grant),
         scope: scope.clone(),
+        expires_at: Some(UnixMillis(90_000)),
     });
     c.issue(UnixMillis(1), grant).unwrap();
     persist_custodian(&mut c, &mut store, 1);
+    let mut store = reopen(&mut backend);
+    assert_eq!(by(&store), Some(ObligationId::from_u128(2)));
+    assert!(store.principal().is_withheld(&a(), &scope));
+    c.handle_ack(
+        UnixMillis(2),
+        &a(),
+        abhyasa_wire::CustodyAck {
+            obligation_id: ObligationId::from_u128(2),
+            target: a(),
+            status: AckStatus::Applied,
+            acked_at: UnixMillis(2),
+            detail: None,
+        },
+    );
+    persist_custodian(&mut c, &mut store, 2);
     let store = reopen(&mut backend);
     assert_eq!(by(&store), Some(ObligationId::from_u128(2)));
-    assert!(!store.principal().is_withheld(&a(), &scope));
+    let held = store.principal().authorization(&a(), &scope).unwrap();
+    assert!(
+        !held.withheld && held.until == Some(UnixMillis(90_000)),
+        "{held:?}"
+    );
+    assert_eq!(
+        store.principal().permits(&a(), &scope, UnixMillis(89_999)),
+        Some(true)
+    );
+    assert_eq!(
+        store.principal().permits(&a(), &scope, UnixMillis(90_000)),
+        Some(false)
+    );
+}
+
+/// A granted scope's lease is the agent's across a restart, and a withhold ends it.
+#[test]
+fn an_agents_lease_survives_a_restart_and_a_withhold_ends_it() {
+    let (mut store, mut backend) = memory_store();
+    let scope = Scope::new("s1").unwrap();
+    let mut r = store
+        .recover_receiver(a(), ReceiverConfig::default())
+        .unwrap();
+    let consent = |n: u128, decision, lease: Option<u64>| {
+        let mut o = revoke_scope(n);
+        o.sequence = Some(n as u64);
+        o.payload = Payload::AnumatiConsent(ConsentPayload {
+            decision: Some(decision),
+            scope: Scope::new("s1").unwrap(),
+            expires_at: lease.map(UnixMillis),
+        });
+        o
+    };
+    r.handle_obligation(
+        UnixMillis(1),
+        &p(),
+        consent(1, ConsentDecision::Grant, Some(50_000)),
+    );
+    persist_receiver(&mut r, &mut store);
+    let mut store = reopen(&mut backend);
+    let state = store.receiver_state();
+    assert_eq!(state.lease(&p(), &scope), Some(UnixMillis(50_000)));
+    assert!(state.permits(&p(), &scope, UnixMillis(49_999)));
+    assert!(!state.permits(&p(), &scope, UnixMillis(50_000)));
+    let mut r = store
+        .recover_receiver(a(), ReceiverConfig::default())
+        .unwrap();
+    r.handle_obligation(
+        UnixMillis(2),
+        &p(),
+        consent(2, ConsentDecision::Revoke, None),
+    );
+    persist_receiver(&mut r, &mut store);
+    let store = reopen(&mut backend);
+    assert_eq!(store.receiver_state().lease(&p(), &scope), None);
+    assert!(!store.receiver_state().permits(&p(), &scope, UnixMillis(3)));
 }

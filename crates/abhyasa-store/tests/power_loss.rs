@@ -69,6 +69,7 @@ fn workload() -> Vec<(u64, Obligation)> {
                 3 => Payload::AnumatiConsent(ConsentPayload {
                     decision: Some(ConsentDecision::Revoke),
                     scope: Scope::new(format!("s{i}")).unwrap(),
+                    expires_at: None,
                 }),
                 4 => Payload::OauthToken(TokenPayload {
                     action: TokenAction::Revoke,

@@ -119,6 +119,9 @@ pub struct TerminalRecord {
     pub attempts: u32,
     /// When.
     pub at: UnixMillis,
+    /// A decline's reason in the agent's own words, as its ack gave it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<crate::Detail>,
 }
 
 /// A late `applied` ack noted against an escalation; the safe action stays.

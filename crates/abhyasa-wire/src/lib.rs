@@ -31,6 +31,7 @@
 //!     payload: Payload::AnumatiConsent(ConsentPayload {
 //!         decision: Some(ConsentDecision::Revoke),
 //!         scope: Scope::new("calendar.read").unwrap(),
+//!         expires_at: None,
 //!     }),
 //! };
 //! let bytes = encode(&o);
@@ -52,7 +53,7 @@ pub mod words;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-pub use ack::{AckStatus, CustodyAck, DeclineReason};
+pub use ack::{AckStatus, CustodyAck, DeclineReason, Detail};
 pub use escalation::{
     Escalation, EscalationCause, LastObserved, Outcome, ReconciliationNote, SafeAction,
     TerminalRecord,

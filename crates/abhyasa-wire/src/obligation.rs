@@ -158,7 +158,15 @@ impl Payload {
                 }
                 Ok(())
             }
-            Payload::AnumatiConsent(_) | Payload::OauthToken(_) => Ok(()),
+            Payload::AnumatiConsent(p) => {
+                if p.expires_at.is_some() && p.decision != Some(ConsentDecision::Grant) {
+                    return Err(WireError::Invalid(
+                        "a lease on a consent that is not a grant",
+                    ));
+                }
+                Ok(())
+            }
+            Payload::OauthToken(_) => Ok(()),
         }
     }
 }
@@ -181,6 +189,10 @@ pub struct ConsentPayload {
     pub decision: Option<ConsentDecision>,
     /// The scope the decision is about.
     pub scope: Scope,
+    /// A grant's lease: the authority it opens lapses at this time unless a later grant
+    /// renews it (custody paper §4.1, bounded autonomy). Only a grant carries one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<UnixMillis>,
 }
 
 /// A consent decision.

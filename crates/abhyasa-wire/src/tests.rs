@@ -18,6 +18,7 @@ fn revoke() -> Obligation {
         payload: Payload::AnumatiConsent(ConsentPayload {
             decision: Some(ConsentDecision::Revoke),
             scope: Scope::new("cal").unwrap(),
+            expires_at: None,
         }),
     }
 }
@@ -108,6 +109,7 @@ fn golden_custody_ack_applied() {
         target: agent("a"),
         status: AckStatus::Applied,
         acked_at: UnixMillis(10),
+        detail: None,
     };
     golden(
         &ack,
@@ -125,6 +127,7 @@ fn golden_custody_ack_declined_and_deferred() {
         target: agent("a"),
         status: AckStatus::Declined(DeclineReason::Superseded),
         acked_at: UnixMillis(10),
+        detail: None,
     };
     golden(
         &declined,
@@ -221,6 +224,7 @@ fn golden_escalation_terminal_and_note() {
         outcome: Outcome::BestEffort,
         attempts: 0,
         at: UnixMillis(5),
+        detail: None,
     };
     golden(&terminal, GOLDEN_TERMINAL_BEST_EFFORT);
     let declined = TerminalRecord {
@@ -301,16 +305,45 @@ fn deadline_before_creation_is_refused() {
 }
 
 #[test]
+fn a_lease_rides_a_grant_and_nothing_else() {
+    let mut o = revoke();
+    let lease = |decision| {
+        Payload::AnumatiConsent(ConsentPayload {
+            decision,
+            scope: Scope::new("cal").unwrap(),
+            expires_at: Some(UnixMillis(1_700_000_060_000)),
+        })
+    };
+    o.payload = lease(Some(ConsentDecision::Grant));
+    assert_eq!(decode_obligation(&encode(&o)).unwrap(), o);
+    for decision in [
+        Some(ConsentDecision::Revoke),
+        None,
+        Some(ConsentDecision::Unrecognized("pause".into())),
+    ] {
+        o.payload = lease(decision);
+        let err = decode_obligation(&encode(&o)).unwrap_err();
+        assert_eq!(
+            err.decline_reason(),
+            Some(DeclineReason::Malformed),
+            "{err}"
+        );
+    }
+}
+
+#[test]
 fn unrecognized_consent_decision_is_kept() {
     let mut o = revoke();
     o.payload = Payload::AnumatiConsent(ConsentPayload {
         decision: Some(ConsentDecision::Unrecognized("pause".into())),
         scope: Scope::new("cal").unwrap(),
+        expires_at: None,
     });
     assert_eq!(decode_obligation(&encode(&o)).unwrap(), o);
     o.payload = Payload::AnumatiConsent(ConsentPayload {
         decision: None,
         scope: Scope::new("cal").unwrap(),
+        expires_at: None,
     });
     assert_eq!(decode_obligation(&encode(&o)).unwrap(), o);
 }
@@ -344,6 +377,7 @@ fn unknown_fields_are_refused() {
         target: agent("a"),
         status: AckStatus::Applied,
         acked_at: UnixMillis(10),
+        detail: None,
     };
     let mut value = ciborium::Value::serialized(&ack).unwrap();
     if let ciborium::Value::Map(entries) = &mut value {
@@ -375,12 +409,20 @@ fn arb_payload() -> impl Strategy<Value = Payload> {
                     ConsentDecision::Unrecognized(w)
                 })),
             ],
-            "\\PC{1,40}"
+            "\\PC{1,40}",
+            any::<Option<u64>>(),
         )
-            .prop_map(|(decision, scope)| Payload::AnumatiConsent(ConsentPayload {
-                decision,
-                scope: Scope::new(scope).unwrap(),
-            })),
+            .prop_map(|(decision, scope, lease)| {
+                // Only a grant carries a lease.
+                let expires_at = lease
+                    .filter(|_| decision == Some(ConsentDecision::Grant))
+                    .map(UnixMillis);
+                Payload::AnumatiConsent(ConsentPayload {
+                    decision,
+                    scope: Scope::new(scope).unwrap(),
+                    expires_at,
+                })
+            }),
         ("\\PC{1,40}", -1_000_000i32..=1_000_000, any::<u64>()).prop_map(|(k, d, ttl)| {
             Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
                 weight_key: WeightKey::new(k).unwrap(),
@@ -453,7 +495,8 @@ proptest! {
                        s in prop_oneof![Just(AckStatus::Applied), Just(AckStatus::Deferred),
                                         arb_reason().prop_map(AckStatus::Declined)]) {
         let ack = CustodyAck { obligation_id: ObligationId::from_u128(id),
-            target: AgentId::new(t).unwrap(), status: s, acked_at: UnixMillis(at) };
+            target: AgentId::new(t).unwrap(), status: s, acked_at: UnixMillis(at),
+            detail: None, };
         prop_assert_eq!(decode::<CustodyAck>(&encode(&ack)).unwrap(), ack);
     }
 

@@ -111,6 +111,7 @@ mod tests {
         let c = o(Payload::AnumatiConsent(ConsentPayload {
             decision: Some(ConsentDecision::Revoke),
             scope: Scope::new("calendar.read").unwrap(),
+            expires_at: None,
         }));
         assert_eq!(
             obligation(&c),

@@ -71,6 +71,7 @@ pub fn consent(n: u128, decision: ConsentDecision, scope: &str, deadline_ms: u64
         Payload::AnumatiConsent(ConsentPayload {
             decision: Some(decision),
             scope: Scope::new(scope).unwrap(),
+            expires_at: None,
         }),
     )
 }
