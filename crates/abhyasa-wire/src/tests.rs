@@ -600,3 +600,38 @@ fn names_at_their_length_limit_are_taken_and_one_past_is_refused_naming_it() {
     at.extend_from_slice(&bytes[pos + name.len()..]);
     assert!(decode_obligation(&at).is_ok());
 }
+
+#[test]
+fn a_detail_at_its_limit_is_read_and_past_it_is_refused() {
+    let ack = |detail: &str| {
+        // Built through the encoder's own path: a detail is only ever made by `Detail`, so
+        // the over-long one is written as a CBOR map by hand.
+        let mut m = std::collections::BTreeMap::new();
+        m.insert("obligation_id", ciborium::Value::Bytes(vec![0; 16]));
+        m.insert("target", ciborium::Value::Text("agent-1".into()));
+        m.insert(
+            "status",
+            ciborium::Value::Map(vec![(
+                ciborium::Value::Text("declined".into()),
+                ciborium::Value::Text("policy".into()),
+            )]),
+        );
+        m.insert("acked_at", ciborium::Value::Integer(5.into()));
+        m.insert("detail", ciborium::Value::Text(detail.into()));
+        let mut out = Vec::new();
+        ciborium::into_writer(&m, &mut out).unwrap();
+        out
+    };
+    let at = "d".repeat(Detail::MAX_LEN);
+    let read = decode::<CustodyAck>(&ack(&at)).unwrap();
+    assert_eq!(read.status, AckStatus::Declined(DeclineReason::Policy));
+    assert_eq!(read.detail.as_ref().map(Detail::as_str), Some(at.as_str()));
+    assert_eq!(decode::<CustodyAck>(&encode(&read)).unwrap(), read);
+    let past = "d".repeat(Detail::MAX_LEN + 1);
+    let err = decode::<CustodyAck>(&ack(&past)).unwrap_err();
+    assert!(err.to_string().contains("over 256 bytes"), "{err}");
+    assert!(decode::<CustodyAck>(&ack("two\nlines")).is_err());
+    assert!(Detail::new(past.clone()).is_err());
+    assert_eq!(Detail::lossy(&past).as_str().len(), Detail::MAX_LEN);
+    assert_eq!(Detail::lossy("a\u{7}b").as_str(), "a b");
+}
