@@ -63,6 +63,12 @@ pub struct IssueSpec {
     #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_ms: Option<u64>,
+    /// Belief update: how long the weight change holds, ms from now (at least 1). It lapses
+    /// then on the agent's side, and so does the principal's down-weight if custody of a
+    /// correction ends without `applied`.
+    #[arg(long, default_value_t = 3_600_000)]
+    #[serde(default = "default_ttl_ms")]
+    pub ttl_ms: u64,
     /// Deadline, ms from now.
     #[arg(long, default_value_t = 30_000)]
     #[serde(default = "default_deadline_ms")]
@@ -78,6 +84,10 @@ pub struct IssueSpec {
 
 fn default_client() -> String {
     "client".into()
+}
+
+fn default_ttl_ms() -> u64 {
+    3_600_000
 }
 
 fn default_deadline_ms() -> u64 {
@@ -125,7 +135,10 @@ impl IssueSpec {
                     weight_key: WeightKey::new(need(&self.weight_key, "weight-key")?)
                         .map_err(|e| e.to_string())?,
                     weight_delta: WeightDelta((delta * f64::from(WeightDelta::ONE)).round() as i32),
-                    ttl_ms: 3_600_000,
+                    ttl_ms: match self.ttl_ms {
+                        0 => return Err("--ttl-ms must be at least 1".into()),
+                        ms => ms,
+                    },
                 })
             }
             "oauth.token" => Payload::OauthToken(TokenPayload {
@@ -227,6 +240,9 @@ pub struct ReceiverHeldJson {
     pub token_records: usize,
     /// Last sequences, one per governed key.
     pub sequences: usize,
+    /// Belief updates' weight changes, kept until maintenance after they lapse.
+    #[serde(default)]
+    pub weight_changes: usize,
 }
 
 /// An obligation this node applied, as JSON.
@@ -370,7 +386,7 @@ impl From<Status> for StatusJson {
                 .collect(),
             routes: s
                 .principal
-                .routes()
+                .routes(s.at)
                 .map(|((t, k), w)| (t.to_string(), k.to_string(), w))
                 .collect(),
             applied: s
@@ -392,7 +408,7 @@ impl From<Status> for StatusJson {
                     .collect(),
                 weights: s
                     .honours
-                    .weights()
+                    .weights(s.at)
                     .map(|((p, k), w)| (p.to_string(), k.to_string(), w))
                     .collect(),
                 dropped_tokens: s
@@ -405,6 +421,7 @@ impl From<Status> for StatusJson {
                 applied: s.receiver_held.applied,
                 token_records: s.receiver_held.token_records,
                 sequences: s.receiver_held.sequences,
+                weight_changes: s.receiver_held.weight_changes,
             },
         }
     }

@@ -287,6 +287,7 @@ async fn crowd(state: PathBuf, agent: AgentId, stats: Arc<AdversaryStats>) {
             max_retries: None,
             sequence: None,
             lease_ms: None,
+            ttl_ms: 3_600_000,
         };
         // The error is not `Send`: only what it means is kept past the await.
         let answer = admin::request(&target, Request::Issue(Box::new(spec)))

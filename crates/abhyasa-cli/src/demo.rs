@@ -469,7 +469,10 @@ fn summarize(
         }
         // A belief update's weight on its own key is its delta once, or nothing.
         if let Payload::PhalaBeliefUpdate(p) = &o.payload {
-            let w = astore.receiver_state().weight(&o.issuer, &p.weight_key);
+            // Read at its creation: a change that has lapsed since still shows there.
+            let w = astore
+                .receiver_state()
+                .weight(&o.issuer, &p.weight_key, o.created_at);
             let once = i64::from(p.weight_delta.0);
             if w != 0 && w != once {
                 s.double_applied += 1;

@@ -361,6 +361,7 @@ fn spec(
         max_retries: None,
         sequence: None,
         lease_ms: None,
+        ttl_ms: 3_600_000,
     };
     let all = [SoakKind::Consent, SoakKind::Belief, SoakKind::Token];
     let kinds = if kinds.is_empty() { &all[..] } else { kinds };

@@ -124,7 +124,7 @@ pub fn workload(epoch: u64, count: u32) -> Vec<Obligation> {
                 Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
                     weight_key: WeightKey::new(format!("k{i}")).expect("valid"),
                     weight_delta: WeightDelta(delta(i) as i32),
-                    ttl_ms: 60_000,
+                    ttl_ms: 24 * 3_600_000,
                 })
             };
             let at = epoch + 100 * u64::from(i);

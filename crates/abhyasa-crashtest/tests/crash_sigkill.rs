@@ -191,7 +191,9 @@ fn check(cdb: &Path, rdb: &Path, epoch: u64) {
             violations.push(format!("{id} applied by an agent that never ran"));
         }
         if let Payload::PhalaBeliefUpdate(p) = &o.payload {
-            let w = rstore.receiver_state().weight(&principal(), &p.weight_key);
+            let w = rstore
+                .receiver_state()
+                .weight(&principal(), &p.weight_key, o.created_at);
             if w != 0 && w != delta(i as u32) {
                 violations.push(format!("{id} applied more than once (weight {w})"));
             }

@@ -17,8 +17,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use abhyasa_wire::{
     AckStatus, AgentId, CustodyAck, DeclineReason, Detail, Escalation, EscalationCause, Kind,
-    LastObserved, Obligation, ObligationId, Outcome, ReconciliationNote, TerminalRecord,
-    UnixMillis, WireError, MAX_OBJECT_SIZE, MAX_RETRIES_LIMIT,
+    LastObserved, Obligation, ObligationId, Outcome, ReconciliationNote, SafeAction,
+    TerminalRecord, UnixMillis, WireError, MAX_OBJECT_SIZE, MAX_RETRIES_LIMIT,
 };
 use rand::Rng;
 
@@ -387,7 +387,7 @@ impl Pending {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum Gate {
     Send { id: ObligationId, attempt: u32 },
-    Event(CustodianEvent),
+    Event(Box<CustodianEvent>),
 }
 
 /// The custodian state machine. See the module docs for the poll order.
@@ -620,7 +620,10 @@ impl Custodian {
         } else {
             self.gate(token, Gate::Send { id, attempt: 1 });
         }
-        self.gate(token, Gate::Event(CustodianEvent::Accepted { id }));
+        self.gate(
+            token,
+            Gate::Event(Box::new(CustodianEvent::Accepted { id })),
+        );
         Ok(Admission::Custody)
     }
 
@@ -689,7 +692,7 @@ impl Custodian {
             }
             AckStatus::Declined(reason) => {
                 // A delivered outcome; the principal side still takes the conservative action.
-                let safe = kinds::safe(&pending.obligation, retention);
+                let safe = safe_action(self.config.mutation, &pending.obligation, retention);
                 // The agent's own words are kept only with a decline of its own judgement.
                 let detail = ack.detail.filter(|_| reason == DeclineReason::Policy);
                 self.terminate_with(
@@ -735,7 +738,10 @@ impl Custodian {
             noted_at: now,
         };
         let token = self.persist(CustodianRecord::Reconciliation(note.clone()));
-        self.gate(token, Gate::Event(CustodianEvent::Reconciled(note)));
+        self.gate(
+            token,
+            Gate::Event(Box::new(CustodianEvent::Reconciled(note))),
+        );
         AckDisposition::Reconciled
     }
 
@@ -744,7 +750,7 @@ impl Custodian {
         for gate in self.gated.remove(&token).unwrap_or_default() {
             match gate {
                 Gate::Send { id, attempt } => self.send(now, id, attempt),
-                Gate::Event(event) => self.events.push_back(event),
+                Gate::Event(event) => self.events.push_back(*event),
             }
         }
     }
@@ -931,7 +937,8 @@ impl Custodian {
 
     fn escalate(&mut self, now: UnixMillis, id: ObligationId, cause: EscalationCause) {
         let p = &self.pending[&id];
-        let Some(safe_action) = kinds::safe(&p.obligation, self.retention()) else {
+        let Some(safe_action) = safe_action(self.config.mutation, &p.obligation, self.retention())
+        else {
             // Only admissible obligations are ever pending (issue and recover check), and
             // every admissible obligation has `safe(O)`.
             debug_assert!(false, "pending obligation {id} without a safe action");
@@ -1018,7 +1025,7 @@ impl Custodian {
         });
         self.gate(
             token,
-            Gate::Event(CustodianEvent::Terminal { record, escalation }),
+            Gate::Event(Box::new(CustodianEvent::Terminal { record, escalation })),
         );
     }
 
@@ -1196,4 +1203,20 @@ impl Custodian {
     pub fn stats(&self) -> CustodianStats {
         self.stats
     }
+}
+
+/// `safe(O)` as this custodian takes it ([`kinds::safe`], unless a mutant breaks it).
+fn safe_action(
+    mutation: Option<Mutation>,
+    o: &abhyasa_wire::Obligation,
+    retention: u64,
+) -> Option<SafeAction> {
+    let mut safe = kinds::safe(o, retention);
+    if mutation == Some(Mutation::DownWeightNeverLapses) {
+        // The bug this mutant restores: a fail-safe down-weight with no end.
+        if let Some(SafeAction::DownWeight { lapses_at, .. }) = &mut safe {
+            *lapses_at = None;
+        }
+    }
+    safe
 }

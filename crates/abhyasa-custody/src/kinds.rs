@@ -6,8 +6,8 @@
 //! field is kind-specific.
 
 use abhyasa_wire::{
-    AgentId, BeliefUpdatePayload, ConsentDecision, ConsentPayload, Obligation, Payload, SafeAction,
-    Scope, TokenAction, TokenId, TokenPayload, UnixMillis, WeightKey,
+    AgentId, BeliefUpdatePayload, ConsentDecision, ConsentPayload, Obligation, ObligationId,
+    Payload, SafeAction, Scope, TokenAction, TokenId, TokenPayload, UnixMillis, WeightKey,
 };
 
 /// What a kind declares, over its own typed payload. `O` is the whole obligation (issuer,
@@ -144,8 +144,9 @@ pub enum ReceiverEffect {
     WithholdScope(AgentId, Scope),
     /// Resume exercising a scope granted by `issuer`, until its lease, if it has one.
     GrantScope(AgentId, Scope, Option<UnixMillis>),
-    /// Add `delta` millionths to the preference weight, clipped to bounds.
-    AdjustWeight(AgentId, WeightKey, i32),
+    /// Move the preference weight by a change keyed by its obligation, until the change
+    /// lapses; the weight is the sum of the changes in force, clipped to bounds.
+    AdjustWeight(AgentId, WeightKey, WeightChange),
     /// Drop the cached token; the record is kept until the token's own expiry, if given.
     DropToken(TokenId, Option<UnixMillis>),
     /// Cache a newly issued token, until its own expiry, if given.
@@ -165,6 +166,24 @@ impl ReceiverEffect {
                 GovernedKey::Token(issuer.clone(), t.clone())
             }
         }
+    }
+}
+
+/// One belief update's change to a preference weight, as the agent holds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WeightChange {
+    /// The obligation that carried it: the change's key, so it lands once.
+    pub by: ObligationId,
+    /// The change, in millionths.
+    pub delta: i32,
+    /// When it lapses (`created_at + ttl_ms`).
+    pub lapses_at: UnixMillis,
+}
+
+impl WeightChange {
+    /// Whether the change still applies at `now`.
+    pub fn applies(&self, now: UnixMillis) -> bool {
+        now < self.lapses_at
     }
 }
 
@@ -251,6 +270,7 @@ impl KindRules for PhalaBeliefUpdate {
             weight_key: p.weight_key.clone(),
             amount: p.weight_delta.0.unsigned_abs(),
             fold_after: o.deadline.saturating_add(retention),
+            lapses_at: Some(p.lapses_at(o.created_at)),
         })
     }
 
@@ -263,7 +283,15 @@ impl KindRules for PhalaBeliefUpdate {
     }
 
     fn effect(o: &Obligation, p: &BeliefUpdatePayload) -> ReceiverEffect {
-        ReceiverEffect::AdjustWeight(o.issuer.clone(), p.weight_key.clone(), p.weight_delta.0)
+        ReceiverEffect::AdjustWeight(
+            o.issuer.clone(),
+            p.weight_key.clone(),
+            WeightChange {
+                by: o.id,
+                delta: p.weight_delta.0,
+                lapses_at: p.lapses_at(o.created_at),
+            },
+        )
     }
 }
 

@@ -71,7 +71,7 @@ pub use custodian::{
     CustodianEvent, CustodianRecord, CustodianStats, EscalatedRecord, IssueError, PendingRecord,
     Transmit,
 };
-pub use kinds::{GovernedKey, PrincipalUpdate, ReceiverEffect};
+pub use kinds::{GovernedKey, PrincipalUpdate, ReceiverEffect, WeightChange};
 pub use principal::{later_expiry, Adjustment, Authorization, PrincipalState, WeightBounds};
 pub use receiver::{
     AckTransmit, AppliedRecord, Disposition, PolicyDecision, Receiver, ReceiverConfig,
@@ -137,6 +137,12 @@ pub enum Mutation {
     /// Custodian: a grant opens the scope on the principal's side at issue, before the agent
     /// confirmed it (fail-open).
     GrantOpensAtIssue,
+    /// Receiver: a belief update's weight change is applied as if it never lapsed, so a
+    /// correction outlives its `ttl_ms`.
+    WeightLapseIgnored,
+    /// Custodian: the principal's fail-safe down-weight is recorded without its lapse, so
+    /// routing stays down after the update's `ttl_ms`.
+    DownWeightNeverLapses,
 }
 
 /// The custodian's seeded RNG. Comparable and hashable by its exact stream position, so a

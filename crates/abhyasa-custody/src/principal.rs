@@ -63,14 +63,26 @@ pub struct Adjustment {
     pub weight_key: WeightKey,
     /// By how much, in millionths.
     pub amount: u32,
-    /// When it may fold into the base.
+    /// When it may fold into the base, if it never lapses.
     pub fold_after: UnixMillis,
+    /// When it lapses (`None`: a record from before updates lapsed; it folds instead).
+    pub lapses_at: Option<UnixMillis>,
 }
+
+impl Adjustment {
+    /// Whether the adjustment still applies at `now`.
+    pub fn applies(&self, now: UnixMillis) -> bool {
+        self.lapses_at.is_none_or(|end| now < end)
+    }
+}
+
+/// A keyed down-weight as a route holds it: (amount, fold_after, lapses_at).
+type Keyed = (u32, UnixMillis, Option<UnixMillis>);
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
 struct Routing {
     base: i64,
-    adjustments: BTreeMap<ObligationId, (u32, UnixMillis)>,
+    adjustments: BTreeMap<ObligationId, Keyed>,
 }
 
 /// The principal's authorizations, routing weights and revoked tokens.
@@ -177,6 +189,7 @@ impl PrincipalState {
                 weight_key,
                 amount,
                 fold_after,
+                lapses_at,
             } => {
                 let initial = self.bounds.initial;
                 let routing = self
@@ -188,7 +201,7 @@ impl PrincipalState {
                     });
                 let fresh = routing
                     .adjustments
-                    .insert(*obligation_id, (*amount, *fold_after))
+                    .insert(*obligation_id, (*amount, *fold_after, *lapses_at))
                     .is_none();
                 self.adjustments += usize::from(fresh);
                 fresh
@@ -260,21 +273,27 @@ impl PrincipalState {
         current != Some(next)
     }
 
-    /// Folds keyed adjustments whose `fold_after` has passed into the base weight, bounding
-    /// memory. Folding never changes an effective weight. Returns the folded obligation ids
-    /// with their routes, so a store can rewrite exactly those rows.
+    /// Bounds memory: drops keyed adjustments that lapsed at or before `now` (they no longer
+    /// apply), and folds those that never lapse (records from before updates lapsed) into the
+    /// base weight once their `fold_after` has passed. Neither changes an effective weight at
+    /// `now`. Returns the obligation ids gone with their routes, so a store can rewrite
+    /// exactly those rows.
     pub fn fold(&mut self, now: UnixMillis) -> Vec<(ObligationId, AgentId, WeightKey)> {
         let min = self.bounds.min;
         let mut folded = Vec::new();
         for ((target, key), routing) in self.routing.iter_mut() {
-            routing.adjustments.retain(|id, (amount, fold_after)| {
-                if *fold_after > now {
-                    return true;
-                }
-                routing.base = (routing.base - i64::from(*amount)).max(min);
-                folded.push((*id, target.clone(), key.clone()));
-                false
-            });
+            routing
+                .adjustments
+                .retain(|id, (amount, fold_after, lapses_at)| {
+                    match lapses_at {
+                        Some(end) if *end <= now => {}
+                        Some(_) => return true,
+                        None if *fold_after > now => return true,
+                        None => routing.base = (routing.base - i64::from(*amount)).max(min),
+                    }
+                    folded.push((*id, target.clone(), key.clone()));
+                    false
+                });
         }
         self.adjustments -= folded.len();
         folded
@@ -303,7 +322,7 @@ impl PrincipalState {
                 });
             if routing
                 .adjustments
-                .insert(id, (adj.amount, adj.fold_after))
+                .insert(id, (adj.amount, adj.fold_after, adj.lapses_at))
                 .is_none()
             {
                 this.adjustments += 1;
@@ -357,17 +376,20 @@ impl PrincipalState {
     /// Every unfolded keyed adjustment.
     pub fn adjustments(&self) -> impl Iterator<Item = (ObligationId, Adjustment)> + '_ {
         self.routing.iter().flat_map(|((target, key), r)| {
-            r.adjustments.iter().map(|(id, (amount, fold_after))| {
-                (
-                    *id,
-                    Adjustment {
-                        target: target.clone(),
-                        weight_key: key.clone(),
-                        amount: *amount,
-                        fold_after: *fold_after,
-                    },
-                )
-            })
+            r.adjustments
+                .iter()
+                .map(|(id, (amount, fold_after, lapses_at))| {
+                    (
+                        *id,
+                        Adjustment {
+                            target: target.clone(),
+                            weight_key: key.clone(),
+                            amount: *amount,
+                            fold_after: *fold_after,
+                            lapses_at: *lapses_at,
+                        },
+                    )
+                })
         })
     }
 
@@ -390,15 +412,18 @@ impl PrincipalState {
             .copied()
     }
 
-    /// The effective routing weight to `target` on `key`, clipped to the bounds.
-    pub fn routing_weight(&self, target: &AgentId, key: &WeightKey) -> i64 {
+    /// The effective routing weight to `target` on `key` at `now`, clipped to the bounds:
+    /// the base less every keyed down-weight that has not lapsed by `now` (whether or not
+    /// upkeep has dropped the lapsed ones yet).
+    pub fn routing_weight(&self, target: &AgentId, key: &WeightKey, now: UnixMillis) -> i64 {
         let Some(routing) = self.routing.get(&(target.clone(), key.clone())) else {
             return self.bounds.initial;
         };
         let down: i64 = routing
             .adjustments
             .values()
-            .map(|(a, _)| i64::from(*a))
+            .filter(|(_, _, lapses)| lapses.is_none_or(|end| now < end))
+            .map(|(a, _, _)| i64::from(*a))
             .sum();
         (routing.base - down).clamp(self.bounds.min, self.bounds.max)
     }
@@ -427,7 +452,8 @@ impl PrincipalState {
         self.revoked_tokens.get(token).copied()
     }
 
-    /// Whether `action` is in force: the check an auditor makes after an escalation.
+    /// Whether `action` is recorded in force: the check an auditor makes after an escalation
+    /// (a down-weight that lapsed is no longer held: its auditor allows for the lapse).
     pub fn holds(&self, action: &SafeAction) -> bool {
         match action {
             SafeAction::WithholdScope {
@@ -467,11 +493,14 @@ impl PrincipalState {
         self.revoked_tokens.iter().map(|(t, e)| (t, *e))
     }
 
-    /// All routes with an adjustment, with their effective weights.
-    pub fn routes(&self) -> impl Iterator<Item = (&(AgentId, WeightKey), i64)> + '_ {
+    /// All routes with an adjustment, with their effective weights at `now`.
+    pub fn routes(
+        &self,
+        now: UnixMillis,
+    ) -> impl Iterator<Item = (&(AgentId, WeightKey), i64)> + '_ {
         self.routing
             .keys()
-            .map(|k| (k, self.routing_weight(&k.0, &k.1)))
+            .map(move |k| (k, self.routing_weight(&k.0, &k.1, now)))
     }
 }
 
@@ -491,6 +520,7 @@ mod tests {
         }
     }
 
+    /// A down-weight that never lapses (a record from before updates lapsed).
     fn down(id: u128, amount: u32, fold_after: u64) -> SafeAction {
         SafeAction::DownWeight {
             obligation_id: ObligationId::from_u128(id),
@@ -498,7 +528,45 @@ mod tests {
             weight_key: WeightKey::new("k").unwrap(),
             amount,
             fold_after: UnixMillis(fold_after),
+            lapses_at: None,
         }
+    }
+
+    /// A down-weight that lapses at `lapses_at`.
+    fn lapsing(id: u128, amount: u32, lapses_at: u64) -> SafeAction {
+        let mut action = down(id, amount, 5);
+        if let SafeAction::DownWeight { lapses_at: l, .. } = &mut action {
+            *l = Some(UnixMillis(lapses_at));
+        }
+        action
+    }
+
+    #[test]
+    fn a_down_weight_lapses_at_its_ttl_and_only_then() {
+        let mut s = PrincipalState::new(WeightBounds::default());
+        let k = WeightKey::new("k").unwrap();
+        let w = |s: &PrincipalState, t| s.routing_weight(&a(), &k, UnixMillis(t));
+        s.apply_safe(&lapsing(1, 300_000, 100));
+        s.apply_safe(&lapsing(2, 900_000, 200));
+        // Together they clip at the floor; each lapses at its own end, folded or not.
+        assert_eq!(w(&s, 99), 0);
+        assert_eq!(w(&s, 100), 100_000);
+        assert_eq!(w(&s, 199), 100_000);
+        assert_eq!(w(&s, 200), 1_000_000);
+        // Upkeep past `fold_after` (5) but before a lapse keeps both records; at a lapse the
+        // record goes and nothing folds into the base.
+        assert_eq!(s.fold(UnixMillis(99)), vec![]);
+        assert_eq!(s.entries(), 2);
+        assert_eq!(
+            s.fold(UnixMillis(150)),
+            vec![(ObligationId::from_u128(1), a(), k.clone())]
+        );
+        assert!(!s.holds(&lapsing(1, 300_000, 100)));
+        assert!(s.holds(&lapsing(2, 900_000, 200)));
+        assert_eq!(s.routing_base(&a(), &k), Some(1_000_000));
+        assert_eq!(w(&s, 150), 100_000);
+        assert_eq!(s.fold(UnixMillis(200)).len(), 1);
+        assert_eq!((s.entries(), w(&s, 200)), (0, 1_000_000));
     }
 
     #[test]
@@ -523,7 +591,7 @@ mod tests {
             assert!(s.holds(&action));
         }
         let k = WeightKey::new("k").unwrap();
-        assert_eq!(s.routing_weight(&a(), &k), 700_000);
+        assert_eq!(s.routing_weight(&a(), &k, UnixMillis(0)), 700_000);
     }
 
     #[test]
@@ -533,17 +601,17 @@ mod tests {
         s.apply_safe(&down(1, 600_000, 10));
         s.apply_safe(&down(2, 600_000, 20));
         s.apply_safe(&down(2, 600_000, 20));
-        assert_eq!(s.routing_weight(&a(), &k), 0);
+        assert_eq!(s.routing_weight(&a(), &k, UnixMillis(0)), 0);
         assert_eq!(s.entries(), 2);
         // Folding keeps the effective weight and frees the keyed entries.
         assert_eq!(
             s.fold(UnixMillis(15)),
             vec![(ObligationId::from_u128(1), a(), k.clone())]
         );
-        assert_eq!(s.routing_weight(&a(), &k), 0);
+        assert_eq!(s.routing_weight(&a(), &k, UnixMillis(0)), 0);
         assert_eq!(s.fold(UnixMillis(25)).len(), 1);
         assert_eq!(s.entries(), 0);
-        assert_eq!(s.routing_weight(&a(), &k), 0);
+        assert_eq!(s.routing_weight(&a(), &k, UnixMillis(0)), 0);
     }
 
     #[test]

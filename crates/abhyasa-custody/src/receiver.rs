@@ -16,7 +16,7 @@ use abhyasa_wire::{
     ObligationId, Payload, Scope, TokenId, UnixMillis, WeightKey,
 };
 
-use crate::kinds::{self, GovernedKey, ReceiverEffect};
+use crate::kinds::{self, GovernedKey, ReceiverEffect, WeightChange};
 use crate::{Mutation, Persist, PersistToken};
 
 /// Receiver settings.
@@ -176,12 +176,16 @@ pub struct ReceiverStats {
 }
 
 /// The receiver's effect state: what it stopped exercising, its preferences, its tokens.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ReceiverState {
+    /// Bounds of preference weights, in millionths.
+    bounds: (i64, i64),
     withheld: BTreeSet<(AgentId, Scope)>,
     /// Granted scopes that lapse: (issuer, scope) → the end of the grant's lease.
     leases: BTreeMap<(AgentId, Scope), UnixMillis>,
-    weights: BTreeMap<(AgentId, WeightKey), i64>,
+    weights: BTreeMap<(AgentId, WeightKey), Route>,
+    /// Every weight change held, by when it lapses.
+    weight_lapses: BTreeSet<(UnixMillis, ObligationId, AgentId, WeightKey)>,
     /// Dropped tokens → their own expiry (`None`: kept for good).
     dropped_tokens: BTreeMap<TokenId, Option<UnixMillis>>,
     /// Cached tokens → their own expiry. A token is dropped or cached, never both.
@@ -190,26 +194,76 @@ pub struct ReceiverState {
     token_expiry: BTreeSet<(UnixMillis, TokenId)>,
 }
 
+/// One preference weight: a base (a weight kept by a store written before changes lapsed;
+/// 0 otherwise) and the changes in force, keyed by their obligations.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+struct Route {
+    base: i64,
+    changes: BTreeMap<ObligationId, (i32, UnixMillis)>,
+}
+
+impl Default for ReceiverState {
+    /// Empty, with the default weight bounds (`[-1, 1]`).
+    fn default() -> Self {
+        let config = ReceiverConfig::default();
+        Self::new(config.weight_min, config.weight_max)
+    }
+}
+
 impl ReceiverState {
-    /// Rebuilds state from its rows (as a store keeps them).
+    /// Empty state whose preference weights are clipped to `[min, max]` millionths.
+    pub fn new(min: i64, max: i64) -> Self {
+        Self {
+            bounds: (min, max),
+            withheld: BTreeSet::new(),
+            leases: BTreeMap::new(),
+            weights: BTreeMap::new(),
+            weight_lapses: BTreeSet::new(),
+            dropped_tokens: BTreeMap::new(),
+            cached_tokens: BTreeMap::new(),
+            token_expiry: BTreeSet::new(),
+        }
+    }
+
+    /// The same state with its preference weights clipped to `[min, max]` millionths.
+    pub fn with_bounds(mut self, min: i64, max: i64) -> Self {
+        self.bounds = (min, max);
+        self
+    }
+
+    /// Rebuilds state from its rows (as a store keeps them); `bases` are weights a store
+    /// written before changes lapsed kept as one number each.
     pub fn from_parts(
         withheld: impl IntoIterator<Item = (AgentId, Scope)>,
-        weights: impl IntoIterator<Item = ((AgentId, WeightKey), i64)>,
+        bases: impl IntoIterator<Item = ((AgentId, WeightKey), i64)>,
         dropped_tokens: impl IntoIterator<Item = (TokenId, Option<UnixMillis>)>,
         cached_tokens: impl IntoIterator<Item = (TokenId, Option<UnixMillis>)>,
     ) -> Self {
         let mut this = Self {
             withheld: withheld.into_iter().collect(),
-            weights: weights.into_iter().collect(),
             ..Self::default()
         };
+        for (key, base) in bases {
+            this.weights.entry(key).or_default().base = base;
+        }
         for (token, at) in cached_tokens {
-            this.apply(&ReceiverEffect::CacheToken(token, at), 0, 0);
+            this.apply(&ReceiverEffect::CacheToken(token, at));
         }
         for (token, at) in dropped_tokens {
-            this.apply(&ReceiverEffect::DropToken(token, at), 0, 0);
+            this.apply(&ReceiverEffect::DropToken(token, at));
         }
         this
+    }
+
+    /// Adds the weight changes held (as a store keeps them).
+    pub fn with_weight_changes(
+        mut self,
+        changes: impl IntoIterator<Item = (AgentId, WeightKey, WeightChange)>,
+    ) -> Self {
+        for (issuer, key, change) in changes {
+            self.apply(&ReceiverEffect::AdjustWeight(issuer, key, change));
+        }
+        self
     }
 
     /// Adds the leases of granted scopes (as a store keeps them); a scope withheld has none.
@@ -257,9 +311,73 @@ impl ReceiverState {
         self.withheld.iter()
     }
 
-    /// Every preference weight set.
-    pub fn weights(&self) -> impl Iterator<Item = (&(AgentId, WeightKey), i64)> {
-        self.weights.iter().map(|(k, v)| (k, *v))
+    /// Every preference weight held, as it stands at `now`.
+    pub fn weights(
+        &self,
+        now: UnixMillis,
+    ) -> impl Iterator<Item = (&(AgentId, WeightKey), i64)> + '_ {
+        self.weights
+            .iter()
+            .map(move |(k, route)| (k, self.route_weight(route, now)))
+    }
+
+    /// The base weight kept for (`issuer`, `key`) by a store written before changes lapsed.
+    pub fn weight_base(&self, issuer: &AgentId, key: &WeightKey) -> Option<i64> {
+        self.weights
+            .get(&(issuer.clone(), key.clone()))
+            .map(|r| r.base)
+            .filter(|b| *b != 0)
+    }
+
+    /// Every weight change held (in force, or lapsed and not yet forgotten).
+    pub fn weight_changes(&self) -> impl Iterator<Item = (&AgentId, &WeightKey, WeightChange)> {
+        self.weights.iter().flat_map(|((issuer, key), route)| {
+            route.changes.iter().map(move |(by, (delta, lapses_at))| {
+                (
+                    issuer,
+                    key,
+                    WeightChange {
+                        by: *by,
+                        delta: *delta,
+                        lapses_at: *lapses_at,
+                    },
+                )
+            })
+        })
+    }
+
+    /// Forgets at most `limit` weight changes that lapsed at or before `now` (they no longer
+    /// count). Returns them with their keys, so a store can delete exactly those rows.
+    pub fn lapse_weights(
+        &mut self,
+        now: UnixMillis,
+        limit: usize,
+    ) -> Vec<(AgentId, WeightKey, ObligationId)> {
+        let mut gone = Vec::new();
+        while gone.len() < limit && self.weight_lapses.first().is_some_and(|e| e.0 <= now) {
+            let Some((_, by, issuer, key)) = self.weight_lapses.pop_first() else {
+                break;
+            };
+            let route_key = (issuer, key);
+            if let Some(route) = self.weights.get_mut(&route_key) {
+                route.changes.remove(&by);
+                if route.changes.is_empty() && route.base == 0 {
+                    self.weights.remove(&route_key);
+                }
+            }
+            gone.push((route_key.0, route_key.1, by));
+        }
+        gone
+    }
+
+    fn route_weight(&self, route: &Route, now: UnixMillis) -> i64 {
+        let sum: i64 = route
+            .changes
+            .values()
+            .filter(|(_, lapses_at)| now < *lapses_at)
+            .map(|(delta, _)| i64::from(*delta))
+            .sum();
+        (route.base + sum).clamp(self.bounds.0, self.bounds.1)
     }
 
     /// Every dropped token.
@@ -330,8 +448,9 @@ impl ReceiverState {
         }
     }
 
-    /// Applies an effect, clipping weights to `[min, max]`.
-    pub fn apply(&mut self, effect: &ReceiverEffect, min: i64, max: i64) {
+    /// Applies an effect. A weight change is keyed by its obligation (applying it twice
+    /// holds it once) and counts until it lapses.
+    pub fn apply(&mut self, effect: &ReceiverEffect) {
         match effect {
             ReceiverEffect::WithholdScope(issuer, scope) => {
                 let key = (issuer.clone(), scope.clone());
@@ -346,12 +465,24 @@ impl ReceiverState {
                     None => self.leases.remove(&key),
                 };
             }
-            ReceiverEffect::AdjustWeight(issuer, key, delta) => {
-                let w = self
+            ReceiverEffect::AdjustWeight(issuer, key, change) => {
+                let route = self
                     .weights
                     .entry((issuer.clone(), key.clone()))
-                    .or_insert(0);
-                *w = (*w + i64::from(*delta)).clamp(min, max);
+                    .or_default();
+                if let Some((_, was)) = route
+                    .changes
+                    .insert(change.by, (change.delta, change.lapses_at))
+                {
+                    self.weight_lapses
+                        .remove(&(was, change.by, issuer.clone(), key.clone()));
+                }
+                self.weight_lapses.insert((
+                    change.lapses_at,
+                    change.by,
+                    issuer.clone(),
+                    key.clone(),
+                ));
             }
             ReceiverEffect::DropToken(token, at) => self.record_token(token, true, *at),
             ReceiverEffect::CacheToken(token, at) => {
@@ -367,12 +498,12 @@ impl ReceiverState {
         self.withheld.contains(&(issuer.clone(), scope.clone()))
     }
 
-    /// The preference weight on `key` as set by `issuer`.
-    pub fn weight(&self, issuer: &AgentId, key: &WeightKey) -> i64 {
+    /// The preference weight on `key` as set by `issuer`, at `now`: the changes that have
+    /// not lapsed by then, summed and clipped to the bounds (0 with none).
+    pub fn weight(&self, issuer: &AgentId, key: &WeightKey, now: UnixMillis) -> i64 {
         self.weights
             .get(&(issuer.clone(), key.clone()))
-            .copied()
-            .unwrap_or(0)
+            .map_or(0, |route| self.route_weight(route, now))
     }
 
     /// Whether `token` was dropped.
@@ -393,6 +524,8 @@ pub struct ReceiverHeld {
     /// Governed keys some applied obligation named, each counted against its issuer's
     /// `max_governed` (a token's go with its record).
     pub governed: usize,
+    /// Weight changes held (until maintenance after their lapse).
+    pub weight_changes: usize,
 }
 
 /// An applied id as persisted: what recovery reads back.
@@ -500,6 +633,7 @@ pub struct Receiver {
 impl Receiver {
     /// A fresh receiver for `agent`.
     pub fn new(agent: AgentId, config: ReceiverConfig) -> Self {
+        let state = ReceiverState::new(config.weight_min, config.weight_max);
         Self {
             agent,
             config,
@@ -509,7 +643,7 @@ impl Receiver {
             token_issuers: BTreeMap::new(),
             governed: BTreeSet::new(),
             issuers: Issuers::default(),
-            state: ReceiverState::default(),
+            state,
             next_token: 0,
             persists: VecDeque::new(),
             gated: BTreeMap::new(),
@@ -561,7 +695,7 @@ impl Receiver {
             this.note_governed(key.clone());
             this.last_sequence.insert(key, seq);
         }
-        this.state = state;
+        this.state = state.with_bounds(this.config.weight_min, this.config.weight_max);
         this
     }
 
@@ -718,8 +852,13 @@ impl Receiver {
                 *until = None;
             }
         }
-        self.state
-            .apply(&effect, self.config.weight_min, self.config.weight_max);
+        if self.config.mutation == Some(Mutation::WeightLapseIgnored) {
+            // The bug this mutant restores: a weight change that never lapses.
+            if let ReceiverEffect::AdjustWeight(_, _, change) = &mut effect {
+                change.lapses_at = UnixMillis(u64::MAX);
+            }
+        }
+        self.state.apply(&effect);
         self.note_governed(effect.governed_key(&o.issuer));
         let sequence = o.sequence.map(|seq| {
             self.note_governed(key.clone());
@@ -881,6 +1020,9 @@ impl Receiver {
     /// Past its expiry a token is refused by its own terms, so neither record guards anything.
     /// Returns the number of token records forgotten.
     pub fn maintain(&mut self, now: UnixMillis) -> usize {
+        // Lapsed weight changes no longer count; their records go too (the store's own
+        // maintenance deletes the same rows).
+        self.state.lapse_weights(now, usize::MAX);
         let gone = self.state.expire_tokens(now, usize::MAX);
         for (token, _) in &gone {
             for issuer in self.token_issuers.remove(token).unwrap_or_default() {
@@ -902,6 +1044,7 @@ impl Receiver {
             token_records: self.state.dropped_tokens.len() + self.state.cached_tokens.len(),
             sequences: self.last_sequence.len(),
             governed: self.governed.len(),
+            weight_changes: self.state.weight_lapses.len(),
         }
     }
 
@@ -997,16 +1140,66 @@ mod tests {
     }
 
     #[test]
+    fn weight_changes_are_keyed_summed_clipped_and_lapse_each_at_its_own_end() {
+        let (p, k) = (
+            AgentId::new("p").unwrap(),
+            WeightKey::new("supplier/acme").unwrap(),
+        );
+        let change = |by: u128, delta, end| {
+            ReceiverEffect::AdjustWeight(
+                p.clone(),
+                k.clone(),
+                WeightChange {
+                    by: ObligationId::from_u128(by),
+                    delta,
+                    lapses_at: UnixMillis(end),
+                },
+            )
+        };
+        let mut s = ReceiverState::new(-500_000, 500_000);
+        s.apply(&change(1, -400_000, 100));
+        s.apply(&change(2, -300_000, 200));
+        // Applied again (a store replaying its rows): held once.
+        s.apply(&change(2, -300_000, 200));
+        s.apply(&change(3, 100_000, 50));
+        let w = |s: &ReceiverState, t| s.weight(&p, &k, UnixMillis(t));
+        // Summed, then clipped: -0.6 holds as -0.5, and each change counts until its end.
+        assert_eq!(
+            (w(&s, 0), w(&s, 50), w(&s, 100), w(&s, 200)),
+            (-500_000, -500_000, -300_000, 0)
+        );
+        assert_eq!(s.weight_changes().count(), 3);
+        // Rebuilt from its rows, the same state.
+        let rebuilt = ReceiverState::from_parts([], [], [], [])
+            .with_bounds(-500_000, 500_000)
+            .with_weight_changes(
+                s.weight_changes()
+                    .map(|(i, k, c)| (i.clone(), k.clone(), c)),
+            );
+        assert_eq!(rebuilt, s);
+        // Upkeep forgets the lapsed ones, at most `limit` at a time, earliest first.
+        assert_eq!(s.lapse_weights(UnixMillis(49), usize::MAX), vec![]);
+        assert_eq!(
+            s.lapse_weights(UnixMillis(150), 1),
+            vec![(p.clone(), k.clone(), ObligationId::from_u128(3))]
+        );
+        assert_eq!(s.lapse_weights(UnixMillis(150), usize::MAX).len(), 1);
+        assert_eq!((s.weight_changes().count(), w(&s, 150)), (1, -300_000));
+        assert_eq!(s.lapse_weights(UnixMillis(200), usize::MAX).len(), 1);
+        assert_eq!((s.weights(UnixMillis(0)).count(), w(&s, 0)), (0, 0));
+    }
+
+    #[test]
     fn token_records_are_forgotten_at_the_tokens_expiry_and_a_drop_still_wins_before_it() {
         let mut s = ReceiverState::default();
-        s.apply(&cache("a", Some(20)), 0, 0);
-        s.apply(&drop_("a", Some(30)), 0, 0);
+        s.apply(&cache("a", Some(20)));
+        s.apply(&drop_("a", Some(30)));
         // Issued again after the drop: still dropped, its expiry unchanged.
-        s.apply(&cache("a", Some(90)), 0, 0);
+        s.apply(&cache("a", Some(90)));
         assert_eq!(s.token_record(&t("a")), Some((true, Some(UnixMillis(30)))));
-        s.apply(&cache("b", Some(10)), 0, 0);
-        s.apply(&cache("b", Some(15)), 0, 0);
-        s.apply(&drop_("c", None), 0, 0);
+        s.apply(&cache("b", Some(10)));
+        s.apply(&cache("b", Some(15)));
+        s.apply(&drop_("c", None));
         assert_eq!(s.token_record(&t("b")), Some((false, Some(UnixMillis(15)))));
 
         // Rebuilt from its parts, the same state.

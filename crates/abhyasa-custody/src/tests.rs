@@ -148,7 +148,7 @@ fn deadline_escalates_with_the_safe_action_and_late_applied_is_reconciled() {
     o.payload = Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
         weight_key: WeightKey::new("k").unwrap(),
         weight_delta: WeightDelta(-400_000),
-        ttl_ms: 1,
+        ttl_ms: 60_000,
     });
     c.issue(UnixMillis(0), o).unwrap();
     persist_all(&mut c, 0);
@@ -176,7 +176,10 @@ fn deadline_escalates_with_the_safe_action_and_late_applied_is_reconciled() {
     assert_eq!(escalation.last_observed, LastObserved::Deferred);
     assert!(c.principal().holds(&escalation.safe_action));
     let key = WeightKey::new("k").unwrap();
-    assert_eq!(c.principal().routing_weight(&a(), &key), 600_000);
+    assert_eq!(
+        c.principal().routing_weight(&a(), &key, UnixMillis(now)),
+        600_000
+    );
     // A late applied ack is noted; the safe action stays.
     assert_eq!(
         c.handle_ack(UnixMillis(1_100), &a(), ack(1, AckStatus::Applied)),
@@ -187,11 +190,26 @@ fn deadline_escalates_with_the_safe_action_and_late_applied_is_reconciled() {
         c.poll_event(),
         Some(CustodianEvent::Reconciled(_))
     ));
-    assert_eq!(c.principal().routing_weight(&a(), &key), 600_000);
+    assert_eq!(
+        c.principal().routing_weight(&a(), &key, UnixMillis(1_100)),
+        600_000
+    );
     assert_eq!(
         c.handle_ack(UnixMillis(1_200), &a(), ack(1, AckStatus::Applied)),
         AckDisposition::IgnoredUnknown
     );
+    // The update's `ttl_ms` runs from its creation (0): the fail-safe lapses with it, and
+    // upkeep then forgets the record.
+    assert_eq!(
+        c.principal().routing_weight(&a(), &key, UnixMillis(59_999)),
+        600_000
+    );
+    assert_eq!(
+        c.principal().routing_weight(&a(), &key, UnixMillis(60_000)),
+        1_000_000
+    );
+    assert!(c.maintain(UnixMillis(60_000)) >= 1);
+    assert!(!c.principal().holds(&escalation.safe_action));
 }
 
 #[test]
@@ -395,7 +413,7 @@ fn receiver_applies_once_and_acks_only_after_commit() {
     o.payload = Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
         weight_key: WeightKey::new("k").unwrap(),
         weight_delta: WeightDelta(-300_000),
-        ttl_ms: 1,
+        ttl_ms: 60_000,
     });
     assert_eq!(
         r.handle_obligation(UnixMillis(0), &p(), o.clone()),
@@ -420,10 +438,12 @@ fn receiver_applies_once_and_acks_only_after_commit() {
         receive(&mut r, 2, o),
         (Disposition::Duplicate, vec![AckStatus::Applied])
     );
-    assert_eq!(
-        r.state().weight(&p(), &WeightKey::new("k").unwrap()),
-        -300_000
-    );
+    let key = WeightKey::new("k").unwrap();
+    let at = |t| r.state().weight(&p(), &key, UnixMillis(t));
+    assert_eq!(at(2), -300_000);
+    // The change lapses `ttl_ms` after the obligation's creation, and then counts no more.
+    let lapse = 60_000; // created at 0
+    assert_eq!((at(lapse - 1), at(lapse)), (-300_000, 0));
 }
 
 #[test]

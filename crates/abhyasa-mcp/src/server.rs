@@ -454,8 +454,9 @@ impl ServerHandler for AgentServer {
             .await
             .map_err(|e| McpError::internal_error(e.to_string(), None))?;
         let me = &self.principal;
+        // Weights as they stand now: a change that lapsed counts no more.
         let weights: Map<String, Value> = state
-            .weights()
+            .weights(self.node.now())
             .filter(|((issuer, _), _)| issuer == me)
             .map(|((_, key), w)| {
                 (

@@ -1057,6 +1057,7 @@ impl Core {
                 let (recent, escalations, honours, applied) = stored.unwrap_or_default();
                 let _ = reply.send(Status {
                     agent: self.agent.clone(),
+                    at: self.clock.now(),
                     pending: self
                         .machine
                         .custodian()

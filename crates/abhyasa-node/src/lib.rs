@@ -177,6 +177,9 @@ pub const STATUS_APPLIED: usize = 50;
 pub struct Status {
     /// This node.
     pub agent: AgentId,
+    /// When the status was taken, by the node's clock: the moment its weights and leases are
+    /// read at (a weight change or down-weight that lapsed by then counts no more).
+    pub at: UnixMillis,
     /// Obligations under custody with their attempts.
     pub pending: Vec<(Obligation, u32)>,
     /// The most recent terminal records, oldest first (up to [`STATUS_RECENT`]).

@@ -1,5 +1,6 @@
-//! A long-running principal stays bounded: maintenance folds principal down-weights and prunes
-//! the terminal history on a schedule, so issuing never stops at the entry limit.
+//! A long-running principal stays bounded: maintenance drops principal down-weights at their
+//! lapse, forgets revoked tokens at their expiry and prunes the terminal history on a
+//! schedule, so issuing never stops at the entry limit.
 
 mod common;
 
@@ -30,14 +31,27 @@ fn to_agent_z(n: u128, deadline_ms: u64, payload: impl FnOnce(u64) -> Payload) -
     }
 }
 
+/// How long each corrective update (and so its fail-safe down-weight) holds.
+const TTL_MS: u64 = 600;
+
 fn down_weight(n: u128, deadline_ms: u64) -> Obligation {
     to_agent_z(n, deadline_ms, |_| {
         Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
             weight_key: WeightKey::new(format!("supplier/{}", n % 7)).unwrap(),
             weight_delta: WeightDelta(-1_000),
-            ttl_ms: 60_000,
+            ttl_ms: TTL_MS,
         })
     })
+}
+
+/// The weight of route `supplier/{k}` at `at`, as the escalated updates `created` (by
+/// obligation number) give it: each takes 0.001 off until it lapses.
+fn expected_weight(created: &[(u128, u64)], k: u128, at: UnixMillis) -> i64 {
+    let holding = created
+        .iter()
+        .filter(|(n, t)| n % 7 == k && at.0 < t + TTL_MS)
+        .count() as i64;
+    1_000_000 - 1_000 * holding
 }
 
 const WAVES: u128 = 12;
@@ -90,7 +104,7 @@ async fn maintenance_keeps_principal_entries_and_history_bounded() {
             response_timeout_ms: 40,
             backoff_base_ms: 10,
             backoff_cap_ms: 40,
-            max_clock_skew_ms: 50, // down-weights fold 100 ms after their deadline
+            max_clock_skew_ms: 50,
             max_principal_entries: ENTRY_LIMIT,
             ..CustodianConfig::default()
         })
@@ -99,36 +113,52 @@ async fn maintenance_keeps_principal_entries_and_history_bounded() {
         .build()
         .await
         .unwrap();
-    let most_entries = issue_in_waves(&principal, |n| down_weight(n, 150)).await;
-    // Without folding, WAVES × WAVE = 600 adjustments would have been refused from the
-    // 201st on; with it the held entries stay within a few waves.
+    let created = std::sync::Mutex::new(Vec::new());
+    let most_entries = issue_in_waves(&principal, |n| {
+        let o = down_weight(n, 150);
+        created.lock().unwrap().push((n, o.created_at.0));
+        o
+    })
+    .await;
+    let created = created.into_inner().unwrap();
+    // Held for good, WAVES × WAVE = 600 adjustments would have been refused from the 201st
+    // on; dropped at their lapse, the held entries stay within a few waves.
     assert!(
         most_entries <= 3 * WAVE as usize,
         "principal entries reached {most_entries}"
     );
-    // The effective weights are what every escalation took off, folded or not.
+    // The effective weights are what the escalations that have not lapsed take off, whether
+    // or not maintenance has dropped the lapsed ones yet.
     let status = principal.status().await.unwrap();
-    for k in 0..7u128 {
-        let key = WeightKey::new(format!("supplier/{k}")).unwrap();
-        let count = (0..WAVES * WAVE).filter(|n| n % 7 == k).count() as i64;
-        assert_eq!(
-            status.principal.routing_weight(&id("agent-z"), &key),
-            1_000_000 - 1_000 * count,
-            "route supplier/{k}"
-        );
+    let last = created.iter().map(|(_, t)| *t).max().unwrap();
+    for at in [
+        status.at,
+        UnixMillis(last + TTL_MS - 1),
+        UnixMillis(last + TTL_MS),
+    ] {
+        for k in 0..7u128 {
+            let key = WeightKey::new(format!("supplier/{k}")).unwrap();
+            assert_eq!(
+                status.principal.routing_weight(&id("agent-z"), &key, at),
+                expected_weight(&created, k, at),
+                "route supplier/{k} at {at}"
+            );
+        }
     }
     principal.shutdown().await;
-    // On disk too: the history older than the retention is gone, the folds are durable.
+    // On disk too: the history older than the retention is gone, the lapsed down-weights
+    // with it, and what is left lapses on time.
     let store = Store::open(dir.path().join("node.redb"), store).unwrap();
     let kept = store.terminal_len().unwrap();
     assert!(kept < 3 * WAVE as u64, "{kept} terminal records kept");
     assert!(store.principal().entries() <= 3 * WAVE as usize);
     let key = WeightKey::new("supplier/0").unwrap();
-    let count = (0..WAVES * WAVE).filter(|n| n % 7 == 0).count() as i64;
-    assert_eq!(
-        store.principal().routing_weight(&id("agent-z"), &key),
-        1_000_000 - 1_000 * count
-    );
+    for at in [status.at, UnixMillis(last + TTL_MS)] {
+        assert_eq!(
+            store.principal().routing_weight(&id("agent-z"), &key, at),
+            expected_weight(&created, 0, at)
+        );
+    }
 }
 
 /// A revocation of token `tok-{n}`, which itself expires `expires_in_ms` after issue.

@@ -204,7 +204,10 @@ async fn an_agent_sees_what_it_must_honour() {
     let honours = agent.honours().await.unwrap();
     assert!(honours.is_withheld(&p, &scope));
     assert!(!honours.is_withheld(&id("someone-else"), &scope));
-    assert_eq!(honours.weight(&p, &key), -250_000);
+    // The change holds now and lapses `ttl_ms` after the update's creation.
+    assert_eq!(honours.weight(&p, &key, agent.now()), -250_000);
+    let lapse = sent[1].created_at.saturating_add(60_000);
+    assert_eq!(honours.weight(&p, &key, lapse), 0);
     assert!(honours.is_dropped(&TokenId::new("tok-3").unwrap()));
     assert!(!honours.is_dropped(&TokenId::new("tok-4").unwrap()));
     principal.shutdown().await;

@@ -34,7 +34,7 @@ pub use world::RunReport;
 pub use year::{run_year, DaySample, YearParams, YearReport};
 
 /// Every mutant, by its command-line name.
-pub const MUTANTS: [(&str, Mutation); 18] = [
+pub const MUTANTS: [(&str, Mutation); 20] = [
     ("no_idempotency_check", Mutation::NoIdempotencyCheck),
     ("ack_before_persist", Mutation::AckBeforePersist),
     ("apply_after_deadline", Mutation::ApplyAfterDeadline),
@@ -74,6 +74,8 @@ pub const MUTANTS: [(&str, Mutation); 18] = [
     ("accept_unverified", Mutation::AcceptUnverified),
     ("lease_ignored", Mutation::LeaseIgnored),
     ("grant_opens_at_issue", Mutation::GrantOpensAtIssue),
+    ("weight_lapse_ignored", Mutation::WeightLapseIgnored),
+    ("down_weight_never_lapses", Mutation::DownWeightNeverLapses),
 ];
 
 /// Every node mutant (a broken decision of the node machine around the custody and ledger

@@ -166,6 +166,7 @@ impl Totals for RunReport {
         self.tampered += r.tampered;
         self.expired_certs += r.expired_certs;
         self.lapsed_probes += r.lapsed_probes;
+        self.lapsed_weight_probes += r.lapsed_weight_probes;
         self.unverified += r.unverified;
         (r.violations.len(), r.violations.into_iter().next())
     }
@@ -288,10 +289,11 @@ fn main() -> ExitCode {
                 Err(code) => return code,
             };
             eprintln!(
-                "crashes={} reconciled={} resubscriptions={} full_refusals={} declines: malformed={} refused={} superseded={} relay: tampered={} unverified={} expired_certs={} lapsed_probes={} failing_seeds={failing}",
+                "crashes={} reconciled={} resubscriptions={} full_refusals={} declines: malformed={} refused={} superseded={} relay: tampered={} unverified={} expired_certs={} lapsed_probes={} lapsed_weight_probes={} failing_seeds={failing}",
                 r.crashes, r.reconciled, r.resubscriptions, r.full_refusals,
                 r.declines_malformed, r.declines_refused, r.declines_superseded,
-                r.tampered, r.unverified, r.expired_certs, r.lapsed_probes
+                r.tampered, r.unverified, r.expired_certs, r.lapsed_probes,
+                r.lapsed_weight_probes
             );
             println!(
                 "custody: seeds={} obligations={} applied={} declined={} escalated={} best_effort={} violations={violations}",

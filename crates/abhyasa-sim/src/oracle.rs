@@ -36,8 +36,9 @@ pub(crate) fn admissible(o: &Obligation) -> bool {
 }
 
 /// `safe(O)` from the kind table: withhold the scope (revocation or grant alike); down-weight
-/// by `|delta|`, keyed by the obligation and foldable `retention` after the deadline; stop
-/// honouring the token.
+/// by `|delta|`, keyed by the obligation, lapsing with the update `ttl_ms` after its creation
+/// (and foldable `retention` after the deadline, which only a record that never lapses
+/// uses); stop honouring the token.
 pub(crate) fn expected_safe(o: &Obligation, retention: u64) -> Option<SafeAction> {
     if !admissible(o) {
         return None;
@@ -54,12 +55,28 @@ pub(crate) fn expected_safe(o: &Obligation, retention: u64) -> Option<SafeAction
             weight_key: p.weight_key.clone(),
             amount: p.weight_delta.0.unsigned_abs(),
             fold_after: UnixMillis(o.deadline.0 + retention),
+            lapses_at: Some(lapse(o.created_at, p.ttl_ms)),
         },
         Payload::OauthToken(p) => SafeAction::StopHonouringToken {
             token_id: p.token_id.clone(),
             expires_at: p.expires_at,
         },
     })
+}
+
+/// When a belief update created at `created` with `ttl_ms` stops counting (docs/CUSTODY.md,
+/// "Lapses"): the first moment it no longer applies, on either side.
+pub(crate) fn lapse(created: UnixMillis, ttl_ms: u64) -> UnixMillis {
+    UnixMillis(created.0.saturating_add(ttl_ms))
+}
+
+/// The sum of the weight changes that still apply at `now`.
+fn in_force(changes: &BTreeMap<ObligationId, (i64, UnixMillis)>, now: UnixMillis) -> i64 {
+    changes
+        .values()
+        .filter(|(_, end)| now < *end)
+        .map(|(d, _)| *d)
+        .sum()
 }
 
 /// The thing a `sequence` orders at a receiver (SPEC AB-3), scoped to the issuer.
@@ -90,9 +107,8 @@ pub(crate) fn governed(o: &Obligation) -> Governed {
 pub(crate) struct PrincipalOracle {
     /// (target, scope) → the standing decision.
     scopes: BTreeMap<(AgentId, Scope), Standing>,
-    /// (target, key) → the sum of keyed down-weights.
-    down: BTreeMap<(AgentId, WeightKey), i64>,
-    adjusted: BTreeSet<ObligationId>,
+    /// (target, key) → the keyed down-weights, each with its lapse.
+    down: BTreeMap<(AgentId, WeightKey), BTreeMap<ObligationId, (i64, UnixMillis)>>,
     revoked: BTreeSet<TokenId>,
 }
 
@@ -147,12 +163,16 @@ impl PrincipalOracle {
         match &o.payload {
             Payload::AnumatiConsent(p) => self.decide(&o.target, &p.scope, true, o.sequence, None),
             Payload::PhalaBeliefUpdate(p) => {
-                if self.adjusted.insert(o.id) {
-                    *self
-                        .down
-                        .entry((o.target.clone(), p.weight_key.clone()))
-                        .or_insert(0) += i64::from(p.weight_delta.0.unsigned_abs());
-                }
+                self.down
+                    .entry((o.target.clone(), p.weight_key.clone()))
+                    .or_default()
+                    .insert(
+                        o.id,
+                        (
+                            i64::from(p.weight_delta.0.unsigned_abs()),
+                            lapse(o.created_at, p.ttl_ms),
+                        ),
+                    );
             }
             Payload::OauthToken(p) => {
                 self.revoked.insert(p.token_id.clone());
@@ -197,8 +217,28 @@ impl PrincipalOracle {
         self.scopes.get(&(target.clone(), scope.clone())).copied()
     }
 
-    /// Every way `actual` differs from the expectation.
-    pub(crate) fn differences(&self, actual: &PrincipalState, bounds: WeightBounds) -> Vec<String> {
+    /// The routing weight to `target` on `key` at `now` these decisions give.
+    pub(crate) fn routing_weight(
+        &self,
+        target: &AgentId,
+        key: &WeightKey,
+        now: UnixMillis,
+        bounds: WeightBounds,
+    ) -> i64 {
+        let down = self
+            .down
+            .get(&(target.clone(), key.clone()))
+            .map_or(0, |d| in_force(d, now));
+        (bounds.initial - down).clamp(bounds.min, bounds.max)
+    }
+
+    /// Every way `actual` differs from the expectation, at `now`.
+    pub(crate) fn differences(
+        &self,
+        actual: &PrincipalState,
+        bounds: WeightBounds,
+        now: UnixMillis,
+    ) -> Vec<String> {
         let mut out = Vec::new();
         for ((target, scope), standing) in &self.scopes {
             let got = actual.authorization(target, scope);
@@ -221,18 +261,13 @@ impl PrincipalOracle {
             }
         }
         let mut routes: BTreeSet<(AgentId, WeightKey)> = self.down.keys().cloned().collect();
-        routes.extend(actual.routes().map(|(k, _)| k.clone()));
+        routes.extend(actual.routes(now).map(|(k, _)| k.clone()));
         for (target, key) in routes {
-            let sum = self
-                .down
-                .get(&(target.clone(), key.clone()))
-                .copied()
-                .unwrap_or(0);
-            let expected = (bounds.initial - sum).clamp(bounds.min, bounds.max);
-            let got = actual.routing_weight(&target, &key);
+            let expected = self.routing_weight(&target, &key, now, bounds);
+            let got = actual.routing_weight(&target, &key, now);
             if got != expected {
                 out.push(format!(
-                    "principal: route {key} to {target} weighs {got}, expected {expected}"
+                    "principal: route {key} to {target} weighs {got} at {now}, expected {expected}"
                 ));
             }
         }
@@ -248,19 +283,29 @@ impl PrincipalOracle {
 }
 
 /// A receiver's expected effect state: its applied obligations replayed in commit order with
-/// the kind table's receiver effects (weights clipped to bounds after each delta).
+/// the kind table's receiver effects (a weight is the sum of the changes that have not
+/// lapsed, clipped to bounds).
 #[derive(Debug, Default)]
 pub(crate) struct ReceiverOracle {
     withheld: BTreeSet<(AgentId, Scope)>,
     /// Granted scopes that lapse, with the end of their lease.
     leases: BTreeMap<(AgentId, Scope), UnixMillis>,
-    weights: BTreeMap<(AgentId, WeightKey), i64>,
+    weights: BTreeMap<(AgentId, WeightKey), BTreeMap<ObligationId, (i64, UnixMillis)>>,
+    bounds: (i64, i64),
     dropped: BTreeSet<TokenId>,
     cached: BTreeSet<TokenId>,
 }
 
 impl ReceiverOracle {
-    pub(crate) fn apply(&mut self, o: &Obligation, min: i64, max: i64) {
+    /// An agent whose weights are clipped to `[min, max]`.
+    pub(crate) fn new(min: i64, max: i64) -> Self {
+        Self {
+            bounds: (min, max),
+            ..Self::default()
+        }
+    }
+
+    pub(crate) fn apply(&mut self, o: &Obligation) {
         match &o.payload {
             Payload::AnumatiConsent(p) => {
                 let key = (o.issuer.clone(), p.scope.clone());
@@ -275,11 +320,13 @@ impl ReceiverOracle {
                 }
             }
             Payload::PhalaBeliefUpdate(p) => {
-                let w = self
-                    .weights
+                self.weights
                     .entry((o.issuer.clone(), p.weight_key.clone()))
-                    .or_insert(0);
-                *w = (*w + i64::from(p.weight_delta.0)).clamp(min, max);
+                    .or_default()
+                    .insert(
+                        o.id,
+                        (i64::from(p.weight_delta.0), lapse(o.created_at, p.ttl_ms)),
+                    );
             }
             Payload::OauthToken(p) => match p.action {
                 TokenAction::Revoke => {
@@ -308,7 +355,27 @@ impl ReceiverOracle {
         !self.withheld.contains(&key) && self.leases.get(&key).is_some_and(|end| *end <= now)
     }
 
-    pub(crate) fn differences(&self, agent: &AgentId, actual: &ReceiverState) -> Vec<String> {
+    /// The weight `issuer` set on `key`, at `now`.
+    pub(crate) fn weight(&self, issuer: &AgentId, key: &WeightKey, now: UnixMillis) -> i64 {
+        self.weights
+            .get(&(issuer.clone(), key.clone()))
+            .map_or(0, |c| in_force(c, now).clamp(self.bounds.0, self.bounds.1))
+    }
+
+    /// Whether some change `issuer` made to `key` had lapsed by `now`.
+    pub(crate) fn has_lapsed(&self, issuer: &AgentId, key: &WeightKey, now: UnixMillis) -> bool {
+        self.weights
+            .get(&(issuer.clone(), key.clone()))
+            .is_some_and(|c| c.values().any(|(_, end)| *end <= now))
+    }
+
+    /// Every way `actual` differs from these applies, at `now`.
+    pub(crate) fn differences(
+        &self,
+        agent: &AgentId,
+        actual: &ReceiverState,
+        now: UnixMillis,
+    ) -> Vec<String> {
         let mut out = Vec::new();
         let leases: BTreeMap<_, _> = actual.leases().map(|(k, v)| (k.clone(), v)).collect();
         if leases != self.leases {
@@ -325,19 +392,19 @@ impl ReceiverOracle {
             ));
         }
         let weights: BTreeMap<_, _> = actual
-            .weights()
+            .weights(now)
             .filter(|(_, w)| *w != 0)
             .map(|(k, w)| (k.clone(), w))
             .collect();
         let expected: BTreeMap<_, _> = self
             .weights
-            .iter()
-            .filter(|(_, w)| **w != 0)
-            .map(|(k, w)| (k.clone(), *w))
+            .keys()
+            .map(|(i, k)| ((i.clone(), k.clone()), self.weight(i, k, now)))
+            .filter(|(_, w)| *w != 0)
             .collect();
         if weights != expected {
             out.push(format!(
-                "{agent}: weights {weights:?}, its applies give {expected:?}"
+                "{agent}: weights {weights:?} at {now}, its applies give {expected:?}"
             ));
         }
         let dropped: BTreeSet<_> = actual.dropped_tokens().cloned().collect();

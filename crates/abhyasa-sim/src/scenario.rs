@@ -236,6 +236,15 @@ impl Scenario {
                 }
             }
         }
+        // Lapses: half the belief updates run out within the run (some before custody of
+        // them ends), the rest outlive it.
+        for o in &mut obligations {
+            if let Payload::PhalaBeliefUpdate(p) = &mut o.payload {
+                if rng.random_bool(0.5) {
+                    p.ttl_ms = rng.random_range(200..=4_000);
+                }
+            }
+        }
         // A lease whose every renewal is lost: a grant, then renewals each half a lease
         // later (a later lease, the next sequence), none of which ever reaches the agent.
         let mut lost_at = Vec::new();

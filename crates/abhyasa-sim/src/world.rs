@@ -198,6 +198,9 @@ pub struct RunReport {
     /// Probes that found an agent holding a grant whose lease had ended (and that agent
     /// refusing it, or a violation).
     pub lapsed_probes: u64,
+    /// Probes that found an agent holding a weight change that had lapsed (and that agent
+    /// not counting it).
+    pub lapsed_weight_probes: u64,
     /// Invariant violations found, described.
     pub violations: Vec<String>,
 }
@@ -241,6 +244,8 @@ pub(crate) struct World {
     flapping: BTreeMap<usize, u64>,
     /// (principal node, target node, scope) of every consent decision: what a probe asks.
     probed: Vec<(usize, usize, abhyasa_wire::Scope)>,
+    /// (principal node, target node, weight key) of every belief update: what a probe weighs.
+    weighed: Vec<(usize, usize, abhyasa_wire::WeightKey)>,
     report: RunReport,
 }
 
@@ -258,7 +263,13 @@ impl World {
         let rdisks = scenario
             .targets
             .iter()
-            .map(|_| ReceiverDisk::default())
+            .map(|_| ReceiverDisk {
+                state: ReceiverState::new(
+                    scenario.receiver.weight_min,
+                    scenario.receiver.weight_max,
+                ),
+                ..ReceiverDisk::default()
+            })
             .collect();
         let mut world = Self {
             scenario,
@@ -285,6 +296,7 @@ impl World {
                 .collect(),
             flapping: BTreeMap::new(),
             probed: Vec::new(),
+            weighed: Vec::new(),
             report: RunReport::default(),
         };
         world.all = world
@@ -348,18 +360,35 @@ impl World {
             })
             .collect();
         self.probed = probed.into_iter().collect();
-        if !self.probed.is_empty() {
-            // Around every lease's end, where an agent's clock (skewed either way) passes
-            // it, and at moments drawn across the run.
+        let weighed: BTreeSet<(usize, usize, abhyasa_wire::WeightKey)> = self
+            .scenario
+            .obligations
+            .iter()
+            .filter_map(|o| {
+                let Payload::PhalaBeliefUpdate(b) = &o.payload else {
+                    return None;
+                };
+                let p = (0..self.principals).find(|&p| self.nodes[p].agent == o.issuer)?;
+                let t = (self.principals..self.nodes.len())
+                    .find(|&t| self.nodes[t].agent == o.target)?;
+                Some((p, t, b.weight_key.clone()))
+            })
+            .collect();
+        self.weighed = weighed.into_iter().collect();
+        if !self.probed.is_empty() || !self.weighed.is_empty() {
+            // Around every lease's end and every belief update's lapse, where an agent's
+            // clock (skewed either way) passes it, and at moments drawn across the run.
             let ends: Vec<u64> = self
                 .scenario
                 .obligations
                 .iter()
                 .filter_map(|o| match &o.payload {
                     Payload::AnumatiConsent(c) => c.expires_at,
+                    Payload::PhalaBeliefUpdate(b) => Some(oracle::lapse(o.created_at, b.ttl_ms)),
                     _ => None,
                 })
                 .map(|end| end.0.saturating_sub(self.scenario.epoch))
+                .filter(|end| *end < self.scenario.end)
                 .collect();
             let skew = self.scenario.receiver.max_clock_skew_ms;
             for end in ends {
@@ -557,10 +586,10 @@ impl World {
             let now = self.time(t);
             let disk = self.rdisk(t);
             let view = views.entry(t).or_insert_with(|| {
-                let mut view = ReceiverOracle::default();
                 let cfg = &self.scenario.receiver;
+                let mut view = ReceiverOracle::new(cfg.weight_min, cfg.weight_max);
                 for o in disk.apply_log.iter().filter_map(|id| self.all.get(id)) {
-                    view.apply(o, cfg.weight_min, cfg.weight_max);
+                    view.apply(o);
                 }
                 view
             });
@@ -580,7 +609,45 @@ impl World {
                 ));
             }
         }
+        let bounds = self.scenario.custodian.weight_bounds;
+        let mut lapsed_changes = 0;
+        for (p, t, key) in &self.weighed {
+            let (p, t) = (*p, *t);
+            let (issuer, target) = (&self.nodes[p].agent, &self.nodes[t].agent);
+            let now = self.time(p);
+            let got = self.cdisks[p]
+                .principal
+                .as_ref()
+                .map_or(bounds.initial, |s| s.routing_weight(target, key, now));
+            let expected = self.principal_oracles[p].routing_weight(target, key, now, bounds);
+            if got != expected {
+                found.push(format!(
+                    "{issuer} routes {key} to {target} at weight {got} at {now}; the \
+                     down-weights in force give {expected}"
+                ));
+            }
+            let now = self.time(t);
+            let disk = self.rdisk(t);
+            let view = views.entry(t).or_insert_with(|| {
+                let cfg = &self.scenario.receiver;
+                let mut view = ReceiverOracle::new(cfg.weight_min, cfg.weight_max);
+                for o in disk.apply_log.iter().filter_map(|id| self.all.get(id)) {
+                    view.apply(o);
+                }
+                view
+            });
+            let got = disk.state.weight(issuer, key, now);
+            let expected = view.weight(issuer, key, now);
+            lapsed_changes += u64::from(view.has_lapsed(issuer, key, now));
+            if got != expected {
+                found.push(format!(
+                    "{target} weighs {key} of {issuer} at {got} at {now}; the changes it \
+                     applied that have not lapsed give {expected}"
+                ));
+            }
+        }
         self.report.lapsed_probes += lapsed;
+        self.report.lapsed_weight_probes += lapsed_changes;
         for f in found {
             self.violation(f);
         }
@@ -1235,8 +1302,6 @@ impl World {
     }
 
     fn apply_receiver(&mut self, node: usize, record: ReceiverRecord) {
-        let cfg = &self.scenario.receiver;
-        let (min, max) = (cfg.weight_min, cfg.weight_max);
         let disk = &mut self.rdisks[node - self.principals];
         match record {
             ReceiverRecord::Apply {
@@ -1263,7 +1328,7 @@ impl World {
                 }
                 disk.governed
                     .insert(effect.governed_key(&obligation.issuer));
-                disk.state.apply(&effect, min, max);
+                disk.state.apply(&effect);
                 disk.apply_log.push(id);
                 let count = disk.apply_count.entry(id).or_insert(0);
                 *count += 1;
@@ -1489,7 +1554,8 @@ impl World {
                 .clone()
                 .unwrap_or_else(|| PrincipalState::new(bounds));
             let agent = self.nodes[p].agent.clone();
-            for d in self.principal_oracles[p].differences(&principal, bounds) {
+            let now = self.time(p);
+            for d in self.principal_oracles[p].differences(&principal, bounds, now) {
                 self.violation(format!("{agent}: {d}"));
             }
             if let Some(m) = &self.nodes[p].machine {
@@ -1518,7 +1584,7 @@ impl World {
         let mut found = Vec::new();
         for (i, disk) in self.rdisks.iter().enumerate() {
             let agent = &self.nodes[i + self.principals].agent;
-            let mut expected = ReceiverOracle::default();
+            let mut expected = ReceiverOracle::new(min, max);
             let mut last: BTreeMap<oracle::Governed, u64> = BTreeMap::new();
             let log: Vec<&Obligation> = disk
                 .apply_log
@@ -1526,7 +1592,7 @@ impl World {
                 .filter_map(|id| self.all.get(id))
                 .collect();
             for (k, o) in log.iter().enumerate() {
-                expected.apply(o, min, max);
+                expected.apply(o);
                 if let Some(seq) = o.sequence {
                     let key = oracle::governed(o);
                     if let Some(&prev) = last.get(&key) {
@@ -1558,7 +1624,8 @@ impl World {
                     ));
                 }
             }
-            found.extend(expected.differences(agent, &disk.state));
+            let now = self.time(i + self.principals);
+            found.extend(expected.differences(agent, &disk.state, now));
         }
         for f in found {
             self.violation(f);

@@ -697,7 +697,7 @@ fn apply_receiver(s: &mut State, record: ReceiverRecord) {
             s.rdisk
                 .governed
                 .insert(effect.governed_key(&obligation.issuer));
-            s.rdisk.state.apply(&effect, -1_000_000, 1_000_000);
+            s.rdisk.state.apply(&effect);
             *s.rdisk.apply_count.entry(id).or_insert(0) += 1;
         }
         ReceiverRecord::Prune { before } => s.rdisk.applied.retain(|_, (e, _)| *e >= before),

@@ -69,7 +69,7 @@ use std::path::Path;
 use abhyasa_custody::{
     Adjustment, AppliedRecord, Authorization, Custodian, CustodianConfig, CustodianRecord,
     EscalatedRecord, GovernedKey, PendingRecord, PrincipalState, PrincipalUpdate, Receiver,
-    ReceiverConfig, ReceiverEffect, ReceiverRecord, ReceiverState, WeightBounds,
+    ReceiverConfig, ReceiverEffect, ReceiverRecord, ReceiverState, WeightBounds, WeightChange,
 };
 use abhyasa_wire::{
     encode, AgentId, Escalation, ObligationId, ReconciliationNote, SafeAction, Scope,
@@ -230,8 +230,11 @@ pub struct CustodianRecovery {
 /// What one [`Store::maintain`] call did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Maintenance {
-    /// Keyed down-weights folded into base weights.
+    /// Keyed down-weights folded into base weights (records from before updates lapsed) or
+    /// dropped at their lapse.
     pub folded: usize,
+    /// The agent's weight changes forgotten after they lapsed.
+    pub weights_lapsed: usize,
     /// Terminal records pruned.
     pub terminal_pruned: usize,
     /// Escalations (and their notes) pruned.
@@ -365,6 +368,7 @@ impl Store {
             txn.open_table(AUTHORIZATIONS)?;
             txn.open_table(ROUTING_BASE)?;
             txn.open_table(ADJUSTMENTS)?;
+            txn.open_table(ADJUSTMENT_LAPSES)?;
             txn.open_table(REVOKED_TOKENS)?;
             txn.open_table(REVOKED_TOKENS_BY_EXPIRY)?;
             txn.open_table(AUTHORIZATION_BY)?;
@@ -376,6 +380,7 @@ impl Store {
             txn.open_table(RECV_WITHHELD)?;
             txn.open_table(RECV_LEASES)?;
             txn.open_table(RECV_WEIGHTS)?;
+            txn.open_table(RECV_WEIGHT_CHANGES)?;
             txn.open_table(RECV_TOKENS)?;
             txn.open_table(RECV_TOKENS_BY_EXPIRY)?;
             txn.open_table(GOVERNED_BY)?;
@@ -390,7 +395,7 @@ impl Store {
         let mut store = Self {
             db,
             principal: PrincipalState::new(config.principal_weights),
-            receiver: ReceiverState::default(),
+            receiver: ReceiverState::new(config.receiver_weights.0, config.receiver_weights.1),
             config,
             poisoned: false,
             pruned_since_compaction: 0,
@@ -548,11 +553,16 @@ impl Store {
                 weight_key,
                 amount,
                 fold_after,
+                lapses_at,
             }) => {
                 txn.open_table(ADJUSTMENTS)?.insert(
                     obligation_id.to_u128(),
                     (target.as_str(), weight_key.as_str(), *amount, fold_after.0),
                 )?;
+                if let Some(end) = lapses_at {
+                    txn.open_table(ADJUSTMENT_LAPSES)?
+                        .insert(obligation_id.to_u128(), end.0)?;
+                }
             }
             PrincipalUpdate::Safe(SafeAction::StopHonouringToken { token_id, .. }) => {
                 txn.open_table(REVOKED_TOKENS)?
@@ -631,14 +641,13 @@ impl Store {
         effect: &ReceiverEffect,
         issuer: &AgentId,
     ) -> Result<(), StoreError> {
-        let (min, max) = self.config.receiver_weights;
         let held_token = match effect {
             ReceiverEffect::DropToken(token, _) | ReceiverEffect::CacheToken(token, _) => {
                 self.receiver.token_record(token)
             }
             _ => None,
         };
-        self.receiver.apply(effect, min, max);
+        self.receiver.apply(effect);
         match effect {
             ReceiverEffect::WithholdScope(issuer, scope)
             | ReceiverEffect::GrantScope(issuer, scope, _) => {
@@ -655,10 +664,16 @@ impl Store {
                     None => leases.remove(key)?,
                 };
             }
-            ReceiverEffect::AdjustWeight(issuer, key, _) => {
-                let w = self.receiver.weight(issuer, key);
-                txn.open_table(RECV_WEIGHTS)?
-                    .insert((issuer.as_str(), key.as_str()), w)?;
+            ReceiverEffect::AdjustWeight(issuer, key, change) => {
+                txn.open_table(RECV_WEIGHT_CHANGES)?.insert(
+                    change.by.to_u128(),
+                    (
+                        issuer.as_str(),
+                        key.as_str(),
+                        change.delta,
+                        change.lapses_at.0,
+                    ),
+                )?;
             }
             ReceiverEffect::DropToken(token, _) | ReceiverEffect::CacheToken(token, _) => {
                 let now = self.receiver.token_record(token);
@@ -701,12 +716,22 @@ impl Store {
             let folded = self.principal.fold(now);
             report.folded = folded.len();
             let mut adjustments = txn.open_table(ADJUSTMENTS)?;
+            let mut lapses = txn.open_table(ADJUSTMENT_LAPSES)?;
             let mut bases = txn.open_table(ROUTING_BASE)?;
             for (id, target, key) in folded {
                 adjustments.remove(id.to_u128())?;
+                lapses.remove(id.to_u128())?;
                 if let Some(base) = self.principal.routing_base(&target, &key) {
                     bases.insert((target.as_str(), key.as_str()), base)?;
                 }
+            }
+            let mut changes = txn.open_table(RECV_WEIGHT_CHANGES)?;
+            let lapsed = self
+                .receiver
+                .lapse_weights(now, self.config.max_prune_per_call);
+            report.weights_lapsed = lapsed.len();
+            for (_, _, by) in lapsed {
+                changes.remove(by.to_u128())?;
             }
         }
         let budget = self.config.max_prune_per_call;
@@ -967,6 +992,7 @@ impl Store {
             ));
         }
         let mut adjustments = Vec::new();
+        let lapses = txn.open_table(ADJUSTMENT_LAPSES)?;
         for entry in txn.open_table(ADJUSTMENTS)?.iter()? {
             let (k, v) = entry?;
             let (target, key, amount, fold_after) = v.value();
@@ -978,6 +1004,7 @@ impl Store {
                     weight_key: rows::name(t, key, WeightKey::new)?,
                     amount,
                     fold_after: UnixMillis(fold_after),
+                    lapses_at: lapses.get(k.value())?.map(|v| UnixMillis(v.value())),
                 },
             ));
         }
@@ -1038,6 +1065,21 @@ impl Store {
                 v.value(),
             ));
         }
+        let mut changes = Vec::new();
+        for entry in txn.open_table(RECV_WEIGHT_CHANGES)?.iter()? {
+            let (k, v) = entry?;
+            let (issuer, key, delta, lapses_at) = v.value();
+            let t = "receiver.weight_changes";
+            changes.push((
+                rows::name(t, issuer, AgentId::new)?,
+                rows::name(t, key, WeightKey::new)?,
+                WeightChange {
+                    by: ObligationId::from_u128(k.value()),
+                    delta,
+                    lapses_at: UnixMillis(lapses_at),
+                },
+            ));
+        }
         let mut expiry = BTreeMap::new();
         for entry in txn.open_table(RECV_TOKENS_BY_EXPIRY)?.iter()? {
             let (k, _) = entry?;
@@ -1070,7 +1112,13 @@ impl Store {
                 UnixMillis(v.value()),
             ));
         }
-        Ok(ReceiverState::from_parts(withheld, weights, dropped, cached).with_leases(leases))
+        let (min, max) = self.config.receiver_weights;
+        Ok(
+            ReceiverState::from_parts(withheld, weights, dropped, cached)
+                .with_bounds(min, max)
+                .with_weight_changes(changes)
+                .with_leases(leases),
+        )
     }
 
     /// Principal-side state as committed.

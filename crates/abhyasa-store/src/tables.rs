@@ -40,6 +40,11 @@ pub(crate) const ROUTING_BASE: TableDefinition<'_, (&str, &str), i64> =
 /// Keyed down-weights not yet folded: obligation id → (target, weight key, amount, fold_after).
 pub(crate) const ADJUSTMENTS: TableDefinition<'_, u128, (&str, &str, u32, u64)> =
     TableDefinition::new("principal.adjustments");
+
+/// When each keyed down-weight lapses (its belief update's `created_at + ttl_ms`): obligation
+/// id → time. An adjustment with no row here never lapses and folds at `fold_after`.
+pub(crate) const ADJUSTMENT_LAPSES: TableDefinition<'_, u128, u64> =
+    TableDefinition::new("principal.adjustment_lapses");
 /// Tokens the principal no longer honours: token id → ().
 pub(crate) const REVOKED_TOKENS: TableDefinition<'_, &str, ()> =
     TableDefinition::new("principal.revoked_tokens");
@@ -83,6 +88,12 @@ pub(crate) const RECV_LEASES: TableDefinition<'_, (&str, &str), u64> =
 /// Preference weights: (issuer, weight key) → millionths.
 pub(crate) const RECV_WEIGHTS: TableDefinition<'_, (&str, &str), i64> =
     TableDefinition::new("receiver.weights");
+
+/// Belief updates' weight changes the agent holds: obligation id → (issuer, weight key, delta
+/// in millionths, when it lapses). A change counts until it lapses; maintenance deletes it
+/// after. (`receiver.weights` holds only weights a store kept before changes lapsed.)
+pub(crate) const RECV_WEIGHT_CHANGES: TableDefinition<'_, u128, (&str, &str, i32, u64)> =
+    TableDefinition::new("receiver.weight_changes");
 /// The obligation last applied on each governed key: (key kind, issuer, name) → id. What a
 /// governed tool names when it refuses a call. (Added after layout 1 was first written: a
 /// file without it reads as "none recorded".)

@@ -36,7 +36,7 @@ fn belief(id: u128, delta: i32) -> Obligation {
         Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
             weight_key: WeightKey::new(format!("k{id}")).unwrap(),
             weight_delta: WeightDelta(delta),
-            ttl_ms: 1,
+            ttl_ms: 60_000,
         }),
     )
 }
@@ -172,7 +172,7 @@ fn custodian_state_survives_a_reopen() {
     assert_eq!(
         store
             .principal()
-            .routing_weight(&a(), &WeightKey::new("k1").unwrap()),
+            .routing_weight(&a(), &WeightKey::new("k1").unwrap(), UnixMillis(5_000)),
         700_000
     );
 }
@@ -200,7 +200,7 @@ fn an_apply_and_its_effect_are_one_commit_and_survive() {
     assert_eq!(
         store
             .receiver_state()
-            .weight(&p(), &WeightKey::new("k1").unwrap()),
+            .weight(&p(), &WeightKey::new("k1").unwrap(), UnixMillis(10)),
         -250_000
     );
     assert!(store
@@ -246,7 +246,7 @@ fn prune_removes_expired_applied_ids() {
     assert_eq!(
         store
             .receiver_state()
-            .weight(&p(), &WeightKey::new("k1").unwrap()),
+            .weight(&p(), &WeightKey::new("k1").unwrap(), expiry),
         -1
     );
 }
@@ -1019,4 +1019,61 @@ fn an_agents_lease_survives_a_restart_and_a_withhold_ends_it() {
     let store = reopen(&mut backend);
     assert_eq!(store.receiver_state().lease(&p(), &scope), None);
     assert!(!store.receiver_state().permits(&p(), &scope, UnixMillis(3)));
+}
+
+#[test]
+fn weight_changes_lapse_on_both_sides_across_a_restart_and_upkeep_forgets_them() {
+    let (mut store, mut backend) = memory_store();
+    // The agent: two changes on one key, lapsing at 60_000 (ttl from creation at 0) and,
+    // created later, at 70_000. Their sum clips at the floor.
+    let mut r = Receiver::new(a(), ReceiverConfig::default());
+    let mut late = belief(2, -900_000);
+    late.created_at = UnixMillis(10_000);
+    late.deadline = UnixMillis(11_000);
+    if let Payload::PhalaBeliefUpdate(b) = &mut late.payload {
+        b.weight_key = WeightKey::new("k1").unwrap();
+    }
+    r.handle_obligation(UnixMillis(0), &p(), belief(1, -300_000));
+    r.handle_obligation(UnixMillis(10_000), &p(), late);
+    persist_receiver(&mut r, &mut store);
+    // The principal: an escalated belief update's down-weight, lapsing at 60_000.
+    let mut c = Custodian::new(p(), CustodianConfig::default(), 1);
+    c.issue(UnixMillis(0), belief(3, -400_000)).unwrap();
+    persist_custodian(&mut c, &mut store, 0);
+    c.handle_timeout(UnixMillis(1_000));
+    persist_custodian(&mut c, &mut store, 1_000);
+    drop(store);
+
+    let mut store = reopen(&mut backend);
+    let k1 = WeightKey::new("k1").unwrap();
+    let k3 = WeightKey::new("k3").unwrap();
+    let agent = |s: &Store, t| s.receiver_state().weight(&p(), &k1, UnixMillis(t));
+    let route = |s: &Store, t| s.principal().routing_weight(&a(), &k3, UnixMillis(t));
+    assert_eq!(agent(&store, 10_000), -1_000_000);
+    assert_eq!(agent(&store, 59_999), -1_000_000);
+    assert_eq!(agent(&store, 60_000), -900_000);
+    assert_eq!(agent(&store, 70_000), 0);
+    assert_eq!(
+        (route(&store, 59_999), route(&store, 60_000)),
+        (600_000, 1_000_000)
+    );
+    // Upkeep between the lapses forgets exactly the lapsed ones, durably.
+    let report = store.maintain(UnixMillis(65_000)).unwrap();
+    assert_eq!((report.weights_lapsed, report.folded), (1, 1));
+    drop(store);
+    let mut store = reopen(&mut backend);
+    assert_eq!(store.receiver_state().weight_changes().count(), 1);
+    assert_eq!(agent(&store, 65_000), -900_000);
+    assert_eq!(store.principal().entries(), 0);
+    assert_eq!(route(&store, 65_000), 1_000_000);
+    assert_eq!(
+        store.maintain(UnixMillis(70_000)).unwrap().weights_lapsed,
+        1
+    );
+    assert_eq!(store.receiver_state().weight_changes().count(), 0);
+    // A receiver recovered from the store holds the same view.
+    let r = store
+        .recover_receiver(a(), ReceiverConfig::default())
+        .unwrap();
+    assert_eq!(r.state(), store.receiver_state());
 }

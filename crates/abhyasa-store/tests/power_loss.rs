@@ -64,7 +64,7 @@ fn workload() -> Vec<(u64, Obligation)> {
                 0..=2 => Payload::PhalaBeliefUpdate(BeliefUpdatePayload {
                     weight_key: WeightKey::new(format!("k{i}")).unwrap(),
                     weight_delta: WeightDelta(delta(i) as i32),
-                    ttl_ms: 1,
+                    ttl_ms: 3_600_000,
                 }),
                 3 => Payload::AnumatiConsent(ConsentPayload {
                     decision: Some(ConsentDecision::Revoke),
@@ -420,7 +420,7 @@ impl Run {
             }
             let applied = rstore.applied(id).unwrap().is_some();
             if let Payload::PhalaBeliefUpdate(p) = &o.payload {
-                let w = recv.weight(&principal(), &p.weight_key);
+                let w = recv.weight(&principal(), &p.weight_key, o.created_at);
                 let i = id.to_u128() - 1;
                 if w != 0 && w != delta(i) {
                     self.violations

@@ -33,8 +33,14 @@ pub enum SafeAction {
         weight_key: WeightKey,
         /// By how much, in millionths (positive).
         amount: u32,
-        /// When the adjustment may be folded into the base weight (deadline + skew).
+        /// When an adjustment that never lapses may be folded into the base weight
+        /// (deadline + retention).
         fold_after: UnixMillis,
+        /// When the belief update's `ttl_ms` runs out (`created_at + ttl_ms`): from then on
+        /// the down-weight no longer applies, and its record goes. `None` in a record written
+        /// before updates lapsed: such an adjustment folds into the base at `fold_after`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lapses_at: Option<UnixMillis>,
     },
     /// The principal's authorization service stops honouring the token.
     StopHonouringToken {

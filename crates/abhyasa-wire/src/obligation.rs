@@ -156,6 +156,11 @@ impl Payload {
                 if !(-WeightDelta::ONE..=WeightDelta::ONE).contains(&p.weight_delta.0) {
                     return Err(WireError::Invalid("weight_delta outside [-1, 1]"));
                 }
+                if p.ttl_ms == 0 {
+                    return Err(WireError::Invalid(
+                        "ttl_ms is zero: the update would never hold",
+                    ));
+                }
                 Ok(())
             }
             Payload::AnumatiConsent(p) => {
@@ -251,8 +256,18 @@ pub struct BeliefUpdatePayload {
     pub weight_key: WeightKey,
     /// The change; negative is corrective.
     pub weight_delta: WeightDelta,
-    /// How long the update stays meaningful, in milliseconds.
+    /// How long the update stays meaningful, in milliseconds from the obligation's
+    /// `created_at` (at least 1): the weight change lapses then, on the agent's side and on
+    /// the principal's (a down-weight applied as the fail-safe lapses with it).
     pub ttl_ms: u64,
+}
+
+impl BeliefUpdatePayload {
+    /// When the change lapses for an obligation created at `created_at`: the first moment
+    /// it no longer applies (saturating: a `ttl_ms` past the end of time never lapses).
+    pub fn lapses_at(&self, created_at: UnixMillis) -> UnixMillis {
+        created_at.saturating_add(self.ttl_ms)
+    }
 }
 
 /// OAuth token action.

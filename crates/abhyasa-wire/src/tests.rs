@@ -187,6 +187,7 @@ fn golden_escalation_terminal_and_note() {
             weight_key: WeightKey::new("s/acme").unwrap(),
             amount: 250_000,
             fold_after: UnixMillis(70_000),
+            lapses_at: None,
         },
         at: UnixMillis(61_000),
     };
@@ -213,6 +214,19 @@ fn golden_escalation_terminal_and_note() {
                 expires_at: Some(UnixMillis(100_000)),
             },
             GOLDEN_STOP_TOKEN_EXPIRES,
+        ),
+        (
+            // A belief update's down-weight with its lapse; one without (above, a record
+            // written before updates lapsed) encodes as it always did.
+            SafeAction::DownWeight {
+                obligation_id: ObligationId::from_u128(2),
+                target: agent("a"),
+                weight_key: WeightKey::new("s/acme").unwrap(),
+                amount: 250_000,
+                fold_after: UnixMillis(70_000),
+                lapses_at: Some(UnixMillis(3_600_000)),
+            },
+            GOLDEN_DOWN_WEIGHT_LAPSES,
         ),
     ] {
         golden(&action, hex);
@@ -248,6 +262,7 @@ const GOLDEN_WITHHOLD: &str =
 const GOLDEN_STOP_TOKEN: &str =
     "a17473746f705f686f6e6f7572696e675f746f6b656ea168746f6b656e5f696465746f6b2d39";
 // The same with the inner map a2 and 6a "expires_at" 1a 000186a0 appended.
+const GOLDEN_DOWN_WEIGHT_LAPSES: &str = "a16b646f776e5f776569676874a66d6f626c69676174696f6e5f696450000000000000000000000000000000026674617267657461616a7765696768745f6b657966732f61636d6566616d6f756e741a0003d0906a666f6c645f61667465721a00011170696c61707365735f61741a0036ee80";
 const GOLDEN_STOP_TOKEN_EXPIRES: &str = "a17473746f705f686f6e6f7572696e675f746f6b656ea268746f6b656e5f696465746f6b2d396a657870697265735f61741a000186a0";
 const GOLDEN_TERMINAL_BEST_EFFORT: &str = "a66d6f626c69676174696f6e5f69645000000000000000000000000000000003646b696e646b6f617574682e746f6b656e667461726765746161676f7574636f6d656b626573745f6566666f727468617474656d7074730062617405";
 const GOLDEN_TERMINAL_DECLINED: &str = "a66d6f626c69676174696f6e5f69645000000000000000000000000000000003646b696e646b6f617574682e746f6b656e667461726765746161676f7574636f6d65a1686465636c696e6564676578706972656468617474656d7074730262617405";
@@ -302,6 +317,28 @@ fn deadline_before_creation_is_refused() {
     o.deadline = o.created_at;
     let err = decode_obligation(&encode(&o)).unwrap_err();
     assert_eq!(err.decline_reason(), Some(DeclineReason::Malformed));
+}
+
+#[test]
+fn a_belief_update_lapses_ttl_ms_after_its_creation_and_a_zero_ttl_is_refused() {
+    let mut o = belief();
+    let Payload::PhalaBeliefUpdate(p) = &o.payload else {
+        unreachable!()
+    };
+    assert_eq!(
+        p.lapses_at(o.created_at),
+        UnixMillis(o.created_at.0 + 3_600_000)
+    );
+    assert_eq!(p.lapses_at(UnixMillis(u64::MAX - 1)), UnixMillis(u64::MAX));
+    if let Payload::PhalaBeliefUpdate(p) = &mut o.payload {
+        p.ttl_ms = 0;
+    }
+    let err = decode_obligation(&encode(&o)).unwrap_err();
+    assert_eq!(
+        err.decline_reason(),
+        Some(DeclineReason::Malformed),
+        "{err}"
+    );
 }
 
 #[test]

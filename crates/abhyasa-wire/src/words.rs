@@ -73,10 +73,16 @@ pub fn safe_action(a: &SafeAction) -> String {
             target,
             weight_key,
             amount,
+            lapses_at,
             ..
         } => format!(
-            "down-weighted {weight_key} for {target} by {}",
-            delta(i64::from(*amount)).trim_start_matches('+')
+            "down-weighted {weight_key} for {target} by {}{}",
+            delta(i64::from(*amount)).trim_start_matches('+'),
+            lapses_at.map_or(String::new(), |end| format!(
+                " until unix time {}.{:03} s",
+                end.0 / 1_000,
+                end.0 % 1_000
+            ))
         ),
         SafeAction::StopHonouringToken { token_id, .. } => {
             format!("stopped honouring token {token_id}")
@@ -132,10 +138,34 @@ mod tests {
             weight_key: WeightKey::new("supplier/2").unwrap(),
             amount: 3_000,
             fold_after: UnixMillis(0),
+            lapses_at: None,
         };
         assert_eq!(
             safe_action(&w),
             "down-weighted supplier/2 for agent-1 by 0.003"
+        );
+        let SafeAction::DownWeight {
+            obligation_id,
+            target,
+            weight_key,
+            amount,
+            fold_after,
+            ..
+        } = w
+        else {
+            unreachable!()
+        };
+        let lapsing = SafeAction::DownWeight {
+            obligation_id,
+            target,
+            weight_key,
+            amount,
+            fold_after,
+            lapses_at: Some(UnixMillis(1_764_504_000_250)),
+        };
+        assert_eq!(
+            safe_action(&lapsing),
+            "down-weighted supplier/2 for agent-1 by 0.003 until unix time 1764504000.250 s"
         );
         let s = SafeAction::WithholdScope {
             target: AgentId::new("agent-1").unwrap(),
