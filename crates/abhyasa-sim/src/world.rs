@@ -345,36 +345,14 @@ impl World {
                 self.push(start + k * interval, Event::Flap(node));
             }
         }
-        let probed: BTreeSet<(usize, usize, abhyasa_wire::Scope)> = self
-            .scenario
-            .obligations
-            .iter()
-            .filter_map(|o| {
-                let Payload::AnumatiConsent(c) = &o.payload else {
-                    return None;
-                };
-                let p = (0..self.principals).find(|&p| self.nodes[p].agent == o.issuer)?;
-                let t = (self.principals..self.nodes.len())
-                    .find(|&t| self.nodes[t].agent == o.target)?;
-                Some((p, t, c.scope.clone()))
-            })
-            .collect();
-        self.probed = probed.into_iter().collect();
-        let weighed: BTreeSet<(usize, usize, abhyasa_wire::WeightKey)> = self
-            .scenario
-            .obligations
-            .iter()
-            .filter_map(|o| {
-                let Payload::PhalaBeliefUpdate(b) = &o.payload else {
-                    return None;
-                };
-                let p = (0..self.principals).find(|&p| self.nodes[p].agent == o.issuer)?;
-                let t = (self.principals..self.nodes.len())
-                    .find(|&t| self.nodes[t].agent == o.target)?;
-                Some((p, t, b.weight_key.clone()))
-            })
-            .collect();
-        self.weighed = weighed.into_iter().collect();
+        self.probed = self.named_pairs(|p| match p {
+            Payload::AnumatiConsent(c) => Some(c.scope.clone()),
+            _ => None,
+        });
+        self.weighed = self.named_pairs(|p| match p {
+            Payload::PhalaBeliefUpdate(b) => Some(b.weight_key.clone()),
+            _ => None,
+        });
         if !self.probed.is_empty() || !self.weighed.is_empty() {
             // Around every lease's end and every belief update's lapse, where an agent's
             // clock (skewed either way) passes it, and at moments drawn across the run.
@@ -552,6 +530,24 @@ impl World {
             Event::Chatter(target) => self.chatter(target),
             Event::Probe => self.probe(),
         }
+    }
+
+    /// Every distinct (principal node, target node, name) that `name` picks out of the
+    /// scenario's obligations, in order: what a probe asks about.
+    fn named_pairs<T: Ord>(&self, name: impl Fn(&Payload) -> Option<T>) -> Vec<(usize, usize, T)> {
+        let pairs: BTreeSet<(usize, usize, T)> = self
+            .scenario
+            .obligations
+            .iter()
+            .filter_map(|o| {
+                let n = name(&o.payload)?;
+                let p = (0..self.principals).find(|&p| self.nodes[p].agent == o.issuer)?;
+                let t = (self.principals..self.nodes.len())
+                    .find(|&t| self.nodes[t].agent == o.target)?;
+                Some((p, t, n))
+            })
+            .collect();
+        pairs.into_iter().collect()
     }
 
     /// Asks each principal's enforcement answer ([`PrincipalState::permits`], what
