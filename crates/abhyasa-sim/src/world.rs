@@ -532,6 +532,21 @@ impl World {
         }
     }
 
+    /// Agent node `t`'s view as its applies on disk give it, replayed in commit order.
+    fn replayed(&self, t: usize) -> ReceiverOracle {
+        let cfg = &self.scenario.receiver;
+        let mut view = ReceiverOracle::new(cfg.weight_min, cfg.weight_max);
+        for o in self
+            .rdisk(t)
+            .apply_log
+            .iter()
+            .filter_map(|id| self.all.get(id))
+        {
+            view.apply(o);
+        }
+        view
+    }
+
     /// Every distinct (principal node, target node, name) that `name` picks out of the
     /// scenario's obligations, in order: what a probe asks about.
     fn named_pairs<T: Ord>(&self, name: impl Fn(&Payload) -> Option<T>) -> Vec<(usize, usize, T)> {
@@ -554,7 +569,10 @@ impl World {
     /// `Node::decide` answers) and each agent's view ([`ReceiverState::permits`], what a
     /// governed tool checks) whether a consent scope may be exercised now, on what is
     /// durable, and holds the answer against the oracles: no authority past its lease, none
-    /// withheld, none unconfirmed — even when every renewal is lost.
+    /// withheld, none unconfirmed — even when every renewal is lost. Then weighs every route
+    /// a belief update touched, on the principal's side (`PrincipalState::routing_weight`) and
+    /// the agent's (`ReceiverState::weight`): no change counted past its lapse, none dropped
+    /// before it.
     fn probe(&mut self) {
         let mut found = Vec::new();
         let mut lapsed = 0;
@@ -581,14 +599,7 @@ impl World {
             }
             let now = self.time(t);
             let disk = self.rdisk(t);
-            let view = views.entry(t).or_insert_with(|| {
-                let cfg = &self.scenario.receiver;
-                let mut view = ReceiverOracle::new(cfg.weight_min, cfg.weight_max);
-                for o in disk.apply_log.iter().filter_map(|id| self.all.get(id)) {
-                    view.apply(o);
-                }
-                view
-            });
+            let view = views.entry(t).or_insert_with(|| self.replayed(t));
             let got = disk.state.permits(issuer, scope, now);
             let expected = view.permits(issuer, scope, now);
             let ended = view.lapsed(issuer, scope, now);
@@ -624,14 +635,7 @@ impl World {
             }
             let now = self.time(t);
             let disk = self.rdisk(t);
-            let view = views.entry(t).or_insert_with(|| {
-                let cfg = &self.scenario.receiver;
-                let mut view = ReceiverOracle::new(cfg.weight_min, cfg.weight_max);
-                for o in disk.apply_log.iter().filter_map(|id| self.all.get(id)) {
-                    view.apply(o);
-                }
-                view
-            });
+            let view = views.entry(t).or_insert_with(|| self.replayed(t));
             let got = disk.state.weight(issuer, key, now);
             let expected = view.weight(issuer, key, now);
             lapsed_changes += u64::from(view.has_lapsed(issuer, key, now));
