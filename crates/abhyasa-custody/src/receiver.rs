@@ -321,14 +321,6 @@ impl ReceiverState {
             .map(move |(k, route)| (k, self.route_weight(route, now)))
     }
 
-    /// The base weight kept for (`issuer`, `key`) by a store written before changes lapsed.
-    pub fn weight_base(&self, issuer: &AgentId, key: &WeightKey) -> Option<i64> {
-        self.weights
-            .get(&(issuer.clone(), key.clone()))
-            .map(|r| r.base)
-            .filter(|b| *b != 0)
-    }
-
     /// Every weight change held (in force, or lapsed and not yet forgotten).
     pub fn weight_changes(&self) -> impl Iterator<Item = (&AgentId, &WeightKey, WeightChange)> {
         self.weights.iter().flat_map(|((issuer, key), route)| {
