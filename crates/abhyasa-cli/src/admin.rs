@@ -208,6 +208,9 @@ pub struct StatusJson {
     /// The groups they left in (what is ready at once goes in one group per peer).
     #[serde(default)]
     pub sent_groups: u64,
+    /// Events in the outbox not yet taken by every sink (`[events]`).
+    #[serde(default)]
+    pub outbox: u64,
     /// The pending set.
     pub pending: Vec<PendingJson>,
     /// Recent outcomes.
@@ -327,6 +330,7 @@ impl From<Status> for StatusJson {
                 .collect(),
             sent_objects: s.sent.objects,
             sent_groups: s.sent.groups,
+            outbox: s.outbox,
             store_full: s.store_full.clone(),
             pending: s
                 .pending

@@ -506,6 +506,8 @@ struct NodeConfig {
     /// Present: a command decides, before each apply, whether this agent applies, declines
     /// or defers (docs/CUSTODY.md, "Agents decide").
     policy: Option<crate::policy::PolicySection>,
+    /// Present: the node keeps its outbox and delivers it (docs/OPERATOR.md, "Events out").
+    events: Option<crate::events_cli::EventsSection>,
 }
 
 /// `[enforce]`: RFC 7662 introspection, RFC 7009 revocation and the proxy check, answered
@@ -1412,6 +1414,9 @@ impl NodeConfig {
         if let Some(p) = &self.policy {
             p.check()?;
         }
+        if let Some(e) = &self.events {
+            e.check()?;
+        }
         for p in &self.peers {
             AgentId::new(p.id.clone())?;
             match p.transport.as_deref().unwrap_or("moqt") {
@@ -1613,6 +1618,7 @@ async fn build_node(config: &NodeConfig) -> Result<Node> {
             retention_ms: config.limits.history_retention_ms,
             max_terminal: config.limits.max_terminal_records,
             cache_bytes: config.limits.store_cache_bytes,
+            events: config.events.is_some(),
             ..abhyasa_store::StoreConfig::default()
         })
         .limits(abhyasa_node::Limits {
@@ -1712,6 +1718,7 @@ fn valid_card(config: &NodeConfig) -> Result<abhyasa_a2a::AgentCard> {
 
 /// What a running node serves and reaches besides MOQT; dropping it stops them.
 struct Bindings {
+    _events: Option<abhyasa_events::Delivery>,
     _enforce: Option<abhyasa_enforce::Server>,
     _a2a: Option<abhyasa_a2a::A2aServer>,
     a2a_peers: Vec<tokio::task::JoinHandle<()>>,
@@ -1773,7 +1780,15 @@ async fn start_bindings(config: &NodeConfig, node: &Node) -> Result<Bindings> {
     }
     let (a2a, a2a_peers) = start_a2a(config, node).await?;
     let enforce = start_enforce(config, node).await?;
+    let events = match &config.events {
+        None => None,
+        Some(e) => {
+            let identity = Identity::load(&config.certs, &AgentId::new(config.agent.clone())?)?;
+            Some(e.start(node, &identity).await?)
+        }
+    };
     Ok(Bindings {
+        _events: events,
         _enforce: enforce,
         _a2a: a2a,
         a2a_peers,
@@ -1820,22 +1835,10 @@ async fn start_enforce(
             None => None,
             Some(path) => Some(secret_file(path)?),
         };
-        let roots = match &u.ca {
-            None => None,
-            Some(path) => {
-                let pem =
-                    std::fs::read(path).map_err(|err| format!("{}: {err}", path.display()))?;
-                let mut roots = rustls::RootCertStore::empty();
-                use rustls::pki_types::pem::PemObject as _;
-                for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
-                    let cert = cert.map_err(|err| format!("{}: {err}", path.display()))?;
-                    roots
-                        .add(cert)
-                        .map_err(|err| format!("{}: {err}", path.display()))?;
-                }
-                Some(roots)
-            }
-        };
+        let roots =
+            u.ca.as_deref()
+                .map(crate::events_cli::read_roots)
+                .transpose()?;
         c.upstream = Some(abhyasa_enforce::Upstream {
             url: u.url.clone(),
             authorization,

@@ -10,6 +10,7 @@ pub mod audit;
 mod cli;
 pub mod demo;
 mod demo_nginx;
+pub mod events_cli;
 pub mod fanout;
 pub mod ledger_cli;
 pub mod mcp_cli;

@@ -166,6 +166,9 @@ fn refuse_while_full(cmd: Command, e: NodeError) -> Option<Command> {
         Command::GatewayExecuted(_, _, _, reply) => {
             let _ = reply.send(Err(e));
         }
+        Command::OutboxDelivered(_, reply) => {
+            let _ = reply.send(Err(e));
+        }
         cmd => return Some(cmd),
     }
     None
@@ -482,6 +485,10 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         unverified: std::collections::BTreeMap::new(),
         signer,
         sent: crate::Sent::default(),
+        outbox: Outgoing {
+            on: b.store.events,
+            ..Outgoing::default()
+        },
     };
     tokio::spawn(core.run(rx, irx));
     Ok(Node {
@@ -493,6 +500,7 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         impairment,
         custodian: b.custodian,
         mcp_sessions: Arc::new(std::sync::Mutex::new(Some(mcp_rx))),
+        keeps_events: b.store.events,
     })
 }
 
@@ -783,6 +791,19 @@ struct Core {
     signer: Arc<Signer>,
     /// Custody objects and groups handed to sessions.
     sent: crate::Sent,
+    /// What goes in the next commit besides the machines' records.
+    outbox: Outgoing,
+}
+
+/// Outbox writes waiting for the next commit ([`crate::outbox`]).
+#[derive(Default)]
+struct Outgoing {
+    /// Events and delivery marks to write.
+    ops: Vec<Op>,
+    /// Callers of [`crate::Node::outbox_delivered`], answered when their mark is durable.
+    replies: Vec<tokio::sync::oneshot::Sender<Result<(), NodeError>>>,
+    /// Whether the store keeps events ([`abhyasa_store::StoreConfig::events`]).
+    on: bool,
 }
 
 /// Obligations delivered through [`Node::deliver`], waiting for their acks.
@@ -926,6 +947,9 @@ impl Core {
         match outcome {
             Ok(report) => {
                 debug!(folded, ?report, "maintenance");
+                if report.leases_ended > 0 {
+                    let _ = self.events.send(NodeEvent::Outbox);
+                }
                 true
             }
             Err(GroupError::Unknown(e)) if out_of_space(&e) => self.store_is_full(e),
@@ -1052,9 +1076,10 @@ impl Core {
                             .unwrap_or_default(),
                         s.receiver_state().clone(),
                         s.recent_applied(crate::STATUS_APPLIED).unwrap_or_default(),
+                        s.outbox_len().unwrap_or_default(),
                     )
                 });
-                let (recent, escalations, honours, applied) = stored.unwrap_or_default();
+                let (recent, escalations, honours, applied, outbox) = stored.unwrap_or_default();
                 let _ = reply.send(Status {
                     agent: self.agent.clone(),
                     at: self.clock.now(),
@@ -1075,7 +1100,20 @@ impl Core {
                     unverified: self.unverified.clone(),
                     sent: self.sent,
                     store_full: self.refuse_new_work().map(|e| e.to_string()),
+                    outbox,
                 });
+            }
+            Command::Outbox(after, limit, reply) => {
+                let read = self.group.read_then(move |s| {
+                    let _ = reply.send(s.outbox(after, limit).map_err(NodeError::from));
+                });
+                if read.is_err() {
+                    debug!("outbox: the store's writer has stopped");
+                }
+            }
+            Command::OutboxDelivered(through, reply) => {
+                self.outbox.ops.push(Op::EventsDelivered { through });
+                self.outbox.replies.push(reply);
             }
             Command::Decide(ask, reply) => self.decide(&ask, reply),
             Command::Honours(reply) => {
@@ -1272,17 +1310,43 @@ impl Core {
             return true;
         }
         loop {
-            if let Some(commit) = self.machine.poll_commit() {
-                let ops = commit
-                    .records
-                    .into_iter()
-                    .map(|r| match r {
+            let commit = self.machine.poll_commit();
+            if commit.is_some() || !self.outbox.ops.is_empty() {
+                let (records, token) = match commit {
+                    Some(c) => (c.records, Some(c.token)),
+                    None => (Vec::new(), None),
+                };
+                let (now, on) = (self.clock.now(), self.outbox.on);
+                let branch = self.machine.ledger().map(|l| &l.branch);
+                let mut ops = Vec::with_capacity(records.len() + self.outbox.ops.len());
+                for r in records {
+                    let event = match &r {
+                        Record::Ledger(s) if on => {
+                            branch.and_then(|b| crate::outbox::of_step(s, b, now))
+                        }
+                        _ => None,
+                    };
+                    ops.push(match r {
                         Record::Custodian(r) => Op::Custodian(r),
                         Record::Receiver(r) => Op::Receiver(r),
                         Record::Ledger(s) => Op::Ledger(s),
                         Record::Gateway(r) => Op::Gateway(r),
-                    })
+                    });
+                    ops.extend(event);
+                }
+                // The outbox's own writes: events kept for a retry if the commit fails (they
+                // are recorded once under their keys), delivery marks answered either way.
+                let events: Vec<Op> = self
+                    .outbox
+                    .ops
+                    .iter()
+                    .filter(|o| matches!(o, Op::Event { .. }))
+                    .cloned()
                     .collect();
+                let noted =
+                    on && ops.iter().any(|o| matches!(o, Op::Event { .. })) || !events.is_empty();
+                ops.append(&mut self.outbox.ops);
+                let replies = std::mem::take(&mut self.outbox.replies);
                 // The writer thread answers into a oneshot: no thread blocks on the commit.
                 let (done, outcome) = tokio::sync::oneshot::channel();
                 self.group.submit_then(ops, move |r| {
@@ -1291,14 +1355,29 @@ impl Core {
                 let outcome = writer_answer(self.paused_clock, outcome)
                     .await
                     .unwrap_or(Err(GroupError::Stopped));
+                if outcome.is_err() {
+                    self.outbox.ops = events;
+                }
+                for reply in replies {
+                    let _ = reply.send(match &outcome {
+                        Ok(()) => Ok(()),
+                        Err(e) => Err(NodeError::IssueAgain {
+                            cause: e.to_string(),
+                        }),
+                    });
+                }
                 match outcome {
                     Ok(()) => {
                         if self.full_backoff != STORE_FULL_BACKOFF_MIN {
                             info!(path = %self.db_path.display(), "the store takes commits again");
                             self.full_backoff = STORE_FULL_BACKOFF_MIN;
                         }
-                        self.machine
-                            .handle_committed(self.clock.now(), commit.token);
+                        if let Some(token) = token {
+                            self.machine.handle_committed(self.clock.now(), token);
+                        }
+                        if noted {
+                            let _ = self.events.send(NodeEvent::Outbox);
+                        }
                     }
                     Err(GroupError::Unknown(e)) if out_of_space(&e) => {
                         // Not a loop of commit, fail, recover, retry: the node answers
@@ -1530,11 +1609,16 @@ impl Core {
             },
             &mut events,
         );
+        let now = self.clock.now();
         for e in events {
+            if self.outbox.on {
+                if let Some(op) = crate::outbox::of_ledger_event(&e, &m.branch, now) {
+                    self.outbox.ops.push(op);
+                }
+            }
             let _ = self.events.send(NodeEvent::Ledger(e));
         }
-        let more = !local.is_empty();
-        let now = self.clock.now();
+        let more = !local.is_empty() || !self.outbox.ops.is_empty();
         for m in local {
             self.machine.ledger_local(now, m);
         }

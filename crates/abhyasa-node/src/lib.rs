@@ -23,6 +23,7 @@ pub mod decide;
 pub mod ledger;
 mod link;
 pub mod listen;
+mod outbox;
 pub mod policy;
 
 use std::collections::BTreeMap;
@@ -78,6 +79,9 @@ pub enum NodeEvent {
     PeerDown(AgentId),
     /// The ledger branch reported something (settled, no effect, transfer decided, …).
     Ledger(abhyasa_ledger::LedgerEvent),
+    /// The operator's outbox took rows ([`Node::outbox`]); escalations and declines also
+    /// come as [`NodeEvent::Terminal`].
+    Outbox,
 }
 
 /// Why a node operation failed.
@@ -212,6 +216,8 @@ pub struct Status {
     /// Set while the store refuses commits for want of space ([`NodeError::StoreFull`]):
     /// new work is refused, commits are retried with backoff.
     pub store_full: Option<String>,
+    /// Rows in the operator's outbox not yet taken by every sink ([`Node::outbox`]).
+    pub outbox: u64,
 }
 
 /// Custody objects sent and the groups they went in (see [`Status::sent`]).
@@ -284,6 +290,12 @@ pub(crate) enum Command {
             Result<oneshot::Receiver<abhyasa_ledger::Signed<abhyasa_ledger::Receipt>>, NodeError>,
         >,
     ),
+    Outbox(
+        Option<u64>,
+        usize,
+        oneshot::Sender<Result<Vec<abhyasa_store::OutboxEntry>, NodeError>>,
+    ),
+    OutboxDelivered(u64, oneshot::Sender<Result<(), NodeError>>),
     Shutdown(oneshot::Sender<()>),
 }
 
@@ -538,6 +550,7 @@ pub struct Node {
     impairment: Option<abhyasa_moq::ImpairmentHandle>,
     custodian: CustodianConfig,
     mcp_sessions: std::sync::Arc<std::sync::Mutex<Option<mpsc::Receiver<abhyasa_moq::McpChannel>>>>,
+    keeps_events: bool,
 }
 
 impl Node {
@@ -857,6 +870,40 @@ impl Node {
             .send(Command::Block(peer, duration))
             .await
             .map_err(|_| NodeError::Stopped)
+    }
+
+    /// Whether the node keeps the operator's outbox ([`StoreConfig::events`]).
+    pub fn keeps_events(&self) -> bool {
+        self.keeps_events
+    }
+
+    /// Up to `limit` rows of the operator's outbox after the row `after` (from the first with
+    /// `None`), oldest first: escalations, declines, ended leases, quarantined and forfeited
+    /// budget, each recorded in the commit that made it true. Kept only when the node's
+    /// [`StoreConfig::events`] is on.
+    pub async fn outbox(
+        &self,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<abhyasa_store::OutboxEntry>, NodeError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Command::Outbox(after, limit, tx))
+            .await
+            .map_err(|_| NodeError::Stopped)?;
+        rx.await.map_err(|_| NodeError::Stopped)?
+    }
+
+    /// Every sink took the outbox's rows up to and including `through`: they leave it. When
+    /// this returns `Ok` that is durable; a crash before leaves them to be delivered again
+    /// (under the same keys).
+    pub async fn outbox_delivered(&self, through: u64) -> Result<(), NodeError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Command::OutboxDelivered(through, tx))
+            .await
+            .map_err(|_| NodeError::Stopped)?;
+        rx.await.map_err(|_| NodeError::Stopped)?
     }
 
     /// Stops the node gracefully: queued commits land, sessions close, the store is closed.

@@ -491,3 +491,125 @@ async fn a_keyring_that_holds_another_key_for_the_node_itself_is_refused() {
         .unwrap();
     node.shutdown().await;
 }
+
+/// The operator's outbox of a paying node: a gateway's refusal leaves the operation's budget
+/// quarantined — one event, though the dispatch is resent and refused again and again — and
+/// a forfeit charges it for good — a second; both name the operation, its gateway and what
+/// stays charged; they outlast a restart until delivered, and a node that keeps no events
+/// records none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_dispatch_and_a_forfeit_reach_the_operators_outbox_once_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let gw = Node::builder(ident("gw"))
+        .state_dir(dir.path().join("gw"))
+        .ledger(setup(Some(Arc::new(Recorder::default()))))
+        .build()
+        .await
+        .unwrap();
+    // Permits that never expire: a gateway that forgets settled acceptances refuses them.
+    let payer = |events: bool, state: &str| {
+        Node::builder(ident("root"))
+            .state_dir(dir.path().join(state))
+            .peer(id("gw"), gw.local_addr())
+            .store(StoreConfig {
+                events,
+                ..StoreConfig::default()
+            })
+            .ledger(LedgerSetup {
+                permit_ttl_ms: 0,
+                ..setup(None)
+            })
+            .build()
+    };
+    let spend_refused = |node: Node, key: OpKey| async move {
+        node.ledger(LedgerCommand::Grant {
+            grant: Signed::sign(
+                &RootGrant {
+                    root: RootId::from_u128(9),
+                    issuer: id("issuer"),
+                    holder: id("root"),
+                    budget: cents(100),
+                    label: Label::of(&["tools"]).unwrap(),
+                    issued_at: UnixMillis(0),
+                },
+                &id("issuer"),
+                &sk("issuer"),
+            ),
+            credit: CreditId::from_u128(9),
+        })
+        .await
+        .unwrap();
+        let mut events = node.events();
+        node.ledger(LedgerCommand::Spend {
+            credit: CreditId::from_u128(9),
+            effect: Effect {
+                purpose: Dim::new("tools").unwrap(),
+                operation: "refused for want of an expiry".into(),
+                max_charge: cents(30),
+            },
+            gateway: id("gw"),
+            key,
+        })
+        .await
+        .unwrap();
+        tokio::time::timeout(Duration::from_secs(20), async {
+            loop {
+                if let Ok(NodeEvent::Ledger(LedgerEvent::Refused { key: k, reason })) =
+                    events.recv().await
+                {
+                    assert_eq!((k, reason), (key, Refusal::NoExpiry));
+                    return;
+                }
+            }
+        })
+        .await
+        .expect("the gateway's refusal");
+        // Several resends, each refused again.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        node
+    };
+    let key = OpKey::from_u128(77);
+    let root = spend_refused(payer(true, "root").await.unwrap(), key).await;
+    let out = root.outbox(None, 10).await.unwrap();
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(out[0].key, format!("quarantined-{key}"));
+    assert_eq!(
+        out[0].event,
+        abhyasa_store::OperatorEvent::BudgetQuarantined {
+            key,
+            gateway: id("gw"),
+            credit: CreditId::from_u128(9),
+            max_charge: cents(30),
+            refusal: Refusal::NoExpiry,
+        }
+    );
+    root.ledger(LedgerCommand::Forfeit { key }).await.unwrap();
+    let out = root.outbox(Some(out[0].seq), 10).await.unwrap();
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(out[0].key, format!("forfeited-{key}"));
+    assert!(matches!(
+        &out[0].event,
+        abhyasa_store::OperatorEvent::BudgetForfeited { gateway, max_charge, .. }
+            if *gateway == id("gw") && *max_charge == cents(30)
+    ));
+    // Delivered through the first: the second waits, across a restart.
+    let first = out[0].seq - 1;
+    root.outbox_delivered(first).await.unwrap();
+    root.shutdown().await;
+    let root = payer(true, "root").await.unwrap();
+    let left = root.outbox(None, 10).await.unwrap();
+    assert_eq!(
+        left.iter().map(|e| e.key.as_str()).collect::<Vec<_>>(),
+        [format!("forfeited-{key}")]
+    );
+    assert_eq!(root.status().await.unwrap().outbox, 1);
+    root.shutdown().await;
+
+    // The same history on a node that keeps no events: nothing recorded.
+    let quiet = spend_refused(payer(false, "quiet").await.unwrap(), key).await;
+    assert!(!quiet.keeps_events());
+    quiet.ledger(LedgerCommand::Forfeit { key }).await.unwrap();
+    assert!(quiet.outbox(None, 10).await.unwrap().is_empty());
+    quiet.shutdown().await;
+    gw.shutdown().await;
+}

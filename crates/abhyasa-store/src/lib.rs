@@ -58,6 +58,7 @@
 
 #![warn(missing_docs, unreachable_pub)]
 
+mod events;
 pub mod fault;
 mod group;
 mod rows;
@@ -91,6 +92,7 @@ pub struct AppliedEntry {
     pub earlier: u32,
 }
 
+pub use events::{LeaseSide, OperatorEvent, OutboxEntry};
 pub use group::{GroupCommit, GroupConfig, GroupError, GroupStats, MaintenanceTicket, Ticket};
 use rows::PendingRow;
 use tables::*;
@@ -106,6 +108,20 @@ pub enum Op {
     Ledger(abhyasa_ledger::Step),
     /// A gateway record, appended to the acceptance log.
     Gateway(abhyasa_ledger::GatewayRecord),
+    /// An event for the operator's outbox, recorded at `at` (with [`StoreConfig::events`];
+    /// one already recorded under its key is not recorded again). Escalations and declines
+    /// need none: the store records them with their terminal record.
+    Event {
+        /// The event.
+        event: OperatorEvent,
+        /// When.
+        at: UnixMillis,
+    },
+    /// The node's sinks took every outbox row up to and including `through`: they leave it.
+    EventsDelivered {
+        /// The last row taken.
+        through: u64,
+    },
 }
 
 /// Store settings.
@@ -131,6 +147,10 @@ pub struct StoreConfig {
     /// redb's page cache, in bytes (redb's own default is 1 GiB, which a long-running node
     /// fills as its file grows: resident memory then follows the file).
     pub cache_bytes: usize,
+    /// Keep the operator's outbox ([`OperatorEvent`]): escalations and declines with their
+    /// terminal records, ended leases at maintenance, [`Op::Event`]s. Off: none are kept
+    /// (a node with no event sink).
+    pub events: bool,
 }
 
 impl Default for StoreConfig {
@@ -145,6 +165,7 @@ impl Default for StoreConfig {
             quick_repair: false,
             verify_on_open: true,
             cache_bytes: 64 << 20,
+            events: false,
         }
     }
 }
@@ -242,6 +263,8 @@ pub struct Maintenance {
     /// Token records forgotten after the token's own expiry (revoked by the principal,
     /// dropped or cached by the receiver).
     pub tokens_expired: usize,
+    /// Leases found ended and recorded in the outbox (with [`StoreConfig::events`]).
+    pub leases_ended: usize,
     /// Whether the file was compacted.
     pub compacted: bool,
 }
@@ -389,6 +412,9 @@ impl Store {
             txn.open_table(LEDGER_CHECKPOINT)?;
             txn.open_table(GATEWAY_LOG)?;
             txn.open_table(GATEWAY_CHECKPOINT)?;
+            txn.open_table(EVENTS_OUTBOX)?;
+            txn.open_table(EVENT_KEYS)?;
+            txn.open_table(EVENT_KEYS_BY_TIME)?;
         }
         txn.commit()
             .map_err(|e| StoreError::CommitUnknown(e.to_string()))?;
@@ -438,6 +464,13 @@ impl Store {
                     txn.open_table(GATEWAY_LOG)?.retain(|_, _| false)?;
                 }
                 Op::Gateway(record) => append(&txn, GATEWAY_LOG, &encode(record))?,
+                Op::Event { event, at } => self.record_event(&txn, event, *at)?,
+                Op::EventsDelivered { through } => {
+                    let mut outbox = txn.open_table(EVENTS_OUTBOX)?;
+                    for row in outbox.extract_from_if(..=*through, |_, _| true)? {
+                        row?;
+                    }
+                }
             }
         }
         txn.commit()
@@ -498,6 +531,11 @@ impl Store {
                     txn.open_table(ESCALATIONS_BY_TIME)?
                         .insert((e.at.0, key), ())?;
                 }
+                if let Some(event) =
+                    events::of_terminal(record, escalation.as_ref(), principal.as_ref())
+                {
+                    self.record_event(txn, &event, record.at)?;
+                }
                 self.apply_principal(txn, principal.as_ref(), record.obligation_id)?;
             }
             CustodianRecord::Reconciliation(note) => {
@@ -505,6 +543,38 @@ impl Store {
                     .insert(note.obligation_id.to_u128(), encode(note).as_slice())?;
             }
         }
+        Ok(())
+    }
+
+    /// Records `event` in the outbox at `at`, unless the store keeps no events or one with its
+    /// key is already recorded (within the retention).
+    fn record_event(
+        &self,
+        txn: &WriteTransaction,
+        event: &OperatorEvent,
+        at: UnixMillis,
+    ) -> Result<(), StoreError> {
+        if !self.config.events {
+            return Ok(());
+        }
+        let key = event.key();
+        let mut keys = txn.open_table(EVENT_KEYS)?;
+        if keys.get(key.as_str())?.is_some() {
+            return Ok(());
+        }
+        keys.insert(key.as_str(), at.0)?;
+        txn.open_table(EVENT_KEYS_BY_TIME)?
+            .insert((at.0, key.as_str()), ())?;
+        let mut meta = txn.open_table(META)?;
+        let seq = meta.get(EVENTS_NEXT_SEQ)?.map_or(0, |v| v.value());
+        meta.insert(EVENTS_NEXT_SEQ, seq + 1)?;
+        let row = events::OutboxRow {
+            key,
+            at,
+            event: event.clone(),
+        };
+        txn.open_table(EVENTS_OUTBOX)?
+            .insert(seq, encode(&row).as_slice())?;
         Ok(())
     }
 
@@ -789,6 +859,20 @@ impl Store {
                 t.remove(id)?;
             }
         }
+        if self.config.events {
+            report.leases_ended = self.record_ended_leases(&txn, now, budget)?;
+            // A key is remembered as long as a terminal record: an event recorded again
+            // after that carries the same key.
+            let mut keys = txn.open_table(EVENT_KEYS)?;
+            let mut by_time = txn.open_table(EVENT_KEYS_BY_TIME)?;
+            for row in by_time
+                .extract_from_if(..(cutoff, ""), |_, _| true)?
+                .take(budget)
+            {
+                let (k, _) = row?;
+                keys.remove(k.value().1)?;
+            }
+        }
         txn.commit()
             .map_err(|e| StoreError::CommitUnknown(e.to_string()))?;
         self.pruned_since_compaction +=
@@ -799,6 +883,82 @@ impl Store {
         }
         self.poisoned = false;
         Ok(report)
+    }
+
+    /// Records every lease that ended by `now` (the principal's grants and the agent's held
+    /// scopes) and is not recorded yet, at most `budget` of them.
+    fn record_ended_leases(
+        &self,
+        txn: &WriteTransaction,
+        now: UnixMillis,
+        budget: usize,
+    ) -> Result<usize, StoreError> {
+        let principal = self
+            .principal
+            .authorizations()
+            .filter_map(|((agent, scope), a)| match a.until {
+                Some(end) if !a.withheld && end <= now => {
+                    Some((LeaseSide::Principal, agent, scope, end))
+                }
+                _ => None,
+            });
+        let agent = self
+            .receiver
+            .leases()
+            .filter(|(_, end)| *end <= now)
+            .map(|((issuer, scope), end)| (LeaseSide::Agent, issuer, scope, end));
+        let mut recorded = 0;
+        let keys = txn.open_table(EVENT_KEYS)?;
+        let mut ended = Vec::new();
+        for (side, agent, scope, end) in principal.chain(agent) {
+            let event = OperatorEvent::LeaseEnded {
+                side,
+                agent: agent.clone(),
+                scope: scope.clone(),
+                ended_at: end,
+            };
+            if keys.get(event.key().as_str())?.is_none() {
+                ended.push(event);
+                if ended.len() >= budget {
+                    break;
+                }
+            }
+        }
+        drop(keys);
+        for event in ended {
+            self.record_event(txn, &event, now)?;
+            recorded += 1;
+        }
+        Ok(recorded)
+    }
+
+    /// Up to `limit` outbox rows after `after` (all from the start with `None`), oldest first.
+    pub fn outbox(&self, after: Option<u64>, limit: usize) -> Result<Vec<OutboxEntry>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let table = txn.open_table(EVENTS_OUTBOX)?;
+        let range = match after {
+            Some(a) => table.range(a.saturating_add(1)..)?,
+            None => table.range(0..)?,
+        };
+        let mut out = Vec::new();
+        for entry in range.take(limit) {
+            let (k, v) = entry?;
+            let row: events::OutboxRow =
+                rows::decode("events.outbox", k.value().into(), v.value())?;
+            out.push(OutboxEntry {
+                seq: k.value(),
+                key: row.key,
+                at: row.at,
+                event: row.event,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Rows in the outbox (recorded, not yet taken by every sink).
+    pub fn outbox_len(&self) -> Result<u64, StoreError> {
+        let txn = self.db.begin_read()?;
+        Ok(txn.open_table(EVENTS_OUTBOX)?.len()?)
     }
 
     /// What a custodian needs to resume: reads only the pending set, the principal state and

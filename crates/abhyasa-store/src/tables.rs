@@ -135,5 +135,22 @@ pub(crate) const GATEWAY_CHECKPOINT: TableDefinition<'_, u64, &[u8]> =
 /// (first acceptances, receipts, fences). Append-only.
 pub(crate) const GATEWAY_LOG: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("gateway.log");
 
+// Operator events ------------------------------------------------------------------------------
+
+/// The operator's outbox: sequence → CBOR `events::OutboxRow` (key, time, event). Rows leave
+/// when every sink took them. (Added after layout 1 was first written: absent reads as
+/// empty.)
+pub(crate) const EVENTS_OUTBOX: TableDefinition<'_, u64, &[u8]> =
+    TableDefinition::new("events.outbox");
+/// The key of every event recorded within the retention: key → recorded at. An event whose
+/// key is here is not recorded again.
+pub(crate) const EVENT_KEYS: TableDefinition<'_, &str, u64> = TableDefinition::new("events.keys");
+/// The same keys by time, for retention: (recorded at, key) → ().
+pub(crate) const EVENT_KEYS_BY_TIME: TableDefinition<'_, (u64, &str), ()> =
+    TableDefinition::new("events.keys_by_time");
+/// `meta` row holding the outbox's next sequence (never reused, even when the outbox
+/// empties).
+pub(crate) const EVENTS_NEXT_SEQ: &str = "events.next_seq";
+
 /// The layout version written in `meta.schema`.
 pub(crate) const SCHEMA_VERSION: u64 = 1;

@@ -1077,3 +1077,184 @@ fn weight_changes_lapse_on_both_sides_across_a_restart_and_upkeep_forgets_them()
         .unwrap();
     assert_eq!(r.state(), store.receiver_state());
 }
+
+/// Opens (or, power-cycled, reopens) a store that keeps the operator's outbox.
+fn events_store(backend: &mut FaultyBackend, cycle: bool) -> Store {
+    if cycle {
+        *backend = backend.power_cycle(FaultPlan::None);
+    }
+    let config = StoreConfig {
+        events: true,
+        ..StoreConfig::default()
+    };
+    Store::open_backend(backend.clone(), config).unwrap()
+}
+
+/// Escalations and declines are in the outbox with their terminal records, an applied
+/// outcome is not; each key once; rows leave when delivered and the sequence never goes
+/// back; it all survives a power cycle; a store that keeps no events records none.
+#[test]
+fn the_outbox_holds_each_escalation_and_decline_once_until_delivered() {
+    let mut backend = FaultyBackend::new(FaultPlan::None);
+    let mut store = events_store(&mut backend, false);
+    let mut c = Custodian::new(p(), CustodianConfig::default(), 1);
+    for o in [revoke_scope(1), revoke_token(2), revoke_scope(3)] {
+        c.issue(UnixMillis(0), o).unwrap();
+    }
+    persist_custodian(&mut c, &mut store, 0);
+    let ack = |id: u128, status| abhyasa_wire::CustodyAck {
+        obligation_id: ObligationId::from_u128(id),
+        target: a(),
+        status,
+        acked_at: UnixMillis(5),
+        detail: None,
+    };
+    c.handle_ack(UnixMillis(5), &a(), ack(1, AckStatus::Applied));
+    c.handle_ack(
+        UnixMillis(5),
+        &a(),
+        ack(2, AckStatus::Declined(abhyasa_wire::DeclineReason::Policy)),
+    );
+    persist_custodian(&mut c, &mut store, 5);
+    // Obligation 3 escalates at its deadline.
+    c.handle_timeout(UnixMillis(1_000));
+    persist_custodian(&mut c, &mut store, 1_000);
+    let mut store = events_store(&mut backend, true);
+    let out = store.outbox(None, 100).unwrap();
+    let kinds: Vec<_> = out.iter().map(|e| (e.seq, e.event.kind())).collect();
+    assert_eq!(
+        kinds,
+        [(0, "obligation.declined"), (1, "obligation.escalated")],
+        "{out:?}"
+    );
+    assert_eq!(
+        out[0].key,
+        format!("declined-{}", ObligationId::from_u128(2))
+    );
+    match &out[0].event {
+        OperatorEvent::Declined {
+            record,
+            safe_action,
+        } => {
+            assert_eq!(record.obligation_id, ObligationId::from_u128(2));
+            assert!(
+                matches!(safe_action, Some(SafeAction::StopHonouringToken { .. })),
+                "{safe_action:?}"
+            );
+        }
+        e => panic!("{e:?}"),
+    }
+    match &out[1].event {
+        OperatorEvent::Escalated(e) => {
+            assert_eq!(e.obligation_id, ObligationId::from_u128(3));
+            assert!(matches!(e.safe_action, SafeAction::WithholdScope { .. }));
+        }
+        e => panic!("{e:?}"),
+    }
+    // The same event again (a refusal that came back, an event re-derived after a crash):
+    // one row.
+    let again = out[1].event.clone();
+    store
+        .commit(&[Op::Event {
+            event: again,
+            at: UnixMillis(2_000),
+        }])
+        .unwrap();
+    assert_eq!(store.outbox_len().unwrap(), 2);
+    assert_eq!(store.outbox(Some(0), 100).unwrap().len(), 1);
+    // Delivered through 1: empty; a new event takes sequence 2, not 0, across a restart.
+    store.commit(&[Op::EventsDelivered { through: 1 }]).unwrap();
+    assert_eq!(store.outbox_len().unwrap(), 0);
+    let mut store = events_store(&mut backend, true);
+    let lease = OperatorEvent::LeaseEnded {
+        side: LeaseSide::Principal,
+        agent: a(),
+        scope: Scope::new("s9").unwrap(),
+        ended_at: UnixMillis(3_000),
+    };
+    store
+        .commit(&[Op::Event {
+            event: lease.clone(),
+            at: UnixMillis(3_000),
+        }])
+        .unwrap();
+    let out = store.outbox(Some(1), 100).unwrap();
+    assert_eq!(out.len(), 1);
+    assert_eq!((out[0].seq, &out[0].event), (2, &lease));
+    assert!(out[0].key.starts_with("lease-ended-") && out[0].key.len() == 44);
+
+    // The same history in a store that keeps no events: none.
+    let (mut plain, _) = memory_store();
+    let mut c = Custodian::new(p(), CustodianConfig::default(), 1);
+    c.issue(UnixMillis(0), revoke_scope(3)).unwrap();
+    persist_custodian(&mut c, &mut plain, 0);
+    c.handle_timeout(UnixMillis(1_000));
+    persist_custodian(&mut c, &mut plain, 1_000);
+    assert_eq!(plain.escalations().unwrap().len(), 1);
+    assert_eq!(plain.outbox_len().unwrap(), 0);
+}
+
+/// A lease that ends is recorded by the first maintenance at or after its end, once, on both
+/// sides, and not before it ends; a lease renewed to a new end is a new event.
+#[test]
+fn an_ended_lease_is_recorded_once_by_maintenance_on_both_sides() {
+    let mut backend = FaultyBackend::new(FaultPlan::None);
+    let mut store = events_store(&mut backend, false);
+    let scope = Scope::new("s1").unwrap();
+    // The agent holds s1 from p until 50 s.
+    let mut r = store
+        .recover_receiver(a(), ReceiverConfig::default())
+        .unwrap();
+    let mut grant = revoke_scope(1);
+    grant.payload = Payload::AnumatiConsent(ConsentPayload {
+        decision: Some(ConsentDecision::Grant),
+        scope: scope.clone(),
+        expires_at: Some(UnixMillis(50_000)),
+    });
+    r.handle_obligation(UnixMillis(1), &p(), grant.clone());
+    persist_receiver(&mut r, &mut store);
+    // The principal grants s1 to a until 50 s, confirmed.
+    let mut c = Custodian::new(p(), CustodianConfig::default(), 1);
+    grant.id = ObligationId::from_u128(7);
+    grant.deadline = UnixMillis(40_000);
+    c.issue(UnixMillis(1), grant).unwrap();
+    persist_custodian(&mut c, &mut store, 1);
+    c.handle_ack(
+        UnixMillis(2),
+        &a(),
+        abhyasa_wire::CustodyAck {
+            obligation_id: ObligationId::from_u128(7),
+            target: a(),
+            status: AckStatus::Applied,
+            acked_at: UnixMillis(2),
+            detail: None,
+        },
+    );
+    persist_custodian(&mut c, &mut store, 2);
+    assert_eq!(store.maintain(UnixMillis(49_999)).unwrap().leases_ended, 0);
+    assert_eq!(store.outbox_len().unwrap(), 0);
+    assert_eq!(store.maintain(UnixMillis(50_000)).unwrap().leases_ended, 2);
+    let mut store = events_store(&mut backend, true);
+    assert_eq!(store.maintain(UnixMillis(60_000)).unwrap().leases_ended, 0);
+    let out = store.outbox(None, 10).unwrap();
+    let sides: Vec<_> = out
+        .iter()
+        .map(|e| match &e.event {
+            OperatorEvent::LeaseEnded {
+                side,
+                agent,
+                scope: s,
+                ended_at,
+            } => {
+                assert_eq!((s, *ended_at), (&scope, UnixMillis(50_000)));
+                (*side, agent.clone())
+            }
+            e => panic!("{e:?}"),
+        })
+        .collect();
+    assert_eq!(
+        sides,
+        [(LeaseSide::Principal, a()), (LeaseSide::Agent, p())]
+    );
+    assert_ne!(out[0].key, out[1].key);
+}
