@@ -507,7 +507,9 @@ struct NodeConfig {
     /// or defers (docs/CUSTODY.md, "Agents decide").
     policy: Option<crate::policy::PolicySection>,
     /// Present: the node keeps its outbox and delivers it (docs/OPERATOR.md, "Events out").
-    events: Option<crate::events_cli::EventsSection>,
+    events: Option<crate::operator::EventsSection>,
+    /// Present: the node serves its metrics and console (docs/OPERATOR.md).
+    observe: Option<crate::operator::ObserveSection>,
 }
 
 /// `[enforce]`: RFC 7662 introspection, RFC 7009 revocation and the proxy check, answered
@@ -1417,6 +1419,9 @@ impl NodeConfig {
         if let Some(e) = &self.events {
             e.check()?;
         }
+        if let Some(o) = &self.observe {
+            o.check()?;
+        }
         for p in &self.peers {
             AgentId::new(p.id.clone())?;
             match p.transport.as_deref().unwrap_or("moqt") {
@@ -1718,6 +1723,7 @@ fn valid_card(config: &NodeConfig) -> Result<abhyasa_a2a::AgentCard> {
 
 /// What a running node serves and reaches besides MOQT; dropping it stops them.
 struct Bindings {
+    _observe: Option<abhyasa_observe::Server>,
     _events: Option<abhyasa_events::Delivery>,
     _enforce: Option<abhyasa_enforce::Server>,
     _a2a: Option<abhyasa_a2a::A2aServer>,
@@ -1787,7 +1793,12 @@ async fn start_bindings(config: &NodeConfig, node: &Node) -> Result<Bindings> {
             Some(e.start(node, &identity).await?)
         }
     };
+    let observe = match &config.observe {
+        None => None,
+        Some(o) => Some(o.start(node, &config.state).await?),
+    };
     Ok(Bindings {
+        _observe: observe,
         _events: events,
         _enforce: enforce,
         _a2a: a2a,
@@ -1837,7 +1848,7 @@ async fn start_enforce(
         };
         let roots =
             u.ca.as_deref()
-                .map(crate::events_cli::read_roots)
+                .map(crate::operator::read_roots)
                 .transpose()?;
         c.upstream = Some(abhyasa_enforce::Upstream {
             url: u.url.clone(),

@@ -242,17 +242,29 @@ async fn accept_loop(
             conn_app = conn_app.layer(axum::middleware::from_fn(
                 move |request: axum::extract::Request, next: axum::middleware::Next| {
                     let shown = key.shown(request.headers());
+                    let basic = key.basic;
                     async move {
                         if shown {
                             return next.run(request).await;
                         }
                         tracing::warn!("{label} request without a valid key refused");
-                        (
+                        let mut refusal = (
                             StatusCode::UNAUTHORIZED,
                             [(header::WWW_AUTHENTICATE, "Bearer")],
                             "missing or wrong bearer token",
                         )
-                            .into_response()
+                            .into_response();
+                        if basic {
+                            // A browser asks its user for the key (as the password) on this
+                            // challenge, and shows it on every request after.
+                            refusal.headers_mut().append(
+                                header::WWW_AUTHENTICATE,
+                                axum::http::HeaderValue::from_static(
+                                    "Basic realm=\"abhyasa\", charset=\"UTF-8\"",
+                                ),
+                            );
+                        }
+                        refusal
                     }
                 },
             ));

@@ -31,7 +31,13 @@ struct SessionsPerPeer(Arc<Mutex<HashMap<AgentId, Vec<quinn::Connection>>>>);
 impl SessionsPerPeer {
     /// Counts a new session of `peer`; at the limit, that peer's oldest sessions are closed
     /// with a reason naming it. The entry goes when the connection closes.
-    fn admit(&self, peer: &AgentId, conn: &quinn::Connection, limit: usize) {
+    fn admit(
+        &self,
+        peer: &AgentId,
+        conn: &quinn::Connection,
+        limit: usize,
+        metrics: &crate::metrics::NodeMetrics,
+    ) {
         {
             let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
             let live = map.entry(peer.clone()).or_default();
@@ -41,6 +47,7 @@ impl SessionsPerPeer {
                 info!(%peer, limit, "sessions per peer limit: closing the oldest");
                 let reason = format!("sessions per peer limit ({limit}): replaced by a newer one");
                 old.close(0u32.into(), reason.as_bytes());
+                metrics.refused("sessions_per_peer");
             }
             live.push(conn.clone());
         }
@@ -200,6 +207,7 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
     // End-to-end signatures: everything custody sends is signed with the certificate's key,
     // and nothing custody receives is acted on unless it verifies (`abhyasa_moq::signed`).
     let signer = Arc::new(Signer::new(&b.identity)?);
+    let metrics = crate::metrics::NodeMetrics::default();
     let verifier = Arc::new(Checks {
         objects: Verifier::new(b.identity.ca.clone()),
         ledger: b.ledger.as_ref().map(|l| l.keys.clone()),
@@ -278,12 +286,14 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         // (a stranger's stalled handshake, a member that never sends CLIENT_SETUP or never
         // reads SERVER_SETUP) hold nothing for long and crowd out no one.
         let waiting = crate::listen::Waiting::new(MAX_SETUPS);
+        let accept_metrics = metrics.clone();
         tokio::spawn(async move {
             while let Some(incoming) = endpoint.accept().await {
                 let (itx, me, blocked) = (itx.clone(), me.clone(), blocked.clone());
                 let verifier = verifier.clone();
                 let (mcp_tx, per_peer) = (mcp_tx.clone(), per_peer.clone());
                 let (setup_id, w) = (waiting.next_id(), waiting.clone());
+                let metrics = accept_metrics.clone();
                 let remote = incoming.remote_address();
                 // The task ends with the setup (a session's forwarding runs on a task of its
                 // own), so closing a waiting setup never touches a running session.
@@ -296,22 +306,35 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
                     w.done(setup_id);
                     let Ok(setup) = setup else {
                         debug!(%remote, deadline_ms = SETUP_DEADLINE.as_millis() as u64, "session setup not done by its deadline: closed");
+                        metrics.refused("setup_deadline");
                         return;
                     };
                     match setup {
                         Ok(Accepted::Custody(s, rx)) if is_blocked(&blocked, s.peer()) => {
                             drop(rx);
                             s.close("blocked");
+                            metrics.refused("blocked");
                         }
                         Ok(Accepted::Custody(s, rx)) => {
-                            per_peer.admit(s.peer(), s.connection(), limits.sessions_per_peer);
+                            per_peer.admit(
+                                s.peer(),
+                                s.connection(),
+                                limits.sessions_per_peer,
+                                &metrics,
+                            );
                             tokio::spawn(forward(s, rx, itx, verifier));
                         }
                         Ok(Accepted::Mcp(c)) if is_blocked(&blocked, c.peer()) => {
                             c.close("blocked");
+                            metrics.refused("blocked");
                         }
                         Ok(Accepted::Mcp(c)) => {
-                            per_peer.admit(c.peer(), c.connection(), limits.sessions_per_peer);
+                            per_peer.admit(
+                                c.peer(),
+                                c.connection(),
+                                limits.sessions_per_peer,
+                                &metrics,
+                            );
                             info!(peer = %c.peer(), "MCP session up");
                             if let Err(e) = mcp_tx.try_send(c) {
                                 let c = match e {
@@ -319,12 +342,20 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
                                     | mpsc::error::TrySendError::Closed(c) => c,
                                 };
                                 c.close("no MCP server here, or too many waiting sessions");
+                                metrics.refused("no_mcp_server");
                             }
                         }
-                        Err(e) => debug!(%e, "session setup failed"),
+                        Err(e) => {
+                            debug!(%e, "session setup failed");
+                            metrics.refused("setup_failed");
+                        }
                     }
                 });
-                if waiting.admit(setup_id, task.abort_handle()) > 0 {
+                let crowded = waiting.admit(setup_id, task.abort_handle());
+                for _ in 0..crowded {
+                    accept_metrics.refused("setup_crowded");
+                }
+                if crowded > 0 {
                     debug!(
                         limit = MAX_SETUPS,
                         "connections in setup at the limit: the oldest closed"
@@ -489,6 +520,8 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
             on: b.store.events,
             ..Outgoing::default()
         },
+        metrics: metrics.clone(),
+        issued_at: HashMap::new(),
     };
     tokio::spawn(core.run(rx, irx));
     Ok(Node {
@@ -501,6 +534,7 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         custodian: b.custodian,
         mcp_sessions: Arc::new(std::sync::Mutex::new(Some(mcp_rx))),
         keeps_events: b.store.events,
+        metrics,
     })
 }
 
@@ -793,6 +827,11 @@ struct Core {
     sent: crate::Sent,
     /// What goes in the next commit besides the machines' records.
     outbox: Outgoing,
+    /// The node's counters.
+    metrics: crate::metrics::NodeMetrics,
+    /// When each obligation this process issued was issued (for its discharge latency);
+    /// bounded by the pending set.
+    issued_at: HashMap<abhyasa_wire::ObligationId, UnixMillis>,
 }
 
 /// Outbox writes waiting for the next commit ([`crate::outbox`]).
@@ -1050,6 +1089,7 @@ impl Core {
                     }
                     Ok(Issued::New(admission)) => {
                         span.in_scope(|| info!(?admission, "issued"));
+                        self.issued_at.insert(id, self.clock.now());
                         // Answered when its record is durable (the Accepted event, or the
                         // best-effort terminal record), so many issues share one commit.
                         self.awaiting.insert(id, reply);
@@ -1101,6 +1141,7 @@ impl Core {
                     sent: self.sent,
                     store_full: self.refuse_new_work().map(|e| e.to_string()),
                     outbox,
+                    store_bytes: std::fs::metadata(&self.db_path).ok().map(|m| m.len()),
                 });
             }
             Command::Outbox(after, limit, reply) => {
@@ -1683,6 +1724,8 @@ impl Core {
                     }
                     info_span!("obligation", id = %record.obligation_id)
                         .in_scope(|| info!(outcome = ?record.outcome, attempts = record.attempts, "custody ended"));
+                    self.metrics
+                        .terminal(&record, self.issued_at.remove(&record.obligation_id));
                     for w in self
                         .outcomes
                         .remove(&record.obligation_id)

@@ -23,6 +23,7 @@ pub mod decide;
 pub mod ledger;
 mod link;
 pub mod listen;
+pub mod metrics;
 mod outbox;
 pub mod policy;
 
@@ -218,6 +219,8 @@ pub struct Status {
     pub store_full: Option<String>,
     /// Rows in the operator's outbox not yet taken by every sink ([`Node::outbox`]).
     pub outbox: u64,
+    /// The store file's size in bytes, when it could be read.
+    pub store_bytes: Option<u64>,
 }
 
 /// Custody objects sent and the groups they went in (see [`Status::sent`]).
@@ -551,6 +554,7 @@ pub struct Node {
     custodian: CustodianConfig,
     mcp_sessions: std::sync::Arc<std::sync::Mutex<Option<mpsc::Receiver<abhyasa_moq::McpChannel>>>>,
     keeps_events: bool,
+    metrics: metrics::NodeMetrics,
 }
 
 impl Node {
@@ -870,6 +874,12 @@ impl Node {
             .send(Command::Block(peer, duration))
             .await
             .map_err(|_| NodeError::Stopped)
+    }
+
+    /// What the node counts as it runs (outcomes, attempts, discharge latency, escalations,
+    /// refused connections), for an exporter to register ([`metrics::NodeMetrics::register`]).
+    pub fn metrics(&self) -> &metrics::NodeMetrics {
+        &self.metrics
     }
 
     /// Whether the node keeps the operator's outbox ([`StoreConfig::events`]).

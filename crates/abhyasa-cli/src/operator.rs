@@ -1,7 +1,11 @@
-//! `[events]`: where a node's events go — escalations, declines, ended leases, quarantined
-//! and forfeited budget (docs/OPERATOR.md, "Events out").
+//! What the operator configures to see a node (docs/OPERATOR.md): `[events]`, where its events
+//! go — escalations, declines, ended leases, quarantined and forfeited budget — and
+//! `[observe]`, where its metrics and console are served.
 //!
 //! ```toml
+//! [observe]
+//! listen = "127.0.0.1:9464"     # loopback only; the admin token (<state>/admin.token) is the key
+//!
 //! [events]
 //! backoff_min_ms = 250          # first wait after a failed attempt, doubled each time
 //! backoff_max_ms = 60000        # longest wait
@@ -150,6 +154,44 @@ impl EventsSection {
             "events out: webhooks are signed with this key (Standard Webhooks v1a)"
         );
         Ok(abhyasa_events::start(node.clone(), key, self.sinks()?).await?)
+    }
+}
+
+/// `[observe]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ObserveSection {
+    /// Where to serve `/metrics`, the console and its events: a loopback address.
+    pub listen: std::net::SocketAddr,
+}
+
+impl ObserveSection {
+    /// Checks the section without starting anything.
+    pub fn check(&self) -> Result<(), Error> {
+        if !self.listen.ip().is_loopback() {
+            return Err(format!(
+                "[observe] listen {}: not a loopback address (the console holds the node's authority to read everything it governs)",
+                self.listen
+            )
+            .into());
+        }
+        Ok(())
+    }
+
+    /// Serves `node`'s metrics and console behind the admin token in `state`.
+    pub async fn start(&self, node: &Node, state: &Path) -> Result<abhyasa_observe::Server, Error> {
+        self.check()?;
+        let token = crate::admin::load_or_create_token(&state.join(crate::admin::TOKEN_FILE))?;
+        let server = abhyasa_observe::serve(
+            node.clone(),
+            abhyasa_observe::ObserveConfig {
+                listen: self.listen,
+                key: Some(hex::encode(token)),
+            },
+        )
+        .await?;
+        tracing::info!(addr = %server.local_addr(), "metrics at /metrics, the console at /");
+        Ok(server)
     }
 }
 
