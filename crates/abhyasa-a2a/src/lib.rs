@@ -5,7 +5,9 @@
 //! - [`server`]: the node's HTTPS face, mutually authenticated with the deployment CA: the card
 //!   at `/.well-known/agent-card.json`, one obligation endpoint per kind (CBOR or the
 //!   reference's JSON, into the node's receiver; `200` and the CustodyAck once the apply is
-//!   durable, `202` when it is not yet) and the custody-ack endpoint (asynchronous acks, into
+//!   durable, `503` when it could not be made durable in time, `202` only for a best-effort
+//!   kind, which is never acked — where the reference's `202` means "the ack comes later":
+//!   docs/A2A.md) and the custody-ack endpoint (asynchronous acks, into
 //!   the node's custodian). The issuer of an obligation and the sender of an ack are the
 //!   authenticated client, never a field.
 //! - [`client`]: a custodian reaching a peer over this binding: it fetches and validates the

@@ -221,14 +221,17 @@ pub struct StatusJson {
     pub withheld: Vec<(String, String)>,
     /// Tokens the principal no longer honours.
     pub revoked_tokens: Vec<String>,
-    /// Routing weights in millionths.
-    pub routes: Vec<(String, String, i64)>,
+    /// Routing weights as decimals (1 is the full weight).
+    pub routes: Vec<(String, String, f64)>,
     /// As an agent: what this node honours, per principal.
     #[serde(default)]
     pub honours: HonoursJson,
     /// As an agent: what it applied most recently (oldest first).
     #[serde(default)]
     pub applied: Vec<AppliedJson>,
+    /// Applies the node keeps a record of that `applied` does not show (older ones).
+    #[serde(default)]
+    pub applied_not_shown: u64,
     /// As an agent: what its receiver holds in memory, by kind of entry.
     #[serde(default)]
     pub receiver_held: ReceiverHeldJson,
@@ -268,8 +271,8 @@ pub struct AppliedJson {
 pub struct HonoursJson {
     /// (principal, scope) pairs it no longer exercises.
     pub withheld: Vec<(String, String)>,
-    /// (principal, key, weight in millionths) preference weights set by principals.
-    pub weights: Vec<(String, String, i64)>,
+    /// (principal, key, weight as a decimal) preference weights set by principals.
+    pub weights: Vec<(String, String, f64)>,
     /// Tokens it dropped.
     pub dropped_tokens: Vec<String>,
 }
@@ -315,6 +318,11 @@ pub struct OutcomeJson {
     /// A decline's reason in the agent's own words (a decline of its policy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
+}
+
+/// Millionths as a decimal (`-250000` is `-0.25`).
+fn millionths(w: i64) -> f64 {
+    w as f64 / 1e6
 }
 
 impl From<Status> for StatusJson {
@@ -391,8 +399,9 @@ impl From<Status> for StatusJson {
             routes: s
                 .principal
                 .routes(s.at)
-                .map(|((t, k), w)| (t.to_string(), k.to_string(), w))
+                .map(|((t, k), w)| (t.to_string(), k.to_string(), millionths(w)))
                 .collect(),
+            applied_not_shown: s.applied_total.saturating_sub(s.applied.len() as u64),
             applied: s
                 .applied
                 .iter()
@@ -413,7 +422,7 @@ impl From<Status> for StatusJson {
                 weights: s
                     .honours
                     .weights(s.at)
-                    .map(|((p, k), w)| (p.to_string(), k.to_string(), w))
+                    .map(|((p, k), w)| (p.to_string(), k.to_string(), millionths(w)))
                     .collect(),
                 dropped_tokens: s
                     .honours
@@ -913,5 +922,64 @@ mod tests {
             AdminAddr::parse("admin.sock").unwrap(),
             AdminAddr::Unix("admin.sock".into())
         );
+    }
+
+    /// Weights read as decimals on both sides, and the applies not shown are counted.
+    #[test]
+    fn status_json_gives_weights_as_decimals_and_counts_what_it_does_not_show() {
+        use abhyasa_custody::{PrincipalUpdate, ReceiverEffect, WeightChange};
+        let (p, a) = (AgentId::new("p").unwrap(), AgentId::new("a").unwrap());
+        let key = WeightKey::new("supplier.acme").unwrap();
+        let mut principal = abhyasa_custody::PrincipalState::new(Default::default());
+        principal.apply(
+            &PrincipalUpdate::Safe(abhyasa_wire::SafeAction::DownWeight {
+                obligation_id: ObligationId::from_u128(1),
+                target: a.clone(),
+                weight_key: key.clone(),
+                amount: 250_000,
+                fold_after: UnixMillis(1_000_000),
+                lapses_at: Some(UnixMillis(1_000_000)),
+            }),
+            ObligationId::from_u128(1),
+        );
+        let mut honours = abhyasa_custody::ReceiverState::new(-1_000_000, 1_000_000);
+        honours.apply(&ReceiverEffect::AdjustWeight(
+            p.clone(),
+            key,
+            WeightChange {
+                by: ObligationId::from_u128(2),
+                delta: -125_000,
+                lapses_at: UnixMillis(1_000_000),
+            },
+        ));
+        let status = Status {
+            agent: p,
+            at: UnixMillis(10),
+            pending: Vec::new(),
+            recent: Vec::new(),
+            escalations: Vec::new(),
+            principal,
+            honours,
+            receiver_held: Default::default(),
+            applied: Vec::new(),
+            peers: Vec::new(),
+            slowed: Default::default(),
+            unverified: Default::default(),
+            sent: Default::default(),
+            store_full: None,
+            outbox: 0,
+            store_bytes: None,
+            applied_total: 73,
+        };
+        let json = serde_json::to_value(StatusJson::from(status)).unwrap();
+        assert_eq!(
+            json["routes"],
+            serde_json::json!([["a", "supplier.acme", 0.75]])
+        );
+        assert_eq!(
+            json["honours"]["weights"],
+            serde_json::json!([["p", "supplier.acme", -0.125]])
+        );
+        assert_eq!(json["applied_not_shown"], 73);
     }
 }

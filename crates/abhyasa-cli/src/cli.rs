@@ -1952,7 +1952,15 @@ fn print_status(s: &StatusJson) {
         };
         println!("  {}  {says}: {} attempt(s) so far", p.id, p.attempts);
     }
-    println!("\nrecent outcomes ({}):", s.recent.len());
+    println!(
+        "\nrecent outcomes ({}{}):",
+        s.recent.len(),
+        if s.recent.len() > 20 {
+            ", the latest 20 shown; --json has them all"
+        } else {
+            ""
+        }
+    );
     for r in s.recent.iter().rev().take(20) {
         println!("  {}  {} for {}: {}", r.id, r.kind, r.target, r.words);
     }
@@ -1975,7 +1983,7 @@ fn print_status(s: &StatusJson) {
         println!("  stopped honouring token {t}");
     }
     for (t, k, w) in &s.routes {
-        println!("  routing {k} for {t}: weight {:.3}", *w as f64 / 1e6);
+        println!("  routing {k} for {t}: weight {w:.3}");
     }
     let h = &s.honours;
     println!("\nas agent — honours:");
@@ -1983,7 +1991,7 @@ fn print_status(s: &StatusJson) {
         println!("  does not use {sc} for {p}");
     }
     for (p, k, w) in &h.weights {
-        println!("  weighs {k} at {:+.3} for {p}", *w as f64 / 1e6);
+        println!("  weighs {k} at {w:+.3} for {p}");
     }
     for t in &h.dropped_tokens {
         println!("  dropped token {t}");
@@ -1999,6 +2007,10 @@ fn print_status(s: &StatusJson) {
     println!("\nrecently applied ({}):", s.applied.len());
     for a in s.applied.iter().rev().take(20) {
         println!("  {}  {} (from {})", a.id, a.says, a.issuer);
+    }
+    let not_shown = s.applied_not_shown + s.applied.len().saturating_sub(20) as u64;
+    if not_shown > 0 {
+        println!("  … and {not_shown} older applied record(s) not shown");
     }
 }
 

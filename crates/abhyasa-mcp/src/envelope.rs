@@ -60,6 +60,39 @@ impl EnvelopeError {
     }
 }
 
+/// A Unix-millisecond time as RFC 3339 (UTC, milliseconds).
+pub fn rfc3339(t: abhyasa_wire::UnixMillis) -> String {
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(t.0);
+    humantime::format_rfc3339_millis(at).to_string()
+}
+
+/// An ack as JSON, for people and for clients that read `structuredContent` rather than the
+/// CBOR in `_meta`: the id as 32 hex digits, the status (`applied`, `declined`, `deferred`),
+/// a decline's `reason`, the agent's own words in `detail`, and `acked_at` as RFC 3339 beside
+/// the raw Unix milliseconds in `acked_at_ms`.
+pub fn ack_json(ack: &CustodyAck) -> Value {
+    use abhyasa_wire::AckStatus;
+    let (status, reason) = match ack.status {
+        AckStatus::Applied => ("applied", None),
+        AckStatus::Declined(r) => ("declined", Some(r.as_str())),
+        AckStatus::Deferred => ("deferred", None),
+    };
+    let mut v = serde_json::json!({
+        "obligation_id": ack.obligation_id.to_string(),
+        "target": ack.target.as_str(),
+        "status": status,
+        "acked_at": rfc3339(ack.acked_at),
+        "acked_at_ms": ack.acked_at.0,
+    });
+    if let Some(r) = reason {
+        v["reason"] = Value::from(r);
+    }
+    if let Some(d) = &ack.detail {
+        v["detail"] = Value::from(d.to_string());
+    }
+    v
+}
+
 /// The base64 strings under `key`, decoded; absent key: none.
 fn entries(meta: &Map<String, Value>, key: &'static str) -> Result<Vec<Vec<u8>>, EnvelopeError> {
     let Some(v) = meta.get(key) else {
@@ -224,5 +257,30 @@ mod tests {
         let mut m = Map::new();
         m.insert(META_ACKS.into(), acks_to_meta(std::slice::from_ref(&ack)));
         assert_eq!(acks_from_meta(&m).unwrap(), vec![ack]);
+    }
+
+    /// An ack as JSON: the id as 32 hex digits, a decline's reason and words, the time as
+    /// RFC 3339 beside the raw milliseconds.
+    #[test]
+    fn an_ack_reads_as_json_with_its_time_twice() {
+        let ack = CustodyAck {
+            obligation_id: ObligationId::from_u128(0xab),
+            target: AgentId::new("agent-1").unwrap(),
+            status: AckStatus::Declined(abhyasa_wire::DeclineReason::Policy),
+            acked_at: UnixMillis(1_796_438_400_123),
+            detail: Some(abhyasa_wire::Detail::new("the user keeps it").unwrap()),
+        };
+        assert_eq!(
+            ack_json(&ack),
+            json!({
+                "obligation_id": "000000000000000000000000000000ab",
+                "target": "agent-1",
+                "status": "declined",
+                "reason": "policy",
+                "detail": "the user keeps it",
+                "acked_at": "2026-12-05T02:40:00.123Z",
+                "acked_at_ms": 1_796_438_400_123u64,
+            })
+        );
     }
 }

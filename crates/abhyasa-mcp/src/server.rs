@@ -337,7 +337,8 @@ impl AgentServer {
                         json!({
                             "status": "applied",
                             "kind": o.kind().as_str(),
-                            "applied_at": e.at.0,
+                            "applied_at": crate::envelope::rfc3339(e.at),
+                            "applied_at_ms": e.at.0,
                         }),
                     );
                     acks.push(ack(o.id));
@@ -520,7 +521,14 @@ impl ServerHandler for AgentServer {
         let args = request.arguments.clone().unwrap_or_default();
         let mut result = match request.name.as_ref() {
             TOOL_DELIVER => {
-                CallToolResult::success(vec![ContentBlock::text(format!("{} acks", acks.len()))])
+                let mut r = CallToolResult::success(vec![ContentBlock::text(format!(
+                    "{} acks",
+                    acks.len()
+                ))]);
+                r.structured_content = Some(json!({
+                    "acks": acks.iter().map(crate::envelope::ack_json).collect::<Vec<_>>(),
+                }));
+                r
             }
             TOOL_CUSTODY_STATUS => {
                 let (result, more) = self.custody_status(&args).await?;

@@ -1117,9 +1117,11 @@ impl Core {
                         s.receiver_state().clone(),
                         s.recent_applied(crate::STATUS_APPLIED).unwrap_or_default(),
                         s.outbox_len().unwrap_or_default(),
+                        s.apply_log_len().unwrap_or_default(),
                     )
                 });
-                let (recent, escalations, honours, applied, outbox) = stored.unwrap_or_default();
+                let (recent, escalations, honours, applied, outbox, applied_total) =
+                    stored.unwrap_or_default();
                 let _ = reply.send(Status {
                     agent: self.agent.clone(),
                     at: self.clock.now(),
@@ -1142,6 +1144,7 @@ impl Core {
                     store_full: self.refuse_new_work().map(|e| e.to_string()),
                     outbox,
                     store_bytes: std::fs::metadata(&self.db_path).ok().map(|m| m.len()),
+                    applied_total,
                 });
             }
             Command::Outbox(after, limit, reply) => {

@@ -221,6 +221,8 @@ pub struct Status {
     pub outbox: u64,
     /// The store file's size in bytes, when it could be read.
     pub store_bytes: Option<u64>,
+    /// Applies the store keeps a record of (`applied` shows the most recent of them).
+    pub applied_total: u64,
 }
 
 /// Custody objects sent and the groups they went in (see [`Status::sent`]).

@@ -239,6 +239,7 @@ pub(crate) mod tests {
             store_full: None,
             outbox: 4,
             store_bytes: Some(8_192),
+            applied_total: 0,
         }
     }
 

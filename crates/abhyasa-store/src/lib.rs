@@ -1539,6 +1539,12 @@ impl Store {
         Ok(txn.open_table(APPLIED)?.len()?)
     }
 
+    /// Applies the apply log holds (one row per apply; pruned with the applied id).
+    pub fn apply_log_len(&self) -> Result<u64, StoreError> {
+        let txn = self.db.begin_read()?;
+        Ok(txn.open_table(RECV_APPLY_LOG)?.len()?)
+    }
+
     /// Number of terminal records held.
     pub fn terminal_len(&self) -> Result<u64, StoreError> {
         let txn = self.db.begin_read()?;
