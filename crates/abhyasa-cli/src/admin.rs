@@ -824,11 +824,8 @@ async fn handle(node: &Node, request: Request) -> serde_json::Value {
             }
             Err(e) => serde_json::json!({"ok": false, "error": e}),
         },
-        Request::Ledger(req) => match req.command() {
-            Ok(cmd) => match node.ledger(cmd).await {
-                Ok(r) => crate::ledger_cli::reply_json(&r),
-                Err(e) => serde_json::json!({"ok": false, "error": e.to_string()}),
-            },
+        Request::Ledger(req) => match req.run(node).await {
+            Ok(v) => v,
             Err(e) => serde_json::json!({"ok": false, "error": e.to_string()}),
         },
         Request::Status => match node.status().await {

@@ -64,15 +64,7 @@ pub fn load_keyring(dir: &Path, issuers: &[String]) -> Result<Keyring, Error> {
 
 /// Parses `cents=40,calls=1`.
 pub fn parse_vector(s: &str) -> Result<Vector, Error> {
-    let mut pairs = Vec::new();
-    for part in s.split(',').filter(|p| !p.is_empty()) {
-        let (d, n) = part
-            .split_once('=')
-            .ok_or_else(|| format!("{part:?}: expected dimension=amount"))?;
-        pairs.push((d.trim().to_owned(), n.trim().parse::<u64>()?));
-    }
-    let refs: Vec<(&str, u64)> = pairs.iter().map(|(d, n)| (d.as_str(), *n)).collect();
-    Ok(Vector::of(&refs)?)
+    Ok(abhyasa_mcp::budget::parse_vector(s)?)
 }
 
 /// Formats a vector as `cents=40,calls=1`.
@@ -152,6 +144,82 @@ pub enum LedgerRequest {
         /// The operation key.
         key: String,
     },
+    /// Split part of a credit's available atoms into a new local credit.
+    Split {
+        /// The parent credit.
+        parent: String,
+        /// The new credit's id.
+        child: String,
+        /// How much.
+        amount: String,
+        /// The new credit's purposes (within the parent's).
+        label: Vec<String>,
+    },
+    /// Join operation-free credits of one root into one.
+    Join {
+        /// The credits.
+        inputs: Vec<String>,
+        /// The joined credit's id.
+        output: String,
+    },
+    /// Return a received credit's unused atoms to their source.
+    ReturnRights {
+        /// The credit.
+        credit: String,
+        /// The return's transfer id.
+        transfer: String,
+    },
+    /// Reserve an effect's maximum without dispatching it.
+    Reserve {
+        /// Paying credit.
+        credit: String,
+        /// Gateway agent.
+        gateway: String,
+        /// Purpose (within the credit's label).
+        purpose: String,
+        /// The normalized operation.
+        operation: String,
+        /// Maximum charge.
+        max: String,
+        /// Operation key.
+        key: String,
+    },
+    /// Dispatch a reserved operation.
+    Dispatch {
+        /// The operation key.
+        key: String,
+    },
+    /// Give back a reservation never dispatched.
+    ReleaseUnsent {
+        /// The operation key.
+        key: String,
+    },
+    /// Reserve and dispatch, through this node, the call of a budget-gated MCP tool at a
+    /// gateway, and answer the signed permit (base64 CBOR) for the call's `_meta`.
+    Permit {
+        /// Paying credit.
+        credit: String,
+        /// The gateway (the MCP server's agent).
+        gateway: String,
+        /// The tool.
+        tool: String,
+        /// The call's arguments (the permit binds them, in canonical JSON).
+        #[serde(default)]
+        arguments: serde_json::Map<String, serde_json::Value>,
+        /// The tool's purpose.
+        purpose: String,
+        /// The tool's price (its most).
+        max: String,
+        /// Operation key.
+        key: String,
+    },
+    /// Settle with the receipt a tool result carried (base64 CBOR).
+    Receipt {
+        /// The gateway that signed it.
+        gateway: String,
+        /// The receipt.
+        receipt: String,
+    },
     /// The ledger as this node holds it.
     Status,
 }
@@ -208,8 +276,108 @@ impl LedgerRequest {
             LedgerRequest::Forfeit { key } => LedgerCommand::Forfeit {
                 key: OpKey::from_u128(id128(key)?),
             },
+            LedgerRequest::Split {
+                parent,
+                child,
+                amount,
+                label,
+            } => LedgerCommand::Split {
+                parent: CreditId::from_u128(id128(parent)?),
+                child: CreditId::from_u128(id128(child)?),
+                amount: parse_vector(amount)?,
+                label: Label::of(&label.iter().map(String::as_str).collect::<Vec<_>>())?,
+            },
+            LedgerRequest::Join { inputs, output } => LedgerCommand::Join {
+                inputs: inputs
+                    .iter()
+                    .map(|c| id128(c).map(CreditId::from_u128))
+                    .collect::<Result<_, _>>()?,
+                output: CreditId::from_u128(id128(output)?),
+            },
+            LedgerRequest::ReturnRights { credit, transfer } => LedgerCommand::ReturnRights {
+                credit: CreditId::from_u128(id128(credit)?),
+                transfer: TransferId::from_u128(id128(transfer)?),
+            },
+            LedgerRequest::Reserve {
+                credit,
+                gateway,
+                purpose,
+                operation,
+                max,
+                key,
+            } => LedgerCommand::Reserve {
+                credit: CreditId::from_u128(id128(credit)?),
+                effect: Effect {
+                    purpose: Dim::new(purpose.clone())?,
+                    operation: operation.clone(),
+                    max_charge: parse_vector(max)?,
+                },
+                gateway: AgentId::new(gateway.clone())?,
+                key: OpKey::from_u128(id128(key)?),
+            },
+            LedgerRequest::Dispatch { key } => LedgerCommand::Dispatch {
+                key: OpKey::from_u128(id128(key)?),
+            },
+            LedgerRequest::ReleaseUnsent { key } => LedgerCommand::ReleaseUnsent {
+                key: OpKey::from_u128(id128(key)?),
+            },
+            LedgerRequest::Receipt { gateway, receipt } => {
+                use base64::Engine as _;
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(receipt.trim())
+                    .map_err(|e| format!("receipt: not base64: {e}"))?;
+                LedgerCommand::Receipt {
+                    gateway: AgentId::new(gateway.clone())?,
+                    receipt: Box::new(
+                        decode(&bytes)
+                            .map_err(|e| format!("receipt: not a signed receipt: {e}"))?,
+                    ),
+                }
+            }
+            LedgerRequest::Permit { .. } => {
+                return Err("a permit is asked for with LedgerRequest::run".into())
+            }
             LedgerRequest::Status => LedgerCommand::Status,
         })
+    }
+
+    /// Runs the request on `node`, answered as JSON (`{"ok": true, …}`) once durable.
+    pub async fn run(&self, node: &abhyasa_node::Node) -> Result<serde_json::Value, Error> {
+        let LedgerRequest::Permit {
+            credit,
+            gateway,
+            tool,
+            arguments,
+            purpose,
+            max,
+            key,
+        } = self
+        else {
+            return Ok(reply_json(&node.ledger(self.command()?).await?));
+        };
+        let budget = abhyasa_mcp::ToolBudget {
+            purpose: Dim::new(purpose.clone())?,
+            max_cost: parse_vector(max)?,
+        };
+        let effect = abhyasa_mcp::tool_effect(tool, arguments, &budget);
+        let key = OpKey::from_u128(id128(key)?);
+        let permit = node
+            .carried_permit(
+                CreditId::from_u128(id128(credit)?),
+                effect,
+                AgentId::new(gateway.clone())?,
+                key,
+            )
+            .await?;
+        let expires = permit.peek()?.binding.expires;
+        Ok(serde_json::json!({
+            "ok": true,
+            "permit": abhyasa_mcp::permit_to_meta(&permit),
+            "operation": format!("{:x}", key.to_u128()),
+            "max": show_vector(&budget.max_cost),
+            "expires": expires.map(abhyasa_mcp::envelope::rfc3339),
+            "expires_ms": expires.map(|e| e.0),
+        }))
     }
 }
 

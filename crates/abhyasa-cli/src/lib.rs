@@ -12,6 +12,7 @@ pub mod demo;
 mod demo_nginx;
 pub mod fanout;
 pub mod ledger_cli;
+mod ledger_cmd;
 pub mod mcp_cli;
 pub mod operator;
 pub mod policy;

@@ -202,6 +202,7 @@ pub fn command_tool(cfg: &McpToolConfig) -> Result<HostTool, McpConfigError> {
         description.push_str(&format!(" (uses consent scopes: {})", names.join(", ")));
     }
     let command = Arc::new(cfg.command.clone());
+    let priced = budget.is_some();
     Ok(HostTool {
         tool: Tool::new(cfg.name.clone(), description, object_schema()),
         governance: Governance {
@@ -211,13 +212,48 @@ pub fn command_tool(cfg: &McpToolConfig) -> Result<HostTool, McpConfigError> {
         },
         run: Arc::new(move |args| {
             let command = command.clone();
-            Box::pin(async move { run_command(&command, &args).await })
+            Box::pin(async move { run_command(&command, &args, priced).await })
         }),
     })
 }
 
-async fn run_command(command: &[String], args: &JsonObject) -> CallToolResult {
-    let child = tokio::process::Command::new(&command[0])
+/// Runs a command tool with the call's arguments as JSON on its standard input. A priced
+/// tool (`cost`) may write what the call actually charged (`dim=n,…`, at most its price) to
+/// the file named by `ABHYASA_CHARGE_FILE`; the receipt then settles that much and the rest
+/// of the reservation goes back to the payer. Without it, the call charges its price.
+async fn run_command(command: &[String], args: &JsonObject, priced: bool) -> CallToolResult {
+    let charge_file = if priced {
+        match tempfile::NamedTempFile::new() {
+            Ok(f) => Some(f.into_temp_path()),
+            Err(e) => return fail(format!("could not make the charge file: {e}")),
+        }
+    } else {
+        None
+    };
+    let mut cmd = tokio::process::Command::new(&command[0]);
+    if let Some(path) = &charge_file {
+        cmd.env("ABHYASA_CHARGE_FILE", path);
+    }
+    let result = run_child(cmd, command, args).await;
+    match charge_file.map(|p| std::fs::read_to_string(&p)) {
+        Some(Ok(text)) if !text.trim().is_empty() && !result.is_error.unwrap_or(false) => {
+            let mut result = result;
+            result.meta.get_or_insert_with(Default::default).0.insert(
+                abhyasa_mcp::envelope::META_CHARGE.into(),
+                Value::String(text.trim().to_owned()),
+            );
+            result
+        }
+        _ => result,
+    }
+}
+
+async fn run_child(
+    mut cmd: tokio::process::Command,
+    command: &[String],
+    args: &JsonObject,
+) -> CallToolResult {
+    let child = cmd
         .args(&command[1..])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -344,7 +380,7 @@ pub fn ledger_tool(node: Node) -> HostTool {
     let schema = json!({
         "type": "object",
         "properties": {
-            "ledger": {"type": "string", "enum": ["grant", "delegate", "spend", "reclaim", "reclaim_transfer", "reissue", "forfeit", "status"]},
+            "ledger": {"type": "string", "enum": ["grant", "delegate", "split", "join", "return_rights", "reserve", "dispatch", "release_unsent", "spend", "permit", "receipt", "reclaim", "reclaim_transfer", "reissue", "forfeit", "status"]},
             "grant": {"type": "string", "description": "Signed<RootGrant> as hex CBOR (grant)"},
             "credit": {"type": "string", "description": "credit id, hex"},
             "transfer": {"type": "string"},
@@ -356,14 +392,21 @@ pub fn ledger_tool(node: Node) -> HostTool {
             "purpose": {"type": "string"},
             "operation": {"type": "string"},
             "max": {"type": "string", "description": "dim=n,…"},
-            "key": {"type": "string", "description": "operation key, hex"}
+            "key": {"type": "string", "description": "operation key, hex"},
+            "parent": {"type": "string", "description": "split: the parent credit, hex"},
+            "child": {"type": "string", "description": "split: the new credit's id, hex"},
+            "inputs": {"type": "array", "items": {"type": "string"}, "description": "join: the credits, hex"},
+            "output": {"type": "string", "description": "join: the joined credit's id, hex"},
+            "tool": {"type": "string", "description": "permit: the budget-gated tool at the gateway"},
+            "arguments": {"type": "object", "description": "permit: the call's arguments (the permit binds them)"},
+            "receipt": {"type": "string", "description": "receipt: base64 CBOR from a result's _meta[\"org.abhyasa/receipt\"]"}
         },
         "required": ["ledger"]
     });
     node_tool(
         node,
         TOOL_LEDGER,
-        "This node's budget ledger: status, or grant / delegate / spend (reserve, then dispatch to the gateway) / reclaim / reclaim_transfer / reissue / forfeit; answered once the step is durable.",
+        "This node's budget ledger: status, or grant / delegate / split / join / return_rights / reserve / dispatch / release_unsent / spend (reserve, then dispatch to the gateway) / permit (reserve a budget-gated MCP call at a gateway and get its permit for the call's _meta) / receipt (settle with the receipt a result carried) / reclaim / reclaim_transfer / reissue / forfeit; answered once the step is durable.",
         schema,
         |node, args| async move {
                 let req: crate::ledger_cli::LedgerRequest =
@@ -371,13 +414,8 @@ pub fn ledger_tool(node: Node) -> HostTool {
                         Ok(r) => r,
                         Err(e) => return fail(format!("arguments: {e}")),
                     };
-                let cmd = match req.command() {
-                    Ok(c) => c,
-                    Err(e) => return fail(format!("arguments: {e}")),
-                };
-                match node.ledger(cmd).await {
-                    Ok(reply) => {
-                        let v = crate::ledger_cli::reply_json(&reply);
+                match req.run(&node).await {
+                    Ok(v) => {
                         let mut r = CallToolResult::success(vec![ContentBlock::text(
                             serde_json::to_string_pretty(&v).unwrap_or_default(),
                         )]);

@@ -130,6 +130,48 @@ pub fn receipt_to_meta(receipt: &Signed<Receipt>) -> Value {
     Value::String(STANDARD.encode(encode(receipt)))
 }
 
+/// Reads `dim=n,…` (the CLI's notation; `0` or nothing is the zero vector).
+pub fn parse_vector(s: &str) -> Result<Vector, String> {
+    let mut pairs = Vec::new();
+    for part in s
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty() && *p != "0")
+    {
+        let (d, n) = part
+            .split_once('=')
+            .ok_or_else(|| format!("{part:?}: expected dimension=amount"))?;
+        let n = n
+            .trim()
+            .parse::<u64>()
+            .map_err(|e| format!("{part:?}: {e}"))?;
+        pairs.push((d.trim().to_owned(), n));
+    }
+    let refs: Vec<(&str, u64)> = pairs.iter().map(|(d, n)| (d.as_str(), *n)).collect();
+    Vector::of(&refs).map_err(|e| e.to_string())
+}
+
+/// What a budget-gated tool says it actually charged, taken off its result: the value of
+/// `_meta["org.abhyasa/charge"]` (`dim=n,…`), removed from the result the caller sees (the
+/// receipt says it, signed). Absent or unreadable: the whole `max` (an unreadable one is
+/// logged). The gateway clamps what it is told to the permit's maximum.
+pub fn take_charge(meta: Option<&mut Map<String, Value>>, max: &Vector) -> Vector {
+    let Some(v) = meta.and_then(|m| m.remove(crate::envelope::META_CHARGE)) else {
+        return max.clone();
+    };
+    match v.as_str().map(parse_vector) {
+        Some(Ok(charge)) => charge,
+        other => {
+            tracing::warn!(
+                ?v,
+                ?other,
+                "a tool's reported charge does not read: charged the maximum"
+            );
+            max.clone()
+        }
+    }
+}
+
 /// `dim=n,…` (the CLI's notation).
 pub fn show_vector(v: &Vector) -> String {
     let parts: Vec<String> = v.iter().map(|(d, n)| format!("{d}={n}")).collect();

@@ -15,6 +15,9 @@ pub const META_ACKS: &str = "org.abhyasa/acks";
 pub const META_PERMIT: &str = "org.abhyasa/permit";
 /// Result `_meta` key: a base64 CBOR signed receipt.
 pub const META_RECEIPT: &str = "org.abhyasa/receipt";
+/// Result `_meta` key a budget-gated host tool sets to report what a call actually charged
+/// (`dim=n,…`, at most its price); the server takes it off before answering.
+pub const META_CHARGE: &str = "org.abhyasa/charge";
 
 /// A custody envelope that cannot be read: the whole request is refused (JSON-RPC -32602)
 /// and nothing in it is applied.

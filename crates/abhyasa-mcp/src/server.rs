@@ -224,9 +224,14 @@ impl AgentServer {
                 // and a receipt must follow it.
                 let (node, run, args) = (self.node.clone(), t.run.clone(), args);
                 let done = tokio::spawn(async move {
-                    let result = run(args).await;
+                    let mut result = run(args).await;
+                    // The tool may say it charged less than its price (partial settlement).
+                    let charge = crate::budget::take_charge(
+                        result.meta.as_mut().map(|m| &mut m.0),
+                        &e.max_charge,
+                    );
                     let receipt = node
-                        .gateway_executed(e.payer.clone(), e.key, e.max_charge.clone())
+                        .gateway_executed(e.payer.clone(), e.key, charge)
                         .await;
                     (result, receipt)
                 });

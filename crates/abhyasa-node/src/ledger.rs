@@ -137,6 +137,56 @@ pub enum LedgerCommand {
         /// The operation.
         key: OpKey,
     },
+    /// Split `amount` of `parent`'s available atoms into a new local credit `child`, with a
+    /// label within the parent's.
+    Split {
+        /// The parent credit.
+        parent: CreditId,
+        /// The new credit's id.
+        child: CreditId,
+        /// How much.
+        amount: Vector,
+        /// The child's label.
+        label: Label,
+    },
+    /// Join operation-free credits of one root (split apart, or received) into `output`.
+    Join {
+        /// The credits joined (each closes).
+        inputs: Vec<CreditId>,
+        /// The credit they become.
+        output: CreditId,
+    },
+    /// Return everything available in `credit` — rights received by transfer — to the agent
+    /// they came from, as the sealed transfer `transfer` (asking again is answered as done).
+    ReturnRights {
+        /// The credit.
+        credit: CreditId,
+        /// The return's transfer id.
+        transfer: TransferId,
+    },
+    /// Reserve `effect`'s maximum from `credit` for `gateway` under `key`, without
+    /// dispatching it: the permit is signed and kept; [`LedgerCommand::ReleaseUnsent`] gives
+    /// the atoms back, [`LedgerCommand::Dispatch`] sends it.
+    Reserve {
+        /// The paying credit.
+        credit: CreditId,
+        /// What it would pay for.
+        effect: Effect,
+        /// The gateway.
+        gateway: AgentId,
+        /// The operation key.
+        key: OpKey,
+    },
+    /// Dispatch a reserved operation to its gateway (Reserved → Quarantined).
+    Dispatch {
+        /// The operation.
+        key: OpKey,
+    },
+    /// Give back a reservation whose permit was never dispatched (Reserved → Available).
+    ReleaseUnsent {
+        /// The operation.
+        key: OpKey,
+    },
     /// The six buckets per root, credits, operations and transfers.
     Status,
 }
@@ -499,6 +549,24 @@ impl LedgerPart {
                 return Ok(LedgerReply::Credit { credit });
             }
             LedgerCommand::Forfeit { key } => l.branch.forfeit(key)?,
+            LedgerCommand::Split {
+                parent,
+                child,
+                amount,
+                label,
+            } => l.branch.split(parent, child, amount, label)?,
+            LedgerCommand::Join { inputs, output } => l.branch.join(inputs, output)?,
+            LedgerCommand::ReturnRights { credit, transfer } => {
+                l.branch.return_rights(credit, transfer)?
+            }
+            LedgerCommand::Reserve {
+                credit,
+                effect,
+                gateway,
+                key,
+            } => l.branch.reserve(now, credit, effect, &gateway, key)?,
+            LedgerCommand::Dispatch { key } => l.branch.dispatch(now, key)?,
+            LedgerCommand::ReleaseUnsent { key } => l.branch.release_unsent(key)?,
             LedgerCommand::Receipt { gateway, receipt } => {
                 let key = receipt.peek()?.key;
                 l.branch
