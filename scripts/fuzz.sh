@@ -7,9 +7,10 @@
 #   scripts/fuzz.sh 3600 obligation ledger  # some targets for an hour each
 #
 # Each target reads fuzz/seeds/<target> (committed: the golden vectors and hand-made bodies),
-# fuzz/kept/<target> when there is one (committed: a long run's corpus, minimized by
-# scripts/fuzz-keep.sh, so the next run starts from the coverage it reached) and grows
-# fuzz/corpus/<target> (not committed). A crash stops the script with the input in
+# fuzz/kept/<target>.tar.gz when there is one (committed: a long run's corpus, minimized by
+# scripts/fuzz-keep.sh and kept as one archive, unpacked here into a temporary directory, so
+# the next run starts from the coverage it reached) and grows fuzz/corpus/<target> (not
+# committed). A crash stops the script with the input in
 # hex; it becomes a regression test. Uses nightly when it is installed, otherwise the stable
 # toolchain with RUSTC_BOOTSTRAP=1 (cargo-fuzz needs nightly flags).
 #
@@ -42,10 +43,16 @@ if [ ${#targets[@]} -eq 0 ]; then
 fi
 "${fuzz[@]}" build -O "${features[@]}" >&2
 echo "target,seconds,execs,execs_per_s,cov,ft,corpus,crashes"
+unpacked="$(mktemp -d)"
+trap 'rm -rf "$unpacked"' EXIT
 for t in "${targets[@]}"; do
   mkdir -p "corpus/$t" "artifacts/$t"
   inputs=("seeds/$t")
-  [ -d "kept/$t" ] && inputs+=("kept/$t")
+  if [ -f "kept/$t.tar.gz" ]; then
+    mkdir -p "$unpacked/$t"
+    tar -xzf "kept/$t.tar.gz" -C "$unpacked/$t"
+    inputs+=("$unpacked/$t")
+  fi
   log="$(mktemp)"
   if ! "${fuzz[@]}" run -O "${features[@]}" "$t" "corpus/$t" "${inputs[@]}" -- \
       -max_total_time="$secs" -timeout="${FUZZ_TIMEOUT:-20}" -rss_limit_mb=4096 -print_final_stats=1 \

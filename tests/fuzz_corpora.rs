@@ -1,4 +1,4 @@
-//! Every committed fuzz input — `fuzz/seeds/<target>` and `fuzz/kept/<target>` — replayed
+//! Every committed fuzz input — `fuzz/seeds/<target>` and `fuzz/kept/<target>.tar.gz` — replayed
 //! through its target's own check (`fuzz/src/`, included here by path, the same code the
 //! fuzz targets call). CI fuzzes the core decoders for seconds each; the binding targets
 //! (MCP `_meta`, A2A JSON, the node config, the signature envelope) link the whole node and
@@ -17,48 +17,88 @@ mod decoders;
 #[path = "../fuzz/src/bindings.rs"]
 mod bindings;
 
-/// The files of `fuzz/seeds/<target>` and, where it exists, `fuzz/kept/<target>`.
-fn inputs(target: &str) -> (usize, Vec<PathBuf>) {
+/// The inputs of `target`, each named: the files of `fuzz/seeds/<target>` and, where it
+/// exists, every entry of the archive `fuzz/kept/<target>.tar.gz`. Returns how many are
+/// seeds, and all of them.
+fn inputs(target: &str) -> (usize, Vec<(String, Vec<u8>)>) {
     let dir = Path::new(FUZZ_DIR);
-    let list = |d: PathBuf| -> Vec<PathBuf> {
-        match std::fs::read_dir(&d) {
-            Ok(entries) => {
-                let mut v: Vec<PathBuf> = entries
-                    .map(|e| e.expect("a directory entry").path())
-                    .filter(|p| p.is_file())
-                    .collect();
-                v.sort();
-                v
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(e) => panic!("reading {}: {e}", d.display()),
-        }
+    let seeds_dir = dir.join("seeds").join(target);
+    let mut seeds: Vec<PathBuf> = match std::fs::read_dir(&seeds_dir) {
+        Ok(entries) => entries
+            .map(|e| e.expect("a directory entry").path())
+            .filter(|p| p.is_file())
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => panic!("reading {}: {e}", seeds_dir.display()),
     };
-    let seeds = list(dir.join("seeds").join(target));
+    seeds.sort();
     let n = seeds.len();
-    let mut all = seeds;
-    all.extend(list(dir.join("kept").join(target)));
+    let mut all: Vec<(String, Vec<u8>)> = seeds
+        .into_iter()
+        .map(|p| {
+            let data = std::fs::read(&p).expect("a seed file");
+            (p.display().to_string(), data)
+        })
+        .collect();
+    let archive = dir.join("kept").join(format!("{target}.tar.gz"));
+    match std::fs::File::open(&archive) {
+        Ok(f) => {
+            let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(f));
+            for entry in tar.entries().expect("a tar.gz archive") {
+                let mut entry = entry.expect("an archive entry");
+                if !entry.header().entry_type().is_file() {
+                    continue;
+                }
+                let name = entry.path().expect("an entry name").display().to_string();
+                let mut data = Vec::new();
+                std::io::Read::read_to_end(&mut entry, &mut data).expect("an entry's bytes");
+                all.push((format!("{}:{name}", archive.display()), data));
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => panic!("reading {}: {e}", archive.display()),
+    }
     (n, all)
 }
 
 /// Runs `check` over every input of `target`; fails naming each input that panicked.
 fn replay(target: &str, check: fn(&[u8])) {
-    let (seeds, files) = inputs(target);
+    let (seeds, inputs) = inputs(target);
     assert!(seeds > 0, "fuzz/seeds/{target} is missing or empty");
-    let failed: Vec<String> = files
+    let failed: Vec<&str> = inputs
         .iter()
-        .filter(|path| {
-            let data = std::fs::read(path).expect("a corpus file");
-            std::panic::catch_unwind(|| check(&data)).is_err()
-        })
-        .map(|p| p.display().to_string())
+        .filter(|(_, data)| std::panic::catch_unwind(|| check(data)).is_err())
+        .map(|(name, _)| name.as_str())
         .collect();
     assert!(
         failed.is_empty(),
         "{target}: {} of {} inputs fail its check: {failed:?}",
         failed.len(),
-        files.len()
+        inputs.len()
     );
+}
+
+/// The kept corpora are read: each archive holds what the loose directories held.
+#[test]
+fn every_kept_archive_reads_and_holds_inputs() {
+    for (target, at_least) in [
+        ("a2a_json", 4_000),
+        ("ack", 950),
+        ("config", 4_000),
+        ("escalation", 1_800),
+        ("ledger", 2_900),
+        ("mcp_meta", 2_500),
+        ("moqt_subgroup", 350),
+        ("obligation", 1_500),
+        ("signed", 1_500),
+    ] {
+        let (seeds, all) = inputs(target);
+        assert!(
+            all.len() - seeds >= at_least,
+            "{target}: {} kept inputs",
+            all.len() - seeds
+        );
+    }
 }
 
 #[test]

@@ -1750,6 +1750,29 @@ certs = "certs"
 state = "state"
 "#;
 
+    /// `[events]` and `[observe]` are checked before anything starts: a sink named, URLs of
+    /// a scheme that can be reached, roots for https, a loopback console.
+    #[test]
+    fn events_and_observe_sections_are_checked_before_the_start() {
+        let with = |extra: &str| check_config_text(&format!("{BASE}{extra}"));
+        assert!(with("[events.webhook]\nurl = \"http://127.0.0.1:9/h\"\n").is_ok());
+        assert!(with("[events.exec]\ncommand = \"/bin/true\"\n").is_ok());
+        let no_sink = with("[events]\nbackoff_min_ms = 10\n").unwrap_err();
+        assert!(no_sink.contains("names no sink"), "{no_sink}");
+        let https = with("[events.webhook]\nurl = \"https://hooks.example/h\"\n").unwrap_err();
+        assert!(https.contains("needs `ca`"), "{https}");
+        let scheme = with("[events.webhook]\nurl = \"ftp://hooks.example/h\"\n").unwrap_err();
+        assert!(scheme.contains("not http:// or https://"), "{scheme}");
+        let backoff = with(
+            "[events]\nbackoff_min_ms = 500\nbackoff_max_ms = 100\n[events.exec]\ncommand = \"/bin/true\"\n",
+        )
+        .unwrap_err();
+        assert!(backoff.contains("backoff_min_ms"), "{backoff}");
+        assert!(with("[observe]\nlisten = \"127.0.0.1:9464\"\n").is_ok());
+        let remote = with("[observe]\nlisten = \"0.0.0.0:9464\"\n").unwrap_err();
+        assert!(remote.contains("not a loopback address"), "{remote}");
+    }
+
     #[test]
     fn a_relay_is_configured_by_url_and_name_and_bad_ones_are_refused() {
         let with = |relays: &str| check_config_text(&format!("{BASE}{relays}"));

@@ -93,6 +93,12 @@ fn default_timeout_ms() -> u64 {
 impl EventsSection {
     /// Checks the section without starting anything.
     pub fn check(&self) -> Result<(), Error> {
+        if self.webhook.is_none() && self.exec.is_none() {
+            return Err(
+                "[events] names no sink: add [events.webhook] url = …, [events.exec] command = …, or both"
+                    .into(),
+            );
+        }
         if self.backoff_min_ms == 0 || self.backoff_max_ms < self.backoff_min_ms {
             return Err("[events]: backoff_min_ms must be > 0 and at most backoff_max_ms".into());
         }
