@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine as _;
-use common::{abhyasa, status, wait_for, NodeProc};
+use common::{status, wait_for, NodeProc};
 
 /// Obligations issued (each escalates: its target never answers).
 const N: usize = 12;
@@ -111,28 +111,6 @@ fn serve(listener: TcpListener, hook: Arc<Mutex<Hook>>) {
     }
 }
 
-fn issue(admin: &str, scope: &str) -> String {
-    let out = abhyasa(&[
-        "issue",
-        "--admin",
-        admin,
-        "--target",
-        "agent-2",
-        "--kind",
-        "anumati.consent",
-        "--decision",
-        "revoke",
-        "--scope",
-        scope,
-        "--deadline-ms",
-        "1500",
-    ]);
-    let reply: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|_| panic!("{}", common::output_text(&out)));
-    assert_eq!(reply["ok"], true, "{reply}");
-    reply["id"].as_str().unwrap().to_owned()
-}
-
 #[test]
 fn every_escalation_reaches_the_webhook_and_the_exec_hook_across_a_sigkill() {
     let dir = tempfile::tempdir().unwrap();
@@ -171,7 +149,7 @@ fn every_escalation_reaches_the_webhook_and_the_exec_hook_across_a_sigkill() {
         Path::new(&admin).exists() && status(&admin).is_some()
     });
     let ids: Vec<String> = (0..N)
-        .map(|i| issue(&admin, &format!("scope.{i}")))
+        .map(|i| common::issue_revoke(&admin, "agent-2", &format!("scope.{i}"), 1_500))
         .collect();
 
     // Mid-delivery: the held request came in, unanswered; the node dies with it in flight.

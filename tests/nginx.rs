@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use abhyasa::enforce::nginx::{standalone, Protected, Site};
-use common::{abhyasa, free_tcp, free_udp, wait_for, NodeProc};
+use common::{free_tcp, free_udp, wait_for, NodeProc};
 
 /// The tool: answers every request 200 with a small JSON body and counts them.
 fn tool_service() -> (u16, Arc<AtomicU32>) {
@@ -93,24 +93,7 @@ impl Drop for Nginx {
 }
 
 fn issue(admin: &str, scope: &str, deadline_ms: &str) -> String {
-    let out = abhyasa(&[
-        "issue",
-        "--admin",
-        admin,
-        "--target",
-        "agent-1",
-        "--kind",
-        "anumati.consent",
-        "--decision",
-        "revoke",
-        "--scope",
-        scope,
-        "--deadline-ms",
-        deadline_ms,
-    ]);
-    let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(reply["ok"], true, "{reply}");
-    reply["id"].as_str().unwrap().to_owned()
+    common::issue_revoke(admin, "agent-1", scope, deadline_ms.parse().unwrap())
 }
 
 #[test]

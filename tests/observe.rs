@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{abhyasa, free_tcp, free_udp, status, wait_for, NodeProc};
+use common::{free_tcp, free_udp, status, wait_for, NodeProc};
 
 /// A principal with `[observe]` on a free port, peers `agent-1` (its config written, not
 /// started) and `agent-2` (never up); returns (principal config, agent config, console URL,
@@ -66,28 +66,6 @@ fn deployment(
     )
 }
 
-fn issue(admin: &str, target: &str, scope: &str, deadline_ms: u64) -> String {
-    let out = abhyasa(&[
-        "issue",
-        "--admin",
-        admin,
-        "--target",
-        target,
-        "--kind",
-        "anumati.consent",
-        "--decision",
-        "revoke",
-        "--scope",
-        scope,
-        "--deadline-ms",
-        &deadline_ms.to_string(),
-    ]);
-    let reply: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|_| panic!("{}", common::output_text(&out)));
-    assert_eq!(reply["ok"], true, "{reply}");
-    reply["id"].as_str().unwrap().to_owned()
-}
-
 fn wait_admin(admin: &str) {
     wait_for("an admin socket", Duration::from_secs(30), || {
         Path::new(admin).exists() && status(admin).is_some()
@@ -118,13 +96,13 @@ fn a_scrape_parsed_by_prometheus_client_agrees_with_the_nodes_status() {
     wait_admin(&admin);
     // Three applied by agent-1, two escalated at agent-2, two pending at agent-2.
     for i in 0..3 {
-        issue(&admin, "agent-1", &format!("applied.{i}"), 60_000);
+        common::issue_revoke(&admin, "agent-1", &format!("applied.{i}"), 60_000);
     }
     for i in 0..2 {
-        issue(&admin, "agent-2", &format!("escalates.{i}"), 1_500);
+        common::issue_revoke(&admin, "agent-2", &format!("escalates.{i}"), 1_500);
     }
     for i in 0..2 {
-        issue(&admin, "agent-2", &format!("pending.{i}"), 600_000);
+        common::issue_revoke(&admin, "agent-2", &format!("pending.{i}"), 600_000);
     }
     wait_for("3 applied and 2 escalated", Duration::from_secs(60), || {
         status(&admin).is_some_and(|s| {

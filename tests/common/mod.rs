@@ -146,6 +146,30 @@ pub fn refused_start(cfg: &Path) -> Output {
     child.wait_with_output().unwrap()
 }
 
+/// `abhyasa issue` of a consent revocation of `scope` for `target`, due in `deadline_ms`,
+/// through the node at `admin`; the obligation's id.
+pub fn issue_revoke(admin: &str, target: &str, scope: &str, deadline_ms: u64) -> String {
+    let out = abhyasa(&[
+        "issue",
+        "--admin",
+        admin,
+        "--target",
+        target,
+        "--kind",
+        "anumati.consent",
+        "--decision",
+        "revoke",
+        "--scope",
+        scope,
+        "--deadline-ms",
+        &deadline_ms.to_string(),
+    ]);
+    let reply: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", output_text(&out)));
+    assert_eq!(reply["ok"], true, "{reply}");
+    reply["id"].as_str().unwrap().to_owned()
+}
+
 /// `abhyasa status --json` of the node at `admin`, once it answers.
 pub fn status(admin: &str) -> Option<serde_json::Value> {
     let out = abhyasa(&["status", "--admin", admin, "--json"]);

@@ -115,20 +115,7 @@ pub enum LedgerRequest {
         transfer: String,
     },
     /// Reserve and dispatch an effect through a gateway.
-    Spend {
-        /// Paying credit.
-        credit: String,
-        /// Gateway agent.
-        gateway: String,
-        /// Purpose (within the credit's label).
-        purpose: String,
-        /// The normalized operation.
-        operation: String,
-        /// Maximum charge.
-        max: String,
-        /// Operation key.
-        key: String,
-    },
+    Spend(PaidEffect),
     /// Fence a credit's epoch to reclaim stuck dispatches.
     Reclaim {
         /// The credit.
@@ -170,20 +157,7 @@ pub enum LedgerRequest {
         transfer: String,
     },
     /// Reserve an effect's maximum without dispatching it.
-    Reserve {
-        /// Paying credit.
-        credit: String,
-        /// Gateway agent.
-        gateway: String,
-        /// Purpose (within the credit's label).
-        purpose: String,
-        /// The normalized operation.
-        operation: String,
-        /// Maximum charge.
-        max: String,
-        /// Operation key.
-        key: String,
-    },
+    Reserve(PaidEffect),
     /// Dispatch a reserved operation.
     Dispatch {
         /// The operation key.
@@ -224,6 +198,39 @@ pub enum LedgerRequest {
     Status,
 }
 
+/// An effect paid from a credit through a gateway (what `spend` and `reserve` name).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PaidEffect {
+    /// Paying credit.
+    pub credit: String,
+    /// Gateway agent.
+    pub gateway: String,
+    /// Purpose (within the credit's label).
+    pub purpose: String,
+    /// The normalized operation.
+    pub operation: String,
+    /// Maximum charge.
+    pub max: String,
+    /// Operation key.
+    pub key: String,
+}
+
+impl PaidEffect {
+    /// The credit, the effect, the gateway and the key, read.
+    fn parts(&self) -> Result<(CreditId, Effect, AgentId, OpKey), Error> {
+        Ok((
+            CreditId::from_u128(id128(&self.credit)?),
+            Effect {
+                purpose: Dim::new(self.purpose.clone())?,
+                operation: self.operation.clone(),
+                max_charge: parse_vector(&self.max)?,
+            },
+            AgentId::new(self.gateway.clone())?,
+            OpKey::from_u128(id128(&self.key)?),
+        ))
+    }
+}
+
 impl LedgerRequest {
     /// The node command.
     pub fn command(&self) -> Result<LedgerCommand, Error> {
@@ -250,23 +257,15 @@ impl LedgerRequest {
             LedgerRequest::ReclaimTransfer { transfer } => LedgerCommand::ReclaimTransfer {
                 transfer: TransferId::from_u128(id128(transfer)?),
             },
-            LedgerRequest::Spend {
-                credit,
-                gateway,
-                purpose,
-                operation,
-                max,
-                key,
-            } => LedgerCommand::Spend {
-                credit: CreditId::from_u128(id128(credit)?),
-                effect: Effect {
-                    purpose: Dim::new(purpose.clone())?,
-                    operation: operation.clone(),
-                    max_charge: parse_vector(max)?,
-                },
-                gateway: AgentId::new(gateway.clone())?,
-                key: OpKey::from_u128(id128(key)?),
-            },
+            LedgerRequest::Spend(paid) => {
+                let (credit, effect, gateway, key) = paid.parts()?;
+                LedgerCommand::Spend {
+                    credit,
+                    effect,
+                    gateway,
+                    key,
+                }
+            }
             LedgerRequest::Reclaim { credit } => LedgerCommand::Reclaim {
                 credit: CreditId::from_u128(id128(credit)?),
             },
@@ -298,23 +297,15 @@ impl LedgerRequest {
                 credit: CreditId::from_u128(id128(credit)?),
                 transfer: TransferId::from_u128(id128(transfer)?),
             },
-            LedgerRequest::Reserve {
-                credit,
-                gateway,
-                purpose,
-                operation,
-                max,
-                key,
-            } => LedgerCommand::Reserve {
-                credit: CreditId::from_u128(id128(credit)?),
-                effect: Effect {
-                    purpose: Dim::new(purpose.clone())?,
-                    operation: operation.clone(),
-                    max_charge: parse_vector(max)?,
-                },
-                gateway: AgentId::new(gateway.clone())?,
-                key: OpKey::from_u128(id128(key)?),
-            },
+            LedgerRequest::Reserve(paid) => {
+                let (credit, effect, gateway, key) = paid.parts()?;
+                LedgerCommand::Reserve {
+                    credit,
+                    effect,
+                    gateway,
+                    key,
+                }
+            }
             LedgerRequest::Dispatch { key } => LedgerCommand::Dispatch {
                 key: OpKey::from_u128(id128(key)?),
             },
@@ -425,14 +416,7 @@ pub fn reply_json(r: &LedgerReply) -> serde_json::Value {
 }
 
 fn status_json(s: &LedgerStatus) -> serde_json::Value {
-    let names = [
-        "available",
-        "in_transit",
-        "reserved",
-        "quarantined",
-        "committed",
-        "forfeited",
-    ];
+    let names = abhyasa_node::ledger::BUCKETS;
     serde_json::json!({
         "roots": s.roots.iter().map(|(r, b)| {
             let mut m = serde_json::Map::new();

@@ -12,6 +12,45 @@ use crate::admin::{self, AdminTarget, Request};
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
+/// An effect paid from a credit through a gateway (`spend`, `reserve`).
+#[derive(clap::Args)]
+pub(crate) struct EffectArgs {
+    /// The paying credit (hex).
+    #[arg(long)]
+    credit: String,
+    /// The gateway agent.
+    #[arg(long)]
+    gateway: String,
+    /// Maximum charge, e.g. cents=10.
+    #[arg(long)]
+    max: String,
+    /// The normalized operation.
+    #[arg(long)]
+    operation: String,
+    /// Its purpose.
+    #[arg(long, default_value = "tools")]
+    purpose: String,
+    /// Operation key (hex; default: random).
+    #[arg(long)]
+    key: Option<String>,
+}
+
+impl EffectArgs {
+    /// The request's form, with the key chosen (and printed) when none was given.
+    fn paid(self) -> crate::ledger_cli::PaidEffect {
+        let key = hex_id(self.key);
+        println!("operation {key}");
+        crate::ledger_cli::PaidEffect {
+            credit: self.credit,
+            gateway: self.gateway,
+            purpose: self.purpose,
+            operation: self.operation,
+            max: self.max,
+            key,
+        }
+    }
+}
+
 /// `abhyasa ledger …`.
 #[derive(Subcommand)]
 pub(crate) enum LedgerCli {
@@ -69,24 +108,8 @@ pub(crate) enum LedgerCli {
     Spend {
         #[command(flatten)]
         admin: AdminTarget,
-        /// The paying credit (hex).
-        #[arg(long)]
-        credit: String,
-        /// The gateway agent.
-        #[arg(long)]
-        gateway: String,
-        /// Maximum charge, e.g. cents=10.
-        #[arg(long)]
-        max: String,
-        /// The normalized operation.
-        #[arg(long)]
-        operation: String,
-        /// Its purpose.
-        #[arg(long, default_value = "tools")]
-        purpose: String,
-        /// Operation key (hex; default: random).
-        #[arg(long)]
-        key: Option<String>,
+        #[command(flatten)]
+        effect: EffectArgs,
     },
     /// Fence a credit's epoch at its gateways to reclaim dispatches that never got an answer
     /// (`--credit`), or take back a reclaimable transfer whose child has had no claim
@@ -169,24 +192,8 @@ pub(crate) enum LedgerCli {
     Reserve {
         #[command(flatten)]
         admin: AdminTarget,
-        /// The paying credit (hex).
-        #[arg(long)]
-        credit: String,
-        /// The gateway agent.
-        #[arg(long)]
-        gateway: String,
-        /// Maximum charge, e.g. cents=10.
-        #[arg(long)]
-        max: String,
-        /// The normalized operation.
-        #[arg(long)]
-        operation: String,
-        /// Its purpose.
-        #[arg(long, default_value = "tools")]
-        purpose: String,
-        /// Operation key (hex; default: random).
-        #[arg(long)]
-        key: Option<String>,
+        #[command(flatten)]
+        effect: EffectArgs,
     },
     /// Dispatch a reserved operation to its gateway.
     Dispatch {
@@ -357,30 +364,7 @@ pub(crate) async fn ledger(command: LedgerCli) -> Result<ExitCode> {
                 false,
             )
         }
-        LedgerCli::Spend {
-            admin,
-            credit,
-            gateway,
-            max,
-            operation,
-            purpose,
-            key,
-        } => {
-            let key = hex_id(key);
-            println!("operation {key}");
-            (
-                admin,
-                R::Spend {
-                    credit,
-                    gateway,
-                    purpose,
-                    operation,
-                    max,
-                    key,
-                },
-                false,
-            )
-        }
+        LedgerCli::Spend { admin, effect } => (admin, R::Spend(effect.paid()), false),
         LedgerCli::Reclaim {
             admin,
             credit,
@@ -437,30 +421,7 @@ pub(crate) async fn ledger(command: LedgerCli) -> Result<ExitCode> {
             println!("transfer {transfer}");
             (admin, R::ReturnRights { credit, transfer }, false)
         }
-        LedgerCli::Reserve {
-            admin,
-            credit,
-            gateway,
-            max,
-            operation,
-            purpose,
-            key,
-        } => {
-            let key = hex_id(key);
-            println!("operation {key}");
-            (
-                admin,
-                R::Reserve {
-                    credit,
-                    gateway,
-                    purpose,
-                    operation,
-                    max,
-                    key,
-                },
-                false,
-            )
-        }
+        LedgerCli::Reserve { admin, effect } => (admin, R::Reserve(effect.paid()), false),
         LedgerCli::Dispatch { admin, key } => (admin, R::Dispatch { key }, false),
         LedgerCli::Release { admin, key } => (admin, R::ReleaseUnsent { key }, false),
         LedgerCli::Permit {

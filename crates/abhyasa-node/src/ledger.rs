@@ -229,6 +229,17 @@ pub struct OperationStatus {
     pub charged: Option<Vector>,
 }
 
+/// The names of the six buckets, in [`LedgerStatus::roots`] order, as every face of the
+/// node writes them (status JSON, metrics labels, the console).
+pub const BUCKETS: [&str; 6] = [
+    "available",
+    "in_transit",
+    "reserved",
+    "quarantined",
+    "committed",
+    "forfeited",
+];
+
 /// The ledger as one node holds it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LedgerStatus {

@@ -31,15 +31,7 @@ struct Child {
     dim: String,
 }
 
-/// The six buckets of a root, in [`LedgerStatus::roots`] order.
-pub const BUCKETS: [&str; 6] = [
-    "available",
-    "in_transit",
-    "reserved",
-    "quarantined",
-    "committed",
-    "forfeited",
-];
+pub use abhyasa_node::ledger::BUCKETS;
 
 fn by_dim(v: &Vector) -> impl Iterator<Item = (String, i64)> + '_ {
     v.iter()
