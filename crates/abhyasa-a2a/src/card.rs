@@ -1,4 +1,4 @@
-//! The AgentCard and its Abhyasa extension (`capabilities.extensions[]`, BINDINGS.md § A2A).
+//! The AgentCard and its Abhyasa extension (`capabilities.extensions[]`, docs/A2A.md).
 //!
 //! The card follows A2A v1.0 (`supportedInterfaces`, camelCase); the extension's `params` are
 //! the reference implementation's `AbhyasaServiceRef` (snake_case), with our additions.
@@ -223,7 +223,7 @@ pub enum CardError {
 /// The wire's own limit on `max_retries`.
 const RETRIES_LIMIT: u32 = abhyasa_wire::MAX_RETRIES_LIMIT;
 
-/// The retry rule of BINDINGS.md: the smallest `n` with
+/// The retry rule (docs/DESIGN.md, "On the wire"): the smallest `n` with
 /// `Σ_{k=1..n} min(cap, base·2^(k−1)) ≥ deadline`, in seconds (custody's
 /// [`profile_retries`](abhyasa_custody::profile_retries), in milliseconds).
 pub fn retries_needed(deadline_seconds: u64, base_seconds: f64, cap_seconds: u64) -> u32 {

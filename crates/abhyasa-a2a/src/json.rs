@@ -1,4 +1,4 @@
-//! The reference implementation's JSON shapes (BINDINGS.md § A2A), converted to and from the
+//! The reference implementation's JSON shapes (docs/A2A.md), converted to and from the
 //! wire objects. The issuer is never read from the message: it is the authenticated client.
 
 use abhyasa_wire::{

@@ -1,4 +1,4 @@
-//! The A2A binding of Abhyasa custody (custody paper §5; field-level shapes in BINDINGS.md).
+//! The A2A binding of Abhyasa custody (custody paper §5; shapes in docs/A2A.md).
 //!
 //! - [`card`]: the AgentCard with the one Abhyasa extension (`capabilities.extensions[]`), its
 //!   per-kind profiles and the retry rule they must satisfy.

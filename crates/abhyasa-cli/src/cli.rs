@@ -643,7 +643,7 @@ impl PeerConfig {
     }
 }
 
-/// `[a2a]`: the node's HTTPS face (BINDINGS.md § A2A).
+/// `[a2a]`: the node's HTTPS face (docs/A2A.md).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct A2aConfig {
@@ -758,7 +758,7 @@ struct CustodyConfig {
     /// `"stream"` (default) or `"datagram"`: how the first attempt travels.
     first_attempt: String,
     /// Kinds whose obligations must carry a retry budget that spans their deadline (the
-    /// retry rule of BINDINGS.md); a shorter one is refused with the number needed.
+    /// retry rule (docs/DESIGN.md, "On the wire")); a shorter one is refused with the number needed.
     require_spanning_budget: Vec<abhyasa_wire::Kind>,
     /// How often maintenance runs (folding principal down-weights, pruning old history).
     maintenance_ms: u64,

@@ -60,7 +60,7 @@ pub struct CustodianConfig {
     /// time out before the receiver reaches them. Deadlines run regardless.
     pub max_inflight_per_target: usize,
     /// Kinds whose profile requires the retry budget to span the deadline (the retry rule of
-    /// `BINDINGS.md`): an obligation of such a kind whose `max_retries` is below
+    /// docs/DESIGN.md): an obligation of such a kind whose `max_retries` is below
     /// [`CustodianConfig::retries_spanning`] is refused with the number needed. Other kinds
     /// may carry a shorter budget; they then escalate `retries_exhausted` early, which is
     /// conservative.
@@ -94,7 +94,7 @@ impl Default for CustodianConfig {
     }
 }
 
-/// The retry rule of BINDINGS.md for a profile's backoff: the smallest `n` with
+/// The retry rule (docs/DESIGN.md, "On the wire") for a profile's backoff: the smallest `n` with
 /// `Σ_{k=1..n} min(cap, base·2^(k−1)) ≥ span` (no lifetime cap: the profile states its own
 /// backoff). Not capped at the wire's [`MAX_RETRIES_LIMIT`]: a result above it says that no
 /// obligation can satisfy the rule with this backoff (saturates at `u32::MAX`).
@@ -126,7 +126,7 @@ impl CustodianConfig {
         self.backoff_base_ms.saturating_mul(1 << shift).min(cap)
     }
 
-    /// The retry rule of `BINDINGS.md`: the smallest `n` with
+    /// The retry rule (docs/DESIGN.md, "On the wire"): the smallest `n` with
     /// `Σ_{k=1..n} min(cap, b·2^(k-1)) ≥ span` — the least budget whose backoff ceilings span
     /// the deadline. Saturates at [`MAX_RETRIES_LIMIT`].
     pub fn retries_spanning(&self, span_ms: u64) -> u32 {

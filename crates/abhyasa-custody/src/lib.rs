@@ -1,4 +1,4 @@
-//! Abhyasa custody: the sans-IO state machines of deliver-or-report (SPEC.md Part 1).
+//! Abhyasa custody: the sans-IO state machines of deliver-or-report (docs/DESIGN.md, "Custody: the rules").
 //!
 //! ```text
 //!   principal ──issue──▶ Custodian ──persist Pending──▶ store ──handle_persisted──▶ transmit

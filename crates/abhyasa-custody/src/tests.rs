@@ -794,7 +794,7 @@ fn the_default_budget_lets_the_deadline_bind() {
 
 #[test]
 fn the_retry_rule_matches_the_bindings_examples() {
-    // BINDINGS.md: 24 h with cap 3600 s needs 35; 1 h with cap 600 s needs 15 (base 1 s).
+    // The retry rule (docs/DESIGN.md): 24 h with cap 3600 s needs 35; 1 h with cap 600 s needs 15 (base 1 s).
     let cfg = |cap_s: u64| CustodianConfig {
         backoff_base_ms: 1_000,
         backoff_cap_ms: cap_s * 1_000,

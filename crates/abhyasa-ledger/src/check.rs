@@ -1,4 +1,4 @@
-//! The conservation checker, L1–L7 of SPEC.md Part 2.
+//! The conservation checker, L1–L7 of docs/DESIGN.md ("The ledger: the rules").
 //!
 //! It is written apart from the ledger's transitions: it reads what the branches and
 //! gateways hold durably (through their read accessors) and the effects that actually ran,

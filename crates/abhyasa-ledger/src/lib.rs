@@ -1,4 +1,4 @@
-//! Budget conservation in delegation (SPEC.md Part 2), sans-IO.
+//! Budget conservation in delegation (docs/DESIGN.md, "The ledger: the rules"), sans-IO.
 //!
 //! A root grant's atoms (`[0, B)` per dimension) are owned by exactly one place at a time:
 //!

@@ -1,5 +1,5 @@
 //! Budget-gated tools: the dispatch permit rides the tool call, the receipt rides its result
-//! (`../shared/BINDINGS.md`, "MCP"). The effect a permit binds is the call itself — the tool's
+//! (docs/DESIGN.md, "On the wire"; docs/MCP.md). The effect a permit binds is the call itself — the tool's
 //! name and its arguments in canonical JSON, its purpose and its price — so the server
 //! recomputes it from what is actually asked for and a permit for another call, other
 //! arguments or another price does not bind this one. Pure functions, no I/O.

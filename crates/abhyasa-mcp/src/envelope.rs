@@ -1,5 +1,5 @@
 //! The custody envelope in MCP `_meta`: obligations on a request, acks on a result
-//! (`../shared/BINDINGS.md`, "MCP"). Pure functions, no I/O.
+//! (docs/DESIGN.md, "On the wire"; docs/MCP.md). Pure functions, no I/O.
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;

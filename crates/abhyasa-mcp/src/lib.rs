@@ -1,4 +1,4 @@
-//! The MCP binding of Abhyasa custody (`../shared/BINDINGS.md`, "MCP"), on `rmcp`.
+//! The MCP binding of Abhyasa custody (docs/DESIGN.md, "On the wire"; docs/MCP.md), on `rmcp`.
 //!
 //! Roles: the principal's side is the MCP client (it calls tools), the agent's side is the
 //! MCP server (it runs tools and honours obligations). Obligations ride any `tools/call` in

@@ -1,4 +1,4 @@
-//! MCP over QUIC in the MCP-over-MOQT layout (`../shared/BINDINGS.md`, from
+//! MCP over QUIC in the MCP-over-MOQT layout (docs/DESIGN.md, "On the wire"; from
 //! draft-jennings-mcp-over-moqt-00 §2.2.1): one MOQT session per MCP session over the node's
 //! mutually authenticated endpoint (ALPN `moq-00`, draft 14, same certificates, same port).
 //!

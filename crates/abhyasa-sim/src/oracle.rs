@@ -1,6 +1,6 @@
 //! Oracles that can disagree with the code they check.
 //!
-//! Everything here is computed from SPEC.md's kind table and rules and from what the
+//! Everything here is computed from the kind table and rules of docs/DESIGN.md and from what the
 //! simulation saw — the obligations, the order in which records reached each disk — never by
 //! calling the custody code under test (`kinds::safe`, `kinds::admissible`, `holds()`,
 //! `PrincipalState::apply`, `ReceiverState::apply`). The machines' durable state is only

@@ -1,4 +1,4 @@
-//! Budget-ledger wire objects (SPEC.md Part 2): resource vectors, range-compressed atom
+//! Budget-ledger wire objects (docs/DESIGN.md, "The ledger: the rules"): resource vectors, range-compressed atom
 //! footprints, root grants, transfer certificates and decisions, dispatch permits with their
 //! operation binding, gateway receipts and no-effect proofs, epoch fences, status queries.
 //!
