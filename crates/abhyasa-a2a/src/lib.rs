@@ -16,6 +16,8 @@
 //!   arrive is retried by custody and escalated at its deadline, exactly as on MOQT.
 //! - [`json`]: the reference's JSON obligation and ack.
 
+#![warn(missing_docs)]
+
 pub mod card;
 pub mod client;
 pub mod json;

@@ -157,6 +157,7 @@ impl Keyring {
 
 /// Why a ledger transition was refused. Nothing changes when one is returned.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum LedgerError {
     /// A signature, signer or signed body is wrong.
     #[error(transparent)]

@@ -24,6 +24,7 @@ pub struct ToolBudget {
 
 /// A permit in `_meta` that cannot be read.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum PermitError {
     /// Not a base64 string.
     #[error("_meta[\"{key}\"] is not a base64 string: {why}")]

@@ -112,6 +112,7 @@ pub struct BudgetedCall {
 
 /// Why a budget-gated call did not complete.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum BudgetedCallError {
     /// The branch refused to reserve (no such credit, too little, purpose not allowed …).
     #[error("ledger: {0}")]

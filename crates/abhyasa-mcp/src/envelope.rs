@@ -22,6 +22,7 @@ pub const META_CHARGE: &str = "org.abhyasa/charge";
 /// A custody envelope that cannot be read: the whole request is refused (JSON-RPC -32602)
 /// and nothing in it is applied.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum EnvelopeError {
     /// The key holds something other than an array of strings.
     #[error("_meta[\"{key}\"] must be an array of base64 strings")]

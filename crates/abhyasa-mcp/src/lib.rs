@@ -10,6 +10,8 @@
 //! the scope or revoked the token. The idempotency key is the obligation id, never the
 //! JSON-RPC request id.
 
+#![warn(missing_docs)]
+
 pub use rmcp;
 
 pub mod http;

@@ -19,6 +19,7 @@ use crate::server::{AgentServer, HostTool};
 
 /// Why a message could not be carried.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum QuicTransportError {
     /// The message did not serialize.
     #[error("json: {0}")]
