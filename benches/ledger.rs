@@ -64,6 +64,7 @@ fn effect(n: u64) -> Effect {
         purpose: Dim::new("tools").unwrap(),
         operation: format!("call-{n}"),
         max_charge: Vector::of(&[("cents", 1_000), ("calls", 3)]).unwrap(),
+        carried_by: None,
     }
 }
 

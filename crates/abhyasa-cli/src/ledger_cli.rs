@@ -224,6 +224,7 @@ impl PaidEffect {
                 purpose: Dim::new(self.purpose.clone())?,
                 operation: self.operation.clone(),
                 max_charge: parse_vector(&self.max)?,
+                carried_by: None,
             },
             AgentId::new(self.gateway.clone())?,
             OpKey::from_u128(id128(&self.key)?),
@@ -726,6 +727,7 @@ mod tests {
             purpose: Dim::new("tools").unwrap(),
             operation: "call".into(),
             max_charge: parse_vector("cents=7").unwrap(),
+            carried_by: None,
         };
         let payer = AgentId::new("child").unwrap();
         let max = parse_vector("cents=10").unwrap();

@@ -264,6 +264,7 @@ fn effect(k: OpKey) -> Effect {
         purpose: Dim::new("tools").expect("valid"),
         operation: format!("call {k}"),
         max_charge: Vector::of(&[("cents", 10)]).expect("valid"),
+        carried_by: None,
     }
 }
 

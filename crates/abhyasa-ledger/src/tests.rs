@@ -159,6 +159,7 @@ impl Net {
             purpose: Dim::new("tools").unwrap(),
             operation: op.into(),
             max_charge: v(max),
+            carried_by: None,
         }
     }
 

@@ -69,16 +69,20 @@ pub fn canonical_json(value: &Value) -> String {
     sorted(value).to_string()
 }
 
+/// The name this binding carries its effects under ([`Effect::carried_by`]): the permit
+/// rides the tool call and the receipt its result.
+pub const CARRIER: &str = "mcp";
+
 /// The effect a call of tool `name` with `args` is: what a permit for it must bind.
 pub fn tool_effect(name: &str, args: &Map<String, Value>, budget: &ToolBudget) -> Effect {
     Effect {
         purpose: budget.purpose.clone(),
         operation: format!(
-            "{}{name} {}",
-            abhyasa_node::CARRIED_BY_MCP,
+            "tools/call {name} {}",
             canonical_json(&Value::Object(args.clone()))
         ),
         max_charge: budget.max_cost.clone(),
+        carried_by: Some(CARRIER.to_owned()),
     }
 }
 
@@ -217,7 +221,7 @@ mod tests {
         let e = tool_effect("book", &a, &budget);
         assert_eq!(
             e.operation,
-            r#"mcp tools/call book {"opts":{"a":[{"b":3,"y":2}],"z":1},"to":"LHR"}"#
+            r#"tools/call book {"opts":{"a":[{"b":3,"y":2}],"z":1},"to":"LHR"}"#
         );
         assert_eq!(e.digest(), tool_effect("book", &b, &budget).digest());
         let mut c = a.clone();

@@ -17,6 +17,7 @@ pub use rmcp;
 pub mod http;
 
 pub mod budget;
+pub mod channel;
 pub mod client;
 pub mod envelope;
 pub mod quic;
@@ -26,6 +27,7 @@ pub use budget::{
     permit_from_meta, permit_to_meta, receipt_from_meta, receipt_to_meta, tool_effect, PermitError,
     ToolBudget,
 };
+pub use channel::{McpChannel, McpRole, McpSender, MCP_PATH};
 pub use client::{BudgetedCall, BudgetedCallError, PrincipalClient};
 pub use envelope::{
     acks_from_meta, acks_to_meta, obligations_from_meta, obligations_to_meta, EnvelopeError,

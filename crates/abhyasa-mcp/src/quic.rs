@@ -1,11 +1,10 @@
-//! MCP over the node's QUIC endpoint, in the MCP-over-MOQT layout (`abhyasa_moq::mcp`):
+//! MCP over the node's QUIC endpoint, in the MCP-over-MOQT layout ([`crate::channel`]):
 //! an rmcp transport over an [`McpChannel`], the server loop that serves every MCP session
 //! peers open to a node, and a principal's link that keeps one session to an agent up.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use abhyasa_moq::{McpChannel, McpSender};
 use abhyasa_node::{Node, NodeError};
 use abhyasa_wire::AgentId;
 use rmcp::service::{RoleClient, RunningService, RxJsonRpcMessage, ServiceRole, TxJsonRpcMessage};
@@ -14,6 +13,7 @@ use rmcp::ServiceExt as _;
 use tokio::sync::{mpsc, Mutex};
 use tracing::{debug, info, warn};
 
+use crate::channel::{McpChannel, McpSender, MCP_PATH};
 use crate::client::PrincipalClient;
 use crate::server::{AgentServer, HostTool};
 
@@ -82,27 +82,40 @@ impl<R: ServiceRole> Transport<R> for QuicTransport {
 }
 
 /// Serves MCP to every peer that opens a session to `node` over QUIC: each session gets an
-/// [`AgentServer`] whose principal is the peer its certificate names, with `tools`. Runs
-/// until the node stops; `Err` if another task already serves the node's MCP sessions.
-pub async fn serve_quic(node: Node, tools: Vec<HostTool>) -> Result<(), NodeError> {
-    serve_quic_for(node, tools, None).await
+/// [`AgentServer`] whose principal is the peer its certificate names, with `tools`. The
+/// node's [`MCP_PATH`] port is taken when this is called, so sessions opened from then on
+/// wait for the returned future; it runs until the node stops, and is `Err` if another task
+/// already serves the node's MCP sessions.
+pub fn serve_quic(
+    node: Node,
+    tools: Vec<HostTool>,
+) -> impl std::future::Future<Output = Result<(), NodeError>> + Send + 'static {
+    serve_quic_for(node, tools, None)
 }
 
 /// [`serve_quic`], with the host tools served only to the deployment members in `callers`
 /// (`None`: every member). A member outside it still gets an MCP session — obligations it
 /// issues in its own name ride its calls, and `abhyasa_deliver` / `abhyasa_custody_status`
 /// answer — but no host tool is listed or run for it.
-pub async fn serve_quic_for(
+pub fn serve_quic_for(
     node: Node,
     tools: Vec<HostTool>,
     callers: Option<std::collections::BTreeSet<AgentId>>,
+) -> impl std::future::Future<Output = Result<(), NodeError>> + Send + 'static {
+    // Registered now, not at the first poll: a session opened before the task runs waits.
+    let port = node.port(MCP_PATH);
+    serve_port(node, port, tools, callers)
+}
+
+async fn serve_port(
+    node: Node,
+    port: Result<mpsc::Receiver<abhyasa_moq::BoundConnection>, NodeError>,
+    tools: Vec<HostTool>,
+    callers: Option<std::collections::BTreeSet<AgentId>>,
 ) -> Result<(), NodeError> {
-    let Some(mut sessions) = node.mcp_sessions() else {
-        return Err(NodeError::Mcp(
-            "MCP sessions are already being served".into(),
-        ));
-    };
-    while let Some(channel) = sessions.recv().await {
+    let mut sessions = port?;
+    while let Some(bound) = sessions.recv().await {
+        let channel = McpChannel::serve(bound);
         let peer = channel.peer().clone();
         let mut server = AgentServer::new(node.clone(), peer.clone());
         let allowed = callers.as_ref().is_none_or(|c| c.contains(&peer));
@@ -134,11 +147,14 @@ pub async fn connect_quic(
     addr: std::net::SocketAddr,
     linger: Duration,
 ) -> Result<(PrincipalClient, RunningService<RoleClient, ()>), NodeError> {
-    let channel = node.mcp_connect(agent, addr).await?;
+    let bound = node.dial(MCP_PATH, agent, addr).await?;
+    let channel = McpChannel::open(bound)
+        .await
+        .map_err(|e| NodeError::Binding(e.to_string()))?;
     let service =
         ().serve(QuicTransport::new(channel))
             .await
-            .map_err(|e| NodeError::Mcp(e.to_string()))?;
+            .map_err(|e| NodeError::Binding(e.to_string()))?;
     let client =
         PrincipalClient::attach(node.clone(), agent.clone(), service.peer().clone(), linger)
             .await?;
@@ -179,7 +195,7 @@ pub async fn connect_url(
     linger: Duration,
 ) -> Result<(PrincipalClient, RunningService<RoleClient, ()>), NodeError> {
     if !url.starts_with("http://") {
-        return Err(NodeError::Mcp(format!(
+        return Err(NodeError::Binding(format!(
             "{url}: only http:// URLs (streamable HTTP on loopback) are reached; use addr for MCP over QUIC with certificates"
         )));
     }
@@ -194,7 +210,7 @@ pub async fn connect_url(
         config = config.auth_header(token.to_owned());
     }
     let transport = rmcp::transport::StreamableHttpClientTransport::from_config(config);
-    let service = ().serve(transport).await.map_err(|e| NodeError::Mcp(e.to_string()))?;
+    let service = ().serve(transport).await.map_err(|e| NodeError::Binding(e.to_string()))?;
     let client =
         PrincipalClient::attach(node.clone(), agent.clone(), service.peer().clone(), linger)
             .await?;
@@ -204,10 +220,10 @@ pub async fn connect_url(
 /// Reads a bearer token file: one line, the token.
 fn read_bearer(path: &std::path::Path) -> Result<String, NodeError> {
     let text = std::fs::read_to_string(path)
-        .map_err(|e| NodeError::Mcp(format!("bearer token {}: {e}", path.display())))?;
+        .map_err(|e| NodeError::Binding(format!("bearer token {}: {e}", path.display())))?;
     let token = text.trim();
     if token.is_empty() || token.lines().count() != 1 {
-        return Err(NodeError::Mcp(format!(
+        return Err(NodeError::Binding(format!(
             "bearer token {}: expected one line",
             path.display()
         )));
@@ -232,18 +248,18 @@ pub async fn connect_command(
 > {
     let program = command
         .first()
-        .ok_or_else(|| NodeError::Mcp("the server command is empty".into()))?;
+        .ok_or_else(|| NodeError::Binding("the server command is empty".into()))?;
     let mut child = tokio::process::Command::new(program)
         .args(&command[1..])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| NodeError::Mcp(format!("could not start {program}: {e}")))?;
+        .map_err(|e| NodeError::Binding(format!("could not start {program}: {e}")))?;
     let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
-        return Err(NodeError::Mcp(format!("{program}: no stdio")));
+        return Err(NodeError::Binding(format!("{program}: no stdio")));
     };
-    let service = ().serve((stdout, stdin)).await.map_err(|e| NodeError::Mcp(e.to_string()))?;
+    let service = ().serve((stdout, stdin)).await.map_err(|e| NodeError::Binding(e.to_string()))?;
     let client =
         PrincipalClient::attach(node.clone(), agent.clone(), service.peer().clone(), linger)
             .await?;

@@ -1,6 +1,7 @@
 //! Abhyasa over QUIC: deployment identities and mutual TLS ([`identity`]), the QUIC endpoint
 //! with settings for lossy low-latency links ([`endpoint`]), and a MOQT draft-14 session that
-//! carries the custody track layout ([`session`]).
+//! carries the custody track layout ([`session`]); other bindings' sessions (MCP-over-MOQT)
+//! are set up here and handed to whoever registered their path ([`binding`]).
 //!
 //! ```text
 //!  agent A (namespace abhyasa/v1/A)                      agent B (namespace abhyasa/v1/B)
@@ -10,22 +11,22 @@
 
 #![warn(missing_docs, unreachable_pub)]
 
+pub mod binding;
 mod dataplane;
 pub mod endpoint;
 pub mod identity;
 pub mod impaired;
-pub mod mcp;
 pub mod relay;
 pub mod session;
 pub mod signed;
 
+pub use binding::{BoundConnection, ControlReader, PortError, Ports, Unrouted};
 pub use endpoint::{
     endpoint, impaired_endpoint, peer_agent, relay_client_config, Congestion, EndpointError,
     RelayTrust, TransportSettings,
 };
 pub use identity::{agent_of, read_certificate, Ca, Identity, IdentityError};
 pub use impaired::ImpairmentHandle;
-pub use mcp::{McpChannel, McpRole, McpSender};
 pub use relay::{moq_relay_binary, MoqRelayProcess, RelayEvent, RelaySession};
 pub use session::{
     namespace, Accepted, SendError, Session, SessionError, SessionEvent, SessionLimits, Track,

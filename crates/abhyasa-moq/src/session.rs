@@ -110,6 +110,9 @@ pub enum SessionError {
     /// A stream failed.
     #[error("stream: {0}")]
     Stream(String),
+    /// The CLIENT_SETUP named a PATH no binding serves here (see [`crate::binding`]).
+    #[error("no binding serves path {0:?} here")]
+    NoBinding(String),
 }
 
 /// Why an object could not be sent.
@@ -220,8 +223,8 @@ struct Inner {
 pub enum Accepted {
     /// A custody session (the `abhyasa` namespaces and tracks).
     Custody(Session, mpsc::Receiver<SessionEvent>),
-    /// An MCP session in the MCP-over-MOQT layout.
-    Mcp(crate::mcp::McpChannel),
+    /// A binding's session: the CLIENT_SETUP carried a PATH (see [`crate::binding`]).
+    Bound(crate::binding::BoundConnection),
 }
 
 /// A live session. Cheap to clone.
@@ -277,30 +280,34 @@ impl Session {
         ))
     }
 
-    /// Sets up an accepted connection as server of a custody session; an MCP session
+    /// Sets up an accepted connection as server of a custody session; a binding's session
     /// (see [`Session::accept_any`]) is refused.
     pub async fn accept(
         incoming: quinn::Incoming,
         me: &AgentId,
     ) -> Result<(Session, mpsc::Receiver<SessionEvent>), SessionError> {
-        match Self::accept_any(incoming, me).await? {
+        match Self::accept_any(incoming, me, &crate::binding::Ports::default()).await? {
             Accepted::Custody(s, rx) => Ok((s, rx)),
-            Accepted::Mcp(c) => {
-                c.close("this endpoint serves no MCP");
-                Err(SessionError::Identity(
-                    "an MCP session, not served here".into(),
-                ))
+            Accepted::Bound(c) => {
+                c.close("this endpoint serves no binding");
+                Err(SessionError::Identity(format!(
+                    "a session for path {:?}, not served here",
+                    String::from_utf8_lossy(c.path())
+                )))
             }
         }
     }
 
-    /// Sets up an accepted connection as server: a custody session, or an MCP session when
-    /// the CLIENT_SETUP's PATH parameter is `/mcp` (the MCP-over-MOQT layout).
+    /// Sets up an accepted connection as server: a custody session, or a binding's session
+    /// when the CLIENT_SETUP carries a PATH parameter (MCP-over-MOQT sends `/mcp`) that a
+    /// binding registered in `ports`. A PATH no binding registered is refused before
+    /// SERVER_SETUP, the connection closed with a reason that says so.
     pub async fn accept_any(
         incoming: quinn::Incoming,
         me: &AgentId,
+        ports: &crate::binding::Ports,
     ) -> Result<Accepted, SessionError> {
-        Self::accept_any_with(incoming, me, SessionLimits::default()).await
+        Self::accept_any_with(incoming, me, SessionLimits::default(), ports).await
     }
 
     /// [`Session::accept_any`], holding the peer to `limits`.
@@ -308,6 +315,7 @@ impl Session {
         incoming: quinn::Incoming,
         me: &AgentId,
         limits: SessionLimits,
+        ports: &crate::binding::Ports,
     ) -> Result<Accepted, SessionError> {
         let conn = incoming.await?;
         let peer = peer_agent(&conn)
@@ -319,9 +327,19 @@ impl Session {
         let first = tokio::time::timeout(SETUP_TIMEOUT, read_control(&mut recv, &mut buf))
             .await
             .map_err(|_| SessionError::Timeout)?;
-        let mcp = matches!(&first, Ok(Some(Control::ClientSetup { params, .. }))
-            if params.iter().any(|p| matches!(p, KeyValue::Bytes { key: 0x01, value } if value == crate::mcp::MCP_PATH)));
+        let path = match &first {
+            Ok(Some(Control::ClientSetup { params, .. })) => params.iter().find_map(|p| match p {
+                KeyValue::Bytes { key: 0x01, value } if !value.is_empty() => Some(value.clone()),
+                _ => None,
+            }),
+            _ => None,
+        };
         let peer_max = check_setup(&conn, first, true)?;
+        if let Some(path) = path.as_deref().filter(|p| !ports.serves(p)) {
+            let path = String::from_utf8_lossy(path).into_owned();
+            conn.close(0u32.into(), crate::binding::NO_BINDING.as_bytes());
+            return Err(SessionError::NoBinding(path));
+        }
         let mut out = Vec::new();
         Control::ServerSetup {
             version: DRAFT_14,
@@ -334,9 +352,9 @@ impl Session {
         send.write_all(&out)
             .await
             .map_err(|e| SessionError::Stream(e.to_string()))?;
-        if mcp {
-            let c = crate::mcp::McpChannel::serve(peer, conn, send, recv, buf);
-            return Ok(Accepted::Mcp(c));
+        if let Some(path) = path {
+            let c = crate::binding::BoundConnection::new(path, peer, conn, send, recv, buf);
+            return Ok(Accepted::Bound(c));
         }
         let (s, rx) = Self::start(
             me.clone(),
@@ -860,6 +878,12 @@ pub(crate) async fn client_setup(
     let reply = tokio::time::timeout(SETUP_TIMEOUT, read_control(&mut recv, &mut buf))
         .await
         .map_err(|_| SessionError::Timeout)?;
+    if !matches!(reply, Ok(Some(Control::ServerSetup { .. }))) {
+        // A server that refused the setup closed the connection saying why.
+        if let Some(reason) = conn.close_reason() {
+            return Err(SessionError::Connection(reason));
+        }
+    }
     let peer_max = check_setup(&conn, reply, false)?;
     Ok(ClientSetup {
         conn,

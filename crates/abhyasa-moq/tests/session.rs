@@ -65,7 +65,7 @@ fn serve_with(
             let me = me.clone();
             tokio::spawn(async move {
                 if let Ok(Accepted::Custody(s, r)) =
-                    Session::accept_any_with(incoming, &me, limits).await
+                    Session::accept_any_with(incoming, &me, limits, &Default::default()).await
                 {
                     let _ = tx.send((s, r)).await;
                 }

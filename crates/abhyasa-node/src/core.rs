@@ -267,16 +267,18 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
     let (itx, irx) = mpsc::channel(16_384);
     let (events, _) = broadcast::channel(16_384);
     let blocked: Blocked = Arc::default();
-    // Incoming MCP sessions wait here for whoever serves MCP (`Node::mcp_sessions`).
-    let (mcp_tx, mcp_rx) = mpsc::channel::<abhyasa_moq::McpChannel>(64);
+    // Bindings' sessions (a CLIENT_SETUP with a PATH) go to whoever registered the path
+    // (`Node::port`).
+    let ports = abhyasa_moq::Ports::default();
 
     // Accept loop.
     {
-        let (endpoint, itx, me, blocked) = (
+        let (endpoint, itx, me, blocked, ports) = (
             endpoint.clone(),
             itx.clone(),
             agent.clone(),
             blocked.clone(),
+            ports.clone(),
         );
         let limits = b.limits;
         let per_peer = SessionsPerPeer::default();
@@ -291,7 +293,7 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
             while let Some(incoming) = endpoint.accept().await {
                 let (itx, me, blocked) = (itx.clone(), me.clone(), blocked.clone());
                 let verifier = verifier.clone();
-                let (mcp_tx, per_peer) = (mcp_tx.clone(), per_peer.clone());
+                let (ports, per_peer) = (ports.clone(), per_peer.clone());
                 let (setup_id, w) = (waiting.next_id(), waiting.clone());
                 let metrics = accept_metrics.clone();
                 let remote = incoming.remote_address();
@@ -300,7 +302,7 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
                 let task = tokio::spawn(async move {
                     let setup = tokio::time::timeout(
                         SETUP_DEADLINE,
-                        Session::accept_any_with(incoming, &me, limits.session),
+                        Session::accept_any_with(incoming, &me, limits.session, &ports),
                     )
                     .await;
                     w.done(setup_id);
@@ -324,26 +326,37 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
                             );
                             tokio::spawn(forward(s, rx, itx, verifier));
                         }
-                        Ok(Accepted::Mcp(c)) if is_blocked(&blocked, c.peer()) => {
+                        Ok(Accepted::Bound(c)) if is_blocked(&blocked, c.peer()) => {
                             c.close("blocked");
                             metrics.refused("blocked");
                         }
-                        Ok(Accepted::Mcp(c)) => {
+                        Ok(Accepted::Bound(c)) => {
                             per_peer.admit(
                                 c.peer(),
                                 c.connection(),
                                 limits.sessions_per_peer,
                                 &metrics,
                             );
-                            info!(peer = %c.peer(), "MCP session up");
-                            if let Err(e) = mcp_tx.try_send(c) {
-                                let c = match e {
-                                    mpsc::error::TrySendError::Full(c)
-                                    | mpsc::error::TrySendError::Closed(c) => c,
-                                };
-                                c.close("no MCP server here, or too many waiting sessions");
-                                metrics.refused("no_mcp_server");
+                            let path = String::from_utf8_lossy(c.path()).into_owned();
+                            match ports.route(c) {
+                                Ok(()) => info!(%path, "binding session up"),
+                                Err((c, why)) => {
+                                    debug!(peer = %c.peer(), %path, reason = why.label(), "binding session refused");
+                                    c.close(match why {
+                                        abhyasa_moq::Unrouted::NoBinding => {
+                                            abhyasa_moq::binding::NO_BINDING
+                                        }
+                                        abhyasa_moq::Unrouted::Crowded => {
+                                            "too many sessions wait for this binding"
+                                        }
+                                    });
+                                    metrics.refused(why.label());
+                                }
                             }
+                        }
+                        Err(e @ abhyasa_moq::SessionError::NoBinding(_)) => {
+                            debug!(%e, "binding session refused");
+                            metrics.refused(abhyasa_moq::Unrouted::NoBinding.label());
                         }
                         Err(e) => {
                             debug!(%e, "session setup failed");
@@ -532,7 +545,7 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         events,
         impairment,
         custodian: b.custodian,
-        mcp_sessions: Arc::new(std::sync::Mutex::new(Some(mcp_rx))),
+        ports,
         keeps_events: b.store.events,
         metrics,
     })
@@ -1184,14 +1197,14 @@ impl Core {
                     Err(e) => Err(e.into()),
                 });
             }
-            Command::McpConnect(peer, addr, reply) => {
+            Command::Dial(path, peer, addr, reply) => {
                 // Dialed off the core task; the endpoint lives in the core, so a stopped
                 // node releases its socket.
                 let endpoint = self.endpoint.clone();
                 tokio::spawn(async move {
-                    let c = abhyasa_moq::McpChannel::connect(&endpoint, addr, &peer)
+                    let c = abhyasa_moq::binding::dial(&endpoint, addr, &peer, &path)
                         .await
-                        .map_err(|e| NodeError::Mcp(e.to_string()));
+                        .map_err(|e| NodeError::Binding(e.to_string()));
                     let _ = reply.send(c);
                 });
             }

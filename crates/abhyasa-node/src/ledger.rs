@@ -289,11 +289,13 @@ pub enum LedgerReply {
     },
 }
 
-/// The start of the operation of every effect a binding carries itself (an MCP tool call):
+/// Whether a binding carries `effect` itself ([`Effect::carried_by`]; an MCP tool call):
 /// the permit rides the call and the receipt its result, so its dispatch is never sent on
 /// the ledger track — not at first, not on a resend, not after a restart (fences and
 /// queries still are).
-pub const CARRIED_BY_MCP: &str = "mcp tools/call ";
+pub fn carried(effect: &Effect) -> bool {
+    effect.carried_by.is_some()
+}
 
 /// What this node's gateway answered a dispatch handed in by a binding (MCP carries the
 /// permit in the tool call itself, and the effect is the call).
@@ -415,7 +417,7 @@ impl LedgerPart {
         ))
     }
 
-    /// Reserves `effect` (one a binding carries: [`CARRIED_BY_MCP`]) from `credit` for
+    /// Reserves `effect` (one a binding carries: [`carried`]) from `credit` for
     /// `gateway` under `key` and dispatches it; the signed permit is answered once the
     /// dispatch is durable, for the caller to carry. The same request again (a retried call)
     /// is answered with the same permit.
@@ -430,7 +432,7 @@ impl LedgerPart {
         key: OpKey,
         reply: oneshot::Sender<Signed<Permit>>,
     ) -> Result<(), crate::NodeError> {
-        if !effect.operation.starts_with(CARRIED_BY_MCP) {
+        if !carried(&effect) {
             return Err(crate::NodeError::NotCarried);
         }
         if self.permits.contains_key(&key) {
@@ -720,9 +722,7 @@ impl LedgerPart {
         // A dispatch a binding carries never goes on the track; its permit goes to the caller
         // that asked for it, now that it is durable.
         out.retain(|(_, m)| match m {
-            LedgerMessage::Dispatch { permit, effect }
-                if effect.operation.starts_with(CARRIED_BY_MCP) =>
-            {
+            LedgerMessage::Dispatch { permit, effect } if carried(effect) => {
                 if let Ok(key) = permit.peek().map(|p| p.binding.key) {
                     if let Some(tx) = self.permits.remove(&key) {
                         let _ = tx.send(permit.clone());

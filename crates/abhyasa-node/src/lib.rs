@@ -44,9 +44,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 pub use abhyasa_custody::Admission;
 pub use core::{MAX_SETUPS, SETUP_DEADLINE};
 pub use decide::{Ask, Carried, Refusal, Verdict};
-pub use ledger::{
-    Executor, GatewayAnswer, LedgerCommand, LedgerReply, LedgerSetup, LedgerStatus, CARRIED_BY_MCP,
-};
+pub use ledger::{Executor, GatewayAnswer, LedgerCommand, LedgerReply, LedgerSetup, LedgerStatus};
 pub use policy::{Policy, PolicyDecision};
 
 /// What a node reports.
@@ -135,10 +133,7 @@ pub enum NodeError {
     #[error("this node takes no part in the ledger")]
     NoLedger,
     /// A permit asked for an effect no binding carries.
-    #[error(
-        "a permit for a binding must be for an effect it carries (operation starting with {:?})",
-        ledger::CARRIED_BY_MCP
-    )]
+    #[error("a permit for a binding must be for an effect it carries (one with carried_by)")]
     NotCarried,
     /// The node is no gateway (its ledger has no executor).
     #[error("this node is no ledger gateway")]
@@ -155,9 +150,9 @@ pub enum NodeError {
         /// Why it was refused.
         error: abhyasa_ledger::LedgerError,
     },
-    /// An MCP session could not be opened.
-    #[error("mcp: {0}")]
-    Mcp(String),
+    /// A binding's session could not be opened or served.
+    #[error("binding: {0}")]
+    Binding(String),
     /// The target is reached over a binding whose profile (its A2A card) takes no
     /// obligations of this kind.
     #[error("{peer} takes no {kind} obligations (its profile lists none)")]
@@ -256,10 +251,11 @@ pub(crate) enum Command {
         oneshot::Sender<Result<Vec<bool>, NodeError>>,
     ),
     Attach(AgentId, mpsc::UnboundedSender<Vec<u8>>),
-    McpConnect(
+    Dial(
+        Vec<u8>,
         AgentId,
         SocketAddr,
-        oneshot::Sender<Result<abhyasa_moq::McpChannel, NodeError>>,
+        oneshot::Sender<Result<abhyasa_moq::BoundConnection, NodeError>>,
     ),
     AcksIn(AgentId, Vec<CustodyAck>),
     Profile(AgentId, Option<PeerProfile>),
@@ -554,7 +550,7 @@ pub struct Node {
     events: broadcast::Sender<NodeEvent>,
     impairment: Option<abhyasa_moq::ImpairmentHandle>,
     custodian: CustodianConfig,
-    mcp_sessions: std::sync::Arc<std::sync::Mutex<Option<mpsc::Receiver<abhyasa_moq::McpChannel>>>>,
+    ports: abhyasa_moq::Ports,
     keeps_events: bool,
     metrics: metrics::NodeMetrics,
 }
@@ -775,27 +771,31 @@ impl Node {
         rx.await.map_err(|_| NodeError::Stopped)?
     }
 
-    /// The MCP sessions peers open to this node over its QUIC endpoint (MCP-over-MOQT
-    /// layout; each authenticated by its certificate), for the one serving MCP here. Taken
-    /// once: `None` after the first call. Until taken (or while the server is behind), up
-    /// to 64 incoming MCP sessions wait; more are closed.
-    pub fn mcp_sessions(&self) -> Option<mpsc::Receiver<abhyasa_moq::McpChannel>> {
-        self.mcp_sessions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
+    /// The port of the binding at `path` (MCP-over-MOQT registers `/mcp`): the sessions peers
+    /// open to this node's QUIC endpoint with that PATH, set up and authenticated by their
+    /// certificates, arrive here in order (up to [`abhyasa_moq::binding::PORT_QUEUE`] wait;
+    /// more are closed). A path has one binding at a time; dropping the receiver frees it.
+    /// A session for a path no binding registered is refused.
+    pub fn port(
+        &self,
+        path: &[u8],
+    ) -> Result<mpsc::Receiver<abhyasa_moq::BoundConnection>, NodeError> {
+        self.ports
+            .register(path)
+            .map_err(|e| NodeError::Binding(e.to_string()))
     }
 
-    /// Opens an MCP session to `peer` at `addr` over this node's endpoint and certificate,
-    /// as its client.
-    pub async fn mcp_connect(
+    /// Dials `peer` at `addr` over this node's endpoint and certificate and sets up a session
+    /// for the binding at `path`, as its client.
+    pub async fn dial(
         &self,
+        path: &[u8],
         peer: &AgentId,
         addr: SocketAddr,
-    ) -> Result<abhyasa_moq::McpChannel, NodeError> {
+    ) -> Result<abhyasa_moq::BoundConnection, NodeError> {
         let (tx, rx) = oneshot::channel();
         self.tx
-            .send(Command::McpConnect(peer.clone(), addr, tx))
+            .send(Command::Dial(path.to_vec(), peer.clone(), addr, tx))
             .await
             .map_err(|_| NodeError::Stopped)?;
         rx.await.map_err(|_| NodeError::Stopped)?

@@ -39,7 +39,8 @@ pub struct EscalationLabels {
 pub struct ReasonLabel {
     /// `setup_failed` (handshake, authentication or MOQT setup), `setup_deadline`,
     /// `setup_crowded` (closed for a newer one at the cap of connections in setup),
-    /// `blocked`, `sessions_per_peer` (an older session replaced), `no_mcp_server`.
+    /// `blocked`, `sessions_per_peer` (an older session replaced), `no_binding`
+    /// (a session for a path no binding serves), `binding_crowded`.
     pub reason: String,
 }
 

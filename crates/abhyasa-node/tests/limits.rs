@@ -322,3 +322,53 @@ async fn setups_that_never_finish_are_closed_and_crowd_out_no_one() {
     );
     node.shutdown().await;
 }
+
+/// The bindings' port: a session whose CLIENT_SETUP names a path goes to the binding that
+/// registered that path, authenticated (the certificate's agent); a path no one registered is
+/// closed with a reason; a path has one binding until its receiver is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_binding_session_reaches_the_port_of_its_path_and_no_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate("t").unwrap();
+    let node = node_with(&ca, &dir.path().join("a"), Limits::default()).await;
+    let dialer = Node::builder(ca.issue(&id("agent-b")).unwrap())
+        .state_dir(dir.path().join("b"))
+        .build()
+        .await
+        .unwrap();
+    let mut port = node.port(b"/wt").unwrap();
+    assert!(matches!(
+        node.port(b"/wt"),
+        Err(abhyasa_node::NodeError::Binding(_))
+    ));
+
+    let ours = dialer
+        .dial(b"/wt", node.agent(), node.local_addr())
+        .await
+        .unwrap();
+    let theirs = tokio::time::timeout(Duration::from_secs(5), port.recv())
+        .await
+        .expect("routed in time")
+        .expect("the port is open");
+    assert_eq!(theirs.path(), b"/wt");
+    assert_eq!(theirs.peer(), &id("agent-b"));
+    assert_eq!(ours.peer(), node.agent());
+
+    let stray = dialer
+        .dial(b"/mcp", node.agent(), node.local_addr())
+        .await
+        .expect_err("a path no binding serves is refused");
+    assert!(
+        stray.to_string().contains("no binding serves this path"),
+        "{stray}"
+    );
+    assert_eq!(
+        closed_within(ours.connection(), Duration::from_millis(200)).await,
+        None
+    );
+
+    drop(port);
+    assert!(node.port(b"/wt").is_ok(), "a dropped port frees its path");
+    dialer.shutdown().await;
+    node.shutdown().await;
+}

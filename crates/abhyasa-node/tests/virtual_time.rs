@@ -99,6 +99,7 @@ fn effect(n: u64) -> Effect {
         purpose: Dim::new("travel").unwrap(),
         operation: format!("book flight {n}"),
         max_charge: cents(5),
+        carried_by: None,
     }
 }
 

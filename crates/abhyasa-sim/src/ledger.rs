@@ -963,6 +963,7 @@ impl Sim {
                 purpose,
                 operation: format!("call-{}", self.next_id),
                 max_charge: max,
+                carried_by: None,
             };
             let key = OpKey::from_u128(self.fresh());
             let now = UnixMillis(self.now);

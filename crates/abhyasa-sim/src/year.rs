@@ -356,6 +356,7 @@ pub fn run_year(p: &YearParams) -> YearReport {
                 purpose: Dim::new("tools").expect("valid purpose"),
                 operation: "call".into(),
                 max_charge: Vector::of(&[("cents", max)]).expect("valid maximum"),
+                carried_by: None,
             };
             let reserved = b
                 .reserve(clock, credit, effect, &gw, key)

@@ -66,6 +66,7 @@ fn effect(name: &str) -> Effect {
         purpose: Dim::new("tools").expect("valid"),
         operation: name.into(),
         max_charge: units(1),
+        carried_by: None,
     }
 }
 

@@ -49,6 +49,7 @@ fn a_settled_cycle_replays_from_disk() {
         purpose: Dim::new("tools").unwrap(),
         operation: "search".into(),
         max_charge: Vector::of(&[("cents", 1_000), ("calls", 3)]).unwrap(),
+        carried_by: None,
     };
     let key = OpKey::from_u128(9);
     r.reserve(UnixMillis(0), credit, effect, &id("g"), key)
@@ -182,6 +183,7 @@ fn cycle(r: &mut Branch, g: &mut Gateway, store: &mut Store, k: u128, charge: u6
         purpose: Dim::new("tools").unwrap(),
         operation: format!("op-{k}"),
         max_charge: Vector::of(&[("cents", 10)]).unwrap(),
+        carried_by: None,
     };
     let key = OpKey::from_u128(k);
     r.reserve(UnixMillis(0), CreditId::from_u128(1), effect, &id("g"), key)
@@ -238,6 +240,7 @@ fn a_checkpoint_compacts_the_journal_in_the_commit_that_writes_it() {
         purpose: Dim::new("tools").unwrap(),
         operation: "after".into(),
         max_charge: Vector::of(&[("cents", 10)]).unwrap(),
+        carried_by: None,
     };
     r.reserve(
         UnixMillis(0),

@@ -845,6 +845,12 @@ pub struct Effect {
     pub operation: String,
     /// What the effect would charge at most.
     pub max_charge: Vector,
+    /// The binding that carries this effect's permit and receipt itself, by name (`"mcp"`:
+    /// the permit rides the tool call and the receipt its result), so its dispatch never
+    /// goes on the ledger track; `None`: the ledger track carries them. Part of the digest,
+    /// so a permit says how it travels. Absent from the encoding when `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub carried_by: Option<String>,
 }
 
 impl Effect {

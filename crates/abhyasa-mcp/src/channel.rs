@@ -2,8 +2,9 @@
 //! draft-jennings-mcp-over-moqt-00 §2.2.1): one MOQT session per MCP session over the node's
 //! mutually authenticated endpoint (ALPN `moq-00`, draft 14, same certificates, same port).
 //!
-//! - The client's CLIENT_SETUP carries the PATH parameter (0x01) `/mcp`, which is how the
-//!   accepting node tells an MCP session from a custody session.
+//! - The client's CLIENT_SETUP carries the PATH parameter (0x01) `/mcp`: the transport sets
+//!   the session up and hands it to the binding that registered the path
+//!   ([`abhyasa_moq::binding`]), which is this one.
 //! - Control namespace `("mcp", <session-id>, "control")`; the client picks the session id
 //!   (64 random bits, hex) and announces the namespace with PUBLISH_NAMESPACE.
 //! - Tracks `client-to-server` (published by the client) and `server-to-client` (published by
@@ -17,13 +18,12 @@
 
 use std::sync::Arc;
 
+use abhyasa_moq::{BoundConnection, ControlReader, SendError, SessionError};
 use abhyasa_wire::moqt::{
     Control, MoqtError, Namespace, ObjectBody, StreamObject, SubgroupHeader, SubgroupId,
 };
 use abhyasa_wire::AgentId;
 use tokio::sync::{mpsc, Mutex};
-
-use crate::session::{client_setup, read_control, SendError, SessionError};
 
 /// The PATH setup parameter value of an MCP session.
 pub const MCP_PATH: &[u8] = b"/mcp";
@@ -117,20 +117,13 @@ fn io<E: std::fmt::Display>(e: E) -> SessionError {
 }
 
 impl McpChannel {
-    /// Dials `addr`, requires the server to be `expected`, and opens an MCP session as its
-    /// client.
-    pub async fn connect(
-        endpoint: &quinn::Endpoint,
-        addr: std::net::SocketAddr,
-        expected: &AgentId,
-    ) -> Result<McpChannel, SessionError> {
-        let grant = crate::SessionLimits::default()
-            .max_requests
-            .saturating_mul(2);
-        let s = client_setup(endpoint, addr, expected, Some(MCP_PATH), grant, None, &[]).await?;
-        let id = format!("{:016x}", rand_u64(&s.conn));
+    /// Opens an MCP session as the client of `bound`, a connection dialled for
+    /// [`MCP_PATH`] (`Node::dial`): announces a fresh control namespace and subscribes to the
+    /// server's track.
+    pub async fn open(bound: BoundConnection) -> Result<McpChannel, SessionError> {
+        let id = format!("{:016x}", rand_u64(bound.connection()));
         let ns = mcp_namespace(&id);
-        let channel = Self::start(McpRole::Client, s.peer, s.conn, s.send, s.recv, s.buf);
+        let channel = Self::start(McpRole::Client, bound);
         *channel.shared.namespace.lock().await = Some(ns.clone());
         let shared = channel.shared.clone();
         shared
@@ -144,26 +137,14 @@ impl McpChannel {
         Ok(channel)
     }
 
-    /// Serves an MCP session whose setup is done: the client's CLIENT_SETUP had PATH `/mcp`
-    /// and SERVER_SETUP was sent (see [`crate::session::Session::accept_any`]).
-    pub(crate) fn serve(
-        peer: AgentId,
-        conn: quinn::Connection,
-        send: quinn::SendStream,
-        recv: quinn::RecvStream,
-        buf: Vec<u8>,
-    ) -> McpChannel {
-        Self::start(McpRole::Server, peer, conn, send, recv, buf)
+    /// Serves an MCP session the transport set up and routed here: the client's
+    /// CLIENT_SETUP had PATH [`MCP_PATH`] and SERVER_SETUP was sent.
+    pub fn serve(bound: BoundConnection) -> McpChannel {
+        Self::start(McpRole::Server, bound)
     }
 
-    fn start(
-        role: McpRole,
-        peer: AgentId,
-        conn: quinn::Connection,
-        send: quinn::SendStream,
-        recv: quinn::RecvStream,
-        buf: Vec<u8>,
-    ) -> McpChannel {
+    fn start(role: McpRole, bound: BoundConnection) -> McpChannel {
+        let (peer, conn, send, control) = bound.into_parts();
         let shared = Arc::new(Shared {
             role,
             peer,
@@ -176,7 +157,7 @@ impl McpChannel {
         let (tx, incoming) = mpsc::channel(1_024);
         let s = shared.clone();
         tokio::spawn(async move {
-            let reason = match s.control_loop(recv, buf).await {
+            let reason = match s.control_loop(control).await {
                 Ok(()) => "control stream ended".to_owned(),
                 Err(e) => {
                     let code = u32::try_from(e.to_code()).unwrap_or(0x1);
@@ -329,14 +310,10 @@ impl Shared {
             .map_err(|e| closed(e.to_string()))
     }
 
-    async fn control_loop(
-        &self,
-        mut recv: quinn::RecvStream,
-        mut buf: Vec<u8>,
-    ) -> Result<(), MoqtError> {
+    async fn control_loop(&self, mut control: ControlReader) -> Result<(), MoqtError> {
         let fail = |_| MoqtError::ProtocolViolation("control stream write failed");
         loop {
-            let Some(msg) = read_control(&mut recv, &mut buf).await? else {
+            let Some(msg) = control.next().await? else {
                 return Ok(());
             };
             match msg {
