@@ -11,7 +11,8 @@
 //! - [`moq`]: certificates, the QUIC endpoint and the MOQT session;
 //! - [`machine`]: the node's own decisions around those machines, sans-IO;
 //! - [`node`]: the runtime that drives them — the `Node` an application embeds;
-//! - [`netem`]: packet impairment in userspace, for tests and benchmarks under loss;
+//! - `netem` (feature `impair`, on with the default `cli`): packet impairment in userspace,
+//!   for tests and benchmarks under loss;
 //! - [`mcp`], [`a2a`]: the MCP and A2A bindings;
 //! - [`enforce`]: the enforcement points (RFC 7662 introspection, RFC 7009 revocation, the
 //!   nginx `auth_request` / Envoy `ext_authz` check) answered from the principal's decisions.
@@ -28,6 +29,7 @@ pub use abhyasa_ledger as ledger;
 pub use abhyasa_machine as machine;
 pub use abhyasa_mcp as mcp;
 pub use abhyasa_moq as moq;
+#[cfg(feature = "impair")]
 pub use abhyasa_netem as netem;
 pub use abhyasa_node as node;
 pub use abhyasa_store as store;

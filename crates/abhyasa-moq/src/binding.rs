@@ -13,7 +13,7 @@ use abhyasa_wire::moqt::{Control, MoqtError};
 use abhyasa_wire::AgentId;
 use tokio::sync::mpsc;
 
-use crate::session::{client_setup, read_control, SessionError, SessionLimits};
+use crate::setup::{client_setup, read_control, SessionError, SessionLimits};
 
 /// The reason a connection for a path no binding serves is closed with.
 pub const NO_BINDING: &str = "no binding serves this path here";

@@ -14,7 +14,7 @@ use abhyasa_wire::moqt::{
 use abhyasa_wire::AgentId;
 use tokio::sync::{mpsc, Notify};
 
-use crate::session::{close_with, read_control, SendError, MAX_STREAM_BYTES};
+use crate::setup::{close_with, read_control, SendError, MAX_STREAM_BYTES};
 
 /// How long an object of an unknown track alias waits for a pending SUBSCRIBE_OK.
 pub(crate) const ALIAS_WAIT: Duration = Duration::from_secs(1);

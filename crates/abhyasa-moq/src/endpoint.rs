@@ -285,6 +285,7 @@ impl rustls::client::danger::ServerCertVerifier for Pinned {
 
 /// Like [`endpoint`], with every datagram it sends impaired by `spec` (netem rules, in
 /// process). Returns a handle to the impairment's counters.
+#[cfg(feature = "impair")]
 pub fn impaired_endpoint(
     identity: &Identity,
     bind: SocketAddr,

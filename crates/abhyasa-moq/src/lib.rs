@@ -15,17 +15,22 @@ pub mod binding;
 mod dataplane;
 pub mod endpoint;
 pub mod identity;
+#[cfg(feature = "impair")]
 pub mod impaired;
 pub mod relay;
 pub mod session;
+pub(crate) mod setup;
 pub mod signed;
 
 pub use binding::{BoundConnection, ControlReader, PortError, Ports, Unrouted};
+#[cfg(feature = "impair")]
+pub use endpoint::impaired_endpoint;
 pub use endpoint::{
-    endpoint, impaired_endpoint, peer_agent, relay_client_config, Congestion, EndpointError,
-    RelayTrust, TransportSettings,
+    endpoint, peer_agent, relay_client_config, Congestion, EndpointError, RelayTrust,
+    TransportSettings,
 };
 pub use identity::{agent_of, read_certificate, Ca, Identity, IdentityError};
+#[cfg(feature = "impair")]
 pub use impaired::ImpairmentHandle;
 pub use relay::{moq_relay_binary, MoqRelayProcess, RelayEvent, RelaySession};
 pub use session::{

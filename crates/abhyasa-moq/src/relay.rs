@@ -31,7 +31,7 @@ use abhyasa_wire::AgentId;
 use tokio::sync::{mpsc, Mutex};
 
 use crate::dataplane::{self, Grouping, Lookup, RequestFlow, Take};
-use crate::session::{client_setup, namespace, SendError, SessionError, Track};
+use crate::setup::{client_setup, namespace, SendError, SessionError, Track};
 
 /// What the relay session tells its owner.
 #[derive(Clone, Debug, PartialEq, Eq)]

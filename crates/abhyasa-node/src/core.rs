@@ -249,6 +249,7 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         ledger_machine,
     );
     let group = GroupCommit::spawn(store, b.group, open);
+    #[cfg(feature = "impair")]
     let (endpoint, impairment) = match b.impairment.clone() {
         None => (
             abhyasa_moq::endpoint(&b.identity, b.listen, &b.transport)?,
@@ -260,6 +261,8 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
             (e, Some(h))
         }
     };
+    #[cfg(not(feature = "impair"))]
+    let endpoint = abhyasa_moq::endpoint(&b.identity, b.listen, &b.transport)?;
     let local_addr = endpoint
         .local_addr()
         .map_err(abhyasa_moq::EndpointError::Bind)?;
@@ -543,6 +546,7 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         local_addr,
         tx,
         events,
+        #[cfg(feature = "impair")]
         impairment,
         custodian: b.custodian,
         ports,

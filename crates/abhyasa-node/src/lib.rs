@@ -372,6 +372,7 @@ pub struct NodeBuilder {
     receiver: ReceiverConfig,
     store: StoreConfig,
     group: GroupConfig,
+    #[cfg(feature = "impair")]
     impairment: Option<(abhyasa_netem::Impairment, u64)>,
     backend: Option<abhyasa_store::fault::FaultyBackend>,
     ledger: Option<ledger::LedgerSetup>,
@@ -410,7 +411,8 @@ impl NodeBuilder {
     }
 
     /// Impairs every datagram this node sends with netem rules (in process; testing and
-    /// benchmarks). Impair both nodes to impair both directions.
+    /// benchmarks). Impair both nodes to impair both directions. Feature `impair`.
+    #[cfg(feature = "impair")]
     pub fn impair(mut self, spec: abhyasa_netem::Impairment, seed: u64) -> Self {
         self.impairment = Some((spec, seed));
         self
@@ -548,6 +550,7 @@ pub struct Node {
     local_addr: SocketAddr,
     tx: mpsc::Sender<Command>,
     events: broadcast::Sender<NodeEvent>,
+    #[cfg(feature = "impair")]
     impairment: Option<abhyasa_moq::ImpairmentHandle>,
     custodian: CustodianConfig,
     ports: abhyasa_moq::Ports,
@@ -585,6 +588,7 @@ impl Node {
             receiver: ReceiverConfig::default(),
             store: StoreConfig::default(),
             group: GroupConfig::default(),
+            #[cfg(feature = "impair")]
             impairment: None,
             backend: None,
             ledger: None,
@@ -602,6 +606,7 @@ impl Node {
 
     /// The impaired socket's handle, when the node was built with
     /// [`impair`](NodeBuilder::impair): its counters, and its rules changed on the live link.
+    #[cfg(feature = "impair")]
     pub fn impairment(&self) -> Option<&abhyasa_moq::ImpairmentHandle> {
         self.impairment.as_ref()
     }
