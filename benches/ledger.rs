@@ -42,7 +42,7 @@ fn setup_with(config: BranchConfig) -> (Branch, Gateway) {
 /// A branch with its grant applied but not yet handed to a store.
 fn unsettled_setup_with(config: BranchConfig) -> (Branch, Gateway) {
     let mut r = Branch::new(id("r"), signing_key([2; 32]), keys(), config);
-    let g = Gateway::new(id("g"), signing_key([3; 32]), keys(), None);
+    let g = Gateway::new(id("g"), signing_key([3; 32]), keys());
     let grant = RootGrant {
         root: RootId::from_u128(1),
         issuer: id("issuer"),
@@ -298,7 +298,7 @@ fn gateway_node(
     let gateway = std::thread::Builder::new().name("gateway-node".into());
     let spawned = gateway.spawn(move || {
         let mut disk = disk;
-        let mut g = Gateway::new(id("g"), signing_key([3; 32]), keys(), None);
+        let mut g = Gateway::new(id("g"), signing_key([3; 32]), keys());
         let keyring = g.keyring().clone();
         let charge = Vector::of(&[("cents", 730), ("calls", 1)]).unwrap();
         let mut inbox = std::collections::VecDeque::new();
@@ -748,7 +748,7 @@ fn restart(c: &mut Criterion) {
                 let store = Store::open(&gp, StoreConfig::default()).unwrap();
                 let log = store.gateway_log().unwrap();
                 let n = log.len();
-                let _g = Gateway::recover(id("g"), signing_key([3; 32]), keys(), None, log);
+                let _g = Gateway::recover(id("g"), signing_key([3; 32]), keys(), log);
                 n
             })
         });
@@ -760,9 +760,8 @@ fn restart(c: &mut Criterion) {
                     let store = Store::open(&gcp, StoreConfig::default()).unwrap();
                     let log = store.gateway_log().unwrap();
                     assert_eq!(log.len(), 1);
-                    let g =
-                        Gateway::recover_checked(id("g"), signing_key([3; 32]), keys(), None, log)
-                            .unwrap();
+                    let g = Gateway::recover_checked(id("g"), signing_key([3; 32]), keys(), log)
+                        .unwrap();
                     g.folded_records()
                 })
             },

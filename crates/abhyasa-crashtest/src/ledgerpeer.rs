@@ -522,7 +522,6 @@ fn run_gateway(
             agent(LedgerRole::Gw),
             key("gw"),
             keyring(),
-            None,
             log,
         ))
     };
@@ -611,7 +610,6 @@ pub fn load_gateway(db: &Path) -> Result<Gateway, LedgerPeerError> {
         agent(LedgerRole::Gw),
         key("gw"),
         keyring(),
-        None,
         store.gateway_log()?,
     ))
 }

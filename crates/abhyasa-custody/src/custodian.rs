@@ -71,6 +71,7 @@ pub struct CustodianConfig {
     pub ended_memory: usize,
     /// A deliberately broken rule, for the simulation's mutation tests. Always `None` in use.
     #[doc(hidden)]
+    #[cfg(feature = "mutants")]
     pub mutation: Option<Mutation>,
 }
 
@@ -90,6 +91,7 @@ impl Default for CustodianConfig {
             max_inflight_per_target: 1_024,
             require_spanning_budget: BTreeSet::new(),
             ended_memory: 100_000,
+            #[cfg(feature = "mutants")]
             mutation: None,
         }
     }
@@ -119,6 +121,17 @@ pub fn profile_retries(span_ms: u64, base_ms: u64, cap_ms: u64) -> u32 {
 }
 
 impl CustodianConfig {
+    /// The deliberately broken rule this custodian runs with: always `None` unless the crate is
+    /// built with the `mutants` feature (the simulator's), so a product build compiles every
+    /// mutant branch away.
+    #[inline]
+    pub fn mutation(&self) -> Option<Mutation> {
+        #[cfg(feature = "mutants")]
+        return self.mutation;
+        #[cfg(not(feature = "mutants"))]
+        None
+    }
+
     /// The backoff ceiling of retry `k` (1-based) for an obligation living `span_ms`: the
     /// `min(cap, b·2^(k-1))` of AB-2, with the cap also held below a quarter of the lifetime.
     pub fn backoff_ceiling(&self, span_ms: u64, k: u32) -> u64 {
@@ -461,11 +474,11 @@ impl Custodian {
         this.principal = principal;
         for e in escalated {
             // A late `applied` is noted once: one already noted is not waited for again.
-            if !e.reconciled || this.config.mutation == Some(Mutation::RenoteAfterRestart) {
+            if !e.reconciled || this.config.mutation() == Some(Mutation::RenoteAfterRestart) {
                 this.remember_escalation(e.id, e.target);
             }
         }
-        if this.config.mutation == Some(Mutation::ForgetPendingOnRecovery) {
+        if this.config.mutation() == Some(Mutation::ForgetPendingOnRecovery) {
             return this;
         }
         for record in pending {
@@ -477,7 +490,7 @@ impl Custodian {
                 continue;
             }
             let mut obligation = record.obligation;
-            if this.config.mutation == Some(Mutation::DeadlineResetOnRecovery) {
+            if this.config.mutation() == Some(Mutation::DeadlineResetOnRecovery) {
                 let span = obligation.deadline.saturating_since(obligation.created_at);
                 obligation.deadline = now.saturating_add(span);
             }
@@ -531,7 +544,7 @@ impl Custodian {
             });
         }
         let id = obligation.id;
-        if self.config.mutation == Some(Mutation::RefusedIssueChangesState) {
+        if self.config.mutation() == Some(Mutation::RefusedIssueChangesState) {
             // The bug this mutant restores: the principal's decision taken before the checks.
             if let Some(update) = kinds::on_issue(&obligation) {
                 self.principal.apply(&update, obligation.id);
@@ -580,7 +593,7 @@ impl Custodian {
         }
         // Every check has passed: from here on the issue changes state.
         let mut principal = kinds::on_issue(&obligation);
-        if self.config.mutation == Some(Mutation::GrantOpensAtIssue) {
+        if self.config.mutation() == Some(Mutation::GrantOpensAtIssue) {
             // The bug this mutant restores: a grant opens the scope before it is confirmed.
             if let Some(PrincipalUpdate::AwaitGrant { .. }) = principal {
                 principal = kinds::on_applied(&obligation);
@@ -616,7 +629,7 @@ impl Custodian {
             },
         );
         self.timers.insert((deadline, id));
-        if self.config.mutation == Some(Mutation::SendBeforePersist) {
+        if self.config.mutation() == Some(Mutation::SendBeforePersist) {
             self.send(now, id, 1);
         } else {
             self.gate(token, Gate::Send { id, attempt: 1 });
@@ -669,7 +682,7 @@ impl Custodian {
         from: &AgentId,
         ack: CustodyAck,
     ) -> AckDisposition {
-        let check_sender = self.config.mutation != Some(Mutation::AcceptAckFromNonTarget);
+        let check_sender = self.config.mutation() != Some(Mutation::AcceptAckFromNonTarget);
         if check_sender && &ack.target != from {
             self.stats.acks_not_target += 1;
             return AckDisposition::IgnoredNotTarget;
@@ -680,7 +693,7 @@ impl Custodian {
             return self.handle_late_ack(now, from, ack);
         };
         let check_target =
-            check_sender && self.config.mutation != Some(Mutation::AcceptAckLabelledAsSender);
+            check_sender && self.config.mutation() != Some(Mutation::AcceptAckLabelledAsSender);
         if check_target && &pending.obligation.target != from {
             self.stats.acks_not_target += 1;
             return AckDisposition::IgnoredNotTarget;
@@ -693,7 +706,7 @@ impl Custodian {
             }
             AckStatus::Declined(reason) => {
                 // A delivered outcome; the principal side still takes the conservative action.
-                let safe = safe_action(self.config.mutation, &pending.obligation, retention);
+                let safe = safe_action(self.config.mutation(), &pending.obligation, retention);
                 // The agent's own words are kept only with a decline of its own judgement.
                 let detail = ack.detail.filter(|_| reason == DeclineReason::Policy);
                 self.terminate_with(
@@ -785,7 +798,7 @@ impl Custodian {
             })
             .map(|p| p.obligation.id)
             .collect();
-        let uncounted = self.config.mutation == Some(Mutation::UncountedReoffer);
+        let uncounted = self.config.mutation() == Some(Mutation::UncountedReoffer);
         let rt = self.config.response_timeout_ms;
         for id in due {
             if uncounted {

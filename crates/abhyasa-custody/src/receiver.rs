@@ -46,6 +46,7 @@ pub struct ReceiverConfig {
     pub ask_policy: bool,
     /// A deliberately broken rule, for the simulation's mutation tests. Always `None` in use.
     #[doc(hidden)]
+    #[cfg(feature = "mutants")]
     pub mutation: Option<Mutation>,
 }
 
@@ -59,8 +60,22 @@ impl Default for ReceiverConfig {
             weight_min: -1_000_000,
             weight_max: 1_000_000,
             ask_policy: false,
+            #[cfg(feature = "mutants")]
             mutation: None,
         }
+    }
+}
+
+impl ReceiverConfig {
+    /// The deliberately broken rule this receiver runs with: always `None` unless the crate is
+    /// built with the `mutants` feature (the simulator's), so a product build compiles every
+    /// mutant branch away.
+    #[inline]
+    pub fn mutation(&self) -> Option<Mutation> {
+        #[cfg(feature = "mutants")]
+        return self.mutation;
+        #[cfg(not(feature = "mutants"))]
+        None
     }
 }
 
@@ -742,20 +757,20 @@ impl Receiver {
         if o.target != self.agent {
             return self.decline(now, &o.envelope(), DeclineReason::Refused);
         }
-        let key = match self.config.mutation {
+        let key = match self.config.mutation() {
             Some(Mutation::SupersedeAcrossIssuers) => {
                 kinds::without_issuer(kinds::governed_key(&o))
             }
             _ => kinds::governed_key(&o),
         };
-        if self.config.mutation == Some(Mutation::SupersededBeforeDuplicate) {
+        if self.config.mutation() == Some(Mutation::SupersededBeforeDuplicate) {
             if let (Some(seq), Some(last)) = (o.sequence, self.last_sequence.get(&key)) {
                 if seq <= *last {
                     return self.decline(now, &o.envelope(), DeclineReason::Superseded);
                 }
             }
         }
-        if self.config.mutation != Some(Mutation::NoIdempotencyCheck) {
+        if self.config.mutation() != Some(Mutation::NoIdempotencyCheck) {
             if let Some(applied) = self.applied.get(&o.id) {
                 // The same id with other content is another obligation: acking it `applied`
                 // would discharge what nobody applied. Declined, with a reason of its own.
@@ -776,10 +791,10 @@ impl Receiver {
             self.stats.duplicates += 1;
             return Disposition::Deciding;
         }
-        if now > o.deadline && self.config.mutation != Some(Mutation::ApplyAfterDeadline) {
+        if now > o.deadline && self.config.mutation() != Some(Mutation::ApplyAfterDeadline) {
             return self.decline(now, &o.envelope(), DeclineReason::Expired);
         }
-        let check_sequence = self.config.mutation != Some(Mutation::NoSupersessionCheck);
+        let check_sequence = self.config.mutation() != Some(Mutation::NoSupersessionCheck);
         if let (true, Some(seq), Some(last)) =
             (check_sequence, o.sequence, self.last_sequence.get(&key))
         {
@@ -838,13 +853,13 @@ impl Receiver {
 
     fn apply(&mut self, now: UnixMillis, o: Obligation, key: GovernedKey, under_custody: bool) {
         let mut effect = kinds::effect(&o);
-        if self.config.mutation == Some(Mutation::LeaseIgnored) {
+        if self.config.mutation() == Some(Mutation::LeaseIgnored) {
             // The bug this mutant restores: a grant applied as if it had no lease.
             if let ReceiverEffect::GrantScope(_, _, until) = &mut effect {
                 *until = None;
             }
         }
-        if self.config.mutation == Some(Mutation::WeightLapseIgnored) {
+        if self.config.mutation() == Some(Mutation::WeightLapseIgnored) {
             // The bug this mutant restores: a weight change that never lapses.
             if let ReceiverEffect::AdjustWeight(_, _, change) = &mut effect {
                 change.lapses_at = UnixMillis(u64::MAX);
@@ -897,7 +912,7 @@ impl Receiver {
                 detail: None,
             },
         });
-        let ack = if self.config.mutation == Some(Mutation::AckBeforePersist) {
+        let ack = if self.config.mutation() == Some(Mutation::AckBeforePersist) {
             self.transmits.extend(ack);
             None
         } else {

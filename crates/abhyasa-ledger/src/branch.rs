@@ -39,6 +39,7 @@ pub struct BranchConfig {
     pub permit_ttl_ms: u64,
     /// A deliberately broken rule (simulation only).
     #[doc(hidden)]
+    #[cfg(feature = "mutants")]
     pub mutation: Option<LedgerMutation>,
 }
 
@@ -49,8 +50,22 @@ impl Default for BranchConfig {
             max_journal_steps: 1_000_000,
             checkpoint_steps: 10_000,
             permit_ttl_ms: 0,
+            #[cfg(feature = "mutants")]
             mutation: None,
         }
+    }
+}
+
+impl BranchConfig {
+    /// The deliberately broken rule this branch runs with: always `None` unless the crate is
+    /// built with the `mutants` feature (the simulator's), so a product build compiles every
+    /// mutant branch away.
+    #[inline]
+    pub fn mutation(&self) -> Option<LedgerMutation> {
+        #[cfg(feature = "mutants")]
+        return self.mutation;
+        #[cfg(not(feature = "mutants"))]
+        None
     }
 }
 
@@ -492,7 +507,7 @@ impl Branch {
             OutgoingState::Sealed => {}
             OutgoingState::Reclaimed(_) | OutgoingState::Cancelled(_) => return Ok(()),
             OutgoingState::Accepted(_)
-                if self.config.mutation == Some(LedgerMutation::ReclaimAfterConfirm) => {}
+                if self.config.mutation() == Some(LedgerMutation::ReclaimAfterConfirm) => {}
             OutgoingState::Accepted(_) => {
                 return Err(LedgerError::WrongState(
                     "the destination's claim was confirmed: the atoms are its",
@@ -558,7 +573,7 @@ impl Branch {
         if !c.label.allows(&effect.purpose) {
             return Err(LedgerError::PurposeNotAllowed);
         }
-        let escrow = if self.config.mutation == Some(LedgerMutation::ReserveBelowMaximum) {
+        let escrow = if self.config.mutation() == Some(LedgerMutation::ReserveBelowMaximum) {
             one_short(&effect.max_charge)
         } else {
             effect.max_charge.clone()
@@ -1011,7 +1026,7 @@ impl Branch {
         credit: CreditId,
         confirmation: Option<&Signed<SourceDecision>>,
     ) -> Result<(), LedgerError> {
-        if self.config.mutation == Some(LedgerMutation::AcceptWithoutConfirmation) {
+        if self.config.mutation() == Some(LedgerMutation::AcceptWithoutConfirmation) {
             return Ok(());
         }
         let c = confirmation.ok_or(LedgerError::Mismatch(

@@ -109,6 +109,7 @@ pub struct Gateway {
     me: AgentId,
     key: LedgerSigningKey,
     keys: Keyring,
+    #[cfg(feature = "mutants")]
     mutation: Option<LedgerMutation>,
     /// Fences as applied in memory (what new permits are checked against).
     fences: BTreeMap<CreditId, u64>,
@@ -157,17 +158,13 @@ enum Gated {
 
 impl Gateway {
     /// A gateway `me`, signing with `key`, trusting payers in `keys`.
-    pub fn new(
-        me: AgentId,
-        key: LedgerSigningKey,
-        keys: Keyring,
-        mutation: Option<LedgerMutation>,
-    ) -> Self {
+    pub fn new(me: AgentId, key: LedgerSigningKey, keys: Keyring) -> Self {
         Self {
             me,
             key,
             keys,
-            mutation,
+            #[cfg(feature = "mutants")]
+            mutation: None,
             fences: BTreeMap::new(),
             durable_fences: BTreeMap::new(),
             fence_in_flight: BTreeMap::new(),
@@ -214,7 +211,7 @@ impl Gateway {
         }
         self.next_prune = now.0.saturating_add((retain / 4).max(50));
         let horizon = UnixMillis(self.clock.0.saturating_sub(retain));
-        let early = self.mutation == Some(LedgerMutation::PruneBeforeExpiry);
+        let early = self.mutation() == Some(LedgerMutation::PruneBeforeExpiry);
         let keys: Vec<(AgentId, OpKey)> = self
             .log
             .iter()
@@ -280,10 +277,45 @@ impl Gateway {
         me: AgentId,
         key: LedgerSigningKey,
         keys: Keyring,
+        records: impl IntoIterator<Item = GatewayRecord>,
+    ) -> Self {
+        Self::new(me, key, keys).recovered(records)
+    }
+
+    /// The gateway with a deliberately broken rule (the simulator's mutants).
+    #[cfg(feature = "mutants")]
+    #[doc(hidden)]
+    pub fn with_mutation(mut self, mutation: Option<LedgerMutation>) -> Self {
+        self.mutation = mutation;
+        self
+    }
+
+    /// [`recover`](Self::recover) with a deliberately broken rule (the simulator's mutants).
+    #[cfg(feature = "mutants")]
+    #[doc(hidden)]
+    pub fn recover_with_mutation(
+        me: AgentId,
+        key: LedgerSigningKey,
+        keys: Keyring,
         mutation: Option<LedgerMutation>,
         records: impl IntoIterator<Item = GatewayRecord>,
     ) -> Self {
-        let mut g = Self::new(me, key, keys, mutation);
+        Self::new(me, key, keys)
+            .with_mutation(mutation)
+            .recovered(records)
+    }
+
+    /// The mutant this gateway runs (see [`crate::BranchConfig::mutation`]).
+    #[inline]
+    fn mutation(&self) -> Option<LedgerMutation> {
+        #[cfg(feature = "mutants")]
+        return self.mutation;
+        #[cfg(not(feature = "mutants"))]
+        None
+    }
+
+    fn recovered(self, records: impl IntoIterator<Item = GatewayRecord>) -> Self {
+        let mut g = self;
         for r in records {
             if let GatewayRecord::Checkpoint(c) = &r {
                 match g.apply_checkpoint(c) {
@@ -325,13 +357,30 @@ impl Gateway {
         me: AgentId,
         key: LedgerSigningKey,
         keys: Keyring,
+        records: impl IntoIterator<Item = GatewayRecord>,
+    ) -> Result<Self, LedgerError> {
+        Self::recover(me, key, keys, records).checked()
+    }
+
+    /// [`recover_checked`](Self::recover_checked) with a deliberately broken rule (the
+    /// simulator's mutants).
+    #[cfg(feature = "mutants")]
+    #[doc(hidden)]
+    pub fn recover_checked_with_mutation(
+        me: AgentId,
+        key: LedgerSigningKey,
+        keys: Keyring,
         mutation: Option<LedgerMutation>,
         records: impl IntoIterator<Item = GatewayRecord>,
     ) -> Result<Self, LedgerError> {
-        let mut g = Self::recover(me, key, keys, mutation, records);
-        match std::mem::take(&mut g.rejected).into_iter().next() {
+        Self::recover_with_mutation(me, key, keys, mutation, records).checked()
+    }
+
+    /// `Err` with the first checkpoint recovery rejected, if any.
+    fn checked(mut self) -> Result<Self, LedgerError> {
+        match std::mem::take(&mut self.rejected).into_iter().next() {
             Some(e) => Err(e),
-            None => Ok(g),
+            None => Ok(self),
         }
     }
 
@@ -342,7 +391,7 @@ impl Gateway {
         keys: Keyring,
         records: impl IntoIterator<Item = GatewayRecord>,
     ) -> Self {
-        Self::recover(me, crate::branch::inert_key(), keys, None, records)
+        Self::recover(me, crate::branch::inert_key(), keys, records)
     }
 
     /// This gateway.
@@ -391,7 +440,7 @@ impl Gateway {
         let key = b.key;
         // Recompute the binding from what is actually asked for: the payer is the sender, the
         // effect is the one bound, and the escrow covers its maximum charge exactly.
-        let trusting = self.mutation == Some(LedgerMutation::GatewayTrustsBinding);
+        let trusting = self.mutation() == Some(LedgerMutation::GatewayTrustsBinding);
         if !trusting
             && (&b.payer != from
                 || b.receiver != self.me
@@ -406,7 +455,7 @@ impl Gateway {
             if prior.binding != *b {
                 return self.refuse(from, key, Refusal::KeyConflict);
             }
-            if self.mutation != Some(LedgerMutation::GatewayAcceptsKeyTwice) {
+            if self.mutation() != Some(LedgerMutation::GatewayAcceptsKeyTwice) {
                 // A repeat: the prior decision, once it is durable (the receipt follows its
                 // record by itself otherwise).
                 let reply = match &prior.state {
@@ -422,7 +471,7 @@ impl Gateway {
         // Expired against the clock, and never below the horizon (a restarted gateway has
         // not seen the time yet, but what it forgot expired before its durable horizon).
         let now = self.clock.max(self.horizon);
-        let lax = self.mutation == Some(LedgerMutation::GatewayAcceptsExpired);
+        let lax = self.mutation() == Some(LedgerMutation::GatewayAcceptsExpired);
         if b.expires.is_some_and(|e| e < now) && !lax {
             return self.refuse(from, key, Refusal::Expired);
         }
@@ -431,7 +480,7 @@ impl Gateway {
             return self.refuse(from, key, Refusal::NoExpiry);
         }
         let fence = self.fences.get(&b.credit).copied().unwrap_or(0);
-        if b.epoch < fence && self.mutation != Some(LedgerMutation::GatewayWithoutFence) {
+        if b.epoch < fence && self.mutation() != Some(LedgerMutation::GatewayWithoutFence) {
             return self.refuse(from, key, Refusal::Fenced);
         }
         let record = GatewayRecord::Accepted {
@@ -458,7 +507,7 @@ impl Gateway {
     /// The hard limit handed to the executor: the binding's maximum charge. The mutants hand
     /// the effect's own (`GatewayTrustsBinding`) or none at all (`GatewayWithoutClamp`).
     fn limit_for(&self, b: &Binding, effect: &Effect) -> Vector {
-        match self.mutation {
+        match self.mutation() {
             Some(LedgerMutation::GatewayTrustsBinding) => effect.max_charge.clone(),
             Some(LedgerMutation::GatewayWithoutClamp) => unlimited(&b.max_charge),
             _ => b.max_charge.clone(),
@@ -489,7 +538,8 @@ impl Gateway {
             None => {
                 // Only a durable fence proves that the binding can never be accepted: one
                 // still being written may be lost to a crash, and the permit accepted after.
-                let fences = if self.mutation == Some(LedgerMutation::NoEffectBeforeDurableFence) {
+                let fences = if self.mutation() == Some(LedgerMutation::NoEffectBeforeDurableFence)
+                {
                     &self.fences
                 } else {
                     &self.durable_fences
@@ -518,7 +568,7 @@ impl Gateway {
         };
         // Only the credit's holder may fence it: the fence is signed by the holder it names,
         // and every permit seen for the credit came from that same payer.
-        let any = self.mutation == Some(LedgerMutation::EvidenceFromAnyMember);
+        let any = self.mutation() == Some(LedgerMutation::EvidenceFromAnyMember);
         if &body.holder != from && !any {
             return;
         }
@@ -577,7 +627,7 @@ impl Gateway {
         if a.state != AcceptanceState::Accepted {
             return;
         }
-        let unclamped = self.mutation == Some(LedgerMutation::GatewayWithoutClamp);
+        let unclamped = self.mutation() == Some(LedgerMutation::GatewayWithoutClamp);
         let actual = if actual.le(&a.binding.max_charge) || unclamped {
             actual
         } else {
@@ -610,6 +660,7 @@ impl Gateway {
                 permit,
                 effect,
             } => {
+                let twice = self.mutation() == Some(LedgerMutation::GatewayAcceptsKeyTwice);
                 let e = self
                     .log
                     .entry((binding.payer.clone(), binding.key))
@@ -622,7 +673,7 @@ impl Gateway {
                         receipt_durable: false,
                     });
                 e.accepted += 1;
-                if self.mutation == Some(LedgerMutation::GatewayAcceptsKeyTwice) {
+                if twice {
                     e.state = AcceptanceState::Accepted;
                 }
             }

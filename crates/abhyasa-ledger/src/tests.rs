@@ -52,7 +52,7 @@ impl Net {
         let mut n = Self {
             r: Branch::new(id("r"), sk(2), keys.clone(), config.clone()),
             c: Branch::new(id("c"), sk(3), keys.clone(), config),
-            g: Gateway::new(id("g"), sk(4), keys.clone(), mutation),
+            g: Gateway::new(id("g"), sk(4), keys.clone()).with_mutation(mutation),
             keys,
             effects: Vec::new(),
             journal_r: Vec::new(),
@@ -1551,7 +1551,7 @@ fn an_escrow_short_of_the_maximum_is_refused_by_gateway_and_journal() {
     n.r.dispatch(UnixMillis(0), key(1)).unwrap();
     n.persist_all();
     let (_, permit) = n.r.poll_transmit().unwrap();
-    let mut correct = Gateway::new(id("g"), sk(4), n.keys.clone(), None);
+    let mut correct = Gateway::new(id("g"), sk(4), n.keys.clone());
     correct.handle_message(UnixMillis(0), &id("r"), permit);
     // The permit does not validate as a permit (its escrow is not its maximum).
     assert_eq!(refusal(&mut correct), Some(Refusal::BadSignature));
@@ -1612,7 +1612,7 @@ fn an_escrow_short_of_the_maximum_is_refused_by_gateway_and_journal() {
 /// an on-path relay could) to a gateway under `mutation`. Returns the limit the executor got.
 fn run_with_effect(mutation: Option<LedgerMutation>, larger: bool) -> (Option<Vector>, Net) {
     let mut n = Net::new(&[("units", 10)], None);
-    n.g = Gateway::new(id("g"), sk(4), n.keys.clone(), mutation);
+    n.g = Gateway::new(id("g"), sk(4), n.keys.clone()).with_mutation(mutation);
     let e = n.effect("call", &[("units", 5)]);
     n.r.reserve(UnixMillis(0), ROOT_CREDIT, e.clone(), &id("g"), key(1))
         .unwrap();
@@ -1692,7 +1692,7 @@ fn a_no_effect_proof_rests_only_on_a_durable_fence() {
     // is still being written; the gateway crashes before it lands; the permit arrives.
     for mutation in [None, Some(LedgerMutation::NoEffectBeforeDurableFence)] {
         let mut n = Net::new(&[("units", 5)], None);
-        n.g = Gateway::new(id("g"), sk(4), n.keys.clone(), mutation);
+        n.g = Gateway::new(id("g"), sk(4), n.keys.clone()).with_mutation(mutation);
         let root = RootId::from_u128(7);
         let held_back = dispatched(&mut n, 5);
         n.r.request_fence(ROOT_CREDIT).unwrap();
@@ -1714,7 +1714,7 @@ fn a_no_effect_proof_rests_only_on_a_durable_fence() {
         }
         n.persist_all();
         // The crash: the fence never landed.
-        n.g = Gateway::recover(id("g"), sk(4), n.keys.clone(), mutation, Vec::new());
+        n.g = Gateway::recover_with_mutation(id("g"), sk(4), n.keys.clone(), mutation, Vec::new());
         n.g.handle_message(UnixMillis(0), &id("r"), held_back);
         n.run(&v(&[("units", 5)]), &mut |_, _| false);
         match mutation {
@@ -2815,7 +2815,9 @@ fn expiring(n: &mut Net, ttl: u64, retain: u64, mutation: Option<LedgerMutation>
         Branch::recover(id("r"), sk(2), n.keys.clone(), config, n.journal_r.clone());
     assert!(rejected.is_empty());
     n.r = r;
-    n.g = Gateway::new(id("g"), sk(4), n.keys.clone(), mutation).retaining(retain);
+    n.g = Gateway::new(id("g"), sk(4), n.keys.clone())
+        .with_mutation(mutation)
+        .retaining(retain);
 }
 
 /// At `now`, `r` spends 10 cents under key 1 and it settles at 6; the dispatches `g` got.
@@ -2892,7 +2894,7 @@ fn a_forgotten_acceptance_is_refused_when_replayed_and_never_proven_without_effe
     assert_eq!(check::audit_gateway(&id("g"), &n.log_g, &n.keys), vec![]);
     // Restarted, before its clock has moved, the gateway still refuses the replay: what it
     // forgot expired before its durable horizon.
-    let mut g = Gateway::recover(id("g"), sk(4), n.keys.clone(), None, n.log_g.clone());
+    let mut g = Gateway::recover(id("g"), sk(4), n.keys.clone(), n.log_g.clone());
     assert_eq!(g.horizon(), UnixMillis(1_150));
     assert!(g.acceptance(&id("r"), key(1)).is_none());
     g.handle_message(UnixMillis(0), &id("r"), dispatches[0].clone());
@@ -3072,7 +3074,7 @@ fn a_gateway_that_forgets_takes_only_permits_that_expire() {
     // The same permit at a gateway that keeps everything: accepted, run, settled.
     let mut n = Net::new(&[("cents", 100)], None);
     expiring(&mut n, 0, 50, None);
-    n.g = Gateway::new(id("g"), sk(4), n.keys.clone(), None);
+    n.g = Gateway::new(id("g"), sk(4), n.keys.clone());
     n.now = 1_000;
     n.spend(ROOT_CREDIT, "one", &[("cents", 10)], 1);
     n.run(&v(&[("cents", 6)]), &mut |_, _| false);
@@ -3146,8 +3148,7 @@ fn a_gateway_checkpoint_keeps_what_is_live_and_refuses_what_does_not_match() {
         compacted.as_slice(),
         [GatewayRecord::Checkpoint(_)]
     ));
-    let g =
-        Gateway::recover_checked(id("g"), sk(4), n.keys.clone(), None, compacted.clone()).unwrap();
+    let g = Gateway::recover_checked(id("g"), sk(4), n.keys.clone(), compacted.clone()).unwrap();
     // What is live came back: key 2 receipted, key 3 to be resumed; key 1 stays forgotten
     // and the horizon with it.
     assert!(g.acceptance(&id("r"), key(1)).is_none());
@@ -3171,15 +3172,13 @@ fn a_gateway_checkpoint_keeps_what_is_live_and_refuses_what_does_not_match() {
     assert_eq!(check::audit_gateway(&id("g"), &compacted, &n.keys), vec![]);
     assert_eq!(check::audit_gateway(&id("g"), &n.log_g, &n.keys), vec![]);
     // The whole log recovers to the same; so does one whose checkpoint is damaged — not.
-    assert!(
-        Gateway::recover_checked(id("g"), sk(4), n.keys.clone(), None, n.log_g.clone()).is_ok()
-    );
+    assert!(Gateway::recover_checked(id("g"), sk(4), n.keys.clone(), n.log_g.clone()).is_ok());
     let GatewayRecord::Checkpoint(record) = &compacted[0] else {
         unreachable!()
     };
     let damaged = vec![GatewayRecord::Checkpoint(Box::new(record.tampered(30)))];
     assert!(matches!(
-        Gateway::recover_checked(id("g"), sk(4), n.keys.clone(), None, damaged.clone()),
+        Gateway::recover_checked(id("g"), sk(4), n.keys.clone(), damaged.clone()),
         Err(LedgerError::Signature(_))
     ));
     assert_eq!(
@@ -3195,7 +3194,7 @@ fn a_gateway_checkpoint_keeps_what_is_live_and_refuses_what_does_not_match() {
     wrong.remove(receipt_2);
     wrong.push(compacted[0].clone());
     assert_eq!(
-        Gateway::recover_checked(id("g"), sk(4), n.keys.clone(), None, wrong.clone()).err(),
+        Gateway::recover_checked(id("g"), sk(4), n.keys.clone(), wrong.clone()).err(),
         Some(LedgerError::WrongState(
             "gateway checkpoint does not match the log before it"
         ))
@@ -3225,7 +3224,7 @@ fn a_gateway_checkpoint_keeps_what_is_live_and_refuses_what_does_not_match() {
     };
     let found = check::audit_gateway(&id("g"), std::slice::from_ref(&accepted), &n.keys);
     assert!(found.iter().any(|v| v.law == "G3"), "{found:?}");
-    let mut g = Gateway::recover(id("g"), sk(4), n.keys.clone(), None, vec![accepted]);
+    let mut g = Gateway::recover(id("g"), sk(4), n.keys.clone(), vec![accepted]);
     g.checkpoint();
     let (_, record) = g.poll_persist().unwrap();
     let found = check::audit_gateway(&id("g"), &[record], &n.keys);

@@ -208,6 +208,7 @@ pub struct MachineConfig {
     /// Objects per outgoing group.
     pub batch: usize,
     /// A deliberately broken decision, for the simulation's mutants only.
+    #[cfg(feature = "mutants")]
     pub mutation: Option<NodeMutation>,
 }
 
@@ -217,8 +218,22 @@ impl Default for MachineConfig {
             requests_per_second_per_peer: 0,
             maintenance_ms: 60_000,
             batch: 64,
+            #[cfg(feature = "mutants")]
             mutation: None,
         }
+    }
+}
+
+impl MachineConfig {
+    /// The deliberately broken rule this node runs with: always `None` unless the crate is
+    /// built with the `mutants` feature (the simulator's), so a product build compiles every
+    /// mutant branch away.
+    #[inline]
+    pub fn mutation(&self) -> Option<NodeMutation> {
+        #[cfg(feature = "mutants")]
+        return self.mutation;
+        #[cfg(not(feature = "mutants"))]
+        None
     }
 }
 
@@ -414,7 +429,7 @@ impl NodeMachine {
 
     /// An input arrived at `now` (the mutant's quiet period starts again).
     fn input(&mut self, now: UnixMillis) {
-        if self.config.mutation == Some(NodeMutation::TimersOnlyWhenQuiet) {
+        if self.config.mutation() == Some(NodeMutation::TimersOnlyWhenQuiet) {
             self.quiet_until = UnixMillis(now.0 + QUIET_MS);
         }
     }
@@ -488,7 +503,7 @@ impl NodeMachine {
         text_id: &str,
         mut o: Obligation,
     ) -> Option<ObligationId> {
-        let id = match self.config.mutation {
+        let id = match self.config.mutation() {
             Some(NodeMutation::FoldIdSpellings) => {
                 binding::text_obligation_id(&binding::folded(text_id))
             }
@@ -548,9 +563,9 @@ impl NodeMachine {
                 return;
             }
         };
-        match ledger_target(&m, self.config.mutation) {
+        match ledger_target(&m, self.config.mutation()) {
             LedgerTarget::Gateway => match &mut l.gateway {
-                Some(g) => gateway_in(g, now, from, m, self.config.mutation),
+                Some(g) => gateway_in(g, now, from, m, self.config.mutation()),
                 None => debug!(peer = %from, "a gateway message, but this node is no gateway"),
             },
             LedgerTarget::Branch => l.branch.handle_message(now, from, m),
@@ -649,7 +664,7 @@ impl NodeMachine {
         .into_iter()
         .flatten()
         .min();
-        match self.config.mutation {
+        match self.config.mutation() {
             Some(NodeMutation::TimersOnlyWhenQuiet) => earliest.map(|t| t.max(self.quiet_until)),
             _ => earliest,
         }
@@ -657,7 +672,8 @@ impl NodeMachine {
 
     /// Fires every timer whose deadline is at or before `now`, whatever woke the driver.
     pub fn handle_timeout(&mut self, now: UnixMillis) {
-        if self.config.mutation == Some(NodeMutation::TimersOnlyWhenQuiet) && now < self.quiet_until
+        if self.config.mutation() == Some(NodeMutation::TimersOnlyWhenQuiet)
+            && now < self.quiet_until
         {
             return;
         }

@@ -157,7 +157,7 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
             requests_per_second_per_peer: b.limits.requests_per_second_per_peer,
             maintenance_ms: u64::try_from(b.maintenance.as_millis()).unwrap_or(u64::MAX),
             batch: b.limits.session.max_objects_per_group.clamp(1, MAX_BATCH),
-            mutation: None,
+            ..MachineConfig::default()
         },
         custodian,
         receiver,

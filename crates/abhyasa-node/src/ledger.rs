@@ -367,7 +367,7 @@ impl LedgerPart {
             max_journal_steps: setup.max_journal_steps,
             checkpoint_steps: setup.checkpoint_steps,
             permit_ttl_ms: setup.permit_ttl_ms,
-            mutation: None,
+            ..BranchConfig::default()
         };
         let (branch, rejected) = Branch::recover(
             me.clone(),
@@ -390,7 +390,6 @@ impl LedgerPart {
                     me.clone(),
                     key.clone(),
                     setup.keys.clone(),
-                    None,
                     store.gateway_log()?,
                 )
                 .map_err(|error| crate::NodeError::LedgerJournal {

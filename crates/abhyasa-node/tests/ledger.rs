@@ -412,13 +412,7 @@ async fn grant_delegate_spend_settle_across_three_nodes() {
         StoreConfig::default(),
     )
     .unwrap();
-    let g = Gateway::recover(
-        id("gw"),
-        sk("gw"),
-        keys(),
-        None,
-        gstore.gateway_log().unwrap(),
-    );
+    let g = Gateway::recover(id("gw"), sk("gw"), keys(), gstore.gateway_log().unwrap());
     let effects = recorder.0.lock().unwrap().clone();
     assert_eq!(effects.len(), 6, "five spends and the successor's");
     // The child (the spender) compacted: its file starts with a checkpoint that folded

@@ -419,7 +419,7 @@ impl Sim {
             .iter()
             .map(|n| {
                 let g = gateway_setup(
-                    Gateway::new(agent(n), key_of(n), keys.clone(), mutation),
+                    Gateway::new(agent(n), key_of(n), keys.clone()).with_mutation(mutation),
                     &p,
                 );
                 (
@@ -800,7 +800,7 @@ impl Sim {
             .gateways
             .iter()
             .map(|(name, n)| {
-                Gateway::recover(
+                Gateway::recover_with_mutation(
                     agent(name),
                     key_of(name),
                     self.keys.clone(),

@@ -190,7 +190,7 @@ pub fn run_year(p: &YearParams) -> YearReport {
         mutation: None,
     };
     let mut b = Branch::new(payer.clone(), payer_key, keys.clone(), config);
-    let g = Gateway::new(gw.clone(), gw_key, keys.clone(), None).checkpointing(p.checkpoint_steps);
+    let g = Gateway::new(gw.clone(), gw_key, keys.clone()).checkpointing(p.checkpoint_steps);
     let mut g = match p.retain_ms {
         Some(ms) => g.retaining(ms),
         None => g,

@@ -145,7 +145,7 @@ fn branch(s: &State, who: &'static str) -> Branch {
 }
 
 fn gateway(s: &State) -> Gateway {
-    Gateway::recover(id("gw"), sk("gw"), keys(), s.mutation, s.gateway.clone())
+    Gateway::recover_with_mutation(id("gw"), sk("gw"), keys(), s.mutation, s.gateway.clone())
 }
 
 fn name(a: &AgentId) -> &'static str {

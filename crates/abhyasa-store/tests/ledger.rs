@@ -30,7 +30,7 @@ fn a_settled_cycle_replays_from_disk() {
         keys(),
         BranchConfig::default(),
     );
-    let mut g = Gateway::new(id("g"), signing_key([3; 32]), keys(), None);
+    let mut g = Gateway::new(id("g"), signing_key([3; 32]), keys());
     let grant = RootGrant {
         root: RootId::from_u128(1),
         issuer: id("issuer"),
@@ -107,7 +107,6 @@ fn a_settled_cycle_replays_from_disk() {
         id("g"),
         signing_key([3; 32]),
         keys(),
-        None,
         store.gateway_log().unwrap(),
     );
     let effects = [EffectInstance {
@@ -229,7 +228,7 @@ fn a_checkpoint_compacts_the_journal_in_the_commit_that_writes_it() {
     let path = dir.path().join("node.redb");
     let mut store = Store::open(&path, StoreConfig::default()).unwrap();
     let mut r = granted();
-    let mut g = Gateway::new(id("g"), signing_key([3; 32]), keys(), None);
+    let mut g = Gateway::new(id("g"), signing_key([3; 32]), keys());
     for k in 1..=20 {
         cycle(&mut r, &mut g, &mut store, k, 3);
     }
@@ -284,7 +283,6 @@ fn a_checkpoint_compacts_the_journal_in_the_commit_that_writes_it() {
         id("g"),
         signing_key([3; 32]),
         keys(),
-        None,
         store.gateway_log().unwrap(),
     );
     let effects: Vec<EffectInstance> = (1..=20)
@@ -347,7 +345,7 @@ fn a_gateway_checkpoint_compacts_the_log() {
     let path = dir.path().join("node.redb");
     let mut store = Store::open(&path, StoreConfig::default()).unwrap();
     let mut r = granted();
-    let mut g = Gateway::new(id("g"), signing_key([3; 32]), keys(), None);
+    let mut g = Gateway::new(id("g"), signing_key([3; 32]), keys());
     for k in 1..=20 {
         cycle(&mut r, &mut g, &mut store, k, 3);
     }
@@ -364,7 +362,7 @@ fn a_gateway_checkpoint_compacts_the_log() {
     let store = Store::open(&path, StoreConfig::default()).unwrap();
     let log = store.gateway_log().unwrap();
     assert!(matches!(log.as_slice(), [GatewayRecord::Checkpoint(_)]));
-    let back = Gateway::recover_checked(id("g"), signing_key([3; 32]), keys(), None, log).unwrap();
+    let back = Gateway::recover_checked(id("g"), signing_key([3; 32]), keys(), log).unwrap();
     assert_eq!(back.folded_records(), 40);
     let done = back
         .log()

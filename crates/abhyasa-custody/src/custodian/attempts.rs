@@ -131,7 +131,8 @@ impl Custodian {
 
     pub(super) fn escalate(&mut self, now: UnixMillis, id: ObligationId, cause: EscalationCause) {
         let p = &self.pending[&id];
-        let Some(safe_action) = safe_action(self.config.mutation, &p.obligation, self.retention())
+        let Some(safe_action) =
+            safe_action(self.config.mutation(), &p.obligation, self.retention())
         else {
             // Only admissible obligations are ever pending (issue and recover check), and
             // every admissible obligation has `safe(O)`.
@@ -149,7 +150,7 @@ impl Custodian {
             at: now,
         };
         let target = p.obligation.target.clone();
-        let update = if self.config.mutation == Some(Mutation::EscalateWithoutSafeAction) {
+        let update = if self.config.mutation() == Some(Mutation::EscalateWithoutSafeAction) {
             None
         } else {
             Some(PrincipalUpdate::Safe(safe_action))

@@ -48,7 +48,7 @@ impl Branch {
             self.in_flight_by.insert(k, token);
         }
         self.persists.push_back((token, step));
-        if self.config.mutation == Some(LedgerMutation::SendBeforePersist) {
+        if self.config.mutation() == Some(LedgerMutation::SendBeforePersist) {
             self.transmits.extend(msgs);
         } else if !msgs.is_empty() {
             self.gated.insert(token, msgs);
@@ -68,7 +68,7 @@ impl Branch {
         step: &Step,
         known: Option<Permit>,
     ) -> Result<bool, LedgerError> {
-        self.resend_armed |= self.config.mutation != Some(LedgerMutation::TimerNotRearmed)
+        self.resend_armed |= self.config.mutation() != Some(LedgerMutation::TimerNotRearmed)
             || self.last_resend == UnixMillis(0);
         match step {
             Step::Grant { grant, credit } => {
@@ -165,7 +165,7 @@ impl Branch {
                 if body.confirm {
                     self.confirmed(&body, *credit, confirmation.as_ref())?;
                 }
-                let replay = self.config.mutation == Some(LedgerMutation::AcceptReplayedTransfer);
+                let replay = self.config.mutation() == Some(LedgerMutation::AcceptReplayedTransfer);
                 match self.incoming.get(&(body.root, body.transfer)) {
                     // The claim this confirmation answers: it becomes the credit now.
                     Some(Step::Claim { credit: c, .. }) if c == credit => {}
@@ -253,7 +253,7 @@ impl Branch {
                         "a reclaim of a transfer whose destination decides alone",
                     ));
                 }
-                let after_confirm = self.config.mutation
+                let after_confirm = self.config.mutation()
                     == Some(LedgerMutation::ReclaimAfterConfirm)
                     && matches!(out.state, OutgoingState::Accepted(_));
                 match &out.state {
@@ -281,7 +281,7 @@ impl Branch {
                     && d.source == out.body.source
                     && d.root == out.body.root
                     && d.destination == out.body.destination;
-                let any = self.config.mutation == Some(LedgerMutation::EvidenceFromAnyMember);
+                let any = self.config.mutation() == Some(LedgerMutation::EvidenceFromAnyMember);
                 if !bound && !any {
                     return Err(LedgerError::Mismatch("decision on another certificate"));
                 }
@@ -320,7 +320,7 @@ impl Branch {
                     };
                 }
                 // The escrow covers the maximum exactly, for the effect the binding names.
-                let short = self.config.mutation == Some(LedgerMutation::ReserveBelowMaximum);
+                let short = self.config.mutation() == Some(LedgerMutation::ReserveBelowMaximum);
                 if p.footprint.size() != p.binding.max_charge && !short {
                     return Err(LedgerError::Mismatch(
                         "reservation other than the maximum charge",
@@ -377,7 +377,7 @@ impl Branch {
                 }
             }
             Step::ReleaseUnsent { key } => {
-                let late = self.config.mutation == Some(LedgerMutation::ReleaseAfterDispatch);
+                let late = self.config.mutation() == Some(LedgerMutation::ReleaseAfterDispatch);
                 let op = self.op_mut(*key)?;
                 match op.state {
                     OpState::Reserved if !op.dispatched => {
@@ -398,7 +398,7 @@ impl Branch {
                 let gateway = self.op_mut(*key)?.binding.receiver.clone();
                 let r = self.evidence("a receipt", receipt, &gateway)?;
                 let unforfeit =
-                    self.config.mutation == Some(LedgerMutation::UnforfeitOnLateEvidence);
+                    self.config.mutation() == Some(LedgerMutation::UnforfeitOnLateEvidence);
                 let op = self.op_mut(*key)?;
                 match op.state {
                     OpState::Quarantined => {}
@@ -493,7 +493,8 @@ impl Branch {
                 if self.credits.contains_key(output) {
                     return self.replayed(output, step, "join output");
                 }
-                let checked = self.config.mutation != Some(LedgerMutation::JoinWithoutDisjointness);
+                let checked =
+                    self.config.mutation() != Some(LedgerMutation::JoinWithoutDisjointness);
                 let footprint = self.join_footprint(inputs, *output, checked)?;
                 let first = &self.credits[&inputs[0]];
                 let (root, label) = (first.root, first.label.clone());
@@ -534,7 +535,7 @@ impl Branch {
                     .ops
                     .values()
                     .any(|o| o.binding.credit == f.credit && o.binding.receiver == gateway);
-                let any = self.config.mutation == Some(LedgerMutation::EvidenceFromAnyMember);
+                let any = self.config.mutation() == Some(LedgerMutation::EvidenceFromAnyMember);
                 if !dispatched_there && !any {
                     return Err(LedgerError::Mismatch(
                         "fenced by a gateway the credit never used",
@@ -598,7 +599,7 @@ impl Branch {
                     }
                 }
                 let (open, sealed) = self.in_progress(*credit);
-                let lax = self.config.mutation == Some(LedgerMutation::ReissueWithWorkInProgress);
+                let lax = self.config.mutation() == Some(LedgerMutation::ReissueWithWorkInProgress);
                 if (sealed || open.iter().any(|k| Some(*k) != fused)) && !lax {
                     return Err(LedgerError::WrongState(
                         "reissue of a generation with work in progress",

@@ -318,7 +318,7 @@ impl Branch {
     /// receipt still annotates them).
     fn fold(&mut self) -> Result<(), LedgerError> {
         let drop_forfeited =
-            self.config.mutation == Some(crate::LedgerMutation::CheckpointDropsForfeited);
+            self.config.mutation() == Some(crate::LedgerMutation::CheckpointDropsForfeited);
         let done: Vec<OpKey> = self
             .ops
             .iter()
@@ -392,7 +392,7 @@ impl Branch {
         if self.horizons.is_empty() {
             return;
         }
-        let early = self.config.mutation == Some(crate::LedgerMutation::ForgetBeforeHorizon);
+        let early = self.config.mutation() == Some(crate::LedgerMutation::ForgetBeforeHorizon);
         let horizons = &self.horizons;
         self.ended.retain(|_, e| match horizons.get(&e.receiver) {
             Some(_) if early => false,

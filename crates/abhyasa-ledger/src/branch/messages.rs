@@ -59,7 +59,7 @@ impl Branch {
                         },
                     ),
                     OpState::Forfeited { annotation: None }
-                        if self.config.mutation
+                        if self.config.mutation()
                             == Some(LedgerMutation::UnforfeitOnLateEvidence) =>
                     {
                         self.commit(
@@ -164,7 +164,8 @@ impl Branch {
         from: &AgentId,
         expected: &AgentId,
     ) -> Result<(), LedgerError> {
-        if from == expected || self.config.mutation == Some(LedgerMutation::EvidenceFromAnyMember) {
+        if from == expected || self.config.mutation() == Some(LedgerMutation::EvidenceFromAnyMember)
+        {
             return Ok(());
         }
         Err(LedgerError::WrongParty {
@@ -182,7 +183,7 @@ impl Branch {
         signed: &Signed<T>,
         expected: &AgentId,
     ) -> Result<T, LedgerError> {
-        let lax = match self.config.mutation {
+        let lax = match self.config.mutation() {
             Some(LedgerMutation::EvidenceFromAnyMember) => true,
             Some(LedgerMutation::CancelTransferOnTimeout) => what == "a transfer decision",
             _ => false,
@@ -292,7 +293,7 @@ impl Branch {
                 "transfer addressed to another branch",
             ));
         }
-        let replay = self.config.mutation == Some(LedgerMutation::AcceptReplayedTransfer);
+        let replay = self.config.mutation() == Some(LedgerMutation::AcceptReplayedTransfer);
         if let Some(prior) = self.incoming.get(&(body.root, body.transfer)) {
             if !replay {
                 // Decided before: answer with the same decision.
@@ -327,7 +328,7 @@ impl Branch {
         };
         let decision = Signed::sign(&d, &self.me, &self.key);
         let reply = vec![(from.clone(), LedgerMessage::Decision(decision.clone()))];
-        let wait = self.config.mutation != Some(LedgerMutation::AcceptWithoutConfirmation);
+        let wait = self.config.mutation() != Some(LedgerMutation::AcceptWithoutConfirmation);
         if refuse {
             self.commit(Step::Refuse { cert, decision }, reply)
         } else if body.confirm && wait {

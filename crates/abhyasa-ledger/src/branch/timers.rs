@@ -14,7 +14,7 @@ impl Branch {
         self.last_resend = now;
         self.resend(now);
         self.resend_armed =
-            self.undecided() && self.config.mutation != Some(LedgerMutation::TimerNotRearmed);
+            self.undecided() && self.config.mutation() != Some(LedgerMutation::TimerNotRearmed);
     }
 
     /// Whether anything [`resend`](Self::resend) looks at is still undecided.
@@ -56,7 +56,8 @@ impl Branch {
                 ));
                 let n = self.resends.entry(out.body.transfer).or_insert(0);
                 *n += 1;
-                if self.config.mutation == Some(LedgerMutation::CancelTransferOnTimeout) && *n > 2 {
+                if self.config.mutation() == Some(LedgerMutation::CancelTransferOnTimeout) && *n > 2
+                {
                     give_up.push(TransferDecision {
                         root: out.body.root,
                         transfer: out.body.transfer,
@@ -97,7 +98,7 @@ impl Branch {
             let stale = op
                 .sent_at
                 .is_some_and(|t| now.0 >= t.0.saturating_add(self.config.resend_ms));
-            if self.config.mutation == Some(LedgerMutation::RefundOnTimeout) && stale {
+            if self.config.mutation() == Some(LedgerMutation::RefundOnTimeout) && stale {
                 refunds.push(*key);
                 continue;
             }

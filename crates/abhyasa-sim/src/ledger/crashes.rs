@@ -96,7 +96,7 @@ impl Sim {
         }
         for (name, node) in &mut self.gateways {
             if node.machine.is_none() && self.now >= node.up_at {
-                let g = Gateway::recover_checked(
+                let g = Gateway::recover_checked_with_mutation(
                     agent(name),
                     key_of(name),
                     self.keys.clone(),
@@ -107,7 +107,8 @@ impl Sim {
                     self.report
                         .violations
                         .push(format!("{name}: gateway log rejected at recovery: {e}"));
-                    Gateway::new(agent(name), key_of(name), self.keys.clone(), self.mutation)
+                    Gateway::new(agent(name), key_of(name), self.keys.clone())
+                        .with_mutation(self.mutation)
                 });
                 node.machine = Some(gateway_setup(g, &self.p));
             }
