@@ -186,17 +186,17 @@ impl Ports {
     }
 
     /// Hands `c` to the binding of its path; the connection comes back when none takes it.
-    pub fn route(&self, c: BoundConnection) -> Result<(), (BoundConnection, Unrouted)> {
+    pub fn route(&self, c: BoundConnection) -> Result<(), (Box<BoundConnection>, Unrouted)> {
         let tx = {
             let map = self.0.lock().unwrap_or_else(|e| e.into_inner());
             map.get(c.path()).cloned()
         };
         let Some(tx) = tx else {
-            return Err((c, Unrouted::NoBinding));
+            return Err((Box::new(c), Unrouted::NoBinding));
         };
         tx.try_send(c).map_err(|e| match e {
-            mpsc::error::TrySendError::Full(c) => (c, Unrouted::Crowded),
-            mpsc::error::TrySendError::Closed(c) => (c, Unrouted::NoBinding),
+            mpsc::error::TrySendError::Full(c) => (Box::new(c), Unrouted::Crowded),
+            mpsc::error::TrySendError::Closed(c) => (Box::new(c), Unrouted::NoBinding),
         })
     }
 }
