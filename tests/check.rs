@@ -3,30 +3,20 @@
 //! apply its principal never issued — found and reported with a non-zero exit.
 
 use std::path::Path;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use abhyasa::custody::{CustodianConfig, ReceiverEffect, ReceiverRecord};
 use abhyasa::moq::Ca;
 use abhyasa::node::Node;
 use abhyasa::store::{Op, Store, StoreConfig};
 use abhyasa::wire::{
-    AgentId, ClientId, Obligation, ObligationId, Outcome, Payload, TokenAction, TokenId,
-    TokenPayload, UnixMillis,
+    ClientId, Obligation, ObligationId, Outcome, Payload, TokenAction, TokenId, TokenPayload,
+    UnixMillis,
 };
 
 mod common;
+use abhyasa_testkit::{id, now_ms};
 use common::{abhyasa, free_udp};
-
-fn id(s: &str) -> AgentId {
-    AgentId::new(s).unwrap()
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
 
 fn token(n: u128, target: &str, deadline_ms: u64) -> Obligation {
     let t = now_ms();

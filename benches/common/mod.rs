@@ -2,10 +2,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use abhyasa::wire::{
-    AgentId, ClientId, Obligation, ObligationId, Payload, TokenAction, TokenId, TokenPayload,
-    UnixMillis,
-};
+use abhyasa::wire::{AgentId, Obligation, ObligationId, UnixMillis};
 
 /// A token revocation from `principal` to `target`, unique per `n` and per run.
 pub fn obligation(n: u128, target: &AgentId, deadline_ms: u64) -> Obligation {
@@ -21,11 +18,6 @@ pub fn obligation(n: u128, target: &AgentId, deadline_ms: u64) -> Obligation {
         deadline: UnixMillis(t + deadline_ms),
         max_retries: 200,
         sequence: None,
-        payload: Payload::OauthToken(TokenPayload {
-            action: TokenAction::Revoke,
-            token_id: TokenId::new(format!("tok-{n}")).unwrap(),
-            client_id: ClientId::new("c").unwrap(),
-            expires_at: None,
-        }),
+        payload: abhyasa_testkit::token_revocation(&format!("tok-{n}")),
     }
 }

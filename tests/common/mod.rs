@@ -1,10 +1,13 @@
 //! Process plumbing shared by the tests that run `abhyasa` binaries.
 #![allow(dead_code)] // Each test binary uses its own subset.
 
-use std::net::{SocketAddr, UdpSocket};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+#[allow(unused_imports)] // Each test binary uses its own subset.
+pub use abhyasa_testkit::{free_tcp, free_udp, wait_for};
 
 /// Runs `abhyasa` with `args` to completion.
 pub fn abhyasa(args: &[&str]) -> Output {
@@ -12,35 +15,6 @@ pub fn abhyasa(args: &[&str]) -> Output {
         .args(args)
         .output()
         .expect("run abhyasa")
-}
-
-/// A free UDP address on loopback.
-pub fn free_udp() -> SocketAddr {
-    UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
-/// A free TCP port on loopback.
-pub fn free_tcp() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Polls `f` every 100 ms until it holds; panics after `limit`.
-pub fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
-    let until = Instant::now() + limit;
-    while Instant::now() < until {
-        if f() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("timed out waiting for {what}");
 }
 
 /// An `abhyasa node --config <path>` process, SIGKILLed when dropped.

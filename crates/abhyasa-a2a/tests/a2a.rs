@@ -4,35 +4,18 @@
 //! applied. Outcomes are checked from both nodes' durable state.
 
 use std::net::SocketAddr;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use abhyasa_a2a::json::JsonAck;
 use abhyasa_a2a::{serve, spawn_peer, A2aPeer, A2aServer, CardSettings, EXTENSION_URI};
 use abhyasa_moq::{Ca, Identity};
 use abhyasa_node::Node;
+use abhyasa_testkit::{free_udp, id, now_ms};
 use abhyasa_wire::{
-    AgentId, BeliefUpdatePayload, ClientId, ConsentDecision, ConsentPayload, Kind, Obligation,
-    ObligationId, Outcome, Payload, Scope, TokenAction, TokenId, TokenPayload, UnixMillis,
-    WeightDelta, WeightKey,
+    BeliefUpdatePayload, ClientId, ConsentDecision, ConsentPayload, Kind, Obligation, ObligationId,
+    Outcome, Payload, Scope, TokenAction, TokenId, TokenPayload, UnixMillis, WeightDelta,
+    WeightKey,
 };
-
-fn id(s: &str) -> AgentId {
-    AgentId::new(s).unwrap()
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
-
-fn free_udp() -> SocketAddr {
-    std::net::UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
 
 fn free_tcp() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0")

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use abhyasa_crashtest::crashpeer::{admissible, agent, delta, principal, workload};
 use abhyasa_custody::kinds;
@@ -22,6 +22,7 @@ use abhyasa_store::{Store, StoreConfig};
 use abhyasa_wire::{Outcome, Payload};
 
 mod common;
+use abhyasa_testkit::now_ms;
 use common::{free_udp as free_port, Watched};
 
 const KILLS: u32 = 210;
@@ -59,13 +60,6 @@ impl Peer {
     fn sigkill(&mut self) {
         self.proc.sigkill();
     }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
 }
 
 #[test]

@@ -3,18 +3,12 @@
 #![allow(dead_code)] // Each test binary uses its own subset.
 
 use std::io::{BufRead, BufReader};
-use std::net::{SocketAddr, UdpSocket};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{self, Receiver};
 use std::time::Instant;
 
-/// A free UDP address on loopback.
-pub fn free_udp() -> SocketAddr {
-    UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
+#[allow(unused_imports)] // Each test binary uses its own subset.
+pub use abhyasa_testkit::free_udp;
 
 /// A process whose stdout lines can be awaited (the crash-test peers report kill points).
 pub struct Watched {

@@ -1,65 +1,21 @@
 //! Fixtures shared by the MCP binding's tests.
 #![allow(dead_code)] // Each test binary uses its own subset.
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
-use abhyasa_custody::CustodianConfig;
 use abhyasa_mcp::{Governance, HostTool};
-use abhyasa_wire::{
-    AgentId, ClientId, ConsentDecision, ConsentPayload, Obligation, ObligationId, Payload, Scope,
-    TokenAction, TokenId, TokenPayload, UnixMillis,
-};
+use abhyasa_wire::{ConsentDecision, ConsentPayload, Obligation, Payload, Scope};
+
+#[allow(unused_imports)] // Each test binary uses its own subset.
+pub use abhyasa_testkit::{free_udp as free_addr, id, now_ms, short_custodian as custodian};
 use rmcp::model::{CallToolResult, ContentBlock, Tool};
 use rmcp::service::RunningService;
 use rmcp::{RoleClient, ServerHandler, ServiceExt};
 
-/// An agent id.
-pub fn id(s: &str) -> AgentId {
-    AgentId::new(s).unwrap()
-}
-
-/// Now, in unix ms.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
-
-/// A loopback address nothing listens on.
-pub fn free_addr() -> SocketAddr {
-    std::net::UdpSocket::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
-/// Short custody timers, so tests run in seconds.
-pub fn custodian() -> CustodianConfig {
-    CustodianConfig {
-        response_timeout_ms: 150,
-        backoff_base_ms: 50,
-        backoff_cap_ms: 300,
-        ..CustodianConfig::default()
-    }
-}
-
 /// Obligation `n` from `issuer` to `agent-1`, due `deadline_ms` from now.
 pub fn obligation(n: u128, issuer: &str, deadline_ms: u64, payload: Payload) -> Obligation {
-    let t = now_ms();
-    Obligation {
-        id: ObligationId::from_u128(n),
-        issuer: id(issuer),
-        target: id("agent-1"),
-        created_at: UnixMillis(t),
-        deadline: UnixMillis(t + deadline_ms),
-        max_retries: 60,
-        sequence: None,
-        payload,
-    }
+    abhyasa_testkit::obligation(n, &id(issuer), &id("agent-1"), deadline_ms, 60, payload)
 }
 
 /// A consent decision on `scope` from `principal`.
@@ -82,12 +38,7 @@ pub fn revoke_token(n: u128, token: &str, deadline_ms: u64) -> Obligation {
         n,
         "principal",
         deadline_ms,
-        Payload::OauthToken(TokenPayload {
-            action: TokenAction::Revoke,
-            token_id: TokenId::new(token).unwrap(),
-            client_id: ClientId::new("c").unwrap(),
-            expires_at: None,
-        }),
+        abhyasa_testkit::token_revocation(token),
     )
 }
 
