@@ -120,18 +120,9 @@ pub fn profile_retries(span_ms: u64, base_ms: u64, cap_ms: u64) -> u32 {
     }
 }
 
-impl CustodianConfig {
-    /// The deliberately broken rule this custodian runs with: always `None` unless the crate is
-    /// built with the `mutants` feature (the simulator's), so a product build compiles every
-    /// mutant branch away.
-    #[inline]
-    pub fn mutation(&self) -> Option<Mutation> {
-        #[cfg(feature = "mutants")]
-        return self.mutation;
-        #[cfg(not(feature = "mutants"))]
-        None
-    }
+mutation_accessor!(CustodianConfig);
 
+impl CustodianConfig {
     /// The backoff ceiling of retry `k` (1-based) for an obligation living `span_ms`: the
     /// `min(cap, b·2^(k-1))` of AB-2, with the cap also held below a quarter of the lifetime.
     pub fn backoff_ceiling(&self, span_ms: u64, k: u32) -> u64 {

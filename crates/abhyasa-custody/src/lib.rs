@@ -56,6 +56,25 @@
 
 #![warn(missing_docs, unreachable_pub)]
 
+/// `pub fn mutation(&self) -> Option<Mutation>` for a config with a `mutation` field under the
+/// `mutants` feature: the deliberately broken rule it runs with, always `None` in a product
+/// build, so every mutant branch compiles away.
+macro_rules! mutation_accessor {
+    ($config:ty) => {
+        impl $config {
+            /// The deliberately broken rule this runs with: always `None` unless the crate is
+            /// built with the `mutants` feature (the simulator's).
+            #[inline]
+            pub fn mutation(&self) -> Option<Mutation> {
+                #[cfg(feature = "mutants")]
+                return self.mutation;
+                #[cfg(not(feature = "mutants"))]
+                None
+            }
+        }
+    };
+}
+
 mod custodian;
 pub mod kinds;
 mod principal;

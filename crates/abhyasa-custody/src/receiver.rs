@@ -66,18 +66,7 @@ impl Default for ReceiverConfig {
     }
 }
 
-impl ReceiverConfig {
-    /// The deliberately broken rule this receiver runs with: always `None` unless the crate is
-    /// built with the `mutants` feature (the simulator's), so a product build compiles every
-    /// mutant branch away.
-    #[inline]
-    pub fn mutation(&self) -> Option<Mutation> {
-        #[cfg(feature = "mutants")]
-        return self.mutation;
-        #[cfg(not(feature = "mutants"))]
-        None
-    }
-}
+mutation_accessor!(ReceiverConfig);
 
 /// The agent's own decision on an obligation it was asked about ([`ReceiverEvent::Decide`]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
