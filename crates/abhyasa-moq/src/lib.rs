@@ -18,6 +18,8 @@ pub mod identity;
 #[cfg(feature = "impair")]
 pub mod impaired;
 pub mod relay;
+#[cfg(feature = "moq-relay-process")]
+pub mod relay_process;
 pub mod session;
 pub(crate) mod setup;
 pub mod signed;
@@ -32,7 +34,9 @@ pub use endpoint::{
 pub use identity::{agent_of, read_certificate, Ca, Identity, IdentityError};
 #[cfg(feature = "impair")]
 pub use impaired::ImpairmentHandle;
-pub use relay::{moq_relay_binary, MoqRelayProcess, RelayEvent, RelaySession};
+pub use relay::{RelayEvent, RelaySession};
+#[cfg(feature = "moq-relay-process")]
+pub use relay_process::{moq_relay_binary, MoqRelayProcess};
 pub use session::{
     namespace, Accepted, SendError, Session, SessionError, SessionEvent, SessionLimits, Track,
 };

@@ -130,7 +130,7 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
     let open = {
         let (path, config, backend) = (db_path.clone(), b.store.clone(), b.backend.clone());
         move || match &backend {
-            Some(disk) => Store::open_backend(disk.clone(), config.clone()),
+            Some(open) => open(config.clone()),
             None => Store::open(&path, config.clone()),
         }
     };

@@ -30,6 +30,7 @@ pub mod policy;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use abhyasa_custody::{CustodianConfig, PrincipalState, ReceiverConfig};
@@ -359,6 +360,11 @@ impl IssueHandle {
     }
 }
 
+/// Opens the store on a caller's backend ([`NodeBuilder::store_backend`]).
+type OpenBackend = Arc<
+    dyn Fn(StoreConfig) -> Result<abhyasa_store::Store, abhyasa_store::StoreError> + Send + Sync,
+>;
+
 /// Builds a [`Node`].
 pub struct NodeBuilder {
     identity: Identity,
@@ -374,7 +380,7 @@ pub struct NodeBuilder {
     group: GroupConfig,
     #[cfg(feature = "impair")]
     impairment: Option<(abhyasa_netem::Impairment, u64)>,
-    backend: Option<abhyasa_store::fault::FaultyBackend>,
+    backend: Option<OpenBackend>,
     ledger: Option<ledger::LedgerSetup>,
     maintenance: Duration,
     limits: Limits,
@@ -418,13 +424,17 @@ impl NodeBuilder {
         self
     }
 
-    /// Keeps the store on `backend` instead of `<state_dir>/node.redb` (tests: a disk that
-    /// fails on cue, e.g. [`FaultPlan::NoSpace`](abhyasa_store::fault::FaultPlan)). The
-    /// state directory still holds nothing else of the store; a reopen after a failed commit
-    /// reopens the same backend.
-    #[doc(hidden)]
-    pub fn store_backend(mut self, backend: abhyasa_store::fault::FaultyBackend) -> Self {
-        self.backend = Some(backend);
+    /// Keeps the store on `backend` instead of `<state_dir>/node.redb`: memory, or (in tests) a
+    /// disk that fails on cue (`abhyasa_testkit::fault`). The state directory then holds none
+    /// of the store. A reopen after a failed commit opens a clone of `backend`, so a backend
+    /// whose clones share one disk reopens what that disk kept.
+    pub fn store_backend<B>(mut self, backend: B) -> Self
+    where
+        B: abhyasa_store::StorageBackend + Clone + Sync,
+    {
+        self.backend = Some(Arc::new(move |config| {
+            abhyasa_store::Store::open_backend(backend.clone(), config)
+        }));
         self
     }
 

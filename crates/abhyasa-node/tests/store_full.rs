@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use abhyasa_moq::Ca;
 use abhyasa_node::{Node, NodeError};
-use abhyasa_store::fault::{FaultPlan, FaultyBackend};
+use abhyasa_testkit::fault::{FaultPlan, FaultyBackend};
 use abhyasa_wire::Outcome;
 use common::{custodian, free_addr, id, revoke};
 

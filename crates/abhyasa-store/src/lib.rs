@@ -59,7 +59,6 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod events;
-pub mod fault;
 mod group;
 mod rows;
 mod tables;
@@ -77,8 +76,7 @@ use abhyasa_wire::{
     TerminalRecord, TokenId, UnixMillis, WeightKey,
 };
 use redb::{
-    Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, StorageBackend,
-    WriteTransaction,
+    Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, WriteTransaction,
 };
 
 /// One row of the receiver's apply log.
@@ -91,6 +89,8 @@ pub struct AppliedEntry {
     /// How many earlier applies of the same id the log holds (0 unless applied twice).
     pub earlier: u32,
 }
+
+pub use redb::StorageBackend;
 
 pub use events::{LeaseSide, OperatorEvent, OutboxEntry};
 pub use group::{GroupCommit, GroupConfig, GroupError, GroupStats, MaintenanceTicket, Ticket};
@@ -337,7 +337,8 @@ impl Store {
         Self::init(db, config)
     }
 
-    /// Opens (or creates) a database on a custom backend (tests inject faults here).
+    /// Opens (or creates) a database on a custom backend: memory, or a disk that fails on cue
+    /// (`abhyasa_testkit::fault`, in tests).
     pub fn open_backend(
         backend: impl StorageBackend,
         config: StoreConfig,

@@ -7,7 +7,7 @@ use abhyasa_wire::{
 };
 
 use super::*;
-use crate::fault::{FaultPlan, FaultyBackend};
+use abhyasa_testkit::fault::{FaultPlan, FaultyBackend};
 
 fn p() -> AgentId {
     AgentId::new("p").unwrap()

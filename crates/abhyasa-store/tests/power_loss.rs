@@ -18,8 +18,8 @@ use abhyasa_custody::{
     kinds, Custodian, CustodianConfig, CustodianEvent, CustodianRecord, Receiver, ReceiverConfig,
     ReceiverRecord,
 };
-use abhyasa_store::fault::{FaultPlan, FaultyBackend};
 use abhyasa_store::{Op, Store, StoreConfig};
+use abhyasa_testkit::fault::{FaultPlan, FaultyBackend};
 use abhyasa_wire::{
     AgentId, BeliefUpdatePayload, ClientId, ConsentDecision, ConsentPayload, CustodyAck,
     Obligation, ObligationId, Outcome, Payload, Scope, TokenAction, TokenId, TokenPayload,

@@ -1,10 +1,12 @@
 //! Fixtures the tests and benchmarks of every crate share: names, the clock, free loopback
-//! ports, obligations, short custody timers and a poll with a deadline. A dev-dependency only:
-//! no crate a user links depends on it.
+//! ports, obligations, short custody timers, a poll with a deadline, and a disk that fails on
+//! cue ([`fault`]). A dev-dependency only: no crate a user links depends on it.
 //!
 //! Fixtures panic on failure (a test that cannot bind a loopback port has nothing to test).
 
 #![warn(missing_docs)]
+
+pub mod fault;
 
 use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
