@@ -16,7 +16,8 @@ use abhyasa_mcp::{
     PrincipalClient, ToolBudget, META_PERMIT,
 };
 use abhyasa_moq::{Ca, Identity, Signer};
-use abhyasa_node::{Executor, LedgerCommand, LedgerReply, LedgerSetup, Node};
+use abhyasa_node::{Executor, LedgerCommand, LedgerReply, LedgerSetup, Limits, Node, NodeError};
+use abhyasa_testkit::fault::{FaultPlan, FaultyBackend};
 use abhyasa_wire::{encode, UnixMillis};
 use rmcp::model::{CallToolRequestParams, CallToolResult, RequestMetaObject};
 use rmcp::service::RunningService;
@@ -316,12 +317,13 @@ async fn a_second_permit_is_a_second_run_and_a_reused_key_for_another_call_is_re
     assert_eq!(f.runs.load(Ordering::SeqCst), 2);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_callers_node_reserves_carries_the_permit_and_settles_from_the_receipt() {
-    let f = fixture().await;
-    let dir = tempfile::tempdir().unwrap();
-    let principal = Node::builder(ident("principal"))
-        .state_dir(dir.path().join("principal"))
+/// The caller's node: a ledger branch (no gateway) holding the root grant of 100 cents for
+/// travel, and the MCP client to agent-1 over `f`'s session.
+async fn principal_node(
+    f: &Fixture,
+    builder: abhyasa_node::NodeBuilder,
+) -> (Node, PrincipalClient) {
+    let principal = builder
         .ledger(LedgerSetup {
             keys: keyring(),
             executor: None,
@@ -357,6 +359,15 @@ async fn the_callers_node_reserves_carries_the_permit_and_settles_from_the_recei
     )
     .await
     .unwrap();
+    (principal, mcp)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_callers_node_reserves_carries_the_permit_and_settles_from_the_receipt() {
+    let f = fixture().await;
+    let dir = tempfile::tempdir().unwrap();
+    let builder = Node::builder(ident("principal")).state_dir(dir.path().join("principal"));
+    let (principal, mcp) = principal_node(&f, builder).await;
     let book = |to: &str| CallToolRequestParams::new("book").with_arguments(args(to));
 
     let first = mcp
@@ -405,6 +416,65 @@ async fn the_callers_node_reserves_carries_the_permit_and_settles_from_the_recei
         s.operations.iter().filter(|o| o.state == "settled").count(),
         4
     );
+}
+
+/// The caller's disk stops answering: the permit never becomes durable, and the budgeted call
+/// ends with a typed error at the node's deadline instead of waiting for ever (it used to wait
+/// with no deadline). The tool never ran. Once the disk answers, the same key gets its permit
+/// and the call runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_that_never_becomes_durable_ends_no_answer_at_the_deadline() {
+    let f = fixture().await;
+    let dir = tempfile::tempdir().unwrap();
+    let disk = FaultyBackend::new(FaultPlan::None);
+    let within = std::time::Duration::from_millis(300);
+    let builder = Node::builder(ident("principal"))
+        .state_dir(dir.path().join("principal"))
+        .store_backend(disk.clone())
+        .limits(Limits {
+            answer_within: within,
+            ..Limits::default()
+        });
+    let (_principal, mcp) = principal_node(&f, builder).await;
+    let book = CallToolRequestParams::new("book").with_arguments(args("LHR"));
+
+    disk.arm(FaultPlan::Stall);
+    let asked = std::time::Instant::now();
+    let stalled = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        mcp.call_budgeted(book.clone(), CREDIT, OpKey::from_u128(1), &budget()),
+    )
+    .await
+    .expect("the call ends by itself, at its deadline");
+    assert!(
+        matches!(
+            stalled,
+            Err(BudgetedCallError::Ledger(NodeError::NoAnswer { within: w })) if w == within
+        ),
+        "{stalled:?}"
+    );
+    assert!(asked.elapsed() >= within, "ended before its deadline");
+    assert_eq!(f.runs.load(Ordering::SeqCst), 0, "no permit, no run");
+
+    disk.arm(FaultPlan::None);
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let answered = loop {
+        match mcp
+            .call_budgeted(book.clone(), CREDIT, OpKey::from_u128(1), &budget())
+            .await
+        {
+            // The stalled dispatch is still being made: ask again.
+            Err(BudgetedCallError::Ledger(NodeError::IssueAgain { .. }))
+                if std::time::Instant::now() < until =>
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await
+            }
+            other => break other.expect("the same key is answered once the disk answers"),
+        }
+    };
+    assert_eq!(text(&answered.result), "book ran");
+    assert_eq!(answered.state, "settled");
+    assert_eq!(f.runs.load(Ordering::SeqCst), 1);
 }
 
 /// A branch for `who` whose clock reads `at`: its permits expire `ttl_ms` after that.

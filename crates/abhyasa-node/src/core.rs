@@ -466,6 +466,7 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         custodian: b.custodian,
         ports,
         keeps_events: b.store.events,
+        answer_within: b.limits.answer_within,
         metrics,
     })
 }

@@ -166,6 +166,14 @@ pub enum NodeError {
     /// The node has stopped.
     #[error("the node has stopped")]
     Stopped,
+    /// An answer that needs the store (a ledger step made durable, a read of durable state)
+    /// did not come within [`Limits::answer_within`]: the disk is slow or hung. A ledger step
+    /// may still land: ask again with the same key.
+    #[error("no answer from the store within {within:?}; ask again (with the same key)")]
+    NoAnswer {
+        /// The deadline that passed.
+        within: Duration,
+    },
 }
 
 /// Terminal records and escalations a [`Status`] carries at most (the most recent).
@@ -321,6 +329,14 @@ pub struct Limits {
     /// response timeout, a ledger branch resends on its period. That peer is slowed, the
     /// others are not. 0: no limit.
     pub requests_per_second_per_peer: u32,
+    /// How long a caller waits for an answer that needs the store: a ledger step made durable
+    /// ([`Node::ledger`], a permit for a binding, a gateway's acceptance or receipt) or a read
+    /// of durable state ([`Node::status`], [`Node::honours`], [`Node::applied`],
+    /// [`Node::governed_by`]), and an issue's admission ([`Node::issue`]). Past it the call ends [`NodeError::NoAnswer`] — a disk that
+    /// stopped answering holds the caller no longer. A ledger step or an issue may still
+    /// land: asking again with the same key (the same obligation) answers what it made (a
+    /// reservation stays charged until then: nothing is lost).
+    pub answer_within: Duration,
 }
 
 impl Default for Limits {
@@ -329,6 +345,7 @@ impl Default for Limits {
             sessions_per_peer: 4,
             session: abhyasa_moq::SessionLimits::default(),
             requests_per_second_per_peer: 50_000,
+            answer_within: Duration::from_secs(30),
         }
     }
 }
@@ -566,6 +583,7 @@ pub struct Node {
     ports: abhyasa_moq::Ports,
     keeps_events: bool,
     metrics: metrics::NodeMetrics,
+    answer_within: Duration,
 }
 
 impl Node {
@@ -631,7 +649,27 @@ impl Node {
             .send(Command::Ledger(cmd, tx))
             .await
             .map_err(|_| NodeError::Stopped)?;
-        rx.await.map_err(|_| NodeError::Stopped)?
+        self.within_deadline(async { rx.await.map_err(|_| NodeError::Stopped)? })
+            .await
+    }
+
+    /// `answer`, or [`NodeError::NoAnswer`] past [`Limits::answer_within`].
+    async fn within_deadline<T>(
+        &self,
+        answer: impl std::future::Future<Output = Result<T, NodeError>>,
+    ) -> Result<T, NodeError> {
+        tokio::time::timeout(self.answer_within, answer)
+            .await
+            .unwrap_or(Err(NodeError::NoAnswer {
+                within: self.answer_within,
+            }))
+    }
+
+    /// The second half of a two-step answer (taken at once, answered once durable).
+    async fn durable<T>(&self, answer: oneshot::Receiver<T>) -> Result<T, NodeError> {
+        answer.await.map_err(|_| NodeError::IssueAgain {
+            cause: "the node stopped before answering".into(),
+        })
     }
 
     /// Hands this node's gateway a dispatch that arrived on a binding (MCP: the permit rides
@@ -650,11 +688,12 @@ impl Node {
             .send(Command::GatewayDispatch(from, Box::new(permit), effect, tx))
             .await
             .map_err(|_| NodeError::Stopped)?;
-        let answer = rx.await.map_err(|_| NodeError::Stopped)??;
-        // Dropped only when a commit of unknown outcome made the node rebuild its ledger.
-        answer.await.map_err(|_| NodeError::IssueAgain {
-            cause: "the node stopped before answering".into(),
+        self.within_deadline(async {
+            let answer = rx.await.map_err(|_| NodeError::Stopped)??;
+            // Dropped only when a commit of unknown outcome made the node rebuild its ledger.
+            self.durable(answer).await
         })
+        .await
     }
 
     /// The caller's side of a budget-gated call a binding carries: reserves `effect`'s
@@ -674,10 +713,11 @@ impl Node {
             .send(Command::CarriedPermit(credit, effect, gateway, key, tx))
             .await
             .map_err(|_| NodeError::Stopped)?;
-        let permit = rx.await.map_err(|_| NodeError::Stopped)??;
-        permit.await.map_err(|_| NodeError::IssueAgain {
-            cause: "the node stopped before answering".into(),
+        self.within_deadline(async {
+            let permit = rx.await.map_err(|_| NodeError::Stopped)??;
+            self.durable(permit).await
         })
+        .await
     }
 
     /// The effect of a [`GatewayAnswer::Run`] ran and charged `charge` (clamped to the
@@ -693,10 +733,11 @@ impl Node {
             .send(Command::GatewayExecuted(payer, key, charge, tx))
             .await
             .map_err(|_| NodeError::Stopped)?;
-        let receipt = rx.await.map_err(|_| NodeError::Stopped)??;
-        receipt.await.map_err(|_| NodeError::IssueAgain {
-            cause: "the node stopped before answering".into(),
+        self.within_deadline(async {
+            let receipt = rx.await.map_err(|_| NodeError::Stopped)??;
+            self.durable(receipt).await
         })
+        .await
     }
 
     /// The address the node listens on.
@@ -716,7 +757,9 @@ impl Node {
             .send(Command::Issue(obligation, tx, outcome_tx))
             .await
             .map_err(|_| NodeError::Stopped)?;
-        let admission = rx.await.map_err(|_| NodeError::Stopped)??;
+        let admission = self
+            .within_deadline(async { rx.await.map_err(|_| NodeError::Stopped)? })
+            .await?;
         Ok(IssueHandle {
             id,
             admission,
@@ -736,7 +779,8 @@ impl Node {
             .send(Command::Status(tx))
             .await
             .map_err(|_| NodeError::Stopped)?;
-        rx.await.map_err(|_| NodeError::Stopped)
+        self.within_deadline(async { rx.await.map_err(|_| NodeError::Stopped) })
+            .await
     }
 
     /// What this node, as an agent, must honour — answered from the receiver's durable state
@@ -750,7 +794,8 @@ impl Node {
             .send(Command::Honours(tx))
             .await
             .map_err(|_| NodeError::Stopped)?;
-        rx.await.map_err(|_| NodeError::Stopped)?
+        self.within_deadline(async { rx.await.map_err(|_| NodeError::Stopped)? })
+            .await
     }
 
     /// Asks this node, as principal, whether an agent may exercise a scope or a token is
@@ -868,7 +913,8 @@ impl Node {
             .send(Command::Applied(ids, tx))
             .await
             .map_err(|_| NodeError::Stopped)?;
-        rx.await.map_err(|_| NodeError::Stopped)?
+        self.within_deadline(async { rx.await.map_err(|_| NodeError::Stopped)? })
+            .await
     }
 
     /// The obligation last applied on a governed key (a scope, a weight, a token), from the
@@ -882,7 +928,8 @@ impl Node {
             .send(Command::GovernedBy(key, tx))
             .await
             .map_err(|_| NodeError::Stopped)?;
-        rx.await.map_err(|_| NodeError::Stopped)?
+        self.within_deadline(async { rx.await.map_err(|_| NodeError::Stopped)? })
+            .await
     }
 
     /// Cuts every session with `peer` and refuses it for `duration` (an outage on demand).

@@ -9,7 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use abhyasa_moq::Ca;
-use abhyasa_node::{Node, NodeError};
+use abhyasa_node::{Limits, Node, NodeError};
 use abhyasa_testkit::fault::{FaultPlan, FaultyBackend};
 use abhyasa_wire::Outcome;
 use common::{custodian, free_addr, id, revoke};
@@ -110,4 +110,90 @@ async fn a_store_without_space_refuses_clearly_answers_status_and_recovers() {
             .any(|t| t.obligation_id == abhyasa_wire::ObligationId::from_u128(1)),
         "the obligation applied before the disk filled is still recorded"
     );
+}
+
+/// A hung disk is a deadline, not a silence: with its store's syncs stalled
+/// (`FaultPlan::Stall`), a principal answers `status`, `honours` and `issue` with
+/// `NodeError::NoAnswer` once `answer_within` has passed, instead of never. Another node on
+/// the same runtime goes on answering, and dropping the stalled node returns. Once the disk answers, the same obligation issued again
+/// is taken and applied, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_disk_is_answered_at_the_deadline_and_holds_no_one_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate("t").unwrap();
+    let (p, a) = (id("principal"), id("agent-1"));
+    let a_addr = free_addr();
+    let agent = Node::builder(ca.issue(&a).unwrap())
+        .listen(a_addr)
+        .state_dir(dir.path().join("a"))
+        .build()
+        .await
+        .unwrap();
+    let disk = FaultyBackend::new(FaultPlan::None);
+    let within = Duration::from_millis(300);
+    let principal = Node::builder(ca.issue(&p).unwrap())
+        .peer(a.clone(), a_addr)
+        .state_dir(dir.path().join("p"))
+        .store_backend(disk.clone())
+        .custodian(custodian())
+        .limits(Limits {
+            answer_within: within,
+            ..Limits::default()
+        })
+        .build()
+        .await
+        .unwrap();
+    // Each call must end by itself; a call past 10 s is a hang.
+    let ends = Duration::from_secs(10);
+
+    disk.arm(FaultPlan::Stall);
+    let asked = Instant::now();
+    let issued = tokio::time::timeout(ends, principal.issue(revoke(1, &a, 30_000)))
+        .await
+        .expect("issue ends by itself");
+    assert!(no_answer(&issued, within), "{:?}", issued.map(|h| h.id()));
+    assert!(asked.elapsed() >= within, "ended before its deadline");
+    let status = tokio::time::timeout(ends, principal.status())
+        .await
+        .expect("status ends by itself");
+    assert!(no_answer(&status, within), "{:?}", status.map(|s| s.at));
+    let honours = tokio::time::timeout(ends, principal.honours())
+        .await
+        .expect("honours ends by itself");
+    assert!(no_answer(&honours, within), "{honours:?}");
+    // Nothing else on this runtime waits on that disk: the agent answers at once.
+    let other = tokio::time::timeout(ends, agent.status())
+        .await
+        .expect("the other node answers")
+        .unwrap();
+    assert_eq!(other.agent, a);
+
+    // The disk answers: the same obligation issued again is taken (or found taken), and
+    // applied once.
+    disk.arm(FaultPlan::None);
+    let h = tokio::time::timeout(ends, principal.issue(revoke(1, &a, 30_000)))
+        .await
+        .expect("issue ends by itself")
+        .expect("taken once the disk answers");
+    let (record, _) = tokio::time::timeout(ends, h.outcome())
+        .await
+        .expect("an outcome in time")
+        .expect("the node runs");
+    assert_eq!(record.outcome, Outcome::Applied);
+    assert!(principal.status().await.unwrap().pending.is_empty());
+
+    // Dropping a node whose disk hangs returns (its writer is left to finish on its own).
+    disk.arm(FaultPlan::Stall);
+    let stalled = tokio::time::timeout(ends, principal.issue(revoke(2, &a, 30_000))).await;
+    assert!(matches!(stalled, Ok(Err(NodeError::NoAnswer { .. }))));
+    let dropped = tokio::task::spawn_blocking(move || drop(principal));
+    tokio::time::timeout(Duration::from_secs(30), dropped)
+        .await
+        .expect("dropping the stalled node returns")
+        .unwrap();
+    disk.arm(FaultPlan::None);
+}
+
+fn no_answer<T>(r: &Result<T, NodeError>, within: Duration) -> bool {
+    matches!(r, Err(NodeError::NoAnswer { within: w }) if *w == within)
 }

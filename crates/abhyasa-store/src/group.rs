@@ -28,6 +28,11 @@ pub struct GroupConfig {
     /// Longest a batch lingers for company after taking what is already queued (0, the
     /// default: commit at once — requests that arrive during a commit batch by themselves).
     pub max_delay: Duration,
+    /// How long dropping the writer waits for the commit under way (default 10 s). A writer
+    /// stuck past it (a disk that stopped answering syncs) is left to finish on its own
+    /// thread rather than hang whoever drops it — often a runtime thread; the store stays
+    /// open until it does.
+    pub drop_wait: Duration,
 }
 
 impl Default for GroupConfig {
@@ -35,6 +40,7 @@ impl Default for GroupConfig {
         Self {
             max_ops: 4_096,
             max_delay: Duration::ZERO,
+            drop_wait: Duration::from_secs(10),
         }
     }
 }
@@ -105,6 +111,9 @@ impl MaintenanceTicket {
 pub struct GroupCommit {
     tx: Option<Sender<Request>>,
     worker: Option<JoinHandle<Option<Store>>>,
+    /// Disconnected when the writer thread has returned (its sender dropped).
+    exited: std::sync::Mutex<Receiver<()>>,
+    drop_wait: Duration,
     stats: Arc<GroupStats>,
 }
 
@@ -119,13 +128,20 @@ impl GroupCommit {
         let (tx, rx) = mpsc::channel();
         let stats = Arc::new(GroupStats::default());
         let worker_stats = Arc::clone(&stats);
+        let (exiting, exited) = mpsc::sync_channel(0);
+        let drop_wait = config.drop_wait;
         let worker = std::thread::Builder::new()
             .name("abhyasa-store".into())
-            .spawn(move || run(store, config, Box::new(reopen), &rx, &worker_stats))
+            .spawn(move || {
+                let _exiting = exiting;
+                run(store, config, Box::new(reopen), &rx, &worker_stats)
+            })
             .expect("spawning the store writer thread");
         Self {
             tx: Some(tx),
             worker: Some(worker),
+            exited: std::sync::Mutex::new(exited),
+            drop_wait,
             stats,
         }
     }
@@ -201,10 +217,19 @@ impl GroupCommit {
 }
 
 impl Drop for GroupCommit {
+    /// Stops the writer: what is queued is committed, and the store closed, before the drop
+    /// returns — unless that takes longer than [`GroupConfig::drop_wait`] (a hung disk); then
+    /// the writer is left to finish on its own thread and the store stays open until it does.
     fn drop(&mut self) {
         self.tx.take();
         if let Some(w) = self.worker.take() {
-            let _ = w.join();
+            let exited = self.exited.get_mut().unwrap_or_else(|e| e.into_inner());
+            match exited.recv_timeout(self.drop_wait) {
+                Err(RecvTimeoutError::Timeout) => drop(w),
+                _ => {
+                    let _ = w.join();
+                }
+            }
         }
     }
 }

@@ -358,6 +358,7 @@ fn group_commit_batches_concurrent_writers() {
         GroupConfig {
             max_ops: 1_000,
             max_delay: Duration::from_millis(5),
+            ..GroupConfig::default()
         },
         || Err(StoreError::Poisoned),
     ));
@@ -389,6 +390,44 @@ fn group_commit_batches_concurrent_writers() {
     );
     let pending = group.read(|s| s.pending().unwrap().len()).unwrap();
     assert_eq!(pending, 200);
+}
+
+/// Dropping the writer waits for the commit under way — unless the disk stopped answering:
+/// then the drop returns after `drop_wait` instead of hanging whoever drops it (a node's core
+/// task, on a runtime thread), and the commit finishes when the disk answers.
+#[test]
+fn dropping_the_writer_over_a_hung_disk_returns_after_its_wait() {
+    let (store, disk) = memory_store();
+    let group = GroupCommit::spawn(
+        store,
+        GroupConfig {
+            drop_wait: Duration::from_millis(200),
+            ..GroupConfig::default()
+        },
+        || Err(StoreError::Poisoned),
+    );
+    let mut c = Custodian::new(p(), CustodianConfig::default(), 1);
+    c.issue(UnixMillis(0), revoke_token(1)).unwrap();
+    let rec = c.poll_persist().unwrap();
+    disk.arm(FaultPlan::Stall);
+    let syncs = disk.syncs();
+    let ticket = group.submit(vec![Op::Custodian(rec.record)]);
+    let (dropped, returned) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        drop(group);
+        let _ = dropped.send(());
+    });
+    returned
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the drop returns though the disk hangs");
+    assert_eq!(disk.syncs(), syncs, "the commit is still stalled");
+    disk.arm(FaultPlan::None);
+    assert_eq!(
+        ticket.wait(),
+        Ok(()),
+        "the commit lands once the disk answers"
+    );
+    assert!(disk.syncs() > syncs, "the stalled commit synced");
 }
 
 #[test]

@@ -12,10 +12,14 @@
 //!   [`FaultyBackend::arm`] sets another plan. What a full file system does to a store,
 //!   without a file system.
 //!
+//! - [`FaultPlan::Stall`]: the device stops answering syncs (a hung disk, a lost network
+//!   volume): every sync waits, and nothing it would persist is durable, until
+//!   [`FaultyBackend::arm`] sets another plan.
+//!
 //! [`FaultyBackend::power_cycle`] gives a fresh backend on the surviving durable image.
 
 use std::io;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use redb::StorageBackend;
 
@@ -30,6 +34,8 @@ pub enum FaultPlan {
     FailSync(u64),
     /// Full: writes, growth and syncs fail with ENOSPC until another plan is armed.
     NoSpace,
+    /// Hung: syncs wait until another plan is armed.
+    Stall,
 }
 
 #[derive(Debug)]
@@ -49,7 +55,14 @@ const BLOCK: u64 = 4096;
 
 /// The backend. Clones share one disk, so a test keeps a handle while redb owns another.
 #[derive(Clone, Debug)]
-pub struct FaultyBackend(Arc<Mutex<Disk>>);
+pub struct FaultyBackend(Arc<Shared>);
+
+#[derive(Debug)]
+struct Shared {
+    disk: Mutex<Disk>,
+    /// Signalled when a plan is armed (a stalled sync waits on it).
+    armed: Condvar,
+}
 
 impl FaultyBackend {
     /// An empty disk with a fault plan.
@@ -59,15 +72,18 @@ impl FaultyBackend {
 
     fn with_image(image: Vec<u8>, plan: FaultPlan) -> Self {
         let image_len = image.len() as u64;
-        Self(Arc::new(Mutex::new(Disk {
-            volatile: image.clone(),
-            durable: image,
-            syncs: 0,
-            plan,
-            dead: false,
-            refused: 0,
-            written: (0..image_len.div_ceil(BLOCK)).collect(),
-        })))
+        Self(Arc::new(Shared {
+            disk: Mutex::new(Disk {
+                volatile: image.clone(),
+                durable: image,
+                syncs: 0,
+                plan,
+                dead: false,
+                refused: 0,
+                written: (0..image_len.div_ceil(BLOCK)).collect(),
+            }),
+            armed: Condvar::new(),
+        }))
     }
 
     /// A fresh backend on what survived (the durable image), with a new fault plan.
@@ -84,7 +100,10 @@ impl FaultyBackend {
             FaultPlan::PowerLossAfterSync(n) => FaultPlan::PowerLossAfterSync(base + n),
             FaultPlan::FailSync(n) => FaultPlan::FailSync(base + n),
             FaultPlan::NoSpace => FaultPlan::NoSpace,
+            FaultPlan::Stall => FaultPlan::Stall,
         };
+        drop(disk);
+        self.0.armed.notify_all();
     }
 
     /// Writes, growths and syncs refused for want of space so far.
@@ -105,7 +124,7 @@ impl FaultyBackend {
     fn disk(&self) -> MutexGuard<'_, Disk> {
         // A panic while holding the lock cannot leave the images half-written: every
         // mutation below is a single assignment or copy.
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.0.disk.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -161,6 +180,9 @@ impl StorageBackend for FaultyBackend {
 
     fn sync_data(&self) -> Result<(), io::Error> {
         let mut disk = self.disk();
+        while disk.plan == FaultPlan::Stall {
+            disk = self.0.armed.wait(disk).unwrap_or_else(|e| e.into_inner());
+        }
         if disk.dead {
             return Err(dead());
         }

@@ -353,6 +353,9 @@ pub(super) struct LimitsConfig {
     /// Objects (obligations on any binding, ledger messages) one peer may hand in per
     /// second; past it they are dropped unread and sent again later. 0: no limit.
     pub(super) requests_per_second_per_peer: u32,
+    /// How long a ledger request waits for its durable answer, ms; past it the request
+    /// fails `no durable answer` (ask again with the same key).
+    pub(super) answer_within_ms: u64,
     /// How long terminal records, escalations and notes are kept, ms.
     pub(super) history_retention_ms: u64,
     /// Most terminal records kept (the oldest go first).
@@ -379,6 +382,7 @@ impl Default for LimitsConfig {
             requests_per_session: n.session.max_requests,
             objects_per_group: n.session.max_objects_per_group,
             requests_per_second_per_peer: n.requests_per_second_per_peer,
+            answer_within_ms: n.answer_within.as_millis() as u64,
             history_retention_ms: s.retention_ms,
             max_terminal_records: s.max_terminal,
             store_cache_bytes: s.cache_bytes,
@@ -399,6 +403,7 @@ impl LimitsConfig {
             ("sessions_per_peer", self.sessions_per_peer as u64),
             ("objects_per_group", self.objects_per_group as u64),
             ("max_terminal_records", self.max_terminal_records),
+            ("answer_within_ms", self.answer_within_ms),
         ];
         for (name, value) in counts {
             if value == 0 {

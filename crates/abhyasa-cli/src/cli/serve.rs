@@ -167,6 +167,7 @@ pub(super) async fn build_node(config: &NodeConfig) -> Result<Node> {
                 max_objects_per_group: config.limits.objects_per_group,
             },
             requests_per_second_per_peer: config.limits.requests_per_second_per_peer,
+            answer_within: Duration::from_millis(config.limits.answer_within_ms),
         })
         .maintenance(Duration::from_millis(config.custody.maintenance_ms));
     config.check()?;

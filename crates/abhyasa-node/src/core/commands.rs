@@ -102,44 +102,27 @@ impl Core {
                 }
             }
             Command::Status(reply) => {
-                // Bounded reads: a status costs the same with a million records kept.
-                let stored = self.group.read(|s| {
-                    (
-                        s.recent_terminal(crate::STATUS_RECENT).unwrap_or_default(),
-                        s.recent_escalations(crate::STATUS_RECENT)
-                            .unwrap_or_default(),
-                        s.receiver_state().clone(),
-                        s.recent_applied(crate::STATUS_APPLIED).unwrap_or_default(),
-                        s.outbox_len().unwrap_or_default(),
-                        s.apply_log_len().unwrap_or_default(),
-                    )
+                // The in-memory part now; the stored part on the writer, between commits (a
+                // disk that hangs holds the answer, never this loop). Bounded reads: a status
+                // costs the same with a million records kept.
+                let mut status = AnswerOnDrop(Some((self.status_in_memory(), reply)));
+                let read = self.group.read_then(move |s| {
+                    if let Some((status, _)) = status.0.as_mut() {
+                        status.recent = s.recent_terminal(crate::STATUS_RECENT).unwrap_or_default();
+                        status.escalations = s
+                            .recent_escalations(crate::STATUS_RECENT)
+                            .unwrap_or_default();
+                        status.honours = s.receiver_state().clone();
+                        status.applied =
+                            s.recent_applied(crate::STATUS_APPLIED).unwrap_or_default();
+                        status.outbox = s.outbox_len().unwrap_or_default();
+                        status.applied_total = s.apply_log_len().unwrap_or_default();
+                    }
                 });
-                let (recent, escalations, honours, applied, outbox, applied_total) =
-                    stored.unwrap_or_default();
-                let _ = reply.send(Status {
-                    agent: self.agent.clone(),
-                    at: self.clock.now(),
-                    pending: self
-                        .machine
-                        .custodian()
-                        .pending()
-                        .map(|(o, n)| (o.clone(), n))
-                        .collect(),
-                    recent,
-                    escalations,
-                    principal: self.machine.custodian().principal().clone(),
-                    honours,
-                    receiver_held: self.machine.receiver().held(),
-                    applied,
-                    peers: self.sessions.keys().cloned().collect(),
-                    slowed: self.machine.slowed().clone(),
-                    unverified: self.unverified.clone(),
-                    sent: self.sent,
-                    store_full: self.refuse_new_work().map(|e| e.to_string()),
-                    outbox,
-                    store_bytes: std::fs::metadata(&self.db_path).ok().map(|m| m.len()),
-                    applied_total,
-                });
+                if let Err(e) = read {
+                    // Answered from memory alone (the guard, dropped unrun).
+                    debug!(%e, "status: the store's writer has stopped");
+                }
             }
             Command::Outbox(after, limit, reply) => {
                 let read = self.group.read_then(move |s| {
@@ -154,29 +137,12 @@ impl Core {
                 self.outbox.replies.push(reply);
             }
             Command::Decide(ask, reply) => self.decide(&ask, reply),
-            Command::Honours(reply) => {
-                let state = self.group.read(|s| s.receiver_state().clone());
-                let _ = reply.send(state.map_err(NodeError::from));
-            }
-            Command::Applied(ids, reply) => {
-                let found = self.group.read(move |s| {
-                    ids.into_iter()
-                        .map(|id| s.is_applied(id))
-                        .collect::<Result<Vec<_>, _>>()
-                });
-                let _ = reply.send(match found {
-                    Ok(Ok(v)) => Ok(v),
-                    Ok(Err(e)) => Err(e.into()),
-                    Err(e) => Err(e.into()),
-                });
-            }
+            Command::Honours(reply) => self.read_durable(reply, |s| Ok(s.receiver_state().clone())),
+            Command::Applied(ids, reply) => self.read_durable(reply, move |s| {
+                ids.into_iter().map(|id| s.is_applied(id)).collect()
+            }),
             Command::GovernedBy(key, reply) => {
-                let found = self.group.read(move |s| s.governed_by(&key));
-                let _ = reply.send(match found {
-                    Ok(Ok(id)) => Ok(id),
-                    Ok(Err(e)) => Err(e.into()),
-                    Err(e) => Err(e.into()),
-                });
+                self.read_durable(reply, move |s| s.governed_by(&key))
             }
             Command::Dial(path, peer, addr, reply) => {
                 // Dialed off the core task; the endpoint lives in the core, so a stopped
@@ -337,6 +303,63 @@ impl Core {
                     }
                 }
             },
+        }
+    }
+
+    /// The status as memory holds it; the stored part (recent records, escalations, what is
+    /// honoured, the outbox) left empty for the writer to fill.
+    fn status_in_memory(&self) -> Status {
+        Status {
+            agent: self.agent.clone(),
+            at: self.clock.now(),
+            pending: self
+                .machine
+                .custodian()
+                .pending()
+                .map(|(o, n)| (o.clone(), n))
+                .collect(),
+            recent: Vec::new(),
+            escalations: Vec::new(),
+            principal: self.machine.custodian().principal().clone(),
+            honours: Default::default(),
+            receiver_held: self.machine.receiver().held(),
+            applied: Vec::new(),
+            peers: self.sessions.keys().cloned().collect(),
+            slowed: self.machine.slowed().clone(),
+            unverified: self.unverified.clone(),
+            sent: self.sent,
+            store_full: self.refuse_new_work().map(|e| e.to_string()),
+            outbox: 0,
+            store_bytes: std::fs::metadata(&self.db_path).ok().map(|m| m.len()),
+            applied_total: 0,
+        }
+    }
+
+    /// Answers `reply` with `f` read on the store's writer, between commits, without waiting
+    /// here: a disk that hangs holds that answer (the caller's deadline ends it), never this
+    /// loop. If the writer has stopped, `reply` is dropped: the caller hears the node stopped.
+    fn read_durable<T: Send + 'static>(
+        &self,
+        reply: tokio::sync::oneshot::Sender<Result<T, NodeError>>,
+        f: impl FnOnce(&Store) -> Result<T, abhyasa_store::StoreError> + Send + 'static,
+    ) {
+        let read = self.group.read_then(move |s| {
+            let _ = reply.send(f(s).map_err(NodeError::from));
+        });
+        if let Err(e) = read {
+            debug!(%e, "read: the store's writer has stopped");
+        }
+    }
+}
+
+/// An answer sent when dropped: filled in on the writer thread if it runs, sent as it stands
+/// if the writer has stopped and drops it unrun.
+struct AnswerOnDrop<T>(Option<(T, tokio::sync::oneshot::Sender<T>)>);
+
+impl<T> Drop for AnswerOnDrop<T> {
+    fn drop(&mut self) {
+        if let Some((answer, reply)) = self.0.take() {
+            let _ = reply.send(answer);
         }
     }
 }
