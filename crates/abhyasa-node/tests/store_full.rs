@@ -17,24 +17,8 @@ use common::{custodian, free_addr, id, revoke};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_without_space_refuses_clearly_answers_status_and_recovers() {
     let dir = tempfile::tempdir().unwrap();
-    let ca = Ca::generate("t").unwrap();
-    let (p, a) = (id("principal"), id("agent-1"));
-    let a_addr = free_addr();
-    let _agent = Node::builder(ca.issue(&a).unwrap())
-        .listen(a_addr)
-        .state_dir(dir.path().join("a"))
-        .build()
-        .await
-        .unwrap();
-    let disk = FaultyBackend::new(FaultPlan::None);
-    let principal = Node::builder(ca.issue(&p).unwrap())
-        .peer(a.clone(), a_addr)
-        .state_dir(dir.path().join("p"))
-        .store_backend(disk.clone())
-        .custodian(custodian())
-        .build()
-        .await
-        .unwrap();
+    let a = id("agent-1");
+    let (_agent, principal, disk) = on_a_faulty_disk(dir.path(), Limits::default()).await;
     let applied = |h: abhyasa_node::IssueHandle| async move {
         let (record, _) = tokio::time::timeout(Duration::from_secs(10), h.outcome())
             .await
@@ -115,34 +99,18 @@ async fn a_store_without_space_refuses_clearly_answers_status_and_recovers() {
 /// A hung disk is a deadline, not a silence: with its store's syncs stalled
 /// (`FaultPlan::Stall`), a principal answers `status`, `honours` and `issue` with
 /// `NodeError::NoAnswer` once `answer_within` has passed, instead of never. Another node on
-/// the same runtime goes on answering, and dropping the stalled node returns. Once the disk answers, the same obligation issued again
-/// is taken and applied, once.
+/// the same runtime goes on answering, and dropping the stalled node returns. Once the disk
+/// answers, the same obligation issued again is taken and applied, once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_disk_is_answered_at_the_deadline_and_holds_no_one_else() {
     let dir = tempfile::tempdir().unwrap();
-    let ca = Ca::generate("t").unwrap();
-    let (p, a) = (id("principal"), id("agent-1"));
-    let a_addr = free_addr();
-    let agent = Node::builder(ca.issue(&a).unwrap())
-        .listen(a_addr)
-        .state_dir(dir.path().join("a"))
-        .build()
-        .await
-        .unwrap();
-    let disk = FaultyBackend::new(FaultPlan::None);
+    let a = id("agent-1");
     let within = Duration::from_millis(300);
-    let principal = Node::builder(ca.issue(&p).unwrap())
-        .peer(a.clone(), a_addr)
-        .state_dir(dir.path().join("p"))
-        .store_backend(disk.clone())
-        .custodian(custodian())
-        .limits(Limits {
-            answer_within: within,
-            ..Limits::default()
-        })
-        .build()
-        .await
-        .unwrap();
+    let limits = Limits {
+        answer_within: within,
+        ..Limits::default()
+    };
+    let (agent, principal, disk) = on_a_faulty_disk(dir.path(), limits).await;
     // Each call must end by itself; a call past 10 s is a hang.
     let ends = Duration::from_secs(10);
 
@@ -196,4 +164,29 @@ async fn a_hung_disk_is_answered_at_the_deadline_and_holds_no_one_else() {
 
 fn no_answer<T>(r: &Result<T, NodeError>, within: Duration) -> bool {
     matches!(r, Err(NodeError::NoAnswer { within: w }) if *w == within)
+}
+
+/// An agent on its own files, and a principal peered with it whose store is on a disk that
+/// fails on cue (no fault armed yet).
+async fn on_a_faulty_disk(dir: &std::path::Path, limits: Limits) -> (Node, Node, FaultyBackend) {
+    let ca = Ca::generate("t").unwrap();
+    let (p, a) = (id("principal"), id("agent-1"));
+    let a_addr = free_addr();
+    let agent = Node::builder(ca.issue(&a).unwrap())
+        .listen(a_addr)
+        .state_dir(dir.join("a"))
+        .build()
+        .await
+        .unwrap();
+    let disk = FaultyBackend::new(FaultPlan::None);
+    let principal = Node::builder(ca.issue(&p).unwrap())
+        .peer(a, a_addr)
+        .state_dir(dir.join("p"))
+        .store_backend(disk.clone())
+        .custodian(custodian())
+        .limits(limits)
+        .build()
+        .await
+        .unwrap();
+    (agent, principal, disk)
 }
