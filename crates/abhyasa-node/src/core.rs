@@ -151,6 +151,8 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         }
         None => (None, None),
     };
+    // `..default()` fills the `mutation` field the `mutants` feature adds (none otherwise).
+    #[allow(clippy::needless_update)]
     let machine = NodeMachine::new(
         t,
         MachineConfig {

@@ -362,6 +362,8 @@ impl LedgerPart {
                 ));
             }
         }
+        // `..default()` fills the `mutation` field the `mutants` feature adds (none otherwise).
+        #[allow(clippy::needless_update)]
         let config = BranchConfig {
             resend_ms: setup.resend_ms,
             max_journal_steps: setup.max_journal_steps,
