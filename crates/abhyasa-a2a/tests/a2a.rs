@@ -18,10 +18,7 @@ use abhyasa_wire::{
 };
 
 fn free_tcp() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
+    SocketAddr::from(([127, 0, 0, 1], abhyasa_testkit::free_tcp()))
 }
 
 fn settings(https: SocketAddr) -> CardSettings {

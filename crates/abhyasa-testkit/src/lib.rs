@@ -30,19 +30,46 @@ pub fn now_ms() -> u64 {
         .as_millis() as u64
 }
 
-/// A loopback UDP address nothing listens on (bound, read, released).
-pub fn free_udp() -> SocketAddr {
-    UdpSocket::bind("127.0.0.1:0")
-        .and_then(|s| s.local_addr())
-        .expect("a loopback UDP port")
+/// Ports handed out by [`free_udp`] and [`free_tcp`] come from below Linux's default ephemeral
+/// range (32768–60999), so no socket bound to port 0 (a QUIC client, another process) can take
+/// one while its owner is down between a SIGKILL and a restart; and this process never hands out
+/// the same port twice, so tests running side by side cannot be given one port.
+const PORTS: std::ops::Range<u16> = 20_000..32_000;
+
+/// The next port of [`PORTS`] for which `free` holds, never one handed out before by this
+/// process. Each process starts at an offset of its own so that test binaries run at the same
+/// time rarely probe the same ports (and a port in use is skipped anyway).
+fn next_port(free: impl Fn(u16) -> bool) -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let span = u32::from(PORTS.end - PORTS.start);
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id().wrapping_mul(7_919) % span,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    for _ in 0..span {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed) % span;
+        let port = PORTS.start + n as u16;
+        if free(port) {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {PORTS:?}")
 }
 
-/// A loopback TCP port nothing listens on (bound, read, released).
+/// A loopback UDP address nothing listens on (probed, released), from outside the ephemeral
+/// range and never handed out before by this process.
+pub fn free_udp() -> SocketAddr {
+    let port = next_port(|p| UdpSocket::bind(("127.0.0.1", p)).is_ok());
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// A loopback TCP port nothing listens on (probed, released), from outside the ephemeral range
+/// and never handed out before by this process.
 pub fn free_tcp() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a loopback TCP port")
-        .port()
+    next_port(|p| TcpListener::bind(("127.0.0.1", p)).is_ok())
 }
 
 /// Polls `f` every 100 ms until it holds; panics naming `what` after `limit`.
@@ -135,5 +162,23 @@ mod tests {
         let a = free_udp();
         assert!(a.ip().is_loopback() && a.port() != 0);
         assert_ne!(free_tcp(), 0);
+    }
+}
+
+#[cfg(test)]
+mod port_tests {
+    use super::*;
+
+    #[test]
+    fn ports_are_never_handed_out_twice_and_are_not_ephemeral() {
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..200 {
+            let udp = free_udp().port();
+            let tcp = free_tcp();
+            for p in [udp, tcp] {
+                assert!(PORTS.contains(&p), "{p} is outside {PORTS:?}");
+                assert!(seen.insert(p), "{p} handed out twice");
+            }
+        }
     }
 }
