@@ -23,6 +23,7 @@ use crate::ledger::{LedgerPart, LedgerReply};
 use crate::{Command, Node, NodeBuilder, NodeError, NodeEvent, Status};
 mod commands;
 mod full;
+mod inflight;
 mod sessions;
 use full::{free_bytes, out_of_space, refuse_while_full, StoreFull};
 pub(crate) use sessions::Checks;
@@ -455,6 +456,7 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         },
         metrics: metrics.clone(),
         issued_at: HashMap::new(),
+        put_off: Default::default(),
     };
     tokio::spawn(core.run(rx, irx));
     Ok(Node {
@@ -543,6 +545,16 @@ struct Core {
     /// When each obligation this process issued was issued (for its discharge latency);
     /// bounded by the pending set.
     issued_at: HashMap<abhyasa_wire::ObligationId, UnixMillis>,
+    /// Commands put off while the core waited on the writer ([`inflight`]).
+    put_off: inflight::PutOff,
+}
+
+/// What woke the core loop.
+enum Woke {
+    /// A command, or `None`: the node's handle was dropped.
+    Command(Option<Command>),
+    Internal(Internal),
+    Timer,
 }
 
 /// Outbox writes waiting for the next commit ([`crate::outbox`]).
@@ -593,42 +605,54 @@ impl Core {
             // pass and raced against steady traffic never completes: the timeouts must not
             // depend on winning that race.)
             let deadline = self.next_deadline();
-            tokio::select! {
-                cmd = rx.recv() => match cmd {
-                    Some(Command::Shutdown(done)) => {
-                        self.flush().await;
+            // Commands put off while a commit was in flight come first, in their order.
+            let woke = match self.put_off.next() {
+                Some(cmd) => Woke::Command(cmd),
+                None => tokio::select! {
+                    cmd = rx.recv() => Woke::Command(cmd),
+                    Some(msg) = irx.recv() => Woke::Internal(msg),
+                    () = tokio::time::sleep_until(deadline) => Woke::Timer,
+                },
+            };
+            match woke {
+                Woke::Command(Some(Command::Shutdown(done))) => {
+                    self.flush(rx).await;
+                    self.stop().await;
+                    return Some(done);
+                }
+                Woke::Command(Some(cmd)) => {
+                    // Take what else is queued before committing: one flush, one commit,
+                    // and one store look-up for all the issues among them.
+                    let mut batch = vec![cmd];
+                    let mut shutdown = None;
+                    while batch.len() < 1_024 {
+                        let Some(next) =
+                            self.put_off.next().or_else(|| rx.try_recv().ok().map(Some))
+                        else {
+                            break;
+                        };
+                        match next {
+                            Some(Command::Shutdown(done)) => {
+                                shutdown = Some(done);
+                                break;
+                            }
+                            Some(cmd) => batch.push(cmd),
+                            None => break,
+                        }
+                    }
+                    self.commands(batch, rx).await;
+                    if let Some(done) = shutdown {
+                        self.flush(rx).await;
                         self.stop().await;
                         return Some(done);
                     }
-                    Some(cmd) => {
-                        // Take what else is queued before committing: one flush, one commit,
-                        // and one store look-up for all the issues among them.
-                        let mut batch = vec![cmd];
-                        let mut shutdown = None;
-                        while batch.len() < 1_024 {
-                            match rx.try_recv() {
-                                Ok(Command::Shutdown(done)) => {
-                                    shutdown = Some(done);
-                                    break;
-                                }
-                                Ok(cmd) => batch.push(cmd),
-                                Err(_) => break,
-                            }
-                        }
-                        self.commands(batch).await;
-                        if let Some(done) = shutdown {
-                            self.flush().await;
-                            self.stop().await;
-                            return Some(done);
-                        }
-                    }
-                    None => {
-                        self.flush().await;
-                        self.stop().await;
-                        return None;
-                    }
-                },
-                Some(msg) = irx.recv() => {
+                }
+                Woke::Command(None) => {
+                    self.flush(rx).await;
+                    self.stop().await;
+                    return None;
+                }
+                Woke::Internal(msg) => {
                     self.internal(msg);
                     // Everything that has arrived meanwhile shares the next commit.
                     for _ in 0..4_096 {
@@ -638,16 +662,16 @@ impl Core {
                         }
                     }
                 }
-                () = tokio::time::sleep_until(deadline) => {}
+                Woke::Timer => {}
             }
             self.fire_due_timers();
-            if !self.flush().await {
+            if !self.flush(rx).await {
                 self.stop().await;
                 return None;
             }
             if self.store_full.is_none()
                 && self.machine.take_maintenance()
-                && !self.maintain().await
+                && !self.maintain(rx).await
             {
                 self.stop().await;
                 return None;
@@ -686,12 +710,13 @@ impl Core {
     /// writer, ahead of the maintenance request): the custodian folds its principal state and
     /// the receiver forgets expired tokens in memory, and the store folds and prunes on disk at
     /// the same `now`. `false`: the store is gone.
-    async fn maintain(&mut self) -> bool {
+    async fn maintain(&mut self, rx: &mut mpsc::Receiver<Command>) -> bool {
         self.clock.resync();
         let t = self.clock.now();
         let folded = self.machine.maintain(t);
         let ticket = self.group.maintain(t);
-        let outcome = tokio::task::spawn_blocking(move || ticket.wait())
+        let outcome = self
+            .serve_while(rx, tokio::task::spawn_blocking(move || ticket.wait()))
             .await
             .unwrap_or(Err(GroupError::Stopped));
         match outcome {
@@ -723,7 +748,7 @@ impl Core {
 
     /// Persists what both machines hand out in one group commit, then releases what
     /// depended on it. `false`: the store is gone and the node must stop.
-    async fn flush(&mut self) -> bool {
+    async fn flush(&mut self, rx: &mut mpsc::Receiver<Command>) -> bool {
         if self.store_full.is_some() {
             // Nothing is committed before the retry (see `fire_due_timers`).
             return true;
@@ -771,7 +796,10 @@ impl Core {
                 self.group.submit_then(ops, move |r| {
                     let _ = done.send(r);
                 });
-                let outcome = writer_answer(self.paused_clock, outcome)
+                // Meanwhile the core goes on answering what needs no commit: decisions above
+                // all, which enforcement points ask and a slow or hung disk must not hold.
+                let outcome = self
+                    .serve_while(rx, writer_answer(self.paused_clock, outcome))
                     .await
                     .unwrap_or(Err(GroupError::Stopped));
                 if outcome.is_err() {

@@ -9,9 +9,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use abhyasa_moq::Ca;
-use abhyasa_node::{Limits, Node, NodeError};
+use abhyasa_node::{Ask, Limits, Node, NodeError, Verdict};
 use abhyasa_testkit::fault::{FaultPlan, FaultyBackend};
-use abhyasa_wire::Outcome;
+use abhyasa_wire::{Outcome, TokenId};
 use common::{custodian, free_addr, id, revoke};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -129,6 +129,25 @@ async fn a_hung_disk_is_answered_at_the_deadline_and_holds_no_one_else() {
         .await
         .expect("honours ends by itself");
     assert!(no_answer(&honours, within), "{honours:?}");
+    // Decisions need no commit: the core answers them while the commit hangs. The
+    // revocation taken into memory before the disk hung is already in force (its fail-safe
+    // refuses; the caller of `issue` was told "no answer", and issues it again below).
+    let unrelated = tokio::time::timeout(
+        ends,
+        principal.decide(Ask::Token(TokenId::new("tok-unrelated").unwrap())),
+    )
+    .await
+    .expect("decide is answered while the disk hangs")
+    .unwrap();
+    assert_eq!(unrelated, Verdict::NotGoverned);
+    let revoked = tokio::time::timeout(
+        ends,
+        principal.decide(Ask::Token(TokenId::new("tok-1").unwrap())),
+    )
+    .await
+    .expect("decide is answered while the disk hangs")
+    .unwrap();
+    assert!(matches!(revoked, Verdict::Refuse(_)), "{revoked:?}");
     // Nothing else on this runtime waits on that disk: the agent answers at once.
     let other = tokio::time::timeout(ends, agent.status())
         .await

@@ -7,7 +7,7 @@ impl Core {
     /// Handles a batch of commands. Issuing is idempotent on the id: ids the store already
     /// holds (pending or terminal) are answered `Custody` without a new custody, looked up in
     /// one read for the whole batch.
-    pub(super) async fn commands(&mut self, batch: Vec<Command>) {
+    pub(super) async fn commands(&mut self, batch: Vec<Command>, rx: &mut mpsc::Receiver<Command>) {
         let ids: Vec<_> = batch
             .iter()
             .filter_map(|c| match c {
@@ -24,7 +24,7 @@ impl Core {
             Default::default()
         } else {
             // Answered into a oneshot: the core's worker thread is not blocked meanwhile.
-            let (tx, rx) = tokio::sync::oneshot::channel();
+            let (tx, known) = tokio::sync::oneshot::channel();
             let asked = self.group.read_then(move |s| {
                 let known = ids
                     .into_iter()
@@ -41,7 +41,8 @@ impl Core {
                 let _ = tx.send(known);
             });
             match asked {
-                Ok(()) => writer_answer(self.paused_clock, rx)
+                Ok(()) => self
+                    .serve_while(rx, writer_answer(self.paused_clock, known))
                     .await
                     .unwrap_or_default(),
                 Err(_) => Default::default(),
@@ -70,6 +71,9 @@ impl Core {
                 Some(cmd) => cmd,
                 None => return,
             },
+        };
+        let Some(cmd) = self.answer_now(cmd) else {
+            return;
         };
         match cmd {
             Command::Issue(o, reply, outcome) => {
@@ -101,48 +105,9 @@ impl Core {
                     }
                 }
             }
-            Command::Status(reply) => {
-                // The in-memory part now; the stored part on the writer, between commits (a
-                // disk that hangs holds the answer, never this loop). Bounded reads: a status
-                // costs the same with a million records kept.
-                let mut status = AnswerOnDrop(Some((self.status_in_memory(), reply)));
-                let read = self.group.read_then(move |s| {
-                    if let Some((status, _)) = status.0.as_mut() {
-                        status.recent = s.recent_terminal(crate::STATUS_RECENT).unwrap_or_default();
-                        status.escalations = s
-                            .recent_escalations(crate::STATUS_RECENT)
-                            .unwrap_or_default();
-                        status.honours = s.receiver_state().clone();
-                        status.applied =
-                            s.recent_applied(crate::STATUS_APPLIED).unwrap_or_default();
-                        status.outbox = s.outbox_len().unwrap_or_default();
-                        status.applied_total = s.apply_log_len().unwrap_or_default();
-                    }
-                });
-                if let Err(e) = read {
-                    // Answered from memory alone (the guard, dropped unrun).
-                    debug!(%e, "status: the store's writer has stopped");
-                }
-            }
-            Command::Outbox(after, limit, reply) => {
-                let read = self.group.read_then(move |s| {
-                    let _ = reply.send(s.outbox(after, limit).map_err(NodeError::from));
-                });
-                if read.is_err() {
-                    debug!("outbox: the store's writer has stopped");
-                }
-            }
             Command::OutboxDelivered(through, reply) => {
                 self.outbox.ops.push(Op::EventsDelivered { through });
                 self.outbox.replies.push(reply);
-            }
-            Command::Decide(ask, reply) => self.decide(&ask, reply),
-            Command::Honours(reply) => self.read_durable(reply, |s| Ok(s.receiver_state().clone())),
-            Command::Applied(ids, reply) => self.read_durable(reply, move |s| {
-                ids.into_iter().map(|id| s.is_applied(id)).collect()
-            }),
-            Command::GovernedBy(key, reply) => {
-                self.read_durable(reply, move |s| s.governed_by(&key))
             }
             Command::Dial(path, peer, addr, reply) => {
                 // Dialed off the core task; the endpoint lives in the core, so a stopped
@@ -229,6 +194,12 @@ impl Core {
                 });
             }
             Command::Shutdown(_) => unreachable!("handled in run"),
+            Command::Status(_)
+            | Command::Outbox(..)
+            | Command::Decide(..)
+            | Command::Honours(_)
+            | Command::Applied(..)
+            | Command::GovernedBy(..) => unreachable!("answered by answer_now"),
         }
     }
 
@@ -338,6 +309,55 @@ impl Core {
     /// Answers `reply` with `f` read on the store's writer, between commits, without waiting
     /// here: a disk that hangs holds that answer (the caller's deadline ends it), never this
     /// loop. If the writer has stopped, `reply` is dropped: the caller hears the node stopped.
+    /// Answers at once a command that changes nothing and needs no commit (a decision, a
+    /// status, a read of durable state, which runs on the writer between commits); hands back
+    /// any other. Also called while a commit is in flight ([`Core::serve_while`]).
+    pub(super) fn answer_now(&self, cmd: Command) -> Option<Command> {
+        match cmd {
+            Command::Status(reply) => {
+                // The in-memory part now; the stored part on the writer, between commits (a
+                // disk that hangs holds the answer, never this loop). Bounded reads: a status
+                // costs the same with a million records kept.
+                let mut status = AnswerOnDrop(Some((self.status_in_memory(), reply)));
+                let read = self.group.read_then(move |s| {
+                    if let Some((status, _)) = status.0.as_mut() {
+                        status.recent = s.recent_terminal(crate::STATUS_RECENT).unwrap_or_default();
+                        status.escalations = s
+                            .recent_escalations(crate::STATUS_RECENT)
+                            .unwrap_or_default();
+                        status.honours = s.receiver_state().clone();
+                        status.applied =
+                            s.recent_applied(crate::STATUS_APPLIED).unwrap_or_default();
+                        status.outbox = s.outbox_len().unwrap_or_default();
+                        status.applied_total = s.apply_log_len().unwrap_or_default();
+                    }
+                });
+                if let Err(e) = read {
+                    // Answered from memory alone (the guard, dropped unrun).
+                    debug!(%e, "status: the store's writer has stopped");
+                }
+            }
+            Command::Outbox(after, limit, reply) => {
+                let read = self.group.read_then(move |s| {
+                    let _ = reply.send(s.outbox(after, limit).map_err(NodeError::from));
+                });
+                if read.is_err() {
+                    debug!("outbox: the store's writer has stopped");
+                }
+            }
+            Command::Decide(ask, reply) => self.decide(&ask, reply),
+            Command::Honours(reply) => self.read_durable(reply, |s| Ok(s.receiver_state().clone())),
+            Command::Applied(ids, reply) => self.read_durable(reply, move |s| {
+                ids.into_iter().map(|id| s.is_applied(id)).collect()
+            }),
+            Command::GovernedBy(key, reply) => {
+                self.read_durable(reply, move |s| s.governed_by(&key))
+            }
+            cmd => return Some(cmd),
+        }
+        None
+    }
+
     fn read_durable<T: Send + 'static>(
         &self,
         reply: tokio::sync::oneshot::Sender<Result<T, NodeError>>,
