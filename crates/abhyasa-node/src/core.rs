@@ -727,10 +727,10 @@ impl Core {
                 }
                 true
             }
-            Err(GroupError::Unknown(e)) if out_of_space(&e) => self.store_is_full(e),
+            Err(GroupError::Unknown(e)) if out_of_space(&e) => self.store_is_full(e, rx).await,
             Err(GroupError::Unknown(e)) => {
                 warn!(%e, "maintenance outcome unknown: recovering from the store");
-                self.recover(&e.to_string())
+                self.recover(&e.to_string(), rx).await
             }
             Err(_) => false,
         }
@@ -829,11 +829,11 @@ impl Core {
                     Err(GroupError::Unknown(e)) if out_of_space(&e) => {
                         // Not a loop of commit, fail, recover, retry: the node answers
                         // (status, refusals) and tries again after a backoff.
-                        return self.store_is_full(e);
+                        return self.store_is_full(e, rx).await;
                     }
                     Err(GroupError::Unknown(e)) => {
                         warn!(%e, "commit outcome unknown: recovering from the store");
-                        if !self.recover(&e.to_string()) {
+                        if !self.recover(&e.to_string(), rx).await {
                             return false;
                         }
                         continue;
@@ -870,7 +870,7 @@ impl Core {
 
     /// Reloads the machines from the store after a commit of unknown outcome; everything
     /// that waited on that commit is answered "issue again", with `cause`.
-    fn recover(&mut self, cause: &str) -> bool {
+    async fn recover(&mut self, cause: &str, rx: &mut mpsc::Receiver<Command>) -> bool {
         let full = self.refuse_new_work().map(|e| e.to_string());
         let (path, free) = (self.db_path.clone(), free_bytes(&self.db_path));
         let again = || match &full {
@@ -891,17 +891,36 @@ impl Core {
         );
         let (a2, a3, setup) = (agent.clone(), agent.clone(), self.ledger_setup.clone());
         let key = self.signer.key().clone();
-        let recovered = self.group.read(move |s| {
-            let c = s.recover_custodian(agent, cc, t.0, t)?;
-            let r = s.recover_receiver(a2, rc)?;
-            let l = match setup {
-                Some(setup) => Some(LedgerPart::recover(&a3, key, setup, s)?),
-                None => None,
-            };
-            Ok::<_, NodeError>((c, r, l))
+        // Issues waiting on the commit of unknown outcome: the store decides, in the same read.
+        let awaiting: Vec<_> = self.awaiting.keys().copied().collect();
+        // Read on the writer, answered into a oneshot: the core keeps answering decisions
+        // meanwhile, and no runtime thread blocks on the disk.
+        let (done, read) = tokio::sync::oneshot::channel();
+        let asked = self.group.read_then(move |s| {
+            let recovered = (|| {
+                let c = s.recover_custodian(agent, cc, t.0, t)?;
+                let r = s.recover_receiver(a2, rc)?;
+                let l = match setup {
+                    Some(setup) => Some(LedgerPart::recover(&a3, key, setup, s)?),
+                    None => None,
+                };
+                let known: HashMap<_, bool> = awaiting
+                    .into_iter()
+                    .map(|id| (id, s.knows(id).unwrap_or(false)))
+                    .collect();
+                Ok::<_, NodeError>((c, r, l, known))
+            })();
+            let _ = done.send(recovered);
         });
+        let recovered = match asked {
+            Ok(()) => {
+                self.serve_while(rx, writer_answer(self.paused_clock, read))
+                    .await
+            }
+            Err(_) => None,
+        };
         match recovered {
-            Ok(Ok((c, r, l))) => {
+            Some(Ok((c, r, l, known))) => {
                 let (part, machine) = match l {
                     Some((p, m)) => (Some(p), Some(m)),
                     None => (None, None),
@@ -920,12 +939,8 @@ impl Core {
                 }
                 // Issues waiting on a commit of unknown outcome: the store decides.
                 for (id, reply) in std::mem::take(&mut self.awaiting) {
-                    let known = self
-                        .group
-                        .read(move |s| s.knows(id))
-                        .map(|r| r.unwrap_or(false));
-                    let answer = match known {
-                        Ok(true) => Ok(abhyasa_custody::Admission::Custody),
+                    let answer = match known.get(&id) {
+                        Some(true) => Ok(abhyasa_custody::Admission::Custody),
                         _ => Err(again()),
                     };
                     let _ = reply.send(answer);

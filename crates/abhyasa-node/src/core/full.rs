@@ -21,7 +21,11 @@ impl Core {
     /// (what waited on the commit is answered "store full", or "custody" for an issue the
     /// store already holds), new work is refused, and the next commit waits a backoff.
     /// `false`: the store could not be read back and the node must stop.
-    pub(super) fn store_is_full(&mut self, cause: String) -> bool {
+    pub(super) async fn store_is_full(
+        &mut self,
+        cause: String,
+        rx: &mut mpsc::Receiver<Command>,
+    ) -> bool {
         let backoff = self.full_backoff;
         self.full_backoff = (backoff * 2).min(STORE_FULL_BACKOFF_MAX);
         self.store_full = Some(StoreFull {
@@ -35,7 +39,7 @@ impl Core {
             %cause,
             "the store is full: new work is refused until a commit lands"
         );
-        self.recover(&cause)
+        self.recover(&cause, rx).await
     }
 }
 
