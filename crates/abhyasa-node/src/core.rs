@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use abhyasa_machine::{
     IssueRefused, Issued, MachineConfig, MachineEvent, NodeMachine, Record, Route,
@@ -21,10 +21,12 @@ use tracing::{debug, info, info_span, warn};
 
 use crate::ledger::{LedgerPart, LedgerReply};
 use crate::{Command, Node, NodeBuilder, NodeError, NodeEvent, Status};
+mod clock;
 mod commands;
 mod full;
 mod inflight;
 mod sessions;
+pub(crate) use clock::Clock;
 use full::{free_bytes, out_of_space, refuse_while_full, StoreFull};
 pub(crate) use sessions::Checks;
 use sessions::{forward, forward_relay, watch_for_stall, SessionsPerPeer};
@@ -40,52 +42,6 @@ pub(crate) enum Internal {
     Executed(AgentId, abhyasa_ledger::OpKey, abhyasa_ledger::Vector),
     /// The receiver policy decided on an obligation it was asked about.
     Decided(abhyasa_wire::ObligationId, crate::PolicyDecision),
-}
-
-fn wall_clock() -> UnixMillis {
-    let d = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    UnixMillis(d.as_millis() as u64)
-}
-
-/// The node's clock: Unix milliseconds read off tokio's monotonic clock from an anchor taken
-/// at start. Every timer of the node is a deadline on this clock, so a test on tokio's paused
-/// clock moves the node's time with its own, and a step of the wall clock backwards never
-/// moves a deadline. [`Clock::resync`] (with maintenance) moves the anchor forward when the
-/// wall clock has run ahead of it, never back.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Clock {
-    unix_ms: u64,
-    at: tokio::time::Instant,
-}
-
-impl Clock {
-    pub(crate) fn start() -> Self {
-        Self {
-            unix_ms: wall_clock().0,
-            at: tokio::time::Instant::now(),
-        }
-    }
-
-    pub(crate) fn now(&self) -> UnixMillis {
-        let elapsed = u64::try_from(self.at.elapsed().as_millis()).unwrap_or(u64::MAX);
-        UnixMillis(self.unix_ms.saturating_add(elapsed))
-    }
-
-    /// The instant at which this clock reads `t` (now, for a time already past).
-    pub(crate) fn instant(&self, t: UnixMillis) -> tokio::time::Instant {
-        let now = self.now();
-        tokio::time::Instant::now() + Duration::from_millis(t.0.saturating_sub(now.0))
-    }
-
-    /// Moves the anchor forward to the wall clock if that has run ahead; never back.
-    fn resync(&mut self) {
-        let (wall, now) = (wall_clock().0, self.now().0);
-        if wall > now {
-            self.unix_ms = self.unix_ms.saturating_add(wall - now);
-        }
-    }
 }
 
 /// QUIC connections at once in their handshake or MOQT setup; past it the oldest is closed for
@@ -1157,88 +1113,5 @@ impl Core {
             };
             let _ = self.events.send(event);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::sessions::verified_all;
-    use abhyasa_moq::{Ca, SessionEvent, SignedKind, Signer, Track, Verifier};
-    use abhyasa_wire::AgentId;
-
-    /// Events that arrived together keep their order, and each object gets the answer its own
-    /// signature and signer give: one bad object drops alone, not its batch.
-    #[test]
-    fn events_verified_together_keep_their_order_and_their_own_answers() {
-        let id = |s: &str| AgentId::new(s).unwrap();
-        let ca = Ca::generate("t").unwrap();
-        let (p, q) = (id("principal"), id("other"));
-        let principal = Signer::new(&ca.issue(&p).unwrap()).unwrap();
-        let other = Signer::new(&ca.issue(&q).unwrap()).unwrap();
-        let verifier = super::Checks {
-            objects: Verifier::new(ca.certificate().clone()),
-            ledger: None,
-        };
-        let object = |track, payload: Vec<u8>| SessionEvent::Object { track, payload };
-        let mut tampered = principal.sign(SignedKind::Obligation, b"o-2");
-        let last = tampered.len() - 1;
-        tampered[last] ^= 1;
-        let events = vec![
-            (p.clone(), SessionEvent::PeerSubscribed(Track::Acks)),
-            (
-                p.clone(),
-                object(
-                    Track::Obligations,
-                    principal.sign(SignedKind::Obligation, b"o-1"),
-                ),
-            ),
-            (
-                p.clone(),
-                object(Track::Ledger, b"ledger bytes, not opened here".to_vec()),
-            ),
-            (p.clone(), object(Track::Obligations, tampered)),
-            // Signed by another member of the deployment, on the principal's session.
-            (
-                p.clone(),
-                object(
-                    Track::Obligations,
-                    other.sign(SignedKind::Obligation, b"o-3"),
-                ),
-            ),
-            // An ack signed as an obligation.
-            (
-                p.clone(),
-                object(Track::Acks, principal.sign(SignedKind::Obligation, b"a-1")),
-            ),
-            (
-                q.clone(),
-                object(Track::Acks, other.sign(SignedKind::Ack, b"a-2")),
-            ),
-            (p.clone(), SessionEvent::Closed("bye".into())),
-        ];
-        let out = verified_all(&verifier, events);
-        let peers: Vec<&AgentId> = out.iter().map(|(peer, _)| peer).collect();
-        assert_eq!(peers, [&p, &p, &p, &p, &p, &p, &q, &p]);
-        let results: Vec<Result<&SessionEvent, ()>> = out
-            .iter()
-            .map(|(_, r)| r.as_ref().map_err(|_| ()))
-            .collect();
-        assert_eq!(
-            results,
-            [
-                Ok(&SessionEvent::PeerSubscribed(Track::Acks)),
-                Ok(&object(Track::Obligations, b"o-1".to_vec())),
-                Ok(&object(
-                    Track::Ledger,
-                    b"ledger bytes, not opened here".to_vec()
-                )),
-                Err(()),
-                Err(()),
-                Err(()),
-                Ok(&object(Track::Acks, b"a-2".to_vec())),
-                Ok(&SessionEvent::Closed("bye".into())),
-            ]
-        );
-        assert!(matches!(&out[4].1, Err(why) if why.contains("not the session's peer")));
     }
 }

@@ -267,3 +267,86 @@ pub(super) fn verified_all(
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::verified_all;
+    use abhyasa_moq::{Ca, SessionEvent, SignedKind, Signer, Track, Verifier};
+    use abhyasa_wire::AgentId;
+
+    /// Events that arrived together keep their order, and each object gets the answer its own
+    /// signature and signer give: one bad object drops alone, not its batch.
+    #[test]
+    fn events_verified_together_keep_their_order_and_their_own_answers() {
+        let id = |s: &str| AgentId::new(s).unwrap();
+        let ca = Ca::generate("t").unwrap();
+        let (p, q) = (id("principal"), id("other"));
+        let principal = Signer::new(&ca.issue(&p).unwrap()).unwrap();
+        let other = Signer::new(&ca.issue(&q).unwrap()).unwrap();
+        let verifier = super::Checks {
+            objects: Verifier::new(ca.certificate().clone()),
+            ledger: None,
+        };
+        let object = |track, payload: Vec<u8>| SessionEvent::Object { track, payload };
+        let mut tampered = principal.sign(SignedKind::Obligation, b"o-2");
+        let last = tampered.len() - 1;
+        tampered[last] ^= 1;
+        let events = vec![
+            (p.clone(), SessionEvent::PeerSubscribed(Track::Acks)),
+            (
+                p.clone(),
+                object(
+                    Track::Obligations,
+                    principal.sign(SignedKind::Obligation, b"o-1"),
+                ),
+            ),
+            (
+                p.clone(),
+                object(Track::Ledger, b"ledger bytes, not opened here".to_vec()),
+            ),
+            (p.clone(), object(Track::Obligations, tampered)),
+            // Signed by another member of the deployment, on the principal's session.
+            (
+                p.clone(),
+                object(
+                    Track::Obligations,
+                    other.sign(SignedKind::Obligation, b"o-3"),
+                ),
+            ),
+            // An ack signed as an obligation.
+            (
+                p.clone(),
+                object(Track::Acks, principal.sign(SignedKind::Obligation, b"a-1")),
+            ),
+            (
+                q.clone(),
+                object(Track::Acks, other.sign(SignedKind::Ack, b"a-2")),
+            ),
+            (p.clone(), SessionEvent::Closed("bye".into())),
+        ];
+        let out = verified_all(&verifier, events);
+        let peers: Vec<&AgentId> = out.iter().map(|(peer, _)| peer).collect();
+        assert_eq!(peers, [&p, &p, &p, &p, &p, &p, &q, &p]);
+        let results: Vec<Result<&SessionEvent, ()>> = out
+            .iter()
+            .map(|(_, r)| r.as_ref().map_err(|_| ()))
+            .collect();
+        assert_eq!(
+            results,
+            [
+                Ok(&SessionEvent::PeerSubscribed(Track::Acks)),
+                Ok(&object(Track::Obligations, b"o-1".to_vec())),
+                Ok(&object(
+                    Track::Ledger,
+                    b"ledger bytes, not opened here".to_vec()
+                )),
+                Err(()),
+                Err(()),
+                Err(()),
+                Ok(&object(Track::Acks, b"a-2".to_vec())),
+                Ok(&SessionEvent::Closed("bye".into())),
+            ]
+        );
+        assert!(matches!(&out[4].1, Err(why) if why.contains("not the session's peer")));
+    }
+}
