@@ -290,6 +290,40 @@ fn late_completion_is_caught_when_timeouts_refund() {
     assert!(found.iter().any(|x| x.law == "L3"), "{found:?}");
 }
 
+/// L2 alone: a branch restored from its journal and run beside the original (a split brain)
+/// settles every key the original settled — one key, two settlements.
+#[test]
+fn a_branch_beside_its_restored_copy_is_found_settling_twice() {
+    let mut n = Net::new(&[("units", 2)], None);
+    let e = n.effect("pay", &[("units", 2)]);
+    n.r.reserve(UnixMillis(0), ROOT_CREDIT, e, &id("g"), key(1))
+        .unwrap();
+    n.r.dispatch(UnixMillis(0), key(1)).unwrap();
+    n.run(&v(&[("units", 2)]), &mut |_, _| false);
+    assert_eq!(n.r.buckets(RootId::from_u128(7))[4], v(&[("units", 2)]));
+    assert_eq!(n.violations(), vec![]);
+    let (copy, rejected) = Branch::recover(
+        id("r"),
+        sk(2),
+        n.keys.clone(),
+        BranchConfig::default(),
+        n.journal_r.clone(),
+    );
+    assert!(rejected.is_empty(), "{rejected:?}");
+    let found = check(&World {
+        branches: &[&n.r, &copy, &n.c],
+        gateways: &[&n.g],
+        effects: &n.effects,
+        keys: &n.keys,
+    });
+    assert!(
+        found
+            .iter()
+            .any(|x| x.law == "L2" && x.detail.contains("settled 2 times")),
+        "{found:?}"
+    );
+}
+
 #[test]
 fn transfer_is_accepted_once_and_cancelled_only_on_a_signed_refusal() {
     let mut n = Net::new(&[("cents", 100)], None);
