@@ -15,7 +15,7 @@ mod step;
 mod timers;
 pub use step::{LedgerEvent, Step};
 
-pub(crate) use checkpoint::Snapshot;
+pub(crate) use checkpoint::{AuditSeed, Snapshot};
 pub use checkpoint::{Ended, EndedOp, MAX_CHECKPOINT_BYTES};
 
 /// Branch settings.

@@ -1554,6 +1554,58 @@ fn the_history_auditor_reads_each_transition() {
     assert_eq!(laws, vec!["H1", "H3", "H4"], "{found:?}");
 }
 
+/// H5 and H6 each alone, on a real journal with one step changed: a transfer's decision
+/// recorded twice, and a settlement on a receipt (signed by the gateway) above the maximum.
+#[test]
+fn the_history_auditor_finds_a_second_decision_and_a_charge_above_the_maximum() {
+    let mut n = Net::new(&[("units", 10)], None);
+    n.r.transfer(
+        ROOT_CREDIT,
+        TransferId::from_u128(1),
+        &v(&[("units", 4)]),
+        &id("c"),
+        Label::of(&["tools"]).unwrap(),
+    )
+    .unwrap();
+    let e = n.effect("pay", &[("units", 2)]);
+    n.r.reserve(UnixMillis(0), ROOT_CREDIT, e, &id("g"), key(1))
+        .unwrap();
+    n.r.dispatch(UnixMillis(0), key(1)).unwrap();
+    n.run(&v(&[("units", 2)]), &mut |_, _| false);
+    assert_eq!(n.audit_r(), vec![]);
+    let journal = n.journal_r.clone();
+
+    let decided = journal
+        .iter()
+        .position(|s| matches!(s, Step::Decided { .. }))
+        .expect("the transfer was decided");
+    let mut twice = journal.clone();
+    twice.insert(decided + 1, journal[decided].clone());
+    let found = check::audit(&id("r"), &twice, &n.keys);
+    let laws: Vec<&str> = found.iter().map(|x| x.law).collect();
+    assert_eq!(laws, vec!["H5"], "{found:?}");
+    assert!(found[0].detail.contains("decided twice"), "{found:?}");
+
+    let settled = journal
+        .iter()
+        .position(|s| matches!(s, Step::Settle { .. }))
+        .expect("the operation was settled");
+    let mut above = journal.clone();
+    let Step::Settle { key: k, receipt } = &journal[settled] else {
+        unreachable!()
+    };
+    let mut body = receipt.peek().unwrap();
+    assert_eq!(body.actual, v(&[("units", 2)]));
+    body.actual = v(&[("units", 3)]);
+    above[settled] = Step::Settle {
+        key: *k,
+        receipt: Signed::sign(&body, &id("g"), &sk(4)),
+    };
+    let found = check::audit(&id("r"), &above, &n.keys);
+    let laws: Vec<&str> = found.iter().map(|x| x.law).collect();
+    assert_eq!(laws, vec!["H6"], "{found:?}");
+}
+
 // ---------------------------------------------------------------------------------------
 // The charge is complete: the escrow is the maximum, the gateway runs only the effect bound
 // and holds it to the maximum.

@@ -3,6 +3,9 @@
 
 use super::*;
 
+mod history;
+use history::{At, History, RULES};
+
 /// Audits one branch's journal, step by step, with its own bookkeeping (never the branch's
 /// `apply`): what the final state cannot show — the order in which things happened.
 ///
@@ -32,34 +35,8 @@ use super::*;
 ///   operation may be missing only if its permit expired before the horizon the checkpoint
 ///   names for its gateway.
 pub fn audit(agent: &AgentId, steps: &[Step], keys: &Keyring) -> Vec<Violation> {
-    use std::collections::{BTreeMap as Map, BTreeSet};
-
-    #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-    enum Op {
-        Reserved,
-        Dispatched,
-        Forfeited,
-        Ended,
-    }
-    let mut v = Vec::new();
-    let mut bad = |law: &'static str, detail: String| {
-        v.push(Violation {
-            law,
-            detail: format!("{agent}: {detail}"),
-        })
-    };
-    let mut labels: Map<CreditId, BTreeSet<Dim>> = Map::new();
-    let mut ops: Map<OpKey, (Op, Vector)> = Map::new();
-    let mut epochs: Map<CreditId, u64> = Map::new();
-    let mut sealed: Map<TransferId, TransferCert> = Map::new();
-    let mut decided: BTreeSet<TransferId> = BTreeSet::new();
-    // Each operation's credit and the epoch its permit is bound to.
-    let mut op_credit: Map<OpKey, (CreditId, u64)> = Map::new();
-    // Each operation's gateway and its permit's expiry: a checkpoint may forget an ended
-    // one only behind that gateway's horizon.
-    let mut op_at: Map<OpKey, (AgentId, Option<abhyasa_wire::UnixMillis>)> = Map::new();
-    let mut closed: BTreeSet<CreditId> = BTreeSet::new();
-    let mut fenced_credits: BTreeSet<CreditId> = BTreeSet::new();
+    let mut history = History::new(agent, keys);
+    let mut found = Found::default();
     // A fused reissue ends its last operation first, in the same step.
     let flat = steps.iter().enumerate().flat_map(|(i, s)| {
         let inner = match s {
@@ -68,395 +45,31 @@ pub fn audit(agent: &AgentId, steps: &[Step], keys: &Keyring) -> Vec<Violation> 
         };
         inner.into_iter().chain(std::iter::once((i, s)))
     });
-    for (i, s) in flat {
-        // New work names the credits it draws on: none may be closed (H7) or fenced (H8).
-        let drawn: Vec<CreditId> = match s {
-            Step::Split { parent, .. } => vec![*parent],
-            Step::Seal { cert } => cert
-                .peek()
-                .map(|c| vec![c.source_credit])
-                .unwrap_or_default(),
-            Step::Reserve { permit, .. } => permit
-                .peek()
-                .map(|p| vec![p.binding.credit])
-                .unwrap_or_default(),
-            Step::Join { inputs, .. } => inputs.clone(),
-            _ => Vec::new(),
-        };
-        for c in &drawn {
-            if closed.contains(c) {
-                bad(
-                    "H7",
-                    format!("step {i}: new work drawn on closed credit {c}"),
-                );
-            } else if fenced_credits.contains(c) {
-                bad(
-                    "H8",
-                    format!("step {i}: new work drawn on fenced credit {c}"),
-                );
-            }
-        }
-        match s {
-            Step::Grant { grant, credit } => {
-                if let Ok(g) = grant.peek() {
-                    labels.insert(*credit, g.label.0.clone());
-                }
-            }
-            Step::Split {
-                parent,
-                child,
-                label,
-                ..
-            } => {
-                match labels.get(parent) {
-                    Some(p) if label.0.is_subset(p) => {}
-                    Some(p) => bad(
-                        "H1",
-                        format!("step {i}: split {child} widens {p:?} to {:?}", label.0),
-                    ),
-                    None => bad("H1", format!("step {i}: split of unknown credit {parent}")),
-                }
-                labels.insert(*child, label.0.clone());
-            }
-            Step::Accept {
-                cert,
-                credit,
-                confirmation,
-                ..
-            } => {
-                if let Ok(c) = cert.peek() {
-                    if c.confirm && !confirms(keys, confirmation.as_ref(), &c, Some(*credit)) {
-                        bad(
-                            "H5",
-                            format!(
-                                "step {i}: transfer {} taken without its source's confirmation",
-                                c.transfer
-                            ),
-                        );
-                    }
-                    labels.insert(*credit, c.label.0.clone());
-                }
-            }
-            Step::Claim { .. } | Step::Reclaimed { .. } => {}
-            Step::Reclaim { decision } => {
-                let Ok(d) = decision.peek() else { continue };
-                if !decided.insert(d.transfer) {
-                    bad(
-                        "H5",
-                        format!("step {i}: transfer {} decided twice", d.transfer),
-                    );
-                }
-                let ok = sealed.get(&d.transfer).is_some_and(|c| {
-                    c.confirm && &c.source == agent && confirms(keys, Some(decision), c, None)
-                });
-                if !ok {
-                    bad(
-                        "H5",
-                        format!(
-                            "step {i}: transfer {} reclaimed without a reclaim its certificate allows",
-                            d.transfer
-                        ),
-                    );
-                }
-            }
-            Step::Join { inputs, output } => {
-                let mut common: Option<BTreeSet<Dim>> = None;
-                for c in inputs {
-                    let l = labels.get(c).cloned().unwrap_or_default();
-                    common = Some(match common {
-                        None => l,
-                        Some(x) => x.intersection(&l).cloned().collect(),
-                    });
-                }
-                labels.insert(*output, common.unwrap_or_default());
-                closed.extend(inputs.iter().copied());
-            }
-            Step::Seal { cert } => {
-                let Ok(c) = cert.peek() else { continue };
-                match labels.get(&c.source_credit) {
-                    Some(p) if c.label.0.is_subset(p) => {}
-                    _ => bad(
-                        "H1",
-                        format!(
-                            "step {i}: transfer {} not within its source's label",
-                            c.transfer
-                        ),
-                    ),
-                }
-                sealed.insert(c.transfer, c);
-            }
-            Step::Decided { decision } => {
-                let Ok(d) = decision.peek() else { continue };
-                if !decided.insert(d.transfer) {
-                    bad(
-                        "H5",
-                        format!("step {i}: transfer {} decided twice", d.transfer),
-                    );
-                }
-                let Some(c) = sealed.get(&d.transfer) else {
-                    bad(
-                        "H5",
-                        format!("step {i}: decision on unsealed transfer {}", d.transfer),
-                    );
-                    continue;
-                };
-                let signed_by_destination = keys.open(decision, &c.destination).is_ok();
-                let bound = d.cert == c.digest() && d.source == c.source;
-                if !(signed_by_destination && bound) {
-                    bad(
-                        "H5",
-                        format!(
-                            "step {i}: transfer {} decided without the destination's bound signature",
-                            d.transfer
-                        ),
-                    );
-                }
-            }
-            Step::Reserve { permit, effect } => {
-                let Ok(p) = permit.peek() else { continue };
-                let allowed = labels
-                    .get(&p.binding.credit)
-                    .is_some_and(|l| l.contains(&effect.purpose));
-                if !allowed {
-                    bad(
-                        "H1",
-                        format!("step {i}: operation {} reserved for a purpose its credit does not allow", p.binding.key),
-                    );
-                }
-                ops.insert(p.binding.key, (Op::Reserved, p.binding.max_charge.clone()));
-                op_credit.insert(p.binding.key, (p.binding.credit, p.binding.epoch));
-                op_at.insert(
-                    p.binding.key,
-                    (p.binding.receiver.clone(), p.binding.expires),
-                );
-            }
-            Step::Dispatch { key } => match ops.get_mut(key) {
-                Some((st @ Op::Reserved, _)) => *st = Op::Dispatched,
-                other => bad(
-                    "H3",
-                    format!("step {i}: dispatch of {key} in {:?}", other.map(|o| o.0)),
-                ),
-            },
-            Step::ReleaseUnsent { key } => match ops.get_mut(key) {
-                Some((st @ Op::Reserved, _)) => *st = Op::Ended,
-                other => bad(
-                    "H3",
-                    format!("step {i}: release of {key} in {:?}", other.map(|o| o.0)),
-                ),
-            },
-            Step::Settle { key, receipt } => {
-                let actual = receipt.peek().map(|r| r.actual).ok();
-                match ops.get_mut(key) {
-                    Some((st @ Op::Dispatched, max)) => {
-                        if actual.as_ref().is_none_or(|a| !a.le(max)) {
-                            bad("H6", format!("step {i}: {key} settled above its maximum"));
-                        }
-                        *st = Op::Ended;
-                    }
-                    Some((Op::Forfeited, _)) => {
-                        bad("H2", format!("step {i}: forfeited {key} settled"))
-                    }
-                    other => bad(
-                        "H3",
-                        format!("step {i}: settle of {key} in {:?}", other.map(|o| o.0)),
-                    ),
-                }
-            }
-            Step::NoEffect { key, .. } | Step::Refund { key } => match ops.get_mut(key) {
-                Some((st @ Op::Dispatched, _)) => *st = Op::Ended,
-                Some((Op::Forfeited, _)) => {
-                    bad("H2", format!("step {i}: forfeited {key} returned"))
-                }
-                other => bad(
-                    "H3",
-                    format!("step {i}: return of {key} in {:?}", other.map(|o| o.0)),
-                ),
-            },
-            Step::Forfeit { key } => match ops.get_mut(key) {
-                Some((st @ Op::Dispatched, _)) => *st = Op::Forfeited,
-                other => bad(
-                    "H3",
-                    format!("step {i}: forfeit of {key} in {:?}", other.map(|o| o.0)),
-                ),
-            },
-            Step::Annotate { key, .. } => {
-                if ops.get(key).map(|o| o.0) != Some(Op::Forfeited) {
-                    bad("H2", format!("step {i}: annotation of unforfeited {key}"));
-                }
-            }
-            Step::Fenced { fenced } => {
-                let Ok(f) = fenced.peek() else { continue };
-                let e = epochs.entry(f.credit).or_insert(0);
-                if f.epoch <= *e {
-                    bad(
-                        "H4",
-                        format!(
-                            "step {i}: epoch of {} falls or repeats: {} after {e}",
-                            f.credit, f.epoch
-                        ),
-                    );
-                }
-                *e = (*e).max(f.epoch);
-                fenced_credits.insert(f.credit);
-            }
-            Step::Reissue {
-                credit,
-                successor,
-                last,
-            } => {
-                if closed.contains(credit) {
-                    bad("H7", format!("step {i}: closed credit {credit} reissued"));
-                }
-                if labels.contains_key(successor) {
-                    bad(
-                        "H7",
-                        format!("step {i}: {credit} reissued into existing credit {successor}"),
-                    );
-                }
-                let open: Vec<&OpKey> = ops
-                    .iter()
-                    .filter(|(k, (st, _))| {
-                        matches!(st, Op::Reserved | Op::Dispatched)
-                            && op_credit.get(*k).map(|c| c.0) == Some(*credit)
-                    })
-                    .map(|(k, _)| k)
-                    .collect();
-                let in_transit = sealed
-                    .values()
-                    .any(|c| c.source_credit == *credit && !decided.contains(&c.transfer));
-                if !open.is_empty() || in_transit {
-                    bad(
-                        "H7",
-                        format!(
-                            "step {i}: {credit} reissued with work in progress ({} operations open, transfer undecided: {in_transit})",
-                            open.len()
-                        ),
-                    );
-                }
-                if let Some(l) = last {
-                    let key = match &**l {
-                        Step::Settle { key, .. } | Step::NoEffect { key, .. } => Some(*key),
-                        _ => None,
-                    };
-                    let op = key.and_then(|k| op_credit.get(&k));
-                    let fenced_above = op.is_some_and(|(c, e)| {
-                        c == credit
-                            && fenced_credits.contains(credit)
-                            && epochs.get(credit) > Some(e)
-                    });
-                    if !fenced_above {
-                        bad(
-                            "H7",
-                            format!(
-                                "step {i}: fused reissue of {credit} ends an operation that is not its fenced last one"
-                            ),
-                        );
-                    }
-                }
-                let label = labels.get(credit).cloned().unwrap_or_default();
-                labels.insert(*successor, label);
-                if let Some(e) = epochs.get(credit).copied() {
-                    epochs.insert(*successor, e);
-                }
-                closed.insert(*credit);
-            }
-            Step::Refuse { .. } => {}
+    for (i, step) in flat {
+        let seed = match step {
             Step::Checkpoint(record) => {
-                let seed = match crate::branch::Snapshot::open(record, agent, keys) {
-                    Ok(s) => s.audit_seed(),
-                    Err(e) => {
-                        bad("H9", format!("step {i}: checkpoint does not verify: {e}"));
-                        continue;
-                    }
-                };
-                let theirs: Map<OpKey, Op> = seed
-                    .ops
-                    .iter()
-                    .map(|(b, dispatched, forfeited)| {
-                        let st = match (dispatched, forfeited) {
-                            (_, true) => Op::Forfeited,
-                            (true, false) => Op::Dispatched,
-                            (false, false) => Op::Reserved,
-                        };
-                        (b.key, st)
-                    })
-                    .chain(seed.ended.iter().map(|(k, _, _)| (*k, Op::Ended)))
-                    .collect();
-                if i == 0 {
-                    // The journal starts here: the checkpoint is the state before it.
-                    for (id, label, epoch, fenced, is_closed) in &seed.credits {
-                        labels.insert(*id, label.0.clone());
-                        if *epoch > 0 {
-                            epochs.insert(*id, *epoch);
-                        }
-                        if *fenced {
-                            fenced_credits.insert(*id);
-                        }
-                        if *is_closed {
-                            closed.insert(*id);
-                        }
-                    }
-                    for (b, _, _) in &seed.ops {
-                        op_credit.insert(b.key, (b.credit, b.epoch));
-                        op_at.insert(b.key, (b.receiver.clone(), b.expires));
-                        ops.insert(b.key, (theirs[&b.key], b.max_charge.clone()));
-                    }
-                    for (k, receiver, expires) in &seed.ended {
-                        op_at.insert(*k, (receiver.clone(), *expires));
-                        ops.insert(*k, (Op::Ended, Vector::zero()));
-                    }
-                    for (c, is_decided) in seed.outgoing {
-                        if is_decided {
-                            decided.insert(c.transfer);
-                        }
-                        sealed.insert(c.transfer, c);
-                    }
-                    continue;
-                }
-                // Mid-journal (a journal kept whole): the checkpoint must say what the
-                // history before it says, operation by operation and credit by credit —
-                // except ended operations it forgot, each only behind the horizon of its
-                // gateway the checkpoint names (its permit expired before it).
-                let forgotten: Vec<OpKey> = ops
-                    .iter()
-                    .filter(|(k, (st, _))| *st == Op::Ended && !theirs.contains_key(*k))
-                    .filter(|(k, _)| {
-                        op_at.get(*k).is_some_and(|(g, e)| {
-                            let h = seed.horizons.get(g);
-                            e.zip(h.copied()).is_some_and(|(e, h)| e < h)
-                        })
-                    })
-                    .map(|(k, _)| *k)
-                    .collect();
-                for k in &forgotten {
-                    ops.remove(k);
-                    op_at.remove(k);
-                    op_credit.remove(k);
-                }
-                let mine: Map<OpKey, Op> = ops.iter().map(|(k, (st, _))| (*k, *st)).collect();
-                if mine != theirs {
-                    let differ = mine
-                        .iter()
-                        .filter(|(k, st)| theirs.get(*k) != Some(*st))
-                        .count()
-                        + theirs.keys().filter(|k| !mine.contains_key(*k)).count();
-                    bad(
-                        "H9",
-                        format!("step {i}: checkpoint disagrees with the history before it on {differ} operations"),
-                    );
-                }
-                let their_closed: BTreeSet<CreditId> =
-                    seed.credits.iter().filter(|c| c.4).map(|c| c.0).collect();
-                if their_closed != closed {
-                    bad(
-                        "H9",
-                        format!("step {i}: checkpoint disagrees with the history before it on closed credits"),
-                    );
-                }
+                Some(crate::branch::Snapshot::open(record, agent, keys).map(|s| s.audit_seed()))
             }
+            _ => None,
+        };
+        let at = At {
+            i,
+            step,
+            seed: seed.as_ref(),
+        };
+        for rule in RULES {
+            rule(&history, &at, &mut found);
         }
+        history.advance(&at);
     }
-    v
+    found
+        .0
+        .into_iter()
+        .map(|v| Violation {
+            detail: format!("{agent}: {}", v.detail),
+            ..v
+        })
+        .collect()
 }
 
 /// Audits one gateway's log, record by record, with its own bookkeeping (never the gateway's
