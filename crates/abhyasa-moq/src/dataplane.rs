@@ -426,6 +426,61 @@ pub(crate) struct RequestFlow<R> {
     reported: bool,
 }
 
+/// A request either side makes of the other: its own namespace published, a namespace prefix
+/// subscribed (of a relay), a track of a peer's subscribed.
+#[derive(Clone, Debug)]
+pub(crate) enum Request {
+    PublishNamespace,
+    /// SUBSCRIBE_NAMESPACE of this prefix.
+    SubscribeNamespace(abhyasa_wire::moqt::Namespace),
+    /// SUBSCRIBE to this peer's track (named for us: its custody track toward `me`).
+    Subscribe(AgentId, crate::Track),
+}
+
+impl Request {
+    /// The control message that makes this request under `request_id`, from `me`.
+    fn message(&self, me: &AgentId, request_id: u64) -> Control {
+        match self {
+            Request::PublishNamespace => Control::PublishNamespace {
+                request_id,
+                namespace: crate::namespace(me),
+                params: vec![],
+            },
+            Request::SubscribeNamespace(prefix) => Control::SubscribeNamespace {
+                request_id,
+                prefix: prefix.clone(),
+                params: vec![],
+            },
+            Request::Subscribe(peer, track) => Control::Subscribe {
+                request_id,
+                namespace: crate::namespace(peer),
+                name: track.name(me),
+                priority: 0,
+                group_order: 1,
+                forward: 1,
+                filter: abhyasa_wire::moqt::Filter::LargestObject,
+                params: vec![],
+            },
+        }
+    }
+}
+
+/// Sends `req` as [`RequestFlow::take`] decided: under its request id, or — the first time a
+/// request waits on the peer's Maximum Request ID — as REQUESTS_BLOCKED.
+pub(crate) async fn send_request(
+    control: &tokio::sync::Mutex<quinn::SendStream>,
+    me: &AgentId,
+    taken: Take,
+    req: &Request,
+) -> Result<(), String> {
+    let msg = match taken {
+        Take::Send(id) => req.message(me, id),
+        Take::Blocked(None) => return Ok(()),
+        Take::Blocked(Some(max)) => Control::RequestsBlocked { max },
+    };
+    write_control(control, msg).await
+}
+
 /// What to do with one request.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Take {

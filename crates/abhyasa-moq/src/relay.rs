@@ -26,11 +26,11 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use abhyasa_wire::moqt::{Control, Filter, KeyValue, MoqtError, Namespace};
+use abhyasa_wire::moqt::{Control, KeyValue, MoqtError, Namespace};
 use abhyasa_wire::AgentId;
 use tokio::sync::{mpsc, Mutex};
 
-use crate::dataplane::{self, Grouping, Lookup, RequestFlow, Take};
+use crate::dataplane::{self, Grouping, Lookup, Request, RequestFlow, Take};
 use crate::setup::{client_setup, namespace, SendError, SessionError, Track};
 
 /// What the relay session tells its owner.
@@ -55,15 +55,6 @@ pub enum RelayEvent {
     },
     /// The session with the relay ended.
     Closed(String),
-}
-
-/// A request this side makes of the relay.
-#[derive(Clone, Debug)]
-enum Request {
-    PublishNamespace,
-    /// SUBSCRIBE_NAMESPACE of this prefix.
-    SubscribeNamespace(Namespace),
-    Subscribe(AgentId, Track),
 }
 
 /// Subscriptions of ours and of others (through the relay) a session holds at most: a relay
@@ -301,36 +292,7 @@ impl RelaySession {
             }
             taken
         };
-        let request_id = match taken {
-            Take::Send(id) => id,
-            Take::Blocked(None) => return Ok(()),
-            Take::Blocked(Some(max)) => {
-                return self.write_control(Control::RequestsBlocked { max }).await
-            }
-        };
-        let msg = match req {
-            Request::PublishNamespace => Control::PublishNamespace {
-                request_id,
-                namespace: namespace(&self.0.me),
-                params: vec![],
-            },
-            Request::SubscribeNamespace(prefix) => Control::SubscribeNamespace {
-                request_id,
-                prefix,
-                params: vec![],
-            },
-            Request::Subscribe(peer, track) => Control::Subscribe {
-                request_id,
-                namespace: namespace(&peer),
-                name: track.name(&self.0.me),
-                priority: 0,
-                group_order: 1,
-                forward: 1,
-                filter: Filter::LargestObject,
-                params: vec![],
-            },
-        };
-        self.write_control(msg).await
+        dataplane::send_request(&self.0.control, &self.0.me, taken, &req).await
     }
 
     async fn control_loop(

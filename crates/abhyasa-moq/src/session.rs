@@ -20,7 +20,7 @@ use abhyasa_wire::moqt::{Control, KeyValue, MoqtError, DRAFT_14};
 use abhyasa_wire::AgentId;
 use tokio::sync::{mpsc, Mutex};
 
-use crate::dataplane::{self, Grouping, Lookup, RequestFlow, Take};
+use crate::dataplane::{self, Grouping, Lookup, Request, RequestFlow, Take};
 use crate::endpoint::peer_agent;
 use crate::setup::{check_setup, client_setup, code, read_control, SETUP_TIMEOUT};
 pub use crate::setup::{namespace, SendError, SessionError, SessionEvent, SessionLimits, Track};
@@ -44,13 +44,6 @@ struct State {
     goaway: bool,
     /// The Maximum Request ID we granted the peer.
     our_max_request: u64,
-}
-
-/// A request this side makes.
-#[derive(Clone, Debug)]
-enum Request {
-    PublishNamespace,
-    Subscribe(Track),
 }
 
 struct Inner {
@@ -293,36 +286,12 @@ impl Session {
         let taken = {
             let mut st = self.state();
             let taken = st.flow.take(req.clone());
-            if let (Take::Send(id), Request::Subscribe(track)) = (&taken, &req) {
+            if let (Take::Send(id), Request::Subscribe(_, track)) = (&taken, &req) {
                 st.requested.insert(*id, *track);
             }
             taken
         };
-        let request_id = match taken {
-            Take::Send(id) => id,
-            Take::Blocked(None) => return Ok(()),
-            Take::Blocked(Some(max)) => {
-                return self.write_control(Control::RequestsBlocked { max }).await
-            }
-        };
-        let msg = match req {
-            Request::PublishNamespace => Control::PublishNamespace {
-                request_id,
-                namespace: namespace(&self.0.me),
-                params: vec![],
-            },
-            Request::Subscribe(track) => Control::Subscribe {
-                request_id,
-                namespace: namespace(&self.0.peer),
-                name: track.name(&self.0.me),
-                priority: 0,
-                group_order: 1,
-                forward: 1,
-                filter: abhyasa_wire::moqt::Filter::LargestObject,
-                params: vec![],
-            },
-        };
-        self.write_control(msg).await
+        dataplane::send_request(&self.0.control, &self.0.me, taken, &req).await
     }
 
     async fn write_control(&self, msg: Control) -> Result<(), String> {
@@ -332,7 +301,8 @@ impl Session {
     async fn announce_and_subscribe(&self) -> Result<(), String> {
         self.request(Request::PublishNamespace).await?;
         for track in Track::ALL {
-            self.request(Request::Subscribe(track)).await?;
+            self.request(Request::Subscribe(self.0.peer.clone(), track))
+                .await?;
         }
         Ok(())
     }
