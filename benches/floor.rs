@@ -202,6 +202,33 @@ fn floor(c: &mut Criterion) {
             assert!(opened.iter().all(Result::is_ok));
         })
     });
+    // The same 64 signed as one group: one signature over their Merkle root, each envelope
+    // with its inclusion proof (issue 41); signing them, and opening them together.
+    let cbors: Vec<Vec<u8>> = (0..64)
+        .map(|i| abhyasa::wire::encode(&obligation(i, &a, 60_000)))
+        .collect();
+    g.bench_function("sign_64_obligations_one_by_one", |b| {
+        b.iter(|| {
+            cbors
+                .iter()
+                .map(|c| signer.sign(SignedKind::Obligation, c))
+                .collect::<Vec<_>>()
+        })
+    });
+    g.bench_function("sign_64_obligations_as_one_group", |b| {
+        b.iter(|| signer.sign_group(SignedKind::Obligation, &cbors))
+    });
+    let grouped = signer.sign_group(SignedKind::Obligation, &cbors);
+    g.bench_function("verify_64_group_signed_obligations_together", |b| {
+        b.iter(|| {
+            let opened = verifier.open_all(
+                grouped
+                    .iter()
+                    .map(|s| (SignedKind::Obligation, s.as_slice())),
+            );
+            assert!(opened.iter().all(Result::is_ok));
+        })
+    });
     g.bench_function("verify_obligation_first_sight", |b| {
         b.iter(|| {
             Verifier::new(ca.certificate().clone())
@@ -210,9 +237,10 @@ fn floor(c: &mut Criterion) {
         })
     });
     println!(
-        "signed obligation: {} bytes of CBOR, {} bytes signed",
+        "signed obligation: {} bytes of CBOR, {} bytes signed ({} bytes as one of a group of 64)",
         cbor.len(),
-        signed.len()
+        signed.len(),
+        grouped[0].len()
     );
 
     for (name, linger) in [

@@ -156,6 +156,32 @@ fn signed_corpus_replays() {
     replay("signed", bindings::signed);
 }
 
+/// A group's envelope, byte for byte: the fixed deployment (`fuzz/fixtures/signed`) signs three
+/// payloads as one group (one Ed25519 signature over their Merkle root; Ed25519 is
+/// deterministic), and the second envelope must be the pinned vector
+/// `fuzz/fixtures/signed/group-1-of-3.hex` — the construction's labels, proof encoding, tree
+/// and signature input, fixed. A deliberate change to the construction rewrites the file
+/// (`ABHYASA_WRITE_VECTORS=1`) and says so in docs/TRANSPORT.md.
+#[test]
+fn a_group_envelope_is_the_pinned_vector() {
+    let (signer, verifier) = bindings::deployment();
+    let payloads: [&[u8]; 3] = [b"golden-0", b"golden-1", b"golden-2"];
+    let group = signer.sign_group(abhyasa_moq::SignedKind::Obligation, &payloads);
+    let hex: String = group[1].iter().map(|b| format!("{b:02x}")).collect();
+    let path = Path::new(FUZZ_DIR).join("fixtures/signed/group-1-of-3.hex");
+    if std::env::var_os("ABHYASA_WRITE_VECTORS").is_some() {
+        std::fs::write(&path, format!("{hex}\n")).expect("the vector written");
+    }
+    let want = std::fs::read_to_string(&path).expect("the pinned vector");
+    assert_eq!(hex, want.trim(), "the group envelope changed");
+    for (e, p) in group.iter().zip(payloads) {
+        let opened = verifier
+            .open(abhyasa_moq::SignedKind::Obligation, e)
+            .expect("a group envelope opens alone");
+        assert_eq!(opened.payload, p);
+    }
+}
+
 /// The `signed` check over fresh deployments: a new CA (ECDSA P-256, as `abhyasa certs` makes
 /// it) and principal per round, and inputs shaped like the one abort the target ever reported
 /// (a run whose deployment was generated per process, so the key, certificate and CA

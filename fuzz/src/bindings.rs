@@ -58,7 +58,7 @@ pub fn config(data: &[u8]) {
 /// `abhyasa certs`), so an input means the same envelope in every run and a crash found in
 /// one process replays in another — with a CA generated per process, an edit at a given
 /// offset met other key and certificate bytes each time.
-fn deployment() -> &'static (Signer, Verifier) {
+pub fn deployment() -> &'static (Signer, Verifier) {
     static D: OnceLock<(Signer, Verifier)> = OnceLock::new();
     D.get_or_init(|| {
         let dir = std::path::Path::new(super::FUZZ_DIR).join("fixtures/signed");
@@ -80,7 +80,8 @@ fn deployment() -> &'static (Signer, Verifier) {
 }
 
 /// The end-to-end signature envelope (COSE_Sign1, `abhyasa_moq::signed`) as a receiver opens
-/// it, in two modes chosen by the first byte:
+/// it, in modes chosen by the first byte (bit 0: the kind; bit 1: raw or forged; bit 2: a lone
+/// envelope or one of a group of `2 + (byte >> 5)` signed together, at place `(byte >> 3) & 3`):
 ///
 /// - raw: the rest is handed to `Verifier::open` as it is — it must refuse or open, never panic;
 /// - forged: the rest is `[payload length][payload][(offset u16, xor u8)…]`; the payload is
@@ -118,7 +119,31 @@ pub fn signed_in(signer: &Signer, verifier: &Verifier, data: &[u8]) -> bool {
     };
     let len = usize::from(len).min(rest.len());
     let (payload, edits) = rest.split_at(len);
-    let mut envelope = signer.sign(kind, payload);
+    // Group mode: the payload signed as one of a group (one signature over the group's Merkle
+    // root, the envelope carrying its inclusion proof), at the place and in a group of the
+    // size the mode byte names; its untouched siblings must still open beside it.
+    let grouped = mode & 4 != 0;
+    let (size, place) = (2 + usize::from(mode >> 5), usize::from((mode >> 3) & 3));
+    let place = place % size;
+    let siblings: Vec<Vec<u8>> = (0..size)
+        .map(|i| {
+            if i == place {
+                payload.to_vec()
+            } else {
+                vec![i as u8; i]
+            }
+        })
+        .collect();
+    let group = if grouped {
+        signer.sign_group(kind, &siblings)
+    } else {
+        Vec::new()
+    };
+    let mut envelope = if grouped {
+        group[place].clone()
+    } else {
+        signer.sign(kind, payload)
+    };
     for edit in edits.chunks_exact(3) {
         let at = usize::from(u16::from_le_bytes([edit[0], edit[1]])) % envelope.len();
         envelope[at] ^= edit[2];
@@ -153,5 +178,26 @@ pub fn signed_in(signer: &Signer, verifier: &Verifier, data: &[u8]) -> bool {
         "a batch answered otherwise than the envelope alone"
     );
     assert!(together[1].is_ok(), "a good neighbour refused in a batch");
+    if grouped {
+        // Beside its own siblings (sharing their signature) it gets the answer it gets alone,
+        // and they all open.
+        let mut batch: Vec<&[u8]> = group.iter().map(Vec::as_slice).collect();
+        batch[place] = &envelope;
+        let together = verifier.open_all(batch.iter().map(|e| (kind, *e)));
+        for (i, r) in together.iter().enumerate() {
+            if i == place {
+                assert_eq!(
+                    *r, alone,
+                    "a group answered otherwise than the envelope alone"
+                );
+            } else {
+                assert_eq!(
+                    r.as_ref().map(|o| &o.payload),
+                    Ok(&siblings[i]),
+                    "an untouched sibling refused or misread beside an edited one"
+                );
+            }
+        }
+    }
     alone.is_ok()
 }

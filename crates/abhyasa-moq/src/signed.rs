@@ -11,7 +11,25 @@
 //!   (`obligation` or `ack`), so an object signed as one kind is never read as another;
 //!   `x5chain` (33) = the sender's leaf certificate (DER), which must chain to the deployment
 //!   CA, name the sender as its agent id, be valid now, and hold an Ed25519 key.
-//! - No external AAD; the unprotected header is ignored.
+//! - No external AAD; the unprotected header is ignored, but for a group's inclusion proof.
+//!
+//! **Objects that leave together are signed together** ([`Signer::sign_group`]): one Ed25519
+//! signature over the root of an RFC 9162 Merkle tree (SHA-256) of their payloads, after COSE
+//! Receipts (draft-ietf-cose-merkle-tree-proofs). Each object is still a COSE_Sign1 of its own,
+//! with its payload attached, that verifies alone (a relay may forward it alone):
+//!
+//! - the protected header adds `vds` (395) = 1 (RFC9162_SHA256): the signature is over a tree
+//!   root, never over this payload directly, so no lone object's signature can pass for a
+//!   root's, nor the other way;
+//! - the unprotected header holds `vdp` (396) = `{ -1: [ bstr .cbor [tree_size, leaf_index,
+//!   [+ bstr]] ] }`, the object's inclusion proof;
+//! - the signature is over the `Sig_structure` of the protected header, no external AAD, and
+//!   the *root* as the payload: the root the payload's leaf hash (`SHA-256(0x00 || payload)`)
+//!   and the proof give. An altered payload, proof, index or size gives another root, and the
+//!   signature fails.
+//!
+//! A lone object is signed as before (no `vds`): nothing waits to be batched. Objects of one
+//! group opened together ([`Verifier::open_all`]) cost one verification between them.
 //!
 //! Verified certificates are cached (by their DER) so a steady peer costs one Ed25519
 //! verification per object, not a chain validation. Signatures are verified by the project's
@@ -36,6 +54,19 @@ use ed25519_dalek::{Signer as _, SigningKey, VerifyingKey};
 use rustls::pki_types::{CertificateDer, UnixTime};
 
 use crate::identity::{agent_of, Identity, IdentityError};
+
+mod merkle;
+
+/// The `vds` header parameter (verifiable data structure) of COSE Receipts.
+const VDS: i64 = 395;
+/// `vds` = RFC9162_SHA256.
+const RFC9162_SHA256: i64 = 1;
+/// The `vdp` header parameter (verifiable data proofs) of COSE Receipts.
+const VDP: i64 = 396;
+/// Inclusion proofs, in `vdp`.
+const INCLUSION: i64 = -1;
+/// The longest inclusion path read: a tree of 2^32 leaves.
+const MAX_PATH: usize = 32;
 
 /// What a signed object is; part of what is signed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,6 +123,10 @@ pub enum SignedError {
     /// The signature does not verify.
     #[error("signature does not verify")]
     Signature,
+    /// Signed as part of a group, without a readable inclusion proof for a tree the group
+    /// could have.
+    #[error("group signature without a valid inclusion proof: {0}")]
+    Proof(&'static str),
 }
 
 /// Signs objects as one agent, with its certificate's Ed25519 key.
@@ -149,27 +184,168 @@ impl Signer {
         &self.agent
     }
 
-    /// `payload` (an object's CBOR) as a signed envelope of `kind`.
-    pub fn sign(&self, kind: Kind, payload: &[u8]) -> Vec<u8> {
-        let protected = HeaderBuilder::new()
+    /// The protected header every envelope of `kind` from this signer carries.
+    fn header(&self, kind: Kind) -> HeaderBuilder {
+        HeaderBuilder::new()
             .algorithm(iana::Algorithm::EdDSA)
             .content_type(kind.content_type().to_owned())
             .value(
                 iana::HeaderParameter::X5Chain as i64,
                 Value::Bytes(self.cert.clone()),
             )
-            .build();
+    }
+
+    /// `payload` (an object's CBOR) as a signed envelope of `kind`.
+    pub fn sign(&self, kind: Kind, payload: &[u8]) -> Vec<u8> {
         let sign1 = CoseSign1Builder::new()
-            .protected(protected)
+            .protected(self.header(kind).build())
             .payload(payload.to_vec())
             .create_signature(&[], |tbs| self.key.sign(tbs).to_bytes().to_vec())
             .build();
-        // Encoding a COSE_Sign1 built from owned bytes and integers cannot fail.
-        sign1
-            .to_tagged_vec()
-            .unwrap_or_else(|e| unreachable!("COSE_Sign1 encoding failed: {e}"))
+        tagged(sign1)
+    }
+
+    /// `payloads` that leave together, as one envelope each under one signature over their
+    /// Merkle root (see the module docs); a lone payload is signed as by [`sign`](Self::sign).
+    pub fn sign_group<P: AsRef<[u8]>>(&self, kind: Kind, payloads: &[P]) -> Vec<Vec<u8>> {
+        match payloads {
+            [] => return Vec::new(),
+            [one] => return vec![self.sign(kind, one.as_ref())],
+            _ => {}
+        }
+        let leaves: Vec<merkle::Hash> = payloads.iter().map(|p| merkle::leaf(p.as_ref())).collect();
+        let size = leaves.len() as u64;
+        let Some(tree) = merkle::Tree::new(leaves) else {
+            unreachable!("two or more leaves")
+        };
+        let header = self
+            .header(kind)
+            .value(VDS, Value::Integer(RFC9162_SHA256.into()))
+            .build();
+        // The protected header encoded once, its bytes shared by every envelope.
+        let protected = coset::ProtectedHeader {
+            original_data: None,
+            header,
+        };
+        let protected = coset::ProtectedHeader {
+            original_data: protected.clone().cbor_bstr().ok().and_then(|v| match v {
+                Value::Bytes(b) => Some(b),
+                _ => None,
+            }),
+            header: protected.header,
+        };
+        let tbs = coset::sig_structure_data(
+            coset::SignatureContext::CoseSign1,
+            protected.clone(),
+            None,
+            &[],
+            &tree.root(),
+        );
+        let signature = self.key.sign(&tbs).to_bytes().to_vec();
+        payloads
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let path = tree
+                    .path(i)
+                    .into_iter()
+                    .map(|h| Value::Bytes(h.to_vec()))
+                    .collect();
+                let proof = Value::Array(vec![
+                    Value::Integer(size.into()),
+                    Value::Integer((i as u64).into()),
+                    Value::Array(path),
+                ]);
+                let mut proof_bytes = Vec::new();
+                // Encoding a value built from integers and byte strings cannot fail.
+                coset::cbor::ser::into_writer(&proof, &mut proof_bytes)
+                    .unwrap_or_else(|e| unreachable!("proof encoding failed: {e}"));
+                let vdp = Value::Map(vec![(
+                    Value::Integer(INCLUSION.into()),
+                    Value::Array(vec![Value::Bytes(proof_bytes)]),
+                )]);
+                tagged(CoseSign1 {
+                    protected: protected.clone(),
+                    unprotected: HeaderBuilder::new().value(VDP, vdp).build(),
+                    payload: Some(p.as_ref().to_vec()),
+                    signature: signature.clone(),
+                })
+            })
+            .collect()
     }
 }
+
+fn tagged(sign1: CoseSign1) -> Vec<u8> {
+    // Encoding a COSE_Sign1 built from owned bytes and integers cannot fail.
+    sign1
+        .to_tagged_vec()
+        .unwrap_or_else(|e| unreachable!("COSE_Sign1 encoding failed: {e}"))
+}
+
+/// The root a group envelope's inclusion proof gives for its payload: `Ok(None)` for a lone
+/// envelope (no `vds`).
+fn group_root(sign1: &CoseSign1, payload: &[u8]) -> Result<Option<merkle::Hash>, SignedError> {
+    let param = |rest: &[(Label, Value)], label: i64| {
+        rest.iter()
+            .find(|(l, _)| *l == Label::Int(label))
+            .map(|(_, v)| v.clone())
+    };
+    match param(&sign1.protected.header.rest, VDS) {
+        None => return Ok(None),
+        Some(Value::Integer(i)) if i == RFC9162_SHA256.into() => {}
+        Some(_) => return Err(SignedError::Proof("unknown verifiable data structure")),
+    }
+    let proof = match param(&sign1.unprotected.rest, VDP) {
+        Some(Value::Map(m)) => m.into_iter().find_map(|(k, v)| match (k, v) {
+            (Value::Integer(k), Value::Array(mut a)) if k == INCLUSION.into() && a.len() == 1 => {
+                match a.pop() {
+                    Some(Value::Bytes(b)) => Some(b),
+                    _ => None,
+                }
+            }
+            _ => None,
+        }),
+        _ => None,
+    }
+    .ok_or(SignedError::Proof("no inclusion proof"))?;
+    let proof: Value = coset::cbor::de::from_reader(proof.as_slice())
+        .map_err(|_| SignedError::Proof("inclusion proof is not CBOR"))?;
+    let Value::Array(fields) = proof else {
+        return Err(SignedError::Proof("inclusion proof is not an array"));
+    };
+    let [Value::Integer(size), Value::Integer(index), Value::Array(path)] = &fields[..] else {
+        return Err(SignedError::Proof(
+            "inclusion proof is not [size, index, path]",
+        ));
+    };
+    let (Ok(size), Ok(index)) = (u64::try_from(*size), u64::try_from(*index)) else {
+        return Err(SignedError::Proof(
+            "inclusion proof size or index out of range",
+        ));
+    };
+    if path.len() > MAX_PATH {
+        return Err(SignedError::Proof("inclusion path too long"));
+    }
+    let path = path
+        .iter()
+        .map(|h| match h {
+            Value::Bytes(b) => merkle::Hash::try_from(b.as_slice()).ok(),
+            _ => None,
+        })
+        .collect::<Option<Vec<_>>>()
+        .ok_or(SignedError::Proof(
+            "inclusion path entry is not a SHA-256 hash",
+        ))?;
+    if size < 2 {
+        return Err(SignedError::Proof("a group of fewer than two"));
+    }
+    merkle::root_from_path(index, size, merkle::leaf(payload), &path)
+        .map(Some)
+        .ok_or(SignedError::Proof("inclusion proof does not fit its place"))
+}
+
+/// One signature as queued in a batch: key, signature and the Sig_structure it signs.
+type Queued = ([u8; 32], [u8; 64], Vec<u8>);
 
 /// An envelope checked up to its signature.
 struct Prepared {
@@ -240,21 +416,32 @@ impl Verifier {
         objects: impl IntoIterator<Item = (Kind, &'a [u8])>,
     ) -> Vec<Result<Opened, SignedError>> {
         let mut batch = abhyasa_wire::sig::Batch::new();
-        let prepared: Vec<Result<Prepared, SignedError>> = objects
+        // The objects of one group share one signature over one root: it is verified once.
+        let mut queued: HashMap<Queued, usize> = HashMap::new();
+        let prepared: Vec<Result<(usize, Opened), SignedError>> = objects
             .into_iter()
             .map(|(kind, bytes)| {
                 let p = self.prepare(kind, bytes)?;
-                batch.push(&p.key, &p.tbs, &p.signature);
-                Ok(p)
+                let at = (p.key.to_bytes(), p.signature.to_bytes(), p.tbs);
+                let slot = match queued.get(&at) {
+                    Some(&slot) => slot,
+                    None => {
+                        let slot = batch.len();
+                        batch.push(&p.key, &at.2, &p.signature);
+                        queued.insert(at, slot);
+                        slot
+                    }
+                };
+                Ok((slot, p.opened))
             })
             .collect();
-        let mut verdicts = batch.verify_all().into_iter();
+        let verdicts = batch.verify_all();
         prepared
             .into_iter()
             .map(|p| {
-                let p = p?;
-                match verdicts.next() {
-                    Some(true) => Ok(p.opened),
+                let (slot, opened) = p?;
+                match verdicts.get(slot) {
+                    Some(true) => Ok(opened),
                     _ => Err(SignedError::Signature),
                 }
             })
@@ -298,7 +485,19 @@ impl Verifier {
         let known = self.sender(cert)?;
         let signature = ed25519_dalek::Signature::from_slice(&sign1.signature)
             .map_err(|_| SignedError::Signature)?;
-        let tbs = sign1.tbs_data(&[]);
+        let Some(payload) = &sign1.payload else {
+            return Err(SignedError::NoPayload);
+        };
+        let tbs = match group_root(&sign1, payload)? {
+            None => sign1.tbs_data(&[]),
+            Some(root) => coset::sig_structure_data(
+                coset::SignatureContext::CoseSign1,
+                sign1.protected.clone(),
+                None,
+                &[],
+                &root,
+            ),
+        };
         let Some(payload) = sign1.payload else {
             return Err(SignedError::NoPayload);
         };
@@ -539,6 +738,92 @@ mod tests {
         assert_eq!(together[13], Err(SignedError::Signature));
         assert_eq!(together[20].as_ref().unwrap().signer, id("agent"));
         assert_eq!(together[0].as_ref().unwrap().payload, vec![0u8; 30]);
+    }
+
+    /// One signature for a group: every envelope carries the same signature, opens alone to
+    /// its own payload, and a group of one is a lone envelope.
+    #[test]
+    fn a_group_signed_once_opens_object_by_object() {
+        let (_, _, signer, verifier) = setup();
+        for n in [2usize, 3, 5, 8, 33] {
+            let payloads: Vec<Vec<u8>> = (0..n).map(|i| vec![i as u8; 10 + i]).collect();
+            let group = signer.sign_group(Kind::Obligation, &payloads);
+            assert_eq!(group.len(), n);
+            let signatures: std::collections::HashSet<Vec<u8>> = group
+                .iter()
+                .map(|e| CoseSign1::from_tagged_slice(e).unwrap().signature)
+                .collect();
+            assert_eq!(signatures.len(), 1, "one signature for {n} objects");
+            for (e, p) in group.iter().zip(&payloads) {
+                let opened = verifier.open(Kind::Obligation, e).unwrap();
+                assert_eq!((&opened.signer, &opened.payload), (&id("principal"), p));
+                assert!(verifier.open(Kind::Ack, e).is_err());
+            }
+            let together = verifier.open_all(group.iter().map(|e| (Kind::Obligation, &e[..])));
+            let payloads_back: Vec<Vec<u8>> =
+                together.into_iter().map(|r| r.unwrap().payload).collect();
+            assert_eq!(payloads_back, payloads);
+        }
+        let lone = signer.sign_group(Kind::Ack, &[b"alone"]);
+        assert_eq!(lone, vec![signer.sign(Kind::Ack, b"alone")]);
+        assert!(signer.sign_group::<&[u8]>(Kind::Ack, &[]).is_empty());
+    }
+
+    /// Whatever is altered in a group envelope — payload, proof, index, size, headers,
+    /// signature — it is refused, alone and beside its untouched siblings (who still open).
+    #[test]
+    fn every_altered_byte_of_a_group_envelope_is_refused() {
+        let (_, _, signer, verifier) = setup();
+        let payloads: Vec<&[u8]> = vec![b"first", b"second", b"third", b"fourth", b"fifth"];
+        let group = signer.sign_group(Kind::Ack, &payloads);
+        let target = &group[2];
+        for i in 0..target.len() {
+            let mut bad = target.clone();
+            bad[i] ^= 0x01;
+            if let Ok(o) = verifier.open(Kind::Ack, &bad) {
+                panic!("byte {i} altered and still believed: {o:?}");
+            }
+            let mut batch: Vec<&[u8]> = group.iter().map(|e| &e[..]).collect();
+            batch[2] = &bad;
+            let together = verifier.open_all(batch.iter().map(|e| (Kind::Ack, *e)));
+            for (j, r) in together.iter().enumerate() {
+                assert_eq!(r.is_ok(), j != 2, "byte {i}: object {j}: {r:?}");
+            }
+        }
+    }
+
+    /// An envelope's proof moved to a sibling, or a sibling's payload put under it, proves
+    /// another root: refused.
+    #[test]
+    fn proofs_and_payloads_do_not_move_between_a_groups_envelopes() {
+        let (_, _, signer, verifier) = setup();
+        let group = signer.sign_group(Kind::Obligation, &[b"a", b"b", b"c"]);
+        let parse = |e: &[u8]| CoseSign1::from_tagged_slice(e).unwrap();
+        let mut swapped = parse(&group[0]);
+        swapped.unprotected = parse(&group[1]).unprotected;
+        let mut moved = parse(&group[0]);
+        moved.payload = parse(&group[1]).payload;
+        let mut stripped = parse(&group[0]);
+        stripped.unprotected = coset::Header::default();
+        for (what, e) in [
+            ("swapped", swapped),
+            ("moved", moved),
+            ("stripped", stripped),
+        ] {
+            let r = verifier.open(Kind::Obligation, &tagged(e));
+            assert!(r.is_err(), "{what}: {r:?}");
+        }
+        assert!(matches!(
+            verifier.open(
+                Kind::Obligation,
+                &tagged({
+                    let mut e = parse(&group[0]);
+                    e.unprotected = coset::Header::default();
+                    e
+                })
+            ),
+            Err(SignedError::Proof("no inclusion proof"))
+        ));
     }
 
     #[test]

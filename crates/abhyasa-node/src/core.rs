@@ -1037,7 +1037,8 @@ impl Core {
             self.sent.objects += out.objects.len() as u64;
             let (signer, datagram, objects) = (self.signer.clone(), out.datagram, out.objects);
             tokio::spawn(async move {
-                let signed: Vec<Vec<u8>> = objects.iter().map(|b| signer.sign(kind, b)).collect();
+                // One signature over the group (each object carries its inclusion proof).
+                let signed: Vec<Vec<u8>> = signer.sign_group(kind, &objects);
                 if let Err(e) = s.send_group(track, &signed, datagram).await {
                     debug!(%e, ?track, objects = signed.len(), "group not sent");
                 }
