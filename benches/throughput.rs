@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use abhyasa::custody::CustodianConfig;
+use abhyasa::custody::{CustodianConfig, ReceiverConfig};
 use abhyasa::moq::{endpoint, Ca, Session, SessionEvent, SessionLimits, Track, TransportSettings};
 use abhyasa::node::{Limits, Node};
 use abhyasa::wire::{encode, AgentId, Outcome};
@@ -65,6 +65,13 @@ fn nodes(
             .state_dir(dir.path().join("a"))
             .group(group)
             .limits(limits)
+            // Every obligation revokes a token of its own, and one pair of nodes serves every
+            // window size in turn: past the default 100,000 keys governed per issuer the
+            // agent would (rightly) decline `over_limit`, a limit this bench does not measure.
+            .receiver(ReceiverConfig {
+                max_governed: 10_000_000,
+                ..ReceiverConfig::default()
+            })
             .build()
             .await
             .unwrap();
