@@ -376,6 +376,14 @@ fn h4_epochs_rise(h: &History<'_>, at: &At<'_>, out: &mut Found) {
 /// signed reclaim, before any decision.
 fn h5_transfers_decided_once_on_signed_evidence(h: &History<'_>, at: &At<'_>, out: &mut Found) {
     let i = at.i;
+    let decided = match at.step {
+        Step::Reclaim { decision } => decision.peek().ok().map(|d| d.transfer),
+        Step::Decided { decision } => decision.peek().ok().map(|d| d.transfer),
+        _ => None,
+    };
+    if let Some(t) = decided.filter(|t| h.decided.contains(t)) {
+        out.bad("H5", format!("step {i}: transfer {t} decided twice"));
+    }
     match at.step {
         Step::Accept {
             cert,
@@ -396,12 +404,6 @@ fn h5_transfers_decided_once_on_signed_evidence(h: &History<'_>, at: &At<'_>, ou
         }
         Step::Reclaim { decision } => {
             let Ok(d) = decision.peek() else { return };
-            if h.decided.contains(&d.transfer) {
-                out.bad(
-                    "H5",
-                    format!("step {i}: transfer {} decided twice", d.transfer),
-                );
-            }
             let ok = h.sealed.get(&d.transfer).is_some_and(|c| {
                 c.confirm && &c.source == h.agent && confirms(h.keys, Some(decision), c, None)
             });
@@ -417,12 +419,6 @@ fn h5_transfers_decided_once_on_signed_evidence(h: &History<'_>, at: &At<'_>, ou
         }
         Step::Decided { decision } => {
             let Ok(d) = decision.peek() else { return };
-            if h.decided.contains(&d.transfer) {
-                out.bad(
-                    "H5",
-                    format!("step {i}: transfer {} decided twice", d.transfer),
-                );
-            }
             let Some(c) = h.sealed.get(&d.transfer) else {
                 out.bad(
                     "H5",
