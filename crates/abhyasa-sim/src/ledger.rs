@@ -395,13 +395,7 @@ impl Sim {
             .collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
         let keys = Keyring::new(all).with_issuers([agent("issuer")]);
-        let config = BranchConfig {
-            resend_ms: p.resend_ms,
-            checkpoint_steps: p.checkpoint_steps,
-            permit_ttl_ms: p.permit_ttl_ms,
-            mutation,
-            ..BranchConfig::default()
-        };
+        let config = branch_config(&p, mutation);
         let branches = BRANCHES
             .iter()
             .map(|n| {
@@ -645,6 +639,17 @@ impl Sim {
 
 /// `g` as the seed configures gateways: forgetting settled acceptances `retain_ms` after
 /// their permits expired (if set), checkpointing as often as branches do.
+/// Every branch's settings: at start, on restart, and when recovery is replayed for the check.
+fn branch_config(p: &Params, mutation: Option<LedgerMutation>) -> BranchConfig {
+    BranchConfig {
+        resend_ms: p.resend_ms,
+        checkpoint_steps: p.checkpoint_steps,
+        permit_ttl_ms: p.permit_ttl_ms,
+        mutation,
+        ..BranchConfig::default()
+    }
+}
+
 fn gateway_setup(g: Gateway, p: &Params) -> Gateway {
     let g = g.checkpointing(p.checkpoint_steps);
     match p.retain_ms {

@@ -5,13 +5,7 @@ use super::*;
 
 impl Sim {
     pub(super) fn branches_for_check(&self) -> Vec<Branch> {
-        let config = BranchConfig {
-            resend_ms: self.p.resend_ms,
-            checkpoint_steps: self.p.checkpoint_steps,
-            permit_ttl_ms: self.p.permit_ttl_ms,
-            mutation: self.mutation,
-            ..BranchConfig::default()
-        };
+        let config = branch_config(&self.p, self.mutation);
         self.branches
             .iter()
             .map(|(name, n)| {

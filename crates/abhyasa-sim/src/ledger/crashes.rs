@@ -70,13 +70,7 @@ impl Sim {
     }
 
     pub(super) fn restart_due(&mut self) {
-        let config = BranchConfig {
-            resend_ms: self.p.resend_ms,
-            checkpoint_steps: self.p.checkpoint_steps,
-            permit_ttl_ms: self.p.permit_ttl_ms,
-            mutation: self.mutation,
-            ..BranchConfig::default()
-        };
+        let config = branch_config(&self.p, self.mutation);
         for (name, node) in &mut self.branches {
             if node.machine.is_none() && self.now >= node.up_at {
                 let (b, rejected) = Branch::recover(
