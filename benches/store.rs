@@ -7,7 +7,7 @@ use std::hint::black_box;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use abhyasa_custody::{Custodian, CustodianConfig, CustodianRecord};
+use abhyasa_custody::{Custodian, CustodianConfig, CustodianRecord, ReceiverRecord};
 use abhyasa_store::{Op, Store, StoreConfig};
 use abhyasa_wire::{
     AckStatus, AgentId, BeliefUpdatePayload, ClientId, CustodyAck, Obligation, ObligationId,
@@ -203,5 +203,85 @@ fn recovery(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, persistence, recovery);
+/// The writer's CPU per record, without the disk (`Durability::None`): 1,024 records of one
+/// kind per commit, as the node's group commit hands them over under load — the issue's
+/// pending record, the agent's apply (its applied id, sequence, governed-by row, apply log and
+/// effect) and the discharge's terminal record.
+fn writer_cpu(c: &mut Criterion) {
+    const BATCH: u64 = 1_024;
+    let dir = tempfile::tempdir_in(std::env::current_dir().unwrap()).unwrap();
+    let mut g = c.benchmark_group("writer_cpu");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3))
+        .throughput(Throughput::Elements(BATCH));
+    let (p, a) = (
+        AgentId::new("principal").unwrap(),
+        AgentId::new("agent-1").unwrap(),
+    );
+    let unbounded = CustodianConfig {
+        max_pending: usize::MAX,
+        max_principal_entries: usize::MAX,
+        ..CustodianConfig::default()
+    };
+    let mut custodian = Custodian::new(p, unbounded, 1);
+    let mut next = 0u128;
+    // One batch of each: the pending records, then the same obligations' terminal records.
+    let mut cycle = move || {
+        let (mut pending, mut terminal, mut applied) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..BATCH {
+            next += 1;
+            let o = obligation(next);
+            pending.push(pending_op(&mut custodian, next));
+            custodian.handle_ack(
+                UnixMillis(1),
+                &a,
+                CustodyAck {
+                    obligation_id: o.id,
+                    target: a.clone(),
+                    status: AckStatus::Applied,
+                    acked_at: UnixMillis(1),
+                    detail: None,
+                },
+            );
+            while let Some(r) = custodian.poll_persist() {
+                terminal.push(Op::Custodian(r.record));
+            }
+            applied.push(Op::Receiver(ReceiverRecord::Apply {
+                id: o.id,
+                issuer: o.issuer.clone(),
+                effect: abhyasa_custody::kinds::effect(&o),
+                obligation: Box::new(o),
+                at: UnixMillis(1),
+                expires: UnixMillis(120_000),
+                sequence: None,
+            }));
+        }
+        [pending, applied, terminal]
+    };
+    let mut store = fresh_store(&dir, "writer-cpu.redb");
+    for (i, name) in ["pending", "apply", "terminal"].into_iter().enumerate() {
+        g.bench_function(format!("{name}_{BATCH}"), |b| {
+            b.iter_custom(|iters| {
+                let mut timed = Duration::ZERO;
+                for _ in 0..iters {
+                    let all = cycle();
+                    // The records before this kind's go in first, outside the timing.
+                    for earlier in &all[..i] {
+                        store.commit_with(earlier, Durability::None).unwrap();
+                    }
+                    let started = Instant::now();
+                    store
+                        .commit_with(black_box(&all[i]), Durability::None)
+                        .unwrap();
+                    timed += started.elapsed();
+                }
+                timed
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, persistence, recovery, writer_cpu);
 criterion_main!(benches);

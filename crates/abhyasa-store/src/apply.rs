@@ -1,6 +1,7 @@
 //! Writing a batch: every [`Op`] applied to its tables in one redb transaction, one commit.
 
 use super::*;
+use crate::open::{append, Open};
 
 impl Store {
     /// Applies `ops` in one write transaction with `Durability::Immediate`.
@@ -19,32 +20,35 @@ impl Store {
         let mut txn = self.db.begin_write()?;
         txn.set_durability(durability)?;
         txn.set_quick_repair(self.config.quick_repair);
+        let mut open = Open::new(&txn);
+        let t = &mut open;
         for op in ops {
             match op {
-                Op::Custodian(r) => self.apply_custodian(&txn, r)?,
-                Op::Receiver(r) => self.apply_receiver(&txn, r)?,
+                Op::Custodian(r) => self.apply_custodian(t, r)?,
+                Op::Receiver(r) => self.apply_receiver(t, r)?,
                 Op::Ledger(abhyasa_ledger::Step::Checkpoint(record)) => {
                     // Compaction: the checkpoint stands for every step before it.
-                    txn.open_table(LEDGER_CHECKPOINT)?
+                    t.ledger_checkpoint()?
                         .insert(0, encode(&**record).as_slice())?;
-                    txn.open_table(LEDGER_JOURNAL)?.retain(|_, _| false)?;
+                    t.ledger_journal()?.retain(|_, _| false)?;
                 }
-                Op::Ledger(step) => append(&txn, LEDGER_JOURNAL, &encode(step))?,
+                Op::Ledger(step) => append(t.ledger_journal()?, &encode(step))?,
                 Op::Gateway(abhyasa_ledger::GatewayRecord::Checkpoint(record)) => {
-                    txn.open_table(GATEWAY_CHECKPOINT)?
+                    t.gateway_checkpoint()?
                         .insert(0, encode(&**record).as_slice())?;
-                    txn.open_table(GATEWAY_LOG)?.retain(|_, _| false)?;
+                    t.gateway_log()?.retain(|_, _| false)?;
                 }
-                Op::Gateway(record) => append(&txn, GATEWAY_LOG, &encode(record))?,
-                Op::Event { event, at } => self.record_event(&txn, event, *at)?,
+                Op::Gateway(record) => append(t.gateway_log()?, &encode(record))?,
+                Op::Event { event, at } => self.record_event(t, event, *at)?,
                 Op::EventsDelivered { through } => {
-                    let mut outbox = txn.open_table(EVENTS_OUTBOX)?;
+                    let outbox = t.events_outbox()?;
                     for row in outbox.extract_from_if(..=*through, |_, _| true)? {
                         row?;
                     }
                 }
             }
         }
+        drop(open);
         txn.commit()
             .map_err(|e| StoreError::CommitUnknown(e.to_string()))?;
         self.poisoned = false;
@@ -53,7 +57,7 @@ impl Store {
 
     pub(super) fn apply_custodian(
         &mut self,
-        txn: &WriteTransaction,
+        t: &mut Open<'_>,
         record: &CustodianRecord,
     ) -> Result<(), StoreError> {
         match record {
@@ -67,16 +71,16 @@ impl Store {
                     attempts: *attempts,
                     last_observed: abhyasa_wire::LastObserved::NoAck,
                 };
-                txn.open_table(PENDING)?
+                t.pending()?
                     .insert(obligation.id.to_u128(), encode(&row).as_slice())?;
-                self.apply_principal(txn, principal.as_ref(), obligation.id)?;
+                self.apply_principal(t, principal.as_ref(), obligation.id)?;
             }
             CustodianRecord::Attempt {
                 id,
                 attempts,
                 last_observed,
             } => {
-                let mut pending = txn.open_table(PENDING)?;
+                let pending = t.pending()?;
                 let key = id.to_u128();
                 let row = pending.get(key)?.map(|v| v.value().to_vec());
                 if let Some(bytes) = row {
@@ -92,26 +96,22 @@ impl Store {
                 principal,
             } => {
                 let key = record.obligation_id.to_u128();
-                txn.open_table(PENDING)?.remove(key)?;
-                txn.open_table(TERMINAL)?
-                    .insert(key, encode(record).as_slice())?;
-                txn.open_table(TERMINAL_BY_TIME)?
-                    .insert((record.at.0, key), ())?;
+                t.pending()?.remove(key)?;
+                t.terminal()?.insert(key, encode(record).as_slice())?;
+                t.terminal_by_time()?.insert((record.at.0, key), ())?;
                 if let Some(e) = escalation {
-                    txn.open_table(ESCALATIONS)?
-                        .insert(key, encode(e).as_slice())?;
-                    txn.open_table(ESCALATIONS_BY_TIME)?
-                        .insert((e.at.0, key), ())?;
+                    t.escalations()?.insert(key, encode(e).as_slice())?;
+                    t.escalations_by_time()?.insert((e.at.0, key), ())?;
                 }
                 if let Some(event) =
                     events::of_terminal(record, escalation.as_ref(), principal.as_ref())
                 {
-                    self.record_event(txn, &event, record.at)?;
+                    self.record_event(t, &event, record.at)?;
                 }
-                self.apply_principal(txn, principal.as_ref(), record.obligation_id)?;
+                self.apply_principal(t, principal.as_ref(), record.obligation_id)?;
             }
             CustodianRecord::Reconciliation(note) => {
-                txn.open_table(NOTES)?
+                t.notes()?
                     .insert(note.obligation_id.to_u128(), encode(note).as_slice())?;
             }
         }
@@ -122,7 +122,7 @@ impl Store {
     /// key is already recorded (within the retention).
     pub(super) fn record_event(
         &self,
-        txn: &WriteTransaction,
+        t: &mut Open<'_>,
         event: &OperatorEvent,
         at: UnixMillis,
     ) -> Result<(), StoreError> {
@@ -130,14 +130,13 @@ impl Store {
             return Ok(());
         }
         let key = event.key();
-        let mut keys = txn.open_table(EVENT_KEYS)?;
+        let keys = t.event_keys()?;
         if keys.get(key.as_str())?.is_some() {
             return Ok(());
         }
         keys.insert(key.as_str(), at.0)?;
-        txn.open_table(EVENT_KEYS_BY_TIME)?
-            .insert((at.0, key.as_str()), ())?;
-        let mut meta = txn.open_table(META)?;
+        t.event_keys_by_time()?.insert((at.0, key.as_str()), ())?;
+        let meta = t.meta()?;
         let seq = meta.get(EVENTS_NEXT_SEQ)?.map_or(0, |v| v.value());
         meta.insert(EVENTS_NEXT_SEQ, seq + 1)?;
         let row = events::OutboxRow {
@@ -145,8 +144,7 @@ impl Store {
             at,
             event: event.clone(),
         };
-        txn.open_table(EVENTS_OUTBOX)?
-            .insert(seq, encode(&row).as_slice())?;
+        t.events_outbox()?.insert(seq, encode(&row).as_slice())?;
         Ok(())
     }
 
@@ -154,7 +152,7 @@ impl Store {
     /// semantics live) and writes back exactly the rows it touches.
     pub(super) fn apply_principal(
         &mut self,
-        txn: &WriteTransaction,
+        t: &mut Open<'_>,
         update: Option<&PrincipalUpdate>,
         by: ObligationId,
     ) -> Result<(), StoreError> {
@@ -176,13 +174,11 @@ impl Store {
             | PrincipalUpdate::Safe(SafeAction::WithholdScope { target, scope, .. }) => {
                 if let Some(a) = self.principal.authorization(target, scope) {
                     let key = (target.as_str(), scope.as_str());
-                    txn.open_table(AUTHORIZATIONS)?
-                        .insert(key, (a.withheld, a.sequence))?;
+                    t.authorizations()?.insert(key, (a.withheld, a.sequence))?;
                     if let Some(by) = a.by {
-                        txn.open_table(AUTHORIZATION_BY)?
-                            .insert(key, by.to_u128())?;
+                        t.authorization_by()?.insert(key, by.to_u128())?;
                     }
-                    let mut leases = txn.open_table(AUTHORIZATION_UNTIL)?;
+                    let leases = t.authorization_until()?;
                     match a.until {
                         Some(end) => leases.insert(key, end.0)?,
                         None => leases.remove(key)?,
@@ -197,23 +193,22 @@ impl Store {
                 fold_after,
                 lapses_at,
             }) => {
-                txn.open_table(ADJUSTMENTS)?.insert(
+                t.adjustments()?.insert(
                     obligation_id.to_u128(),
                     (target.as_str(), weight_key.as_str(), *amount, fold_after.0),
                 )?;
                 if let Some(end) = lapses_at {
-                    txn.open_table(ADJUSTMENT_LAPSES)?
+                    t.adjustment_lapses()?
                         .insert(obligation_id.to_u128(), end.0)?;
                 }
             }
             PrincipalUpdate::Safe(SafeAction::StopHonouringToken { token_id, .. }) => {
-                txn.open_table(REVOKED_TOKENS)?
-                    .insert(token_id.as_str(), ())?;
+                t.revoked_tokens()?.insert(token_id.as_str(), ())?;
                 if let Some(by) = self.principal.token_revoked_by(token_id) {
-                    txn.open_table(TOKEN_REVOKED_BY)?
+                    t.token_revoked_by()?
                         .insert(token_id.as_str(), by.to_u128())?;
                 }
-                let mut by_expiry = txn.open_table(REVOKED_TOKENS_BY_EXPIRY)?;
+                let by_expiry = t.revoked_tokens_by_expiry()?;
                 if let Some(at) = held_token {
                     by_expiry.remove((at.0, token_id.as_str()))?;
                 }
@@ -227,7 +222,7 @@ impl Store {
 
     pub(super) fn apply_receiver(
         &mut self,
-        txn: &WriteTransaction,
+        t: &mut Open<'_>,
         record: &ReceiverRecord,
     ) -> Result<(), StoreError> {
         match record {
@@ -243,32 +238,35 @@ impl Store {
                 // The applied id, its sequence and its effect: this one transaction.
                 let key = id.to_u128();
                 {
-                    let mut log = txn.open_table(RECV_APPLY_LOG)?;
+                    let log = t.apply_log()?;
                     let n = log.range((key, 0)..=(key, u32::MAX))?.count() as u32;
                     log.insert((key, n), (at.0, encode(obligation.as_ref()).as_slice()))?;
                 }
                 let governed = effect.governed_key(issuer);
-                txn.open_table(GOVERNED_BY)?
+                t.governed_by()?
                     .insert(rows::governed_key(&governed), key)?;
-                txn.open_table(APPLIED)?.insert(key, expires.0)?;
-                txn.open_table(APPLIED_BY_EXPIRY)?
-                    .insert((expires.0, key), ())?;
+                t.applied()?.insert(key, expires.0)?;
+                t.applied_by_expiry()?.insert((expires.0, key), ())?;
                 if let Some((governed, seq)) = sequence {
-                    txn.open_table(LAST_SEQUENCE)?
+                    t.last_sequence()?
                         .insert(rows::governed_key(governed), *seq)?;
                 }
-                self.apply_effect(txn, effect, issuer)?;
+                self.apply_effect(t, effect, issuer)?;
             }
             ReceiverRecord::Prune { before } => {
-                let mut by_expiry = txn.open_table(APPLIED_BY_EXPIRY)?;
-                let mut applied = txn.open_table(APPLIED)?;
-                let mut log = txn.open_table(RECV_APPLY_LOG)?;
-                let gone = by_expiry.extract_from_if(..(before.0, 0u128), |_, _| true)?;
-                for entry in gone {
-                    let (k, _) = entry?;
-                    let id = k.value().1;
-                    applied.remove(id)?;
-                    for e in log.extract_from_if((id, 0)..=(id, u32::MAX), |_, _| true)? {
+                let mut gone = Vec::new();
+                for entry in t
+                    .applied_by_expiry()?
+                    .extract_from_if(..(before.0, 0u128), |_, _| true)?
+                {
+                    gone.push(entry?.0.value().1);
+                }
+                for id in gone {
+                    t.applied()?.remove(id)?;
+                    for e in t
+                        .apply_log()?
+                        .extract_from_if((id, 0)..=(id, u32::MAX), |_, _| true)?
+                    {
                         e?;
                     }
                 }
@@ -279,7 +277,7 @@ impl Store {
 
     pub(super) fn apply_effect(
         &mut self,
-        txn: &WriteTransaction,
+        t: &mut Open<'_>,
         effect: &ReceiverEffect,
         issuer: &AgentId,
     ) -> Result<(), StoreError> {
@@ -294,20 +292,20 @@ impl Store {
             ReceiverEffect::WithholdScope(issuer, scope)
             | ReceiverEffect::GrantScope(issuer, scope, _) => {
                 let key = (issuer.as_str(), scope.as_str());
-                let mut t = txn.open_table(RECV_WITHHELD)?;
+                let withheld = t.withheld()?;
                 if self.receiver.is_withheld(issuer, scope) {
-                    t.insert(key, ())?;
+                    withheld.insert(key, ())?;
                 } else {
-                    t.remove(key)?;
+                    withheld.remove(key)?;
                 }
-                let mut leases = txn.open_table(RECV_LEASES)?;
+                let leases = t.leases()?;
                 match self.receiver.lease(issuer, scope) {
                     Some(end) => leases.insert(key, end.0)?,
                     None => leases.remove(key)?,
                 };
             }
             ReceiverEffect::AdjustWeight(issuer, key, change) => {
-                txn.open_table(RECV_WEIGHT_CHANGES)?.insert(
+                t.weight_changes()?.insert(
                     change.by.to_u128(),
                     (
                         issuer.as_str(),
@@ -320,20 +318,19 @@ impl Store {
             ReceiverEffect::DropToken(token, _) | ReceiverEffect::CacheToken(token, _) => {
                 let now = self.receiver.token_record(token);
                 if let Some((dropped, _)) = now {
-                    txn.open_table(RECV_TOKENS)?
-                        .insert(token.as_str(), dropped)?;
+                    t.tokens()?.insert(token.as_str(), dropped)?;
                 }
                 // The expiry rows follow the record's expiry; the issuers named by the old
                 // rows move with it, so each governed-by row and last sequence is forgotten
                 // with the record. A record kept for good has its rows at `FOR_GOOD`, so its
                 // issuers move too when another issuer gives the token an expiry.
-                let mut by_expiry = txn.open_table(RECV_TOKENS_BY_EXPIRY)?;
+                let by_expiry = t.tokens_by_expiry()?;
                 let mut issuers = vec![issuer.as_str().to_owned()];
                 let row_at = |e: Option<UnixMillis>| e.map_or(FOR_GOOD, |e| e.0);
                 let old = held_token.map(|(_, e)| row_at(e));
                 let new = now.map(|(_, e)| row_at(e));
                 if let Some(at) = old.filter(|at| Some(*at) != new) {
-                    issuers.extend(token_expiry_rows(&mut by_expiry, at, token.as_str(), true)?);
+                    issuers.extend(token_expiry_rows(by_expiry, at, token.as_str(), true)?);
                 }
                 if let Some(at) = new {
                     for i in &issuers {

@@ -60,6 +60,7 @@
 
 mod events;
 mod group;
+mod open;
 mod rows;
 mod tables;
 
@@ -809,15 +810,3 @@ mod maintain;
 mod recover;
 #[cfg(test)]
 mod tests;
-
-/// Appends `bytes` at the next sequence number of an append-only log table.
-fn append(
-    txn: &WriteTransaction,
-    table: redb::TableDefinition<'_, u64, &[u8]>,
-    bytes: &[u8],
-) -> Result<(), StoreError> {
-    let mut t = txn.open_table(table)?;
-    let next = t.last()?.map_or(0, |(k, _)| k.value() + 1);
-    t.insert(next, bytes)?;
-    Ok(())
-}

@@ -156,8 +156,9 @@ impl Store {
             }
         }
         drop(keys);
+        let mut open = crate::open::Open::new(txn);
         for event in ended {
-            self.record_event(txn, &event, now)?;
+            self.record_event(&mut open, &event, now)?;
             recorded += 1;
         }
         Ok(recorded)
