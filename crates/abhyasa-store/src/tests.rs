@@ -1297,3 +1297,76 @@ fn an_ended_lease_is_recorded_once_by_maintenance_on_both_sides() {
     );
     assert_ne!(out[0].key, out[1].key);
 }
+
+/// Rows per table after a fixed history, read by table name: where each record's rows land is
+/// the file's layout (docs/STORE.md), so a row written to the wrong table, or to none, shows
+/// here even when the code that reads it back makes the same mistake.
+#[test]
+fn each_records_rows_land_in_the_tables_the_layout_names() {
+    let (mut store, _) = memory_store();
+    let mut c = Custodian::new(p(), CustodianConfig::default(), 1);
+    let mut r = Receiver::new(a(), ReceiverConfig::default());
+    let all = [
+        revoke_token(1),
+        revoke_scope(2),
+        belief(3, -1),
+        belief(4, -2),
+    ];
+    for o in &all {
+        c.issue(UnixMillis(0), o.clone()).unwrap();
+    }
+    persist_custodian(&mut c, &mut store, 0);
+    // The agent applies the first three; the fourth never reaches it.
+    for o in &all[..3] {
+        r.handle_obligation(UnixMillis(1), &p(), o.clone());
+    }
+    for ack in persist_receiver(&mut r, &mut store) {
+        c.handle_ack(UnixMillis(2), &a(), ack.ack);
+    }
+    persist_custodian(&mut c, &mut store, 2);
+    // The fourth escalates at its deadline: its down-weight stands on the principal's side.
+    c.handle_timeout(UnixMillis(1_000));
+    persist_custodian(&mut c, &mut store, 1_000);
+
+    let txn = store.db.begin_read().unwrap();
+    let rows: BTreeMap<String, u64> = txn
+        .list_tables()
+        .unwrap()
+        .map(|handle| {
+            let name = redb::TableHandle::name(&handle).to_owned();
+            let len = txn.open_untyped_table(handle).unwrap().len().unwrap();
+            (name, len)
+        })
+        .filter(|(_, len)| *len > 0)
+        .collect();
+    let rows: Vec<(&str, u64)> = rows.iter().map(|(n, l)| (n.as_str(), *l)).collect();
+    // Four obligations ended (three applied, one escalated); the principal withholds the
+    // scope and stops honouring the token at issue, and holds the escalated down-weight with
+    // its lapse; the agent holds three applied ids with their expiry, log, governed-by and
+    // sequence rows, and one effect of each kind (the token's record kept for good).
+    assert_eq!(
+        rows,
+        vec![
+            ("custodian.escalations", 1),
+            ("custodian.escalations_by_time", 1),
+            ("custodian.terminal", 4),
+            ("custodian.terminal_by_time", 4),
+            ("meta", 1),
+            ("principal.adjustment_lapses", 1),
+            ("principal.adjustments", 1),
+            ("principal.authorization_by", 1),
+            ("principal.authorizations", 1),
+            ("principal.revoked_tokens", 1),
+            ("principal.token_revoked_by", 1),
+            ("receiver.applied", 3),
+            ("receiver.applied_by_expiry", 3),
+            ("receiver.apply_log", 3),
+            ("receiver.governed_by", 3),
+            ("receiver.last_sequence", 3),
+            ("receiver.tokens", 1),
+            ("receiver.tokens_by_expiry", 1),
+            ("receiver.weight_changes", 1),
+            ("receiver.withheld", 1),
+        ]
+    );
+}
