@@ -16,6 +16,16 @@ use abhyasa_wire::{
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use redb::Durability;
 
+/// A custodian configuration without the admission limits: the benches hold more pending
+/// obligations and principal entries than a node would admit.
+fn unbounded() -> CustodianConfig {
+    CustodianConfig {
+        max_pending: usize::MAX,
+        max_principal_entries: usize::MAX,
+        ..CustodianConfig::default()
+    }
+}
+
 fn obligation(id: u128) -> Obligation {
     Obligation {
         id: ObligationId::from_u128(id),
@@ -64,12 +74,7 @@ fn persistence(c: &mut Criterion) {
         })
     });
 
-    let unbounded = CustodianConfig {
-        max_pending: usize::MAX,
-        max_principal_entries: usize::MAX,
-        ..CustodianConfig::default()
-    };
-    let mut custodian = Custodian::new(AgentId::new("principal").unwrap(), unbounded, 1);
+    let mut custodian = Custodian::new(AgentId::new("principal").unwrap(), unbounded(), 1);
     let mut next = 0u128;
     let mut id = || {
         next += 1;
@@ -127,12 +132,7 @@ fn recovery(c: &mut Criterion) {
     for terminal in [0u128, 100_000] {
         let path = dir.path().join(format!("recover-{terminal}.redb"));
         let mut store = Store::open(&path, StoreConfig::default()).unwrap();
-        let unbounded = CustodianConfig {
-            max_pending: usize::MAX,
-            max_principal_entries: usize::MAX,
-            ..CustodianConfig::default()
-        };
-        let mut c = Custodian::new(p.clone(), unbounded, 1);
+        let mut c = Custodian::new(p.clone(), unbounded(), 1);
         let started = Instant::now();
         // Terminal history that leaves principal state alone: corrective belief updates the
         // target applied (no withhold at issue, no safe action).
@@ -219,12 +219,7 @@ fn writer_cpu(c: &mut Criterion) {
         AgentId::new("principal").unwrap(),
         AgentId::new("agent-1").unwrap(),
     );
-    let unbounded = CustodianConfig {
-        max_pending: usize::MAX,
-        max_principal_entries: usize::MAX,
-        ..CustodianConfig::default()
-    };
-    let mut custodian = Custodian::new(p, unbounded, 1);
+    let mut custodian = Custodian::new(p, unbounded(), 1);
     let mut next = 0u128;
     // One batch of each: the pending records, then the same obligations' terminal records.
     let mut cycle = move || {

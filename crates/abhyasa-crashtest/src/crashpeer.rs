@@ -177,7 +177,7 @@ pub enum PeerError {
 
 /// Runs a peer until it is done (custodian) or killed (receiver).
 pub fn run(args: &PeerArgs) -> Result<(), PeerError> {
-    let socket = UdpSocket::bind(args.listen)?;
+    let socket = crate::bind_fixed(args.listen)?;
     let mut points = Points::new(args.kill_at, args.kill_nth);
     let group = open_group(&args.db)?;
     points.reach(KillPoint::DuringRecovery);

@@ -225,7 +225,7 @@ impl Net {
 pub fn run(args: &LedgerPeerArgs) -> Result<(), LedgerPeerError> {
     let addrs: BTreeMap<&'static str, SocketAddr> =
         [("root", args.root), ("child", args.child), ("gw", args.gw)].into();
-    let socket = UdpSocket::bind(addrs[args.role.name()])?;
+    let socket = crate::bind_fixed(addrs[args.role.name()])?;
     socket.set_read_timeout(Some(Duration::from_millis(5)))?;
     let net = Net {
         socket,

@@ -240,7 +240,12 @@ fn the_checker_catches_a_refunding_branch_across_processes() {
         gw.start(None);
         caught += u32::from(hit);
     }
-    assert!(caught > 0, "the gateway never reached the cut");
+    let root_exit = peers[0].proc.exited();
+    assert!(
+        caught > 0,
+        "the gateway never reached the cut (the root branch, which drives the work: {})",
+        root_exit.map_or("still running".to_string(), |s| format!("ended, {s}"))
+    );
     // Let the branches finish (refunds end operations too), then read the files.
     // (The mutant may never finish: the checker reads whatever is durable.)
     let _ = peers[0].wait_for("DONE", Duration::from_secs(15));

@@ -53,6 +53,12 @@ impl Watched {
         false
     }
 
+    /// The exit status if the process has ended (it is then not running), `None` while it runs.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        let (child, _) = self.child.as_mut()?;
+        child.try_wait().ok().flatten()
+    }
+
     /// SIGKILL, and reap.
     pub fn sigkill(&mut self) {
         if let Some((mut child, _)) = self.child.take() {
