@@ -475,7 +475,7 @@ pub fn read_effects(db: &Path) -> Result<Vec<EffectInstance>, std::io::Error> {
         let (Ok(k), Ok(c), Ok(payer)) = (
             u128::from_str_radix(k, 16),
             c.parse::<u64>(),
-            AgentId::new(p.to_owned()),
+            AgentId::new(p),
         ) else {
             return Err(malformed());
         };
@@ -635,8 +635,8 @@ mod tests {
         assert_eq!(
             got,
             vec![
-                (0xa1, AgentId::new("root".to_owned()).unwrap()),
-                (0xc3, AgentId::new("child".to_owned()).unwrap()),
+                (0xa1, AgentId::new("root").unwrap()),
+                (0xc3, AgentId::new("child").unwrap()),
             ]
         );
     }

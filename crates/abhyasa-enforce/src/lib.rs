@@ -549,7 +549,7 @@ async fn check(
         .collect();
     for b in bearers {
         // A token that is not a valid name here was never revoked here.
-        if let Ok(token) = TokenId::new(b.to_owned()) {
+        if let Ok(token) = TokenId::new(b) {
             asks.push(Ask::Token(token));
         }
     }
@@ -596,7 +596,7 @@ pub fn agent_named(value: &str) -> Result<AgentId, String> {
     } else {
         value
     };
-    AgentId::new(name.to_owned()).map_err(|e| format!("agent {name:?}: {e}"))
+    AgentId::new(name).map_err(|e| format!("agent {name:?}: {e}"))
 }
 
 #[cfg(test)]

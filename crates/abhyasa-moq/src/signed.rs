@@ -48,7 +48,7 @@ use std::sync::Mutex;
 
 use abhyasa_wire::AgentId;
 use coset::cbor::Value;
-use coset::{iana, CoseSign1, CoseSign1Builder, HeaderBuilder, Label, TaggedCborSerializable};
+use coset::{iana, CoseSign1, HeaderBuilder, Label, TaggedCborSerializable};
 use ed25519_dalek::pkcs8::DecodePrivateKey;
 use ed25519_dalek::{Signer as _, SigningKey, VerifyingKey};
 use rustls::pki_types::{CertificateDer, UnixTime};
@@ -56,6 +56,7 @@ use rustls::pki_types::{CertificateDer, UnixTime};
 use crate::identity::{agent_of, Identity, IdentityError};
 
 mod merkle;
+mod raw;
 
 /// The `vds` header parameter (verifiable data structure) of COSE Receipts.
 const VDS: i64 = 395;
@@ -197,12 +198,9 @@ impl Signer {
 
     /// `payload` (an object's CBOR) as a signed envelope of `kind`.
     pub fn sign(&self, kind: Kind, payload: &[u8]) -> Vec<u8> {
-        let sign1 = CoseSign1Builder::new()
-            .protected(self.header(kind).build())
-            .payload(payload.to_vec())
-            .create_signature(&[], |tbs| self.key.sign(tbs).to_bytes().to_vec())
-            .build();
-        tagged(sign1)
+        let protected = protected_bytes(self.header(kind).build());
+        let signature = self.key.sign(&raw::sig_structure(&protected, payload));
+        raw::envelope(&protected, None, payload, &signature.to_bytes())
     }
 
     /// `payloads` that leave together, as one envelope each under one signature over their
@@ -218,97 +216,92 @@ impl Signer {
         let Some(tree) = merkle::Tree::new(leaves) else {
             unreachable!("two or more leaves")
         };
-        let header = self
-            .header(kind)
-            .value(VDS, Value::Integer(RFC9162_SHA256.into()))
-            .build();
         // The protected header encoded once, its bytes shared by every envelope.
-        let protected = coset::ProtectedHeader {
-            original_data: None,
-            header,
-        };
-        let protected = coset::ProtectedHeader {
-            original_data: protected.clone().cbor_bstr().ok().and_then(|v| match v {
-                Value::Bytes(b) => Some(b),
-                _ => None,
-            }),
-            header: protected.header,
-        };
-        let tbs = coset::sig_structure_data(
-            coset::SignatureContext::CoseSign1,
-            protected.clone(),
-            None,
-            &[],
-            &tree.root(),
+        let protected = protected_bytes(
+            self.header(kind)
+                .value(VDS, Value::Integer(RFC9162_SHA256.into()))
+                .build(),
         );
-        let signature = self.key.sign(&tbs).to_bytes().to_vec();
+        let signature = self
+            .key
+            .sign(&raw::sig_structure(&protected, &tree.root()))
+            .to_bytes();
         payloads
             .iter()
             .enumerate()
             .map(|(i, p)| {
-                let path = tree
-                    .path(i)
-                    .into_iter()
-                    .map(|h| Value::Bytes(h.to_vec()))
-                    .collect();
-                let proof = Value::Array(vec![
-                    Value::Integer(size.into()),
-                    Value::Integer((i as u64).into()),
-                    Value::Array(path),
-                ]);
-                let mut proof_bytes = Vec::new();
-                // Encoding a value built from integers and byte strings cannot fail.
-                coset::cbor::ser::into_writer(&proof, &mut proof_bytes)
-                    .unwrap_or_else(|e| unreachable!("proof encoding failed: {e}"));
-                let vdp = Value::Map(vec![(
-                    Value::Integer(INCLUSION.into()),
-                    Value::Array(vec![Value::Bytes(proof_bytes)]),
-                )]);
-                tagged(CoseSign1 {
-                    protected: protected.clone(),
-                    unprotected: HeaderBuilder::new().value(VDP, vdp).build(),
-                    payload: Some(p.as_ref().to_vec()),
-                    signature: signature.clone(),
-                })
+                let proof = raw::proof(size, i as u64, &tree.path(i));
+                raw::envelope(&protected, Some(&proof), p.as_ref(), &signature)
             })
             .collect()
     }
 }
 
-fn tagged(sign1: CoseSign1) -> Vec<u8> {
-    // Encoding a COSE_Sign1 built from owned bytes and integers cannot fail.
-    sign1
-        .to_tagged_vec()
-        .unwrap_or_else(|e| unreachable!("COSE_Sign1 encoding failed: {e}"))
+/// A protected header's encoded bytes (what the envelope carries and the signature covers).
+fn protected_bytes(header: coset::Header) -> Vec<u8> {
+    match (coset::ProtectedHeader {
+        original_data: None,
+        header,
+    })
+    .cbor_bstr()
+    {
+        Ok(Value::Bytes(b)) => b,
+        // Encoding a header built from integers, text and byte strings cannot fail.
+        other => unreachable!("protected header encoding failed: {other:?}"),
+    }
 }
 
-/// The root a group envelope's inclusion proof gives for its payload: `Ok(None)` for a lone
-/// envelope (no `vds`).
-fn group_root(sign1: &CoseSign1, payload: &[u8]) -> Result<Option<merkle::Hash>, SignedError> {
-    let param = |rest: &[(Label, Value)], label: i64| {
-        rest.iter()
-            .find(|(l, _)| *l == Label::Int(label))
-            .map(|(_, v)| v.clone())
-    };
-    match param(&sign1.protected.header.rest, VDS) {
-        None => return Ok(None),
-        Some(Value::Integer(i)) if i == RFC9162_SHA256.into() => {}
-        Some(_) => return Err(SignedError::Proof("unknown verifiable data structure")),
-    }
-    let proof = match param(&sign1.unprotected.rest, VDP) {
-        Some(Value::Map(m)) => m.into_iter().find_map(|(k, v)| match (k, v) {
-            (Value::Integer(k), Value::Array(mut a)) if k == INCLUSION.into() && a.len() == 1 => {
-                match a.pop() {
-                    Some(Value::Bytes(b)) => Some(b),
-                    _ => None,
-                }
-            }
+/// A header parameter by its integer label.
+fn param(rest: &[(Label, Value)], label: i64) -> Option<&Value> {
+    rest.iter()
+        .find(|(l, _)| *l == Label::Int(label))
+        .map(|(_, v)| v)
+}
+
+/// The one inclusion proof's bytes in an unprotected header, in whatever form the general
+/// reader found it.
+fn proof_in(unprotected: &coset::Header) -> Option<&[u8]> {
+    match param(&unprotected.rest, VDP)? {
+        Value::Map(m) => m.iter().find_map(|(k, v)| match (k, v) {
+            (Value::Integer(k), Value::Array(a)) if *k == INCLUSION.into() => match &a[..] {
+                [Value::Bytes(b)] => Some(b.as_slice()),
+                _ => None,
+            },
             _ => None,
         }),
         _ => None,
     }
-    .ok_or(SignedError::Proof("no inclusion proof"))?;
-    let proof: Value = coset::cbor::de::from_reader(proof.as_slice())
+}
+
+/// The root a group envelope's inclusion proof (`proof`) gives for its payload: `Ok(None)` for
+/// a lone envelope (no `vds` in its protected header).
+fn group_root(
+    protected: &coset::Header,
+    proof: Option<&[u8]>,
+    payload: &[u8],
+) -> Result<Option<merkle::Hash>, SignedError> {
+    match param(&protected.rest, VDS) {
+        None => return Ok(None),
+        Some(Value::Integer(i)) if *i == RFC9162_SHA256.into() => {}
+        Some(_) => return Err(SignedError::Proof("unknown verifiable data structure")),
+    }
+    let proof = proof.ok_or(SignedError::Proof("no inclusion proof"))?;
+    let (size, index, path) = match raw::read_proof(proof, MAX_PATH) {
+        Some(read) => read,
+        None => proof_by_value(proof)?,
+    };
+    if size < 2 {
+        return Err(SignedError::Proof("a group of fewer than two"));
+    }
+    merkle::root_from_path(index, size, merkle::leaf(payload), &path)
+        .map(Some)
+        .ok_or(SignedError::Proof("inclusion proof does not fit its place"))
+}
+
+/// An inclusion proof in a form [`raw::read_proof`] does not read (indefinite lengths, say),
+/// read through a CBOR value, or the reason it is refused.
+fn proof_by_value(proof: &[u8]) -> Result<(u64, u64, Vec<merkle::Hash>), SignedError> {
+    let proof: Value = coset::cbor::de::from_reader(proof)
         .map_err(|_| SignedError::Proof("inclusion proof is not CBOR"))?;
     let Value::Array(fields) = proof else {
         return Err(SignedError::Proof("inclusion proof is not an array"));
@@ -336,12 +329,14 @@ fn group_root(sign1: &CoseSign1, payload: &[u8]) -> Result<Option<merkle::Hash>,
         .ok_or(SignedError::Proof(
             "inclusion path entry is not a SHA-256 hash",
         ))?;
-    if size < 2 {
-        return Err(SignedError::Proof("a group of fewer than two"));
-    }
-    merkle::root_from_path(index, size, merkle::leaf(payload), &path)
-        .map(Some)
-        .ok_or(SignedError::Proof("inclusion proof does not fit its place"))
+    Ok((size, index, path))
+}
+
+/// The protected header last read by one [`Verifier::open_all`]: the objects of a group share
+/// it byte for byte, and it is decoded once for them.
+struct SeenHeader {
+    bytes: Vec<u8>,
+    header: coset::Header,
 }
 
 /// One signature as queued in a batch: key, signature and the Sig_structure it signs.
@@ -401,7 +396,7 @@ impl Verifier {
     /// The signature by the project's one rule (`abhyasa_wire::sig`: ZIP 215, no small-order
     /// key), which [`open_all`](Self::open_all) applies in a batch with the same answers.
     pub fn open(&self, kind: Kind, bytes: &[u8]) -> Result<Opened, SignedError> {
-        let p = self.prepare(kind, bytes)?;
+        let p = self.prepare(kind, bytes, &mut None)?;
         if !abhyasa_wire::sig::verify(&p.key, &p.tbs, &p.signature) {
             return Err(SignedError::Signature);
         }
@@ -418,10 +413,11 @@ impl Verifier {
         let mut batch = abhyasa_wire::sig::Batch::new();
         // The objects of one group share one signature over one root: it is verified once.
         let mut queued: HashMap<Queued, usize> = HashMap::new();
+        let mut seen = None;
         let prepared: Vec<Result<(usize, Opened), SignedError>> = objects
             .into_iter()
             .map(|(kind, bytes)| {
-                let p = self.prepare(kind, bytes)?;
+                let p = self.prepare(kind, bytes, &mut seen)?;
                 let at = (p.key.to_bytes(), p.signature.to_bytes(), p.tbs);
                 let slot = match queued.get(&at) {
                     Some(&slot) => slot,
@@ -449,11 +445,69 @@ impl Verifier {
     }
 
     /// Everything [`open`](Self::open) checks before the signature, and what the signature
-    /// is then checked over.
-    fn prepare(&self, kind: Kind, bytes: &[u8]) -> Result<Prepared, SignedError> {
+    /// is then checked over. `seen` is the protected header last decoded, reused when this
+    /// envelope's is the same bytes.
+    fn prepare(
+        &self,
+        kind: Kind,
+        bytes: &[u8],
+        seen: &mut Option<SeenHeader>,
+    ) -> Result<Prepared, SignedError> {
+        let Some(parts) = raw::parts(bytes) else {
+            return self.prepare_general(kind, bytes);
+        };
+        if seen.as_ref().is_none_or(|s| s.bytes != parts.protected) {
+            let Ok(p) =
+                coset::ProtectedHeader::from_cbor_bstr(Value::Bytes(parts.protected.to_vec()))
+            else {
+                // Not a header: the general reader says why.
+                return self.prepare_general(kind, bytes);
+            };
+            *seen = Some(SeenHeader {
+                bytes: parts.protected.to_vec(),
+                header: p.header,
+            });
+        }
+        let Some(seen) = seen.as_ref() else {
+            unreachable!("set above")
+        };
+        self.checked(
+            kind,
+            &seen.header,
+            parts.protected,
+            parts.proof,
+            Some(parts.payload),
+            parts.signature,
+        )
+    }
+
+    /// [`prepare`](Self::prepare) for an envelope in any COSE_Sign1 form, through `coset`.
+    fn prepare_general(&self, kind: Kind, bytes: &[u8]) -> Result<Prepared, SignedError> {
         let sign1 = CoseSign1::from_tagged_slice(bytes)
             .map_err(|e| SignedError::Malformed(e.to_string()))?;
-        let header = &sign1.protected.header;
+        let protected = sign1.protected.original_data.as_deref().unwrap_or_default();
+        self.checked(
+            kind,
+            &sign1.protected.header,
+            protected,
+            proof_in(&sign1.unprotected),
+            sign1.payload.as_deref(),
+            &sign1.signature,
+        )
+    }
+
+    /// The checks of [`open`](Self::open) before the signature, in its order, over an
+    /// envelope's parts: the protected header decoded and as its bytes, the inclusion proof's
+    /// bytes if any, the payload and the signature.
+    fn checked(
+        &self,
+        kind: Kind,
+        header: &coset::Header,
+        protected: &[u8],
+        proof: Option<&[u8]>,
+        payload: Option<&[u8]>,
+        signature: &[u8],
+    ) -> Result<Prepared, SignedError> {
         if header.alg
             != Some(coset::RegisteredLabelWithPrivate::Assigned(
                 iana::Algorithm::EdDSA,
@@ -462,14 +516,18 @@ impl Verifier {
             return Err(SignedError::Algorithm);
         }
         let content_type = match &header.content_type {
-            Some(coset::ContentType::Text(t)) => Some(t.clone()),
-            Some(coset::ContentType::Assigned(a)) => Some(format!("{a:?}")),
+            Some(coset::ContentType::Text(t)) => Some(t.as_str()),
+            Some(coset::ContentType::Assigned(_)) => None,
             None => None,
         };
-        if content_type.as_deref() != Some(kind.content_type()) {
+        if content_type != Some(kind.content_type()) {
             return Err(SignedError::ContentType {
                 expected: kind.content_type(),
-                got: content_type,
+                got: match &header.content_type {
+                    Some(coset::ContentType::Text(t)) => Some(t.clone()),
+                    Some(coset::ContentType::Assigned(a)) => Some(format!("{a:?}")),
+                    None => None,
+                },
             });
         }
         let cert = header
@@ -483,23 +541,14 @@ impl Verifier {
             })
             .ok_or(SignedError::NoCertificate)?;
         let known = self.sender(cert)?;
-        let signature = ed25519_dalek::Signature::from_slice(&sign1.signature)
-            .map_err(|_| SignedError::Signature)?;
-        let Some(payload) = &sign1.payload else {
+        let signature =
+            ed25519_dalek::Signature::from_slice(signature).map_err(|_| SignedError::Signature)?;
+        let Some(payload) = payload else {
             return Err(SignedError::NoPayload);
         };
-        let tbs = match group_root(&sign1, payload)? {
-            None => sign1.tbs_data(&[]),
-            Some(root) => coset::sig_structure_data(
-                coset::SignatureContext::CoseSign1,
-                sign1.protected.clone(),
-                None,
-                &[],
-                &root,
-            ),
-        };
-        let Some(payload) = sign1.payload else {
-            return Err(SignedError::NoPayload);
+        let tbs = match group_root(header, proof, payload)? {
+            None => raw::sig_structure(protected, payload),
+            Some(root) => raw::sig_structure(protected, &root),
         };
         Ok(Prepared {
             key: known.key,
@@ -507,7 +556,7 @@ impl Verifier {
             signature,
             opened: Opened {
                 signer: known.agent,
-                payload,
+                payload: payload.to_vec(),
             },
         })
     }
@@ -659,6 +708,122 @@ mod tests {
 
     fn id(s: &str) -> AgentId {
         AgentId::new(s).unwrap()
+    }
+
+    /// A COSE_Sign1 encoded by `coset`: the reference the direct writer is held to.
+    fn tagged(sign1: CoseSign1) -> Vec<u8> {
+        sign1.to_tagged_vec().unwrap()
+    }
+
+    /// The envelopes as `coset` builds them (the construction this module used before it wrote
+    /// the bytes itself): a lone one, and a group's.
+    fn coset_envelopes(signer: &Signer, kind: Kind, payloads: &[&[u8]]) -> Vec<Vec<u8>> {
+        if let [one] = payloads {
+            return vec![tagged(
+                coset::CoseSign1Builder::new()
+                    .protected(signer.header(kind).build())
+                    .payload(one.to_vec())
+                    .create_signature(&[], |tbs| signer.key.sign(tbs).to_bytes().to_vec())
+                    .build(),
+            )];
+        }
+        let tree = merkle::Tree::new(payloads.iter().map(|p| merkle::leaf(p)).collect()).unwrap();
+        let protected = coset::ProtectedHeader {
+            original_data: None,
+            header: signer
+                .header(kind)
+                .value(VDS, Value::Integer(RFC9162_SHA256.into()))
+                .build(),
+        };
+        let tbs = coset::sig_structure_data(
+            coset::SignatureContext::CoseSign1,
+            protected.clone(),
+            None,
+            &[],
+            &tree.root(),
+        );
+        let signature = signer.key.sign(&tbs).to_bytes().to_vec();
+        (0..payloads.len())
+            .map(|i| {
+                let path = tree
+                    .path(i)
+                    .iter()
+                    .map(|h| Value::Bytes(h.to_vec()))
+                    .collect();
+                let proof = Value::Array(vec![
+                    Value::Integer((payloads.len() as u64).into()),
+                    Value::Integer((i as u64).into()),
+                    Value::Array(path),
+                ]);
+                let mut proof_bytes = Vec::new();
+                coset::cbor::ser::into_writer(&proof, &mut proof_bytes).unwrap();
+                let vdp = Value::Map(vec![(
+                    Value::Integer(INCLUSION.into()),
+                    Value::Array(vec![Value::Bytes(proof_bytes)]),
+                )]);
+                tagged(CoseSign1 {
+                    protected: protected.clone(),
+                    unprotected: HeaderBuilder::new().value(VDP, vdp).build(),
+                    payload: Some(payloads[i].to_vec()),
+                    signature: signature.clone(),
+                })
+            })
+            .collect()
+    }
+
+    #[test]
+    fn envelopes_are_the_bytes_coset_writes() {
+        let (_, _, signer, _) = setup();
+        for kind in [Kind::Obligation, Kind::Ack] {
+            for n in [1usize, 2, 3, 5, 64, 300] {
+                let payloads: Vec<Vec<u8>> = (0..n).map(|i| vec![i as u8; 20 + i % 200]).collect();
+                let refs: Vec<&[u8]> = payloads.iter().map(|p| &p[..]).collect();
+                assert_eq!(
+                    signer.sign_group(kind, &refs),
+                    coset_envelopes(&signer, kind, &refs),
+                    "{kind:?}, {n} payloads"
+                );
+            }
+        }
+    }
+
+    /// The direct reader and `coset`'s decide every envelope alike: valid ones of each shape,
+    /// and every one-byte change, truncation and extension of them (each read alone and in a
+    /// batch, so the header decoded once for a group is also exercised against its changes).
+    #[test]
+    fn the_direct_reader_and_cosets_give_the_same_answer_for_every_altered_envelope() {
+        let (_, _, signer, verifier) = setup();
+        let lone = signer.sign(Kind::Obligation, b"a lone payload");
+        let group = signer.sign_group(Kind::Obligation, &[&b"a"[..], b"bb", b"ccc"]);
+        let compare = |bytes: &[u8], what: &str| {
+            let general = verifier.prepare_general(Kind::Obligation, bytes);
+            let direct = verifier.prepare(Kind::Obligation, bytes, &mut None);
+            let mut seen = None;
+            // A header already seen (the group's), as in a batch.
+            let _ = verifier.prepare(Kind::Obligation, &group[0], &mut seen);
+            let batched = verifier.prepare(Kind::Obligation, bytes, &mut seen);
+            let summary = |r: &Result<Prepared, SignedError>| match r {
+                Ok(p) => Ok((p.key, p.tbs.clone(), p.signature, p.opened.clone())),
+                Err(e) => Err(format!("{e:?}")),
+            };
+            assert_eq!(summary(&direct), summary(&general), "{what}");
+            assert_eq!(summary(&batched), summary(&general), "{what} (batched)");
+            general.is_ok()
+        };
+        for (name, e) in [("lone", &lone), ("group[1]", &group[1])] {
+            assert!(compare(e, name), "{name} opens");
+            for i in 0..e.len() {
+                for bit in [0x01u8, 0x20, 0x80] {
+                    let mut bad = e.clone();
+                    bad[i] ^= bit;
+                    compare(&bad, &format!("{name}: byte {i} ^ {bit:#x}"));
+                }
+                compare(&e[..i], &format!("{name}: cut at {i}"));
+            }
+            let mut longer = e.clone();
+            longer.push(0);
+            compare(&longer, &format!("{name}: a trailing byte"));
+        }
     }
 
     /// Two deployments, and a signer and verifier in the first.

@@ -1,6 +1,7 @@
 //! Newtype identifiers, bounded strings and absolute times.
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -137,14 +138,33 @@ pub enum NameError {
 macro_rules! bounded_name {
     ($(#[$meta:meta])* $name:ident, $what:literal, $limit:expr, $check:expr, $allowed:literal) => {
         $(#[$meta])*
-        #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
-        #[serde(try_from = "String")]
-        pub struct $name(String);
+        ///
+        /// Held as shared text: a clone is a reference count, not a copy (names are cloned into
+        /// every record, key and event that mentions them).
+        #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub struct $name(Arc<str>);
 
-        // Written as the text it holds, without `into = "String"`'s copy of it.
+        // Written as the text it holds.
         impl Serialize for $name {
             fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
                 s.serialize_str(&self.0)
+            }
+        }
+
+        // Read from text, checked as [`Self::new`] checks it, with one copy of it.
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                struct NameVisitor;
+                impl Visitor<'_> for NameVisitor {
+                    type Value = $name;
+                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                        f.write_str($what)
+                    }
+                    fn visit_str<E: de::Error>(self, v: &str) -> Result<$name, E> {
+                        $name::checked(v).map_err(E::custom)
+                    }
+                }
+                deserializer.deserialize_str(NameVisitor)
             }
         }
 
@@ -153,8 +173,11 @@ macro_rules! bounded_name {
             pub const MAX_LEN: usize = $limit;
 
             /// Parses a name, refusing empty, over-long or ill-formed ones.
-            pub fn new(value: impl Into<String>) -> Result<Self, NameError> {
-                let value = value.into();
+            pub fn new(value: impl AsRef<str>) -> Result<Self, NameError> {
+                Self::checked(value.as_ref())
+            }
+
+            fn checked(value: &str) -> Result<Self, NameError> {
                 if value.is_empty() {
                     return Err(NameError::Empty { what: $what });
                 }
@@ -165,7 +188,7 @@ macro_rules! bounded_name {
                 if !value.chars().all(check) {
                     return Err(NameError::BadChar { what: $what, allowed: $allowed });
                 }
-                Ok(Self(value))
+                Ok(Self(Arc::from(value)))
             }
 
             /// The name as text.
@@ -183,7 +206,7 @@ macro_rules! bounded_name {
 
         impl From<$name> for String {
             fn from(value: $name) -> String {
-                value.0
+                value.0.as_ref().to_owned()
             }
         }
 
@@ -195,7 +218,7 @@ macro_rules! bounded_name {
 
         impl fmt::Debug for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                write!(f, "{}({:?})", stringify!($name), self.0)
+                write!(f, "{}({:?})", stringify!($name), &*self.0)
             }
         }
     };

@@ -362,26 +362,33 @@ pub(crate) struct RawObligation {
 impl RawObligation {
     /// Resolves the kind and its payload, keeping the envelope for typed errors.
     pub(crate) fn resolve(self) -> Result<Obligation, WireError> {
-        let envelope = Envelope {
-            id: self.id,
-            kind: self.kind.clone(),
-            issuer: self.issuer.clone(),
-            target: self.target.clone(),
-            deadline: self.deadline,
+        // The envelope is built only for an error: the ids it copies are not needed otherwise.
+        let envelope = |kind: &str, o: &RawObligation| Envelope {
+            id: o.id,
+            kind: kind.to_owned(),
+            issuer: o.issuer.clone(),
+            target: o.target.clone(),
+            deadline: o.deadline,
         };
         let Some(kind) = Kind::from_name(&self.kind) else {
-            return Err(WireError::UnknownKind(Box::new(envelope)));
-        };
-        let malformed = |detail: String| WireError::MalformedPayload {
-            envelope: Box::new(envelope.clone()),
-            detail,
+            return Err(WireError::UnknownKind(Box::new(envelope(
+                &self.kind, &self,
+            ))));
         };
         let payload = match kind {
             Kind::AnumatiConsent => self.payload.deserialized().map(Payload::AnumatiConsent),
             Kind::PhalaBeliefUpdate => self.payload.deserialized().map(Payload::PhalaBeliefUpdate),
             Kind::OauthToken => self.payload.deserialized().map(Payload::OauthToken),
-        }
-        .map_err(|e| malformed(e.to_string()))?;
+        };
+        let payload = match payload {
+            Ok(p) => p,
+            Err(e) => {
+                return Err(WireError::MalformedPayload {
+                    envelope: Box::new(envelope(&self.kind, &self)),
+                    detail: e.to_string(),
+                })
+            }
+        };
         let obligation = Obligation {
             id: self.id,
             issuer: self.issuer,
@@ -392,10 +399,19 @@ impl RawObligation {
             sequence: self.sequence,
             payload,
         };
-        obligation
-            .validate()
-            .map_err(|e| malformed(e.to_string()))?;
-        Ok(obligation)
+        match obligation.validate() {
+            Ok(()) => Ok(obligation),
+            Err(e) => Err(WireError::MalformedPayload {
+                envelope: Box::new(Envelope {
+                    id: obligation.id,
+                    kind: self.kind,
+                    issuer: obligation.issuer,
+                    target: obligation.target,
+                    deadline: obligation.deadline,
+                }),
+                detail: e.to_string(),
+            }),
+        }
     }
 }
 
