@@ -31,6 +31,11 @@
 //! A lone object is signed as before (no `vds`): nothing waits to be batched. Objects of one
 //! group opened together ([`Verifier::open_all`]) cost one verification between them.
 //!
+//! The envelopes are written, and read back, directly in this one layout (`signed/raw.rs`),
+//! byte for byte what `coset` writes; an envelope in any other valid COSE_Sign1 form is read
+//! by `coset`, and a test holds the two readers to one answer for every altered envelope. The
+//! objects of a group opened together share one decoded protected header.
+//!
 //! Verified certificates are cached (by their DER) so a steady peer costs one Ed25519
 //! verification per object, not a chain validation. Signatures are verified by the project's
 //! one rule (`abhyasa_wire::sig`, ZIP 215), under which the objects that arrive together can
