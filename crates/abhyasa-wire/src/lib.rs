@@ -129,8 +129,9 @@ impl WireError {
 
 /// Encodes a value as deterministic CBOR.
 pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
-    let mut out = Vec::with_capacity(256); // an obligation is 140-170 bytes
-                                           // Writing into a Vec cannot fail, and every wire type serializes to plain CBOR data.
+    // An obligation is 140-170 bytes: one allocation holds it.
+    let mut out = Vec::with_capacity(256);
+    // Writing into a Vec cannot fail, and every wire type serializes to plain CBOR data.
     ciborium::into_writer(value, &mut out).expect("CBOR encoding into a Vec is infallible");
     out
 }

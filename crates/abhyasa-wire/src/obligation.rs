@@ -363,17 +363,15 @@ impl RawObligation {
     /// Resolves the kind and its payload, keeping the envelope for typed errors.
     pub(crate) fn resolve(self) -> Result<Obligation, WireError> {
         // The envelope is built only for an error: the ids it copies are not needed otherwise.
-        let envelope = |kind: &str, o: &RawObligation| Envelope {
+        let envelope = |o: &RawObligation| Envelope {
             id: o.id,
-            kind: kind.to_owned(),
+            kind: o.kind.clone(),
             issuer: o.issuer.clone(),
             target: o.target.clone(),
             deadline: o.deadline,
         };
         let Some(kind) = Kind::from_name(&self.kind) else {
-            return Err(WireError::UnknownKind(Box::new(envelope(
-                &self.kind, &self,
-            ))));
+            return Err(WireError::UnknownKind(Box::new(envelope(&self))));
         };
         let payload = match kind {
             Kind::AnumatiConsent => self.payload.deserialized().map(Payload::AnumatiConsent),
@@ -384,7 +382,7 @@ impl RawObligation {
             Ok(p) => p,
             Err(e) => {
                 return Err(WireError::MalformedPayload {
-                    envelope: Box::new(envelope(&self.kind, &self)),
+                    envelope: Box::new(envelope(&self)),
                     detail: e.to_string(),
                 })
             }
