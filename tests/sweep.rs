@@ -129,6 +129,7 @@ async fn fanout_sweep_applies_everything_at_every_agent_count() {
             window: 8,
             direct: true,
             relay: relay.clone(),
+            processes: None,
         },
         out.path(),
     )
@@ -160,4 +161,49 @@ async fn fanout_sweep_applies_everything_at_every_agent_count() {
         let text = std::fs::read_to_string(out.path().join(svg)).unwrap();
         assert!(text.starts_with("<svg"), "{svg}");
     }
+}
+
+/// The agents as `abhyasa node` processes: every obligation applied through each process, met
+/// directly and at the relay, and each point says so in the CSV.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fanout_sweep_with_agents_as_processes_applies_everything() {
+    use abhyasa_cli::fanout::{fanout_to, relay_binary, FanoutSweep};
+    let out = tempfile::tempdir().unwrap();
+    let relay = relay_binary();
+    if relay.is_none() {
+        eprintln!("fanout: relay points SKIPPED: no moq-relay binary (scripts/moq-relay.sh)");
+    }
+    let points = fanout_to(
+        &FanoutSweep {
+            agents: vec![3],
+            obligations: 30,
+            window: 8,
+            direct: true,
+            relay: relay.clone(),
+            processes: Some(env!("CARGO_BIN_EXE_abhyasa").into()),
+        },
+        out.path(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(points.len(), if relay.is_some() { 2 } else { 1 });
+    for p in &points {
+        assert!(p.processes, "{p:?}");
+        assert_eq!(
+            (p.agents, p.obligations, p.not_applied),
+            (3, 30, 0),
+            "{p:?}"
+        );
+        assert!(p.per_s > 0.0 && p.p99_ms >= p.p50_ms, "{p:?}");
+        // Three agent processes' resident memory is counted: each holds its own runtime,
+        // TLS and store, several MiB.
+        assert!(p.kib_per_node > 2_048.0, "{p:?}");
+    }
+    let csv = std::fs::read_to_string(out.path().join("fanout.csv")).unwrap();
+    assert!(csv.lines().next().unwrap().ends_with(",agents_as"), "{csv}");
+    let direct = csv.lines().nth(1).unwrap();
+    assert!(
+        direct.starts_with("direct,3,30,0,") && direct.ends_with(",processes"),
+        "{csv}"
+    );
 }

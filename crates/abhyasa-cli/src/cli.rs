@@ -235,8 +235,8 @@ enum SweepCommand {
         #[arg(long, default_value_t = 3)]
         runs: u32,
     },
-    /// One principal and N agents in this process, met directly and (with `moq-relay`
-    /// installed by scripts/moq-relay.sh) at the relay: obligations/s, latency, memory/node.
+    /// One principal and N agents, met directly and (with `moq-relay` installed by
+    /// scripts/moq-relay.sh) at the relay: obligations/s, latency, memory/node.
     Fanout {
         /// Agent counts, comma-separated.
         #[arg(long, value_delimiter = ',', default_value = "10,100,1000")]
@@ -253,6 +253,10 @@ enum SweepCommand {
         /// Only the relay points (it must be installed).
         #[arg(long)]
         relay_only: bool,
+        /// Run each agent as its own `abhyasa node` process (this binary); by default every
+        /// agent is a node in this process. The principal stays in this process.
+        #[arg(long)]
+        processes: bool,
     },
     /// Resident memory per pending obligation, and over a million obligations passed through.
     Memory {
@@ -462,6 +466,7 @@ async fn run(command: Command) -> Result<ExitCode> {
                     window,
                     direct_only,
                     relay_only,
+                    processes,
                 } => crate::fanout::fanout_to(
                     &crate::fanout::FanoutSweep {
                         agents,
@@ -472,6 +477,11 @@ async fn run(command: Command) -> Result<ExitCode> {
                             None
                         } else {
                             crate::fanout::relay_binary()
+                        },
+                        processes: if processes {
+                            Some(std::env::current_exe()?)
+                        } else {
+                            None
                         },
                     },
                     &out,

@@ -1,13 +1,18 @@
-//! `abhyasa sweep fanout`: one principal and N agents in this process, each a real node with its
-//! own redb file, meeting directly (the principal dials every agent) or at an unmodified
-//! `moq-relay` (each agent subscribing only to the principal's namespace). Per point: durable
-//! obligations per second with a bounded window in flight, issue→`applied` percentiles, time
-//! for every agent to be reachable, and resident memory per node.
+//! `abhyasa sweep fanout`: one principal and N agents, each a real node with its own redb file,
+//! meeting directly (the principal dials every agent) or at an unmodified `moq-relay` (each
+//! agent subscribing only to the principal's namespace). The agents run as nodes in this
+//! process or, with `--processes`, each as its own `abhyasa node` process; the principal is
+//! always in this process, issuing through the `Node` API. Per point: durable obligations per
+//! second with a bounded window in flight, issue→`applied` percentiles, time for every agent
+//! to be reachable, and resident memory per node.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use std::net::SocketAddr;
+use std::process::Command;
 
 use abhyasa_custody::CustodianConfig;
 use abhyasa_moq::Ca;
@@ -18,6 +23,8 @@ use abhyasa_wire::{
     UnixMillis,
 };
 
+use crate::admin::{self, AdminAddr, AdminTarget, Request};
+use crate::soak::{proc_usage, Proc};
 use crate::sweep::{percentile, plot, rss_kib, unix_ms, write, Axes, Error, Series};
 
 /// What to sweep.
@@ -33,6 +40,9 @@ pub struct FanoutSweep {
     pub direct: bool,
     /// The `moq-relay` binary: relay points run only with it.
     pub relay: Option<PathBuf>,
+    /// Run every agent as its own `abhyasa node` process, started from this binary; `None`:
+    /// every agent is a node in this process.
+    pub processes: Option<PathBuf>,
 }
 
 /// One point.
@@ -40,6 +50,8 @@ pub struct FanoutSweep {
 pub struct FanoutPoint {
     /// `direct` or `relay`.
     pub mode: &'static str,
+    /// Whether each agent was its own process (`--processes`).
+    pub processes: bool,
     /// Agents.
     pub agents: usize,
     /// Obligations issued.
@@ -55,7 +67,8 @@ pub struct FanoutPoint {
     pub p50_ms: f64,
     /// See `p50_ms`.
     pub p99_ms: f64,
-    /// Resident memory of the process with every node up, divided by the nodes, KiB.
+    /// Resident memory with every node up, divided by the nodes, KiB: this process's growth
+    /// and, with agents as processes, their resident memory.
     pub kib_per_node: f64,
 }
 
@@ -83,13 +96,16 @@ fn obligation(principal: &AgentId, target: &AgentId, n: u64) -> Result<Obligatio
     })
 }
 
+/// Each node's store page cache: small, as N nodes share this machine.
+const STORE_CACHE_BYTES: usize = 1 << 20;
+
 /// One point: `agents` agents, met directly or at the relay `relay`.
 async fn point(s: &FanoutSweep, agents: usize, relay: Option<&Path>) -> Result<FanoutPoint, Error> {
     let dir = tempfile::tempdir_in(std::env::current_dir()?)?;
     let ca = Ca::generate("abhyasa-fanout")?;
     let principal_id = AgentId::new("principal")?;
     let store = StoreConfig {
-        cache_bytes: 1 << 20,
+        cache_bytes: STORE_CACHE_BYTES,
         ..StoreConfig::default()
     };
     let _relay = match relay {
@@ -106,21 +122,29 @@ async fn point(s: &FanoutSweep, agents: usize, relay: Option<&Path>) -> Result<F
     };
     let rss0 = rss_kib()?;
     let started = Instant::now();
-    let mut nodes = Vec::with_capacity(agents);
-    let mut ids = Vec::with_capacity(agents);
-    for i in 0..agents {
-        let a = AgentId::new(format!("agent-{i}"))?;
-        let mut b = Node::builder(ca.issue(&a)?)
-            .state_dir(dir.path().join(a.as_str()))
-            .store(store.clone());
-        if let Some((_, addr)) = &_relay {
-            b = b
-                .relay(AgentId::new("relay")?, *addr)
-                .relay_peers([principal_id.clone()]);
+    let relay_at = _relay.as_ref().map(|(_, addr)| *addr);
+    let ids = (0..agents)
+        .map(|i| AgentId::new(format!("agent-{i}")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut agents_up = match &s.processes {
+        Some(exe) => Agents::Processes(spawn_agents(exe, &ca, &ids, dir.path(), relay_at).await?),
+        None => {
+            let mut nodes = Vec::with_capacity(agents);
+            for a in &ids {
+                let mut b = Node::builder(ca.issue(a)?)
+                    .state_dir(dir.path().join(a.as_str()))
+                    .store(store.clone());
+                if let Some(addr) = relay_at {
+                    b = b
+                        .relay(AgentId::new("relay")?, addr)
+                        .relay_peers([principal_id.clone()]);
+                }
+                let node = b.build().await?;
+                nodes.push((node.local_addr(), node));
+            }
+            Agents::Here(nodes)
         }
-        nodes.push(b.build().await?);
-        ids.push(a);
-    }
+    };
     let mut b = Node::builder(ca.issue(&principal_id)?)
         .state_dir(dir.path().join("principal"))
         .store(store.clone())
@@ -129,11 +153,11 @@ async fn point(s: &FanoutSweep, agents: usize, relay: Option<&Path>) -> Result<F
             max_pending_per_target: usize::MAX,
             ..CustodianConfig::default()
         });
-    match &_relay {
-        Some((_, addr)) => b = b.relay(AgentId::new("relay")?, *addr),
+    match relay_at {
+        Some(addr) => b = b.relay(AgentId::new("relay")?, addr),
         None => {
-            for (a, n) in ids.iter().zip(&nodes) {
-                b = b.peer(a.clone(), n.local_addr());
+            for (a, addr) in ids.iter().zip(agents_up.addrs()) {
+                b = b.peer(a.clone(), addr);
             }
         }
     }
@@ -147,10 +171,14 @@ async fn point(s: &FanoutSweep, agents: usize, relay: Option<&Path>) -> Result<F
         if Instant::now() > reach {
             return Err(format!("{up} of {agents} agents reachable after 300 s").into());
         }
+        if let Agents::Processes(procs) = &mut agents_up {
+            exited(procs)?;
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let connect_s = started.elapsed().as_secs_f64();
-    let kib_per_node = rss_kib()?.saturating_sub(rss0) as f64 / (agents + 1) as f64;
+    let kib_per_node =
+        (rss_kib()?.saturating_sub(rss0) + agents_up.rss_kib()) as f64 / (agents + 1) as f64;
 
     let window = Arc::new(tokio::sync::Semaphore::new(s.window.max(1)));
     let mut tasks = tokio::task::JoinSet::new();
@@ -180,6 +208,7 @@ async fn point(s: &FanoutSweep, agents: usize, relay: Option<&Path>) -> Result<F
     ms.sort_by(f64::total_cmp);
     let point = FanoutPoint {
         mode: if relay.is_some() { "relay" } else { "direct" },
+        processes: s.processes.is_some(),
         agents,
         obligations: s.obligations,
         not_applied,
@@ -193,10 +222,125 @@ async fn point(s: &FanoutSweep, agents: usize, relay: Option<&Path>) -> Result<F
         Ok(p) => p.shutdown().await,
         Err(_) => return Err("the principal is still shared".into()),
     }
-    for n in nodes {
-        n.shutdown().await;
-    }
+    agents_up.stop().await?;
     Ok(point)
+}
+
+/// The agents of one point.
+enum Agents {
+    /// Nodes in this process, with their addresses.
+    Here(Vec<(SocketAddr, Node)>),
+    /// `abhyasa node` processes, with their addresses.
+    Processes(Vec<(SocketAddr, Proc)>),
+}
+
+impl Agents {
+    fn addrs(&self) -> Vec<SocketAddr> {
+        match self {
+            Self::Here(nodes) => nodes.iter().map(|(a, _)| *a).collect(),
+            Self::Processes(procs) => procs.iter().map(|(a, _)| *a).collect(),
+        }
+    }
+
+    /// The agent processes' resident memory, KiB (nodes here count in this process's own).
+    fn rss_kib(&self) -> u64 {
+        match self {
+            Self::Here(_) => 0,
+            Self::Processes(procs) => procs.iter().map(|(_, p)| proc_usage(p.child.id()).0).sum(),
+        }
+    }
+
+    /// Stops every agent: a node here by its shutdown, a process by SIGTERM (all signalled
+    /// first, then awaited). A process that had already exited is an error: it died mid-run.
+    async fn stop(self) -> Result<(), Error> {
+        match self {
+            Self::Here(nodes) => {
+                for (_, n) in nodes {
+                    n.shutdown().await;
+                }
+                Ok(())
+            }
+            Self::Processes(mut procs) => {
+                let died = exited(&mut procs);
+                let pids: Vec<String> = procs
+                    .iter()
+                    .map(|(_, p)| p.child.id().to_string())
+                    .collect();
+                let _ = Command::new("kill").arg("-TERM").args(&pids).status();
+                for (_, p) in &mut procs {
+                    let _ = p.child.wait();
+                }
+                died
+            }
+        }
+    }
+}
+
+/// Starts one `abhyasa node` process per agent (certificates, configs, states and logs under
+/// `dir`), each meeting the principal at `relay` or listening for it to dial, and waits until
+/// each answers on its admin socket.
+async fn spawn_agents(
+    exe: &Path,
+    ca: &Ca,
+    ids: &[AgentId],
+    dir: &Path,
+    relay: Option<SocketAddr>,
+) -> Result<Vec<(SocketAddr, Proc)>, Error> {
+    ca.save(dir)?;
+    let relays = relay
+        .map(|addr| format!("\n[[relays]]\nurl = \"moqt://{addr}\"\npeers = [\"principal\"]\n"))
+        .unwrap_or_default();
+    let mut procs = Vec::with_capacity(ids.len());
+    for a in ids {
+        ca.issue(a)?.save(dir)?;
+        let listen = crate::demo::free_addr()?;
+        let config = dir.join(format!("{a}.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                "agent = \"{a}\"\nlisten = \"{listen}\"\ncerts = \"{}\"\nstate = \"{}\"\n\n[limits]\nstore_cache_bytes = {}\n{relays}",
+                dir.display(),
+                dir.join(a.as_str()).display(),
+                STORE_CACHE_BYTES,
+            ),
+        )?;
+        procs.push((
+            listen,
+            Proc::start(exe, &config, &dir.join(format!("{a}.log")))?,
+        ));
+    }
+    let ready = Instant::now() + Duration::from_secs(120);
+    for a in ids {
+        let target = AdminTarget {
+            admin: AdminAddr::Unix(dir.join(a.as_str()).join(admin::SOCKET_FILE)),
+            admin_token: None,
+        };
+        while admin::request(&target, Request::Status).await.is_err() {
+            exited(&mut procs)?;
+            if Instant::now() > ready {
+                return Err(format!("{a} did not answer on its admin socket within 120 s").into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    Ok(procs)
+}
+
+/// An error naming the first agent process that has exited, with the end of its log.
+fn exited(procs: &mut [(SocketAddr, Proc)]) -> Result<(), Error> {
+    for (_, p) in procs.iter_mut() {
+        if let Some(status) = p.child.try_wait()? {
+            let log = std::fs::read_to_string(&p.log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(5).collect();
+            return Err(format!(
+                "an agent process exited ({status}); the end of {}:\n{}",
+                p.log.display(),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            )
+            .into());
+        }
+    }
+    Ok(())
 }
 
 /// Runs the sweep: every agent count directly, then (with the relay binary) through the relay.
@@ -212,8 +356,8 @@ pub async fn fanout(s: &FanoutSweep) -> Result<Vec<FanoutPoint>, Error> {
         for &n in &s.agents {
             let p = point(s, n, relay).await?;
             eprintln!(
-                "fanout: {} agents={} connect={:.1}s {:.0}/s p50={:.1}ms p99={:.1}ms {:.0} KiB/node not_applied={}",
-                p.mode, p.agents, p.connect_s, p.per_s, p.p50_ms, p.p99_ms, p.kib_per_node, p.not_applied
+                "fanout: {}{} agents={} connect={:.1}s {:.0}/s p50={:.1}ms p99={:.1}ms {:.0} KiB/node not_applied={}",
+                p.mode, if p.processes { " (agents as processes)" } else { "" }, p.agents, p.connect_s, p.per_s, p.p50_ms, p.p99_ms, p.kib_per_node, p.not_applied
             );
             points.push(p);
         }
@@ -227,12 +371,12 @@ pub async fn fanout(s: &FanoutSweep) -> Result<Vec<FanoutPoint>, Error> {
 /// The sweep as CSV.
 pub fn fanout_csv(points: &[FanoutPoint]) -> String {
     let mut out = String::from(
-        "mode,agents,obligations,not_applied,connect_s,per_s,p50_ms,p99_ms,kib_per_node\n",
+        "mode,agents,obligations,not_applied,connect_s,per_s,p50_ms,p99_ms,kib_per_node,agents_as\n",
     );
     for p in points {
         let _ = writeln!(
             out,
-            "{},{},{},{},{:.2},{:.0},{:.2},{:.2},{:.0}",
+            "{},{},{},{},{:.2},{:.0},{:.2},{:.2},{:.0},{}",
             p.mode,
             p.agents,
             p.obligations,
@@ -241,7 +385,8 @@ pub fn fanout_csv(points: &[FanoutPoint]) -> String {
             p.per_s,
             p.p50_ms,
             p.p99_ms,
-            p.kib_per_node
+            p.kib_per_node,
+            if p.processes { "processes" } else { "threads" }
         );
     }
     out
@@ -264,6 +409,10 @@ pub async fn fanout_to(s: &FanoutSweep, out: &Path) -> Result<Vec<FanoutPoint>, 
         .into_iter()
         .filter(|m| points.iter().any(|p| p.mode == *m))
         .collect();
+    let name = |m: &str| match s.processes {
+        Some(_) => format!("{m}, agents as processes"),
+        None => m.to_string(),
+    };
     plot(
         &out.join("fanout.svg"),
         &Axes {
@@ -274,13 +423,13 @@ pub async fn fanout_to(s: &FanoutSweep, out: &Path) -> Result<Vec<FanoutPoint>, 
         },
         &modes
             .iter()
-            .map(|m| line(m, (*m).to_string(), |p| p.per_s))
+            .map(|m| line(m, name(m), |p| p.per_s))
             .collect::<Vec<_>>(),
     )?;
     let mut latency = Vec::new();
     for m in &modes {
-        latency.push(line(m, format!("{m} p50"), |p| p.p50_ms));
-        latency.push(line(m, format!("{m} p99"), |p| p.p99_ms));
+        latency.push(line(m, format!("{} p50", name(m)), |p| p.p50_ms));
+        latency.push(line(m, format!("{} p99", name(m)), |p| p.p99_ms));
     }
     plot(
         &out.join("fanout-latency.svg"),

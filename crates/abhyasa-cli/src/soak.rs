@@ -210,16 +210,16 @@ impl SoakReport {
     }
 }
 
-struct Proc {
-    child: Child,
+pub(crate) struct Proc {
+    pub(crate) child: Child,
     exe: PathBuf,
     config: PathBuf,
-    log: PathBuf,
+    pub(crate) log: PathBuf,
 }
 
 impl Proc {
     /// `exe node --config config`, its stderr appended to `log`.
-    fn start(exe: &Path, config: &Path, log: &Path) -> Result<Self, Error> {
+    pub(crate) fn start(exe: &Path, config: &Path, log: &Path) -> std::io::Result<Self> {
         let child = Command::new(exe)
             .args(["node", "--config"])
             .arg(config)
@@ -250,7 +250,7 @@ impl Proc {
         let _ = self.child.wait();
     }
 
-    fn sigterm(&mut self) {
+    pub(crate) fn sigterm(&mut self) {
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();
@@ -267,7 +267,7 @@ fn free_tcp() -> Result<SocketAddr, Error> {
 }
 
 /// Resident memory (KiB) and open files of a process, from `/proc`.
-fn proc_usage(pid: u32) -> (u64, u64) {
+pub(crate) fn proc_usage(pid: u32) -> (u64, u64) {
     let rss = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
