@@ -24,8 +24,8 @@ use abhyasa_wire::{
 };
 
 use crate::admin::{self, AdminAddr, AdminTarget, Request};
-use crate::soak::{proc_usage, Proc};
-use crate::sweep::{percentile, plot, rss_kib, unix_ms, write, Axes, Error, Series};
+use crate::soak::Proc;
+use crate::sweep::{percentile, plot, proc_kib, rss_kib, unix_ms, write, Axes, Error, Series};
 
 /// What to sweep.
 #[derive(Clone, Debug)]
@@ -242,11 +242,19 @@ impl Agents {
         }
     }
 
-    /// The agent processes' resident memory, KiB (nodes here count in this process's own).
+    /// The agent processes' memory, KiB (nodes here count in this process's own resident
+    /// growth). A process counts its proportional set size: its private pages plus its share
+    /// of pages it shares, so the binary's text, mapped by every agent, is counted once over
+    /// all of them rather than once per agent as resident size would.
     fn rss_kib(&self) -> u64 {
         match self {
             Self::Here(_) => 0,
-            Self::Processes(procs) => procs.iter().map(|(_, p)| proc_usage(p.child.id()).0).sum(),
+            Self::Processes(procs) => procs
+                .iter()
+                .map(|(_, p)| {
+                    proc_kib(&format!("/proc/{}/smaps_rollup", p.child.id()), "Pss").unwrap_or(0)
+                })
+                .sum(),
         }
     }
 

@@ -267,15 +267,8 @@ fn free_tcp() -> Result<SocketAddr, Error> {
 }
 
 /// Resident memory (KiB) and open files of a process, from `/proc`.
-pub(crate) fn proc_usage(pid: u32) -> (u64, u64) {
-    let rss = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0);
+fn proc_usage(pid: u32) -> (u64, u64) {
+    let rss = crate::sweep::proc_kib(&format!("/proc/{pid}/status"), "VmRSS").unwrap_or(0);
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count() as u64);
     (rss, fds)
 }

@@ -461,12 +461,17 @@ pub struct MemoryPoint {
 
 /// This process's resident memory, KiB (Linux `/proc/self/status`).
 pub(crate) fn rss_kib() -> Result<u64, Error> {
-    let status = std::fs::read_to_string("/proc/self/status")?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .ok_or_else(|| "no VmRSS in /proc/self/status".into())
+    proc_kib("/proc/self/status", "VmRSS").ok_or_else(|| "no VmRSS in /proc/self/status".into())
+}
+
+/// One `Field:   N kB` line of a procfs file (`status`, `smaps_rollup`), as KiB; `None` where
+/// the file cannot be read (the process gone, or no procfs) or holds no such line.
+pub(crate) fn proc_kib(path: &str, field: &str) -> Option<u64> {
+    std::fs::read_to_string(path).ok().and_then(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    })
 }
 
 /// A consent revocation on one of eight scopes: custody, and nothing kept for good by the
@@ -1076,4 +1081,21 @@ pub async fn recovery_to(s: &RecoverySweep, out: &Path) -> Result<Vec<RecoveryRu
         })],
     )?;
     Ok(runs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::proc_kib;
+
+    #[test]
+    fn proc_kib_reads_the_named_field_and_not_one_it_prefixes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("smaps_rollup");
+        std::fs::write(&path, "Rss:  900 kB\nPss_Anon:  5 kB\nPss:    7 kB\n").unwrap();
+        let path = path.to_str().unwrap();
+        assert_eq!(proc_kib(path, "Pss"), Some(7));
+        assert_eq!(proc_kib(path, "Pss_Anon"), Some(5));
+        assert_eq!(proc_kib(path, "Swap"), None);
+        assert_eq!(proc_kib("/nonexistent/status", "VmRSS"), None);
+    }
 }
