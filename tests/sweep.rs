@@ -114,28 +114,40 @@ async fn memory_sweep_holds_obligations_pending_then_passes_them_through() {
     assert!(svg.starts_with("<svg") && svg.contains("pending (agent unreachable)"));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fanout_sweep_applies_everything_at_every_agent_count() {
+/// One fanout sweep into a fresh directory: its points, the directory, and whether the relay
+/// points ran (they are SKIPPED, said plainly, without a moq-relay binary).
+async fn fanout(
+    agents: Vec<usize>,
+    obligations: u64,
+    processes: Option<std::path::PathBuf>,
+) -> (
+    Vec<abhyasa_cli::fanout::FanoutPoint>,
+    tempfile::TempDir,
+    bool,
+) {
     use abhyasa_cli::fanout::{fanout_to, relay_binary, FanoutSweep};
     let out = tempfile::tempdir().unwrap();
     let relay = relay_binary();
     if relay.is_none() {
         eprintln!("fanout: relay points SKIPPED: no moq-relay binary (scripts/moq-relay.sh)");
     }
-    let points = fanout_to(
-        &FanoutSweep {
-            agents: vec![1, 4],
-            obligations: 40,
-            window: 8,
-            direct: true,
-            relay: relay.clone(),
-            processes: None,
-        },
-        out.path(),
-    )
-    .await
-    .unwrap();
-    let modes = if relay.is_some() { 2 } else { 1 };
+    let ran_relay = relay.is_some();
+    let sweep = FanoutSweep {
+        agents,
+        obligations,
+        window: 8,
+        direct: true,
+        relay,
+        processes,
+    };
+    let points = fanout_to(&sweep, out.path()).await.unwrap();
+    (points, out, ran_relay)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fanout_sweep_applies_everything_at_every_agent_count() {
+    let (points, out, relay) = fanout(vec![1, 4], 40, None).await;
+    let modes = if relay { 2 } else { 1 };
     assert_eq!(points.len(), 2 * modes);
     for p in &points {
         assert_eq!((p.obligations, p.not_applied), (40, 0), "{p:?}");
@@ -167,26 +179,9 @@ async fn fanout_sweep_applies_everything_at_every_agent_count() {
 /// directly and at the relay, and each point says so in the CSV.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fanout_sweep_with_agents_as_processes_applies_everything() {
-    use abhyasa_cli::fanout::{fanout_to, relay_binary, FanoutSweep};
-    let out = tempfile::tempdir().unwrap();
-    let relay = relay_binary();
-    if relay.is_none() {
-        eprintln!("fanout: relay points SKIPPED: no moq-relay binary (scripts/moq-relay.sh)");
-    }
-    let points = fanout_to(
-        &FanoutSweep {
-            agents: vec![3],
-            obligations: 30,
-            window: 8,
-            direct: true,
-            relay: relay.clone(),
-            processes: Some(env!("CARGO_BIN_EXE_abhyasa").into()),
-        },
-        out.path(),
-    )
-    .await
-    .unwrap();
-    assert_eq!(points.len(), if relay.is_some() { 2 } else { 1 });
+    let (points, out, relay) =
+        fanout(vec![3], 30, Some(env!("CARGO_BIN_EXE_abhyasa").into())).await;
+    assert_eq!(points.len(), if relay { 2 } else { 1 });
     for p in &points {
         assert!(p.processes, "{p:?}");
         assert_eq!(
