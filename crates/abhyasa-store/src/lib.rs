@@ -533,11 +533,7 @@ impl Store {
 
     /// The terminal record of `id`, if kept.
     pub fn terminal(&self, id: ObligationId) -> Result<Option<TerminalRecord>, StoreError> {
-        let txn = self.db.begin_read()?;
-        let key = id.to_u128();
-        let row = txn.open_table(TERMINAL)?.get(key)?;
-        row.map(|v| rows::decode("custodian.terminal", key, v.value()))
-            .transpose()
+        self.row(TERMINAL, "custodian.terminal", id)
     }
 
     /// The `n` most recent terminal records, oldest first: read through the time index, so
@@ -553,11 +549,20 @@ impl Store {
 
     /// The escalation of `id`, if kept.
     pub fn escalation(&self, id: ObligationId) -> Result<Option<Escalation>, StoreError> {
+        self.row(ESCALATIONS, "custodian.escalations", id)
+    }
+
+    /// The row of `id` in `table` (named `name` in errors), decoded, if kept.
+    fn row<T: serde::de::DeserializeOwned>(
+        &self,
+        table: redb::TableDefinition<'_, u128, &[u8]>,
+        name: &'static str,
+        id: ObligationId,
+    ) -> Result<Option<T>, StoreError> {
         let txn = self.db.begin_read()?;
         let key = id.to_u128();
-        let row = txn.open_table(ESCALATIONS)?.get(key)?;
-        row.map(|v| rows::decode("custodian.escalations", key, v.value()))
-            .transpose()
+        let row = txn.open_table(table)?.get(key)?;
+        row.map(|v| rows::decode(name, key, v.value())).transpose()
     }
 
     /// The `n` most recent applies this receiver remembers, oldest first (as

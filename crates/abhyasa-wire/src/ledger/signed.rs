@@ -33,12 +33,6 @@ impl SignedObject for TransferCert {
         Ok(())
     }
 }
-impl SignedObject for TransferDecision {
-    const TAG: &'static str = "decision";
-}
-impl SignedObject for SourceDecision {
-    const TAG: &'static str = "source_decision";
-}
 impl SignedObject for Permit {
     const TAG: &'static str = "permit";
     fn validate(&self) -> Result<(), &'static str> {
@@ -48,17 +42,22 @@ impl SignedObject for Permit {
         Ok(())
     }
 }
-impl SignedObject for Receipt {
-    const TAG: &'static str = "receipt";
+
+/// Signed objects with no rule beyond their typing: each with its domain-separation tag.
+macro_rules! signed_objects {
+    ($($object:ty => $tag:literal),* $(,)?) => {
+        $(impl SignedObject for $object {
+            const TAG: &'static str = $tag;
+        })*
+    };
 }
-impl SignedObject for NoEffect {
-    const TAG: &'static str = "no_effect";
-}
-impl SignedObject for Fence {
-    const TAG: &'static str = "fence";
-}
-impl SignedObject for Fenced {
-    const TAG: &'static str = "fenced";
+signed_objects! {
+    TransferDecision => "decision",
+    SourceDecision => "source_decision",
+    Receipt => "receipt",
+    NoEffect => "no_effect",
+    Fence => "fence",
+    Fenced => "fenced",
 }
 
 /// Why a signed object was refused.
