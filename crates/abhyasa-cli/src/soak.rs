@@ -258,6 +258,16 @@ impl Proc {
     }
 }
 
+impl Drop for Proc {
+    /// A node still running when its handle goes — the run failed midway, or returned early —
+    /// is killed and reaped, not left behind listening and dialing.
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            self.sigkill();
+        }
+    }
+}
+
 fn free_udp() -> Result<SocketAddr, Error> {
     Ok(crate::demo::free_addr()?)
 }
@@ -823,6 +833,23 @@ pub fn write(report: &SoakReport, out: &Path) -> Result<(), sweep::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_proc_dropped_while_running_is_killed_and_reaped() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join("node");
+        std::fs::write(&exe, "#!/bin/sh\nexec sleep 60\n").unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let p = Proc::start(&exe, &dir.path().join("c.toml"), &dir.path().join("log")).unwrap();
+        let pid = p.child.id();
+        assert!(std::path::Path::new(&format!("/proc/{pid}")).exists());
+        drop(p);
+        assert!(
+            !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "the process outlived its handle"
+        );
+    }
 
     fn kinds_issued(kinds: &[SoakKind]) -> std::collections::BTreeSet<String> {
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
