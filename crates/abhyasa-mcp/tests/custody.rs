@@ -45,6 +45,25 @@ async fn pair() -> Pair {
     }
 }
 
+impl Pair {
+    /// The principal's custody reaching `agent-1` through the MCP session `client`, an
+    /// obligation waiting at most `linger_ms` for a host's call to ride.
+    async fn attach(
+        &self,
+        client: &rmcp::service::RunningService<rmcp::RoleClient, ()>,
+        linger_ms: u64,
+    ) -> PrincipalClient {
+        PrincipalClient::attach(
+            self.principal.clone(),
+            id("agent-1"),
+            client.peer().clone(),
+            Duration::from_millis(linger_ms),
+        )
+        .await
+        .unwrap()
+    }
+}
+
 async fn outcome(node: &Node, o: Obligation, limit: Duration) -> Outcome {
     let h = node.issue(o).await.unwrap();
     tokio::time::timeout(limit, h.outcome())
@@ -62,14 +81,7 @@ async fn obligations_reach_the_agent_over_mcp_and_ride_the_hosts_calls() {
     let server = AgentServer::new(p.agent.clone(), id("principal")).tool(calendar(runs.clone()));
     let (client, _server) = connect(server).await;
     // A long linger: an obligation waits for the host's next call.
-    let mcp = PrincipalClient::attach(
-        p.principal.clone(),
-        id("agent-1"),
-        client.peer().clone(),
-        Duration::from_millis(2_000),
-    )
-    .await
-    .unwrap();
+    let mcp = p.attach(&client, 2_000).await;
 
     let r = mcp
         .call_tool(CallToolRequestParams::new("calendar_read"))
@@ -110,14 +122,7 @@ async fn with_no_call_due_abhyasa_deliver_carries_them_and_each_is_applied_once(
     let p = pair().await;
     let server = AgentServer::new(p.agent.clone(), id("principal"));
     let (client, _server) = connect(server).await;
-    let _mcp = PrincipalClient::attach(
-        p.principal.clone(),
-        id("agent-1"),
-        client.peer().clone(),
-        Duration::from_millis(10),
-    )
-    .await
-    .unwrap();
+    let _mcp = p.attach(&client, 10).await;
     let sent: Vec<Obligation> = (10..30)
         .map(|n| revoke_token(n, &format!("tok-{n}"), 20_000))
         .collect();
@@ -155,14 +160,7 @@ impl ServerHandler for Plain {}
 async fn a_server_that_ignores_the_envelope_never_acks_and_custody_escalates() {
     let p = pair().await;
     let (client, _server) = connect(Plain).await;
-    let _mcp = PrincipalClient::attach(
-        p.principal.clone(),
-        id("agent-1"),
-        client.peer().clone(),
-        Duration::from_millis(10),
-    )
-    .await
-    .unwrap();
+    let _mcp = p.attach(&client, 10).await;
     let h = p
         .principal
         .issue(consent(40, ConsentDecision::Revoke, "calendar.read", 1_500))
@@ -194,14 +192,7 @@ async fn a_server_that_ignores_the_envelope_never_acks_and_custody_escalates() {
 async fn a_server_lost_mid_run_is_a_partition_custody_survives() {
     let p = pair().await;
     let (client, server) = connect(AgentServer::new(p.agent.clone(), id("principal"))).await;
-    let mcp = PrincipalClient::attach(
-        p.principal.clone(),
-        id("agent-1"),
-        client.peer().clone(),
-        Duration::from_millis(10),
-    )
-    .await
-    .unwrap();
+    let mcp = p.attach(&client, 10).await;
     assert_eq!(
         outcome(
             &p.principal,
@@ -225,14 +216,7 @@ async fn a_server_lost_mid_run_is_a_partition_custody_survives() {
     drop(mcp);
     // A new session: attaching re-offers what is pending.
     let (client, _server) = connect(AgentServer::new(p.agent.clone(), id("principal"))).await;
-    let _mcp = PrincipalClient::attach(
-        p.principal.clone(),
-        id("agent-1"),
-        client.peer().clone(),
-        Duration::from_millis(10),
-    )
-    .await
-    .unwrap();
+    let _mcp = p.attach(&client, 10).await;
     for h in handles {
         let (record, _) = tokio::time::timeout(Duration::from_secs(10), h.outcome())
             .await
