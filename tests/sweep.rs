@@ -155,6 +155,8 @@ async fn fanout_sweep_applies_everything_at_every_agent_count() {
             p.per_s > 0.0 && p.p50_ms > 0.0 && p.p99_ms >= p.p50_ms,
             "{p:?}"
         );
+        // Every agent acked what it applied: at least one ack per group sent.
+        assert!(p.acks_per_group >= 1.0, "{p:?}");
     }
     assert_eq!(
         points
@@ -193,6 +195,8 @@ async fn fanout_sweep_with_agents_as_processes_applies_everything() {
         // Three agent processes' resident memory is counted: each holds its own runtime,
         // TLS and store, several MiB.
         assert!(p.kib_per_node > 2_048.0, "{p:?}");
+        // Read from each process's admin socket: 30 acks went in at least one group.
+        assert!((1.0..=30.0).contains(&p.acks_per_group), "{p:?}");
     }
     let csv = std::fs::read_to_string(out.path().join("fanout.csv")).unwrap();
     assert!(csv.lines().next().unwrap().ends_with(",agents_as"), "{csv}");

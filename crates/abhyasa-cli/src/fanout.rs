@@ -70,6 +70,10 @@ pub struct FanoutPoint {
     /// Resident memory with every node up, divided by the nodes, KiB: this process's growth
     /// and, with agents as processes, their resident memory.
     pub kib_per_node: f64,
+    /// Acks the agents sent per group over the point (their `sent` objects over groups):
+    /// 1.0 when each agent applied and acked its obligations one at a time, more when they
+    /// arrived and were acked together.
+    pub acks_per_group: f64,
 }
 
 /// The `moq-relay` binary, when installed (`abhyasa_moq::moq_relay_binary`).
@@ -206,6 +210,7 @@ async fn point(s: &FanoutSweep, agents: usize, relay: Option<&Path>) -> Result<F
     }
     let took = started.elapsed().as_secs_f64();
     ms.sort_by(f64::total_cmp);
+    let (acks, groups) = agents_up.sent(dir.path(), &ids).await?;
     let point = FanoutPoint {
         mode: if relay.is_some() { "relay" } else { "direct" },
         processes: s.processes.is_some(),
@@ -217,6 +222,7 @@ async fn point(s: &FanoutSweep, agents: usize, relay: Option<&Path>) -> Result<F
         p50_ms: percentile(&ms, 0.5),
         p99_ms: percentile(&ms, 0.99),
         kib_per_node,
+        acks_per_group: acks as f64 / groups.max(1) as f64,
     };
     match Arc::try_unwrap(principal) {
         Ok(p) => p.shutdown().await,
@@ -256,6 +262,36 @@ impl Agents {
                 })
                 .sum(),
         }
+    }
+
+    /// The custody objects (acks, for an agent) every agent has sent, and the groups they
+    /// left in, summed: from each node's status, or each process's admin socket.
+    async fn sent(&self, dir: &Path, ids: &[AgentId]) -> Result<(u64, u64), Error> {
+        let (mut objects, mut groups) = (0, 0);
+        match self {
+            Self::Here(nodes) => {
+                for (_, n) in nodes {
+                    let sent = n.status().await?.sent;
+                    objects += sent.objects;
+                    groups += sent.groups;
+                }
+            }
+            Self::Processes(_) => {
+                for a in ids {
+                    let reply = admin::request(&admin_target(dir, a), Request::Status)
+                        .await
+                        .map_err(|e| format!("{a}'s status: {e}"))?;
+                    let field = |name: &str| {
+                        reply["status"][name]
+                            .as_u64()
+                            .ok_or_else(|| format!("{a}'s status has no {name}: {reply}"))
+                    };
+                    objects += field("sent_objects")?;
+                    groups += field("sent_groups")?;
+                }
+            }
+        }
+        Ok((objects, groups))
     }
 
     /// Stops every agent: a node here by its shutdown, a process by SIGTERM (all signalled
@@ -319,10 +355,7 @@ async fn spawn_agents(
     }
     let ready = Instant::now() + Duration::from_secs(120);
     for a in ids {
-        let target = AdminTarget {
-            admin: AdminAddr::Unix(dir.join(a.as_str()).join(admin::SOCKET_FILE)),
-            admin_token: None,
-        };
+        let target = admin_target(dir, a);
         while admin::request(&target, Request::Status).await.is_err() {
             exited(&mut procs)?;
             if Instant::now() > ready {
@@ -332,6 +365,14 @@ async fn spawn_agents(
         }
     }
     Ok(procs)
+}
+
+/// The admin socket of agent `a`'s process, whose state is under `dir`.
+fn admin_target(dir: &Path, a: &AgentId) -> AdminTarget {
+    AdminTarget {
+        admin: AdminAddr::Unix(dir.join(a.as_str()).join(admin::SOCKET_FILE)),
+        admin_token: None,
+    }
 }
 
 /// An error naming the first agent process that has exited, with the end of its log.
@@ -364,8 +405,8 @@ pub async fn fanout(s: &FanoutSweep) -> Result<Vec<FanoutPoint>, Error> {
         for &n in &s.agents {
             let p = point(s, n, relay).await?;
             eprintln!(
-                "fanout: {}{} agents={} connect={:.1}s {:.0}/s p50={:.1}ms p99={:.1}ms {:.0} KiB/node not_applied={}",
-                p.mode, if p.processes { " (agents as processes)" } else { "" }, p.agents, p.connect_s, p.per_s, p.p50_ms, p.p99_ms, p.kib_per_node, p.not_applied
+                "fanout: {}{} agents={} connect={:.1}s {:.0}/s p50={:.1}ms p99={:.1}ms {:.0} KiB/node acks/group={:.2} not_applied={}",
+                p.mode, if p.processes { " (agents as processes)" } else { "" }, p.agents, p.connect_s, p.per_s, p.p50_ms, p.p99_ms, p.kib_per_node, p.acks_per_group, p.not_applied
             );
             points.push(p);
         }
@@ -379,12 +420,12 @@ pub async fn fanout(s: &FanoutSweep) -> Result<Vec<FanoutPoint>, Error> {
 /// The sweep as CSV.
 pub fn fanout_csv(points: &[FanoutPoint]) -> String {
     let mut out = String::from(
-        "mode,agents,obligations,not_applied,connect_s,per_s,p50_ms,p99_ms,kib_per_node,agents_as\n",
+        "mode,agents,obligations,not_applied,connect_s,per_s,p50_ms,p99_ms,kib_per_node,acks_per_group,agents_as\n",
     );
     for p in points {
         let _ = writeln!(
             out,
-            "{},{},{},{},{:.2},{:.0},{:.2},{:.2},{:.0},{}",
+            "{},{},{},{},{:.2},{:.0},{:.2},{:.2},{:.0},{:.2},{}",
             p.mode,
             p.agents,
             p.obligations,
@@ -394,6 +435,7 @@ pub fn fanout_csv(points: &[FanoutPoint]) -> String {
             p.p50_ms,
             p.p99_ms,
             p.kib_per_node,
+            p.acks_per_group,
             if p.processes { "processes" } else { "threads" }
         );
     }
