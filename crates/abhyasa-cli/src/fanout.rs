@@ -67,8 +67,8 @@ pub struct FanoutPoint {
     pub p50_ms: f64,
     /// See `p50_ms`.
     pub p99_ms: f64,
-    /// Resident memory with every node up, divided by the nodes, KiB: this process's growth
-    /// and, with agents as processes, their resident memory.
+    /// Memory with every node up, divided by the nodes, KiB: this process's resident growth
+    /// and, with agents as processes, their proportional set sizes.
     pub kib_per_node: f64,
     /// Acks the agents sent per group over the point (their `sent` objects over groups):
     /// 1.0 when each agent applied and acked its obligations one at a time, more when they
@@ -182,7 +182,7 @@ async fn point(s: &FanoutSweep, agents: usize, relay: Option<&Path>) -> Result<F
     }
     let connect_s = started.elapsed().as_secs_f64();
     let kib_per_node =
-        (rss_kib()?.saturating_sub(rss0) + agents_up.rss_kib()) as f64 / (agents + 1) as f64;
+        (rss_kib()?.saturating_sub(rss0) + agents_up.pss_kib()) as f64 / (agents + 1) as f64;
 
     let window = Arc::new(tokio::sync::Semaphore::new(s.window.max(1)));
     let mut tasks = tokio::task::JoinSet::new();
@@ -252,7 +252,7 @@ impl Agents {
     /// growth). A process counts its proportional set size: its private pages plus its share
     /// of pages it shares, so the binary's text, mapped by every agent, is counted once over
     /// all of them rather than once per agent as resident size would.
-    fn rss_kib(&self) -> u64 {
+    fn pss_kib(&self) -> u64 {
         match self {
             Self::Here(_) => 0,
             Self::Processes(procs) => procs
