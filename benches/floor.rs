@@ -65,6 +65,31 @@ async fn one_at_a_time(
     start.elapsed()
 }
 
+/// Both nodes' store commits so far: (count, time).
+async fn commits(principal: &Node, agent: &Node) -> (u64, Duration) {
+    let (p, a) = (
+        principal.status().await.unwrap().commits,
+        agent.status().await.unwrap().commits,
+    );
+    (p.count + a.count, p.busy + a.busy)
+}
+
+/// The commits the discharges themselves made, as both writers timed them: how many per
+/// discharge (three on the critical path), and the mean — the floor's commit as this
+/// workload's own tables and disk pay it, beside the bench's empty commit.
+fn inside(name: &str, discharges: usize, before: (u64, Duration), after: (u64, Duration)) {
+    let count = after.0 - before.0;
+    if discharges == 0 || count == 0 {
+        return;
+    }
+    let mean = (after.1 - before.1) / u32::try_from(count).unwrap_or(u32::MAX);
+    println!(
+        "{name}: {count} commits inside {discharges} discharges ({:.2} each), mean commit {:.1} µs",
+        count as f64 / discharges as f64,
+        mean.as_secs_f64() * 1e6
+    );
+}
+
 /// The median and 99th percentile of every discharge timed (warm-up included).
 fn percentiles(name: &str, each: &mut [Duration]) {
     each.sort_unstable();
@@ -255,12 +280,15 @@ fn floor(c: &mut Criterion) {
         let (principal, agent) = rt.block_on(pair(&ca, &p, &a, sub.path(), group));
         let mut n = 1u128;
         let mut each = Vec::new();
+        let before = rt.block_on(commits(&principal, &agent));
         g.bench_function(name, |b| {
             b.iter_custom(|iters| {
                 rt.block_on(one_at_a_time(&principal, &a, &mut n, iters, &mut each))
             })
         });
+        let after = rt.block_on(commits(&principal, &agent));
         percentiles(name, &mut each);
+        inside(name, each.len(), before, after);
         rt.block_on(async {
             principal.shutdown().await;
             agent.shutdown().await;

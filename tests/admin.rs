@@ -95,7 +95,11 @@ fn the_default_admin_interface_is_a_socket_only_its_user_may_open() {
     assert_eq!(known(&status(&["--admin", &st]).unwrap()), 0);
     let r = raw_unix(&sock, format!("{{\"request\":{ISSUE}}}\n").as_bytes());
     assert_eq!(r["ok"], true, "{r}");
-    assert_eq!(known(&status(&["--admin", &st]).unwrap()), 1);
+    let s = status(&["--admin", &st]).unwrap();
+    assert_eq!(known(&s), 1);
+    // The issue's pending record went through a counted, timed commit.
+    assert!(s["commits"].as_u64().unwrap() >= 1, "{s}");
+    assert!(s["commit_micros"].as_u64().unwrap() > 0, "{s}");
 
     // SIGKILL leaves the socket file behind; the next start replaces it (nobody answers on it).
     drop(node);

@@ -208,6 +208,12 @@ pub struct StatusJson {
     /// The groups they left in (what is ready at once goes in one group per peer).
     #[serde(default)]
     pub sent_groups: u64,
+    /// Durable commits of the store writer since the node started.
+    #[serde(default)]
+    pub commits: u64,
+    /// The time they took, summed, in microseconds (`commit_micros / commits`: the mean).
+    #[serde(default)]
+    pub commit_micros: u64,
     /// Events in the outbox not yet taken by every sink (`[events]`).
     #[serde(default)]
     pub outbox: u64,
@@ -338,6 +344,8 @@ impl From<Status> for StatusJson {
                 .collect(),
             sent_objects: s.sent.objects,
             sent_groups: s.sent.groups,
+            commits: s.commits.count,
+            commit_micros: u64::try_from(s.commits.busy.as_micros()).unwrap_or(u64::MAX),
             outbox: s.outbox,
             store_full: s.store_full.clone(),
             pending: s
@@ -967,6 +975,7 @@ mod tests {
             outbox: 0,
             store_bytes: None,
             applied_total: 73,
+            commits: Default::default(),
         };
         let json = serde_json::to_value(StatusJson::from(status)).unwrap();
         assert_eq!(

@@ -227,6 +227,20 @@ pub struct Status {
     pub store_bytes: Option<u64>,
     /// Applies the store keeps a record of (`applied` shows the most recent of them).
     pub applied_total: u64,
+    /// The store writer's commits since the node started, and the time they took.
+    pub commits: Commits,
+}
+
+/// The store writer's durable commits since the node started (see [`Status::commits`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Commits {
+    /// Commits that landed.
+    pub count: u64,
+    /// Records (writes of the machines, events, delivery marks) they carried.
+    pub ops: u64,
+    /// Their time summed, each from its write transaction's start to its durable end (the
+    /// disk's sync included). `busy / count` is the mean commit of this node's own writes.
+    pub busy: Duration,
 }
 
 /// Custody objects sent and the groups they went in (see [`Status::sent`]).

@@ -322,8 +322,20 @@ async fn what_is_ready_at_once_leaves_in_groups_up_to_the_limit() {
                 .unwrap();
             assert_eq!(got, Outcome::Applied);
         }
-        let sent = principal.status().await.unwrap().sent;
-        let acked = agent.status().await.unwrap().sent;
+        let (ps, agent_status) = (
+            principal.status().await.unwrap(),
+            agent.status().await.unwrap(),
+        );
+        let (sent, acked) = (ps.sent, agent_status.sent);
+        // Every write the custody needed went through a counted, timed commit: the pending
+        // and terminal record of each obligation at the principal, its apply at the agent.
+        let (pc, ac) = (ps.commits, agent_status.commits);
+        assert!(pc.ops >= 2 * (n as u64 + 1), "principal commits: {pc:?}");
+        assert!(ac.ops > n as u64, "agent commits: {ac:?}");
+        for c in [pc, ac] {
+            assert!(c.count >= 1 && c.count <= c.ops, "{c:?}");
+            assert!(c.busy > Duration::ZERO, "{c:?}");
+        }
         println!("objects_per_group {per_group}: obligations {sent:?}, acks {acked:?}");
         assert!(sent.objects > n as u64, "obligations sent: {sent:?}");
         assert!(acked.objects > n as u64, "acks sent: {acked:?}");

@@ -142,6 +142,21 @@ pub fn render(
         "1 while the store refuses commits for want of space",
         i64::from(status.store_full.is_some()),
     );
+    let commits: Counter = Counter::default();
+    commits.inc_by(status.commits.count);
+    registry.register(
+        "abhyasa_store_commits",
+        "Durable commits of the store writer since the node started",
+        commits,
+    );
+    let busy: Counter<f64, std::sync::atomic::AtomicU64> = Counter::default();
+    busy.inc_by(status.commits.busy.as_secs_f64());
+    registry.register_with_unit(
+        "abhyasa_store_commit",
+        "Time those commits took, the disk's sync included (over abhyasa_store_commits_total: the mean commit)",
+        Unit::Seconds,
+        busy,
+    );
     if let Some(bytes) = status.store_bytes {
         let g: Gauge = Gauge::default();
         g.set(i64::try_from(bytes).unwrap_or(i64::MAX));
@@ -232,6 +247,11 @@ pub(crate) mod tests {
             outbox: 4,
             store_bytes: Some(8_192),
             applied_total: 0,
+            commits: abhyasa_node::Commits {
+                count: 40,
+                ops: 90,
+                busy: std::time::Duration::from_millis(10),
+            },
         }
     }
 
@@ -284,6 +304,8 @@ pub(crate) mod tests {
             "abhyasa_objects_unverified_total{peer=\"a\"} 3",
             "abhyasa_events_outbox 4",
             "abhyasa_store_bytes 8192",
+            "abhyasa_store_commits_total 40",
+            "abhyasa_store_commit_seconds_total 0.01",
             "abhyasa_sessions 1",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} not in\n{text}");

@@ -64,6 +64,10 @@ pub struct GroupStats {
     pub commits: AtomicU64,
     /// Ops committed.
     pub ops: AtomicU64,
+    /// Time spent in those commits, in nanoseconds: from the write transaction's start to
+    /// its durable end (`fdatasync` included), summed. Over `commits`, the mean commit as
+    /// the node's own writes see it (its tables, its disk), not a bench's empty one.
+    pub busy_nanos: AtomicU64,
     /// Times the store was reopened after an unknown outcome.
     pub generation: AtomicU64,
 }
@@ -273,6 +277,7 @@ fn run(
                 }
             }
         }
+        let started = Instant::now();
         let outcome = if ops.is_empty() {
             Ok(())
         } else {
@@ -281,8 +286,10 @@ fn run(
                 .map_err(|e| GroupError::Unknown(e.to_string()))
         };
         if outcome.is_ok() && !ops.is_empty() {
+            let busy = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
             stats.commits.fetch_add(1, Ordering::Relaxed);
             stats.ops.fetch_add(ops.len() as u64, Ordering::Relaxed);
+            stats.busy_nanos.fetch_add(busy, Ordering::Relaxed);
         }
         if outcome.is_err() {
             // Unknown outcome: never reuse this handle's view of the file. Close it (the file

@@ -392,6 +392,51 @@ fn group_commit_batches_concurrent_writers() {
     assert_eq!(pending, 200);
 }
 
+/// The writer counts the time its commits take, the disk's sync included: a commit held by a
+/// stalled disk for 80 ms adds at least 80 ms; a commit that fails adds neither a commit nor
+/// time.
+#[test]
+fn the_writer_counts_the_time_its_commits_take() {
+    let (store, disk) = memory_store();
+    let group = GroupCommit::spawn(store, GroupConfig::default(), || Err(StoreError::Poisoned));
+    let busy = |g: &GroupCommit| {
+        Duration::from_nanos(
+            g.stats()
+                .busy_nanos
+                .load(std::sync::atomic::Ordering::Relaxed),
+        )
+    };
+    let mut c = Custodian::new(p(), CustodianConfig::default(), 1);
+    c.issue(UnixMillis(0), revoke_token(1)).unwrap();
+    let rec = c.poll_persist().unwrap();
+    disk.arm(FaultPlan::Stall);
+    let syncs = disk.syncs();
+    let ticket = group.submit(vec![Op::Custodian(rec.record)]);
+    // The commit is on the disk, stalled, before the clock starts.
+    while disk.stalled() == 0 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(80));
+    disk.arm(FaultPlan::None);
+    assert_eq!(ticket.wait(), Ok(()));
+    assert!(disk.syncs() > syncs);
+    let stats = group.stats();
+    assert_eq!(stats.commits.load(std::sync::atomic::Ordering::Relaxed), 1);
+    let held = busy(&group);
+    assert!(
+        held >= Duration::from_millis(80),
+        "a commit stalled 80 ms counted {held:?}"
+    );
+    // A commit that fails is no commit and no time.
+    disk.arm(FaultPlan::FailSync(1));
+    c.issue(UnixMillis(0), revoke_token(2)).unwrap();
+    let rec = c.poll_persist().unwrap();
+    let failed = group.submit(vec![Op::Custodian(rec.record)]).wait();
+    assert!(failed.is_err(), "{failed:?}");
+    assert_eq!(stats.commits.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(busy(&group), held);
+}
+
 /// Dropping the writer waits for the commit under way — unless the disk stopped answering:
 /// then the drop returns after `drop_wait` instead of hanging whoever drops it (a node's core
 /// task, on a runtime thread), and the commit finishes when the disk answers.

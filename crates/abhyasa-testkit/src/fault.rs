@@ -47,6 +47,8 @@ struct Disk {
     dead: bool,
     /// Operations refused under [`FaultPlan::NoSpace`].
     refused: u64,
+    /// Syncs waiting now on a [`FaultPlan::Stall`].
+    stalled: u64,
     /// The 4 KiB blocks ever written (what a full file system can still rewrite).
     written: std::collections::BTreeSet<u64>,
 }
@@ -80,6 +82,7 @@ impl FaultyBackend {
                 plan,
                 dead: false,
                 refused: 0,
+                stalled: 0,
                 written: (0..image_len.div_ceil(BLOCK)).collect(),
             }),
             armed: Condvar::new(),
@@ -114,6 +117,11 @@ impl FaultyBackend {
     /// Syncs completed so far.
     pub fn syncs(&self) -> u64 {
         self.disk().syncs
+    }
+
+    /// Syncs held now by [`FaultPlan::Stall`] (a writer is inside its commit).
+    pub fn stalled(&self) -> u64 {
+        self.disk().stalled
     }
 
     /// Whether the fault has struck.
@@ -180,8 +188,12 @@ impl StorageBackend for FaultyBackend {
 
     fn sync_data(&self) -> Result<(), io::Error> {
         let mut disk = self.disk();
-        while disk.plan == FaultPlan::Stall {
-            disk = self.0.armed.wait(disk).unwrap_or_else(|e| e.into_inner());
+        if disk.plan == FaultPlan::Stall {
+            disk.stalled += 1;
+            while disk.plan == FaultPlan::Stall {
+                disk = self.0.armed.wait(disk).unwrap_or_else(|e| e.into_inner());
+            }
+            disk.stalled -= 1;
         }
         if disk.dead {
             return Err(dead());

@@ -303,6 +303,16 @@ impl Core {
             outbox: 0,
             store_bytes: std::fs::metadata(&self.db_path).ok().map(|m| m.len()),
             applied_total: 0,
+            commits: {
+                let s = self.group.stats();
+                crate::Commits {
+                    count: s.commits.load(std::sync::atomic::Ordering::Relaxed),
+                    ops: s.ops.load(std::sync::atomic::Ordering::Relaxed),
+                    busy: Duration::from_nanos(
+                        s.busy_nanos.load(std::sync::atomic::Ordering::Relaxed),
+                    ),
+                }
+            },
         }
     }
 
