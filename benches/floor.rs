@@ -15,7 +15,7 @@ use abhyasa::wire::{AgentId, Outcome};
 use criterion::{criterion_group, criterion_main, Criterion};
 
 mod common;
-use common::obligation;
+use common::{obligation, Writers};
 
 /// A principal and its agent on loopback, both durable under `dir`, after one obligation has
 /// gone through (sessions up).
@@ -63,31 +63,6 @@ async fn one_at_a_time(
         assert_eq!(record.outcome, Outcome::Applied);
     }
     start.elapsed()
-}
-
-/// Both nodes' store commits so far: (count, time).
-async fn commits(principal: &Node, agent: &Node) -> (u64, Duration) {
-    let (p, a) = (
-        principal.status().await.unwrap().commits,
-        agent.status().await.unwrap().commits,
-    );
-    (p.count + a.count, p.busy + a.busy)
-}
-
-/// The commits the discharges themselves made, as both writers timed them: how many per
-/// discharge (three on the critical path), and the mean — the floor's commit as this
-/// workload's own tables and disk pay it, beside the bench's empty commit.
-fn inside(name: &str, discharges: usize, before: (u64, Duration), after: (u64, Duration)) {
-    let count = after.0 - before.0;
-    if discharges == 0 || count == 0 {
-        return;
-    }
-    let mean = (after.1 - before.1) / u32::try_from(count).unwrap_or(u32::MAX);
-    println!(
-        "{name}: {count} commits inside {discharges} discharges ({:.2} each), mean commit {:.1} µs",
-        count as f64 / discharges as f64,
-        mean.as_secs_f64() * 1e6
-    );
 }
 
 /// The median and 99th percentile of every discharge timed (warm-up included).
@@ -280,15 +255,18 @@ fn floor(c: &mut Criterion) {
         let (principal, agent) = rt.block_on(pair(&ca, &p, &a, sub.path(), group));
         let mut n = 1u128;
         let mut each = Vec::new();
-        let before = rt.block_on(commits(&principal, &agent));
+        let before = rt.block_on(Writers::read(&principal, &agent));
         g.bench_function(name, |b| {
             b.iter_custom(|iters| {
                 rt.block_on(one_at_a_time(&principal, &a, &mut n, iters, &mut each))
             })
         });
-        let after = rt.block_on(commits(&principal, &agent));
+        let after = rt.block_on(Writers::read(&principal, &agent));
         percentiles(name, &mut each);
-        inside(name, each.len(), before, after);
+        // The commits the discharges made, as both writers timed them: three per discharge
+        // (two at the principal, one at the agent), and the mean — the floor's commit as
+        // this workload's own tables and disk pay it, beside the empty commit above.
+        before.report(&after, name, each.len() as u64);
         rt.block_on(async {
             principal.shutdown().await;
             agent.shutdown().await;

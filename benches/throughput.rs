@@ -13,7 +13,7 @@ use abhyasa::wire::{encode, AgentId, Outcome};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
 mod common;
-use common::obligation;
+use common::{obligation, Writers};
 
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
@@ -124,15 +124,19 @@ async fn issue_and_await(
 
 /// Benchmarks `name`: `in_flight` obligations issued at once to `a`, each awaited to
 /// `applied`.
+/// Then prints what both store writers did during it (see [`Writers::report`]).
+#[allow(clippy::too_many_arguments)]
 fn bench_issue(
     g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
     name: &str,
     rt: &tokio::runtime::Runtime,
     principal: &Arc<Node>,
+    agent: &Node,
     a: &AgentId,
     n: &mut u128,
     in_flight: u64,
 ) {
+    let (before, first) = (rt.block_on(Writers::read(principal, agent)), *n);
     g.bench_function(name, |b| {
         b.iter_custom(|iters| {
             rt.block_on(issue_and_await(
@@ -144,6 +148,8 @@ fn bench_issue(
             ))
         })
     });
+    let after = rt.block_on(Writers::read(principal, agent));
+    before.report(&after, name, u64::try_from(*n - first).unwrap_or(u64::MAX));
 }
 
 async fn stop(principal: Arc<Node>, agent: Node) {
@@ -171,7 +177,9 @@ fn window(c: &mut Criterion) {
         for in_flight in [256u64, 1_024, 4_096] {
             g.throughput(Throughput::Elements(in_flight));
             let name = format!("{in_flight}{suffix}");
-            bench_issue(&mut g, &name, &rt, &principal, &a, &mut n, in_flight);
+            bench_issue(
+                &mut g, &name, &rt, &principal, &agent, &a, &mut n, in_flight,
+            );
         }
         rt.block_on(stop(principal, agent));
     }
@@ -264,7 +272,7 @@ fn throughput(c: &mut Criterion) {
             ..Default::default()
         };
         let (principal, agent, _dir) = nodes(&rt, &ca, &p, &a, group, 64);
-        bench_issue(&mut g, name, &rt, &principal, &a, &mut n, BATCH);
+        bench_issue(&mut g, name, &rt, &principal, &agent, &a, &mut n, BATCH);
         rt.block_on(stop(principal, agent));
     }
 

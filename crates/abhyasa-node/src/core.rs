@@ -413,6 +413,7 @@ pub(crate) async fn start(b: NodeBuilder, db_path: PathBuf) -> Result<Node, Node
         metrics: metrics.clone(),
         issued_at: HashMap::new(),
         put_off: Default::default(),
+        took_meanwhile: false,
     };
     tokio::spawn(core.run(rx, irx));
     Ok(Node {
@@ -503,6 +504,9 @@ struct Core {
     issued_at: HashMap<abhyasa_wire::ObligationId, UnixMillis>,
     /// Commands put off while the core waited on the writer ([`inflight`]).
     put_off: inflight::PutOff,
+    /// Set when the core handled a session's message while a commit was under way: its
+    /// records (if any) wait for the next commit, which the flush then makes.
+    took_meanwhile: bool,
 }
 
 /// What woke the core loop.
@@ -572,7 +576,7 @@ impl Core {
             };
             match woke {
                 Woke::Command(Some(Command::Shutdown(done))) => {
-                    self.flush(rx).await;
+                    self.flush(rx, irx).await;
                     self.stop().await;
                     return Some(done);
                 }
@@ -598,13 +602,13 @@ impl Core {
                     }
                     self.commands(batch, rx).await;
                     if let Some(done) = shutdown {
-                        self.flush(rx).await;
+                        self.flush(rx, irx).await;
                         self.stop().await;
                         return Some(done);
                     }
                 }
                 Woke::Command(None) => {
-                    self.flush(rx).await;
+                    self.flush(rx, irx).await;
                     self.stop().await;
                     return None;
                 }
@@ -621,7 +625,7 @@ impl Core {
                 Woke::Timer => {}
             }
             self.fire_due_timers();
-            if !self.flush(rx).await {
+            if !self.flush(rx, irx).await {
                 self.stop().await;
                 return None;
             }
@@ -704,7 +708,11 @@ impl Core {
 
     /// Persists what both machines hand out in one group commit, then releases what
     /// depended on it. `false`: the store is gone and the node must stop.
-    async fn flush(&mut self, rx: &mut mpsc::Receiver<Command>) -> bool {
+    async fn flush(
+        &mut self,
+        rx: &mut mpsc::Receiver<Command>,
+        irx: &mut mpsc::Receiver<Internal>,
+    ) -> bool {
         if self.store_full.is_some() {
             // Nothing is committed before the retry (see `fire_due_timers`).
             return true;
@@ -754,8 +762,13 @@ impl Core {
                 });
                 // Meanwhile the core goes on answering what needs no commit: decisions above
                 // all, which enforcement points ask and a slow or hung disk must not hold.
+                // And it takes what the sessions bring, for the next commit.
                 let outcome = self
-                    .serve_while(rx, writer_answer(self.paused_clock, outcome))
+                    .serve_and_take_while(
+                        rx,
+                        Some(&mut *irx),
+                        writer_answer(self.paused_clock, outcome),
+                    )
                     .await
                     .unwrap_or(Err(GroupError::Stopped));
                 if outcome.is_err() {
@@ -817,7 +830,8 @@ impl Core {
             if local {
                 continue;
             }
-            if !more {
+            // What the machines handled during the commit has records for the next one.
+            if !more && !std::mem::take(&mut self.took_meanwhile) {
                 return true;
             }
             self.machine.handle_timeout(self.clock.now());

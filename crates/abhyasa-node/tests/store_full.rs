@@ -209,3 +209,76 @@ async fn on_a_faulty_disk(dir: &std::path::Path, limits: Limits) -> (Node, Node,
         .unwrap();
     (agent, principal, disk)
 }
+
+/// While its commit waits on the disk, a node goes on taking what its sessions bring, and the
+/// records of what it took are committed as soon as that commit ends — not when something
+/// else happens to wake the node. The agent's disk stalls in the commit of obligation 2;
+/// obligation 3 arrives meanwhile. Once the disk answers, both are applied at once (the
+/// principal re-sends nothing for 20 s, so only the agent's own next commit can apply 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_arrives_during_a_commit_is_committed_right_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate("t").unwrap();
+    let (p, a) = (id("principal"), id("agent-1"));
+    let a_addr = free_addr();
+    let disk = FaultyBackend::new(FaultPlan::None);
+    let agent = Node::builder(ca.issue(&a).unwrap())
+        .listen(a_addr)
+        .state_dir(dir.path().join("a"))
+        .store_backend(disk.clone())
+        .build()
+        .await
+        .unwrap();
+    let principal = Node::builder(ca.issue(&p).unwrap())
+        .peer(a.clone(), a_addr)
+        .state_dir(dir.path().join("p"))
+        .custodian(abhyasa_custody::CustodianConfig {
+            response_timeout_ms: 20_000,
+            ..custodian()
+        })
+        .build()
+        .await
+        .unwrap();
+    let ends = Duration::from_secs(10);
+    let first = principal.issue(revoke(1, &a, 60_000)).await.unwrap();
+    let (record, _) = tokio::time::timeout(ends, first.outcome())
+        .await
+        .expect("the session comes up")
+        .unwrap();
+    assert_eq!(record.outcome, Outcome::Applied);
+
+    disk.arm(FaultPlan::Stall);
+    let second = principal.issue(revoke(2, &a, 60_000)).await.unwrap();
+    let stalled = Instant::now();
+    while disk.stalled() == 0 {
+        assert!(
+            stalled.elapsed() < ends,
+            "the agent never committed obligation 2"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let third = principal.issue(revoke(3, &a, 60_000)).await.unwrap();
+    while principal.status().await.unwrap().sent.objects < 3 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // On loopback it is at the agent well within this.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(disk.stalled(), 1, "the agent's commit is still held");
+
+    disk.arm(FaultPlan::None);
+    let answered = Instant::now();
+    for (n, h) in [(2, second), (3, third)] {
+        let (record, _) = tokio::time::timeout(Duration::from_secs(5), h.outcome())
+            .await
+            .unwrap_or_else(|_| panic!("obligation {n} not applied 5 s after the disk answered"))
+            .unwrap();
+        assert_eq!(record.outcome, Outcome::Applied, "obligation {n}");
+        assert_eq!(record.attempts, 1, "obligation {n} was not re-sent");
+    }
+    println!(
+        "both applied {:?} after the disk answered",
+        answered.elapsed()
+    );
+    principal.shutdown().await;
+    agent.shutdown().await;
+}

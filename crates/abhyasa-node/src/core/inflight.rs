@@ -3,6 +3,14 @@
 //! an authorization server or an operator ask and a slow or hung disk must not hold; status;
 //! reads of durable state (queued on the writer behind the commit). Every other command is put
 //! off, in its order, until the wait ends.
+//!
+//! During a commit it also takes what the sessions bring (objects, sessions up and down, policy
+//! answers): the machines handle them and hand out their records, which the next commit
+//! carries — the core's work overlaps the disk's instead of following it. The machines allow
+//! it: nothing they release waits on a record before its commit is reported (the simulation
+//! drives them the same way, with commits queued behind a disk's latency). If the commit's
+//! outcome is unknown, the machines are reloaded from the store and what they handled
+//! meanwhile is lost as a lost message is: custody re-sends what was not acknowledged.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -41,9 +49,21 @@ impl Core {
         rx: &mut mpsc::Receiver<Command>,
         work: F,
     ) -> F::Output {
+        self.serve_and_take_while(rx, None, work).await
+    }
+
+    /// [`Self::serve_while`] over a commit: the sessions' messages on `irx` are handled too
+    /// (see the module's note), their records left for the next commit.
+    pub(super) async fn serve_and_take_while<F: Future>(
+        &mut self,
+        rx: &mut mpsc::Receiver<Command>,
+        mut irx: Option<&mut mpsc::Receiver<Internal>>,
+        work: F,
+    ) -> F::Output {
         tokio::pin!(work);
         loop {
             let take = !self.put_off.closed && self.put_off.queue.len() < PUT_OFF_MAX;
+            let taking = irx.is_some();
             tokio::select! {
                 biased;
                 out = &mut work => return out,
@@ -55,7 +75,27 @@ impl Core {
                     }
                     None => self.put_off.closed = true,
                 },
+                Some(msg) = recv_some(&mut irx), if taking => {
+                    self.took_meanwhile = true;
+                    self.internal(msg);
+                    if let Some(irx) = irx.as_deref_mut() {
+                        for _ in 0..1_024 {
+                            match irx.try_recv() {
+                                Ok(msg) => self.internal(msg),
+                                Err(_) => break,
+                            }
+                        }
+                    }
+                }
             }
         }
+    }
+}
+
+/// The next message on `irx`; `None` (the branch off) when there is none to take from.
+async fn recv_some(irx: &mut Option<&mut mpsc::Receiver<Internal>>) -> Option<Internal> {
+    match irx {
+        Some(irx) => irx.recv().await,
+        None => None,
     }
 }
