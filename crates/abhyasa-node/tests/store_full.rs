@@ -188,21 +188,42 @@ fn no_answer<T>(r: &Result<T, NodeError>, within: Duration) -> bool {
 /// An agent on its own files, and a principal peered with it whose store is on a disk that
 /// fails on cue (no fault armed yet).
 async fn on_a_faulty_disk(dir: &std::path::Path, limits: Limits) -> (Node, Node, FaultyBackend) {
+    pair(dir, Faulty::Principal, custodian(), limits).await
+}
+
+/// Which node's store is on the faulty disk.
+#[derive(PartialEq)]
+enum Faulty {
+    Principal,
+    Agent,
+}
+
+/// An agent and a principal peered with it (custody by `custodian`), each on its own files
+/// but for the `faulty` one, whose store is on a disk that fails on cue (no fault armed yet).
+async fn pair(
+    dir: &std::path::Path,
+    faulty: Faulty,
+    custodian: abhyasa_custody::CustodianConfig,
+    limits: Limits,
+) -> (Node, Node, FaultyBackend) {
     let ca = Ca::generate("t").unwrap();
     let (p, a) = (id("principal"), id("agent-1"));
     let a_addr = free_addr();
-    let agent = Node::builder(ca.issue(&a).unwrap())
+    let disk = FaultyBackend::new(FaultPlan::None);
+    let on = |b: abhyasa_node::NodeBuilder, side| match side == faulty {
+        true => b.store_backend(disk.clone()),
+        false => b,
+    };
+    let agent = on(Node::builder(ca.issue(&a).unwrap()), Faulty::Agent)
         .listen(a_addr)
         .state_dir(dir.join("a"))
         .build()
         .await
         .unwrap();
-    let disk = FaultyBackend::new(FaultPlan::None);
-    let principal = Node::builder(ca.issue(&p).unwrap())
+    let principal = on(Node::builder(ca.issue(&p).unwrap()), Faulty::Principal)
         .peer(a, a_addr)
         .state_dir(dir.join("p"))
-        .store_backend(disk.clone())
-        .custodian(custodian())
+        .custodian(custodian)
         .limits(limits)
         .build()
         .await
@@ -218,27 +239,13 @@ async fn on_a_faulty_disk(dir: &std::path::Path, limits: Limits) -> (Node, Node,
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_arrives_during_a_commit_is_committed_right_after_it() {
     let dir = tempfile::tempdir().unwrap();
-    let ca = Ca::generate("t").unwrap();
-    let (p, a) = (id("principal"), id("agent-1"));
-    let a_addr = free_addr();
-    let disk = FaultyBackend::new(FaultPlan::None);
-    let agent = Node::builder(ca.issue(&a).unwrap())
-        .listen(a_addr)
-        .state_dir(dir.path().join("a"))
-        .store_backend(disk.clone())
-        .build()
-        .await
-        .unwrap();
-    let principal = Node::builder(ca.issue(&p).unwrap())
-        .peer(a.clone(), a_addr)
-        .state_dir(dir.path().join("p"))
-        .custodian(abhyasa_custody::CustodianConfig {
-            response_timeout_ms: 20_000,
-            ..custodian()
-        })
-        .build()
-        .await
-        .unwrap();
+    let a = id("agent-1");
+    let custody = abhyasa_custody::CustodianConfig {
+        response_timeout_ms: 20_000,
+        ..custodian()
+    };
+    let (agent, principal, disk) =
+        pair(dir.path(), Faulty::Agent, custody, Limits::default()).await;
     let ends = Duration::from_secs(10);
     let first = principal.issue(revoke(1, &a, 60_000)).await.unwrap();
     let (record, _) = tokio::time::timeout(ends, first.outcome())

@@ -392,6 +392,20 @@ fn group_commit_batches_concurrent_writers() {
     assert_eq!(pending, 200);
 }
 
+/// A custodian's first record submitted to `group` with `disk` stalled: the custodian, the
+/// commit's ticket and the syncs completed before it.
+fn a_stalled_commit(
+    group: &GroupCommit,
+    disk: &FaultyBackend,
+) -> (Custodian, crate::group::Ticket, u64) {
+    let mut c = Custodian::new(p(), CustodianConfig::default(), 1);
+    c.issue(UnixMillis(0), revoke_token(1)).unwrap();
+    let rec = c.poll_persist().unwrap();
+    disk.arm(FaultPlan::Stall);
+    let syncs = disk.syncs();
+    (c, group.submit(vec![Op::Custodian(rec.record)]), syncs)
+}
+
 /// The writer counts the time its commits take, the disk's sync included: a commit held by a
 /// stalled disk for 80 ms adds at least 80 ms; a commit that fails adds neither a commit nor
 /// time.
@@ -406,12 +420,7 @@ fn the_writer_counts_the_time_its_commits_take() {
                 .load(std::sync::atomic::Ordering::Relaxed),
         )
     };
-    let mut c = Custodian::new(p(), CustodianConfig::default(), 1);
-    c.issue(UnixMillis(0), revoke_token(1)).unwrap();
-    let rec = c.poll_persist().unwrap();
-    disk.arm(FaultPlan::Stall);
-    let syncs = disk.syncs();
-    let ticket = group.submit(vec![Op::Custodian(rec.record)]);
+    let (mut c, ticket, syncs) = a_stalled_commit(&group, &disk);
     // The commit is on the disk, stalled, before the clock starts.
     while disk.stalled() == 0 {
         std::thread::sleep(Duration::from_millis(1));
@@ -451,12 +460,7 @@ fn dropping_the_writer_over_a_hung_disk_returns_after_its_wait() {
         },
         || Err(StoreError::Poisoned),
     );
-    let mut c = Custodian::new(p(), CustodianConfig::default(), 1);
-    c.issue(UnixMillis(0), revoke_token(1)).unwrap();
-    let rec = c.poll_persist().unwrap();
-    disk.arm(FaultPlan::Stall);
-    let syncs = disk.syncs();
-    let ticket = group.submit(vec![Op::Custodian(rec.record)]);
+    let (_, ticket, syncs) = a_stalled_commit(&group, &disk);
     let (dropped, returned) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         drop(group);
