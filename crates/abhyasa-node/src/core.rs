@@ -612,16 +612,8 @@ impl Core {
                     self.stop().await;
                     return None;
                 }
-                Woke::Internal(msg) => {
-                    self.internal(msg);
-                    // Everything that has arrived meanwhile shares the next commit.
-                    for _ in 0..4_096 {
-                        match irx.try_recv() {
-                            Ok(msg) => self.internal(msg),
-                            Err(_) => break,
-                        }
-                    }
-                }
+                // Everything that has arrived meanwhile shares the next commit.
+                Woke::Internal(msg) => self.internal_and_queued(msg, irx, 4_096),
                 Woke::Timer => {}
             }
             self.fire_due_timers();

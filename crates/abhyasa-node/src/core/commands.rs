@@ -203,6 +203,22 @@ impl Core {
         }
     }
 
+    /// Handles `first`, then up to `most` more of what is already queued on `irx`.
+    pub(super) fn internal_and_queued(
+        &mut self,
+        first: Internal,
+        irx: &mut mpsc::Receiver<Internal>,
+        most: usize,
+    ) {
+        self.internal(first);
+        for _ in 0..most {
+            match irx.try_recv() {
+                Ok(msg) => self.internal(msg),
+                Err(_) => break,
+            }
+        }
+    }
+
     pub(super) fn internal(&mut self, msg: Internal) {
         let t = self.clock.now();
         match msg {

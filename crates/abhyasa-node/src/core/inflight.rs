@@ -63,7 +63,6 @@ impl Core {
         tokio::pin!(work);
         loop {
             let take = !self.put_off.closed && self.put_off.queue.len() < PUT_OFF_MAX;
-            let taking = irx.is_some();
             tokio::select! {
                 biased;
                 out = &mut work => return out,
@@ -75,16 +74,10 @@ impl Core {
                     }
                     None => self.put_off.closed = true,
                 },
-                Some(msg) = recv_some(&mut irx), if taking => {
+                Some(msg) = recv_some(&mut irx) => {
                     self.took_meanwhile = true;
-                    self.internal(msg);
                     if let Some(irx) = irx.as_deref_mut() {
-                        for _ in 0..1_024 {
-                            match irx.try_recv() {
-                                Ok(msg) => self.internal(msg),
-                                Err(_) => break,
-                            }
-                        }
+                        self.internal_and_queued(msg, irx, 1_024);
                     }
                 }
             }
@@ -92,7 +85,8 @@ impl Core {
     }
 }
 
-/// The next message on `irx`; `None` (the branch off) when there is none to take from.
+/// The next message on `irx`; `None` at once (the branch off) when there is none to take
+/// from.
 async fn recv_some(irx: &mut Option<&mut mpsc::Receiver<Internal>>) -> Option<Internal> {
     match irx {
         Some(irx) => irx.recv().await,
