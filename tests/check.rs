@@ -144,11 +144,13 @@ async fn a_clean_run_passes_and_each_damage_is_found() {
         let db = redb::Database::open(dir.path().join("principal").join("node.redb")).unwrap();
         let txn = db.begin_write().unwrap();
         {
-            let def: redb::TableDefinition<'_, &str, ()> =
-                redb::TableDefinition::new("principal.revoked_tokens");
+            // The principal's revocation of a token: its governed row under no party.
+            type Row = (Option<u64>, Option<u128>, &'static [u8]);
+            let def: redb::TableDefinition<'_, (u8, &str, &str), Row> =
+                redb::TableDefinition::new("principal.governed");
             let mut t = txn.open_table(def).unwrap();
             assert!(
-                t.remove("tok-4").unwrap().is_some(),
+                t.remove((2, "", "tok-4")).unwrap().is_some(),
                 "the safe action was on disk"
             );
         }

@@ -159,12 +159,6 @@ impl Store {
         let Some(update) = update else {
             return Ok(());
         };
-        let held_token = match update {
-            PrincipalUpdate::Safe(SafeAction::StopHonouringToken { token_id, .. }) => {
-                self.principal.revoked_until(token_id).flatten()
-            }
-            _ => None,
-        };
         if !self.principal.apply(update, by) {
             return Ok(());
         }
@@ -173,16 +167,16 @@ impl Store {
             | PrincipalUpdate::AwaitGrant { target, scope, .. }
             | PrincipalUpdate::Safe(SafeAction::WithholdScope { target, scope, .. }) => {
                 if let Some(a) = self.principal.authorization(target, scope) {
-                    let key = (target.as_str(), scope.as_str());
-                    t.authorizations()?.insert(key, (a.withheld, a.sequence))?;
-                    if let Some(by) = a.by {
-                        t.authorization_by()?.insert(key, by.to_u128())?;
-                    }
-                    let leases = t.authorization_until()?;
-                    match a.until {
-                        Some(end) => leases.insert(key, end.0)?,
-                        None => leases.remove(key)?,
+                    let row = rows::GovernedRow {
+                        sequence: a.sequence,
+                        by: a.by.map(ObligationId::to_u128),
+                        state: Some(rows::KindState::Scope {
+                            withheld: a.withheld,
+                            until: a.until.map(|end| end.0),
+                        }),
                     };
+                    let key = (rows::SCOPE, target.as_str(), scope.as_str());
+                    row.write(t.principal_governed()?, key)?;
                 }
             }
             PrincipalUpdate::Safe(SafeAction::DownWeight {
@@ -203,17 +197,19 @@ impl Store {
                 }
             }
             PrincipalUpdate::Safe(SafeAction::StopHonouringToken { token_id, .. }) => {
-                t.revoked_tokens()?.insert(token_id.as_str(), ())?;
-                if let Some(by) = self.principal.token_revoked_by(token_id) {
-                    t.token_revoked_by()?
-                        .insert(token_id.as_str(), by.to_u128())?;
-                }
-                let by_expiry = t.revoked_tokens_by_expiry()?;
-                if let Some(at) = held_token {
-                    by_expiry.remove((at.0, token_id.as_str()))?;
-                }
-                if let Some(Some(at)) = self.principal.revoked_until(token_id) {
-                    by_expiry.insert((at.0, token_id.as_str()), ())?;
+                if let Some(until) = self.principal.revoked_until(token_id) {
+                    let row = rows::GovernedRow {
+                        sequence: None,
+                        by: self
+                            .principal
+                            .token_revoked_by(token_id)
+                            .map(ObligationId::to_u128),
+                        state: Some(rows::KindState::RevokedToken {
+                            until: until.map(|at| at.0),
+                        }),
+                    };
+                    let key = (rows::TOKEN, rows::NO_PARTY, token_id.as_str());
+                    row.write(t.principal_governed()?, key)?;
                 }
             }
         }
@@ -242,16 +238,30 @@ impl Store {
                     let n = log.range((key, 0)..=(key, u32::MAX))?.count() as u32;
                     log.insert((key, n), (at.0, encode(obligation.as_ref()).as_slice()))?;
                 }
-                let governed = effect.governed_key(issuer);
-                t.governed_by()?
-                    .insert(rows::governed_key(&governed), key)?;
                 t.applied()?.insert(key, expires.0)?;
                 t.applied_by_expiry()?.insert((expires.0, key), ())?;
-                if let Some((governed, seq)) = sequence {
-                    t.last_sequence()?
-                        .insert(rows::governed_key(governed), *seq)?;
+                // The key's one row: the obligation now in force on it, its sequence and
+                // what the effect left of the kind's state.
+                let state = self.apply_effect(t, effect, issuer)?;
+                let governed = effect.governed_key(issuer);
+                let table = t.recv_governed()?;
+                let gkey = rows::governed_key(&governed);
+                let mut row = rows::GovernedRow::read(table, "receiver.governed", gkey)?;
+                row.by = Some(key);
+                if state.is_some() {
+                    row.state = state;
                 }
-                self.apply_effect(t, effect, issuer)?;
+                match sequence {
+                    Some((k, seq)) if *k == governed => row.sequence = Some(*seq),
+                    Some((k, seq)) => {
+                        let other = rows::governed_key(k);
+                        let mut r = rows::GovernedRow::read(table, "receiver.governed", other)?;
+                        r.sequence = Some(*seq);
+                        r.write(table, other)?;
+                    }
+                    None => {}
+                }
+                row.write(table, gkey)?;
             }
             ReceiverRecord::Prune { before } => {
                 let mut gone = Vec::new();
@@ -275,34 +285,23 @@ impl Store {
         Ok(())
     }
 
+    /// Applies `effect` to the mirror and writes the rows of the tables a kind keeps apart
+    /// (weight changes, token records); returns the kind state the key's governed row takes,
+    /// for the kinds that keep it there.
     pub(super) fn apply_effect(
         &mut self,
         t: &mut Open<'_>,
         effect: &ReceiverEffect,
         issuer: &AgentId,
-    ) -> Result<(), StoreError> {
-        let held_token = match effect {
-            ReceiverEffect::DropToken(token, _) | ReceiverEffect::CacheToken(token, _) => {
-                self.receiver.token_record(token)
-            }
-            _ => None,
-        };
+    ) -> Result<Option<rows::KindState>, StoreError> {
         self.receiver.apply(effect);
         match effect {
             ReceiverEffect::WithholdScope(issuer, scope)
             | ReceiverEffect::GrantScope(issuer, scope, _) => {
-                let key = (issuer.as_str(), scope.as_str());
-                let withheld = t.withheld()?;
-                if self.receiver.is_withheld(issuer, scope) {
-                    withheld.insert(key, ())?;
-                } else {
-                    withheld.remove(key)?;
-                }
-                let leases = t.leases()?;
-                match self.receiver.lease(issuer, scope) {
-                    Some(end) => leases.insert(key, end.0)?,
-                    None => leases.remove(key)?,
-                };
+                return Ok(Some(rows::KindState::Scope {
+                    withheld: self.receiver.is_withheld(issuer, scope),
+                    until: self.receiver.lease(issuer, scope).map(|end| end.0),
+                }));
             }
             ReceiverEffect::AdjustWeight(issuer, key, change) => {
                 t.weight_changes()?.insert(
@@ -316,29 +315,28 @@ impl Store {
                 )?;
             }
             ReceiverEffect::DropToken(token, _) | ReceiverEffect::CacheToken(token, _) => {
-                let now = self.receiver.token_record(token);
-                if let Some((dropped, _)) = now {
-                    t.tokens()?.insert(token.as_str(), dropped)?;
-                }
-                // The expiry rows follow the record's expiry; the issuers named by the old
-                // rows move with it, so each governed-by row and last sequence is forgotten
-                // with the record. A record kept for good has its rows at `FOR_GOOD`, so its
-                // issuers move too when another issuer gives the token an expiry.
-                let by_expiry = t.tokens_by_expiry()?;
-                let mut issuers = vec![issuer.as_str().to_owned()];
-                let row_at = |e: Option<UnixMillis>| e.map_or(FOR_GOOD, |e| e.0);
-                let old = held_token.map(|(_, e)| row_at(e));
-                let new = now.map(|(_, e)| row_at(e));
-                if let Some(at) = old.filter(|at| Some(*at) != new) {
-                    issuers.extend(token_expiry_rows(by_expiry, at, token.as_str(), true)?);
-                }
-                if let Some(at) = new {
-                    for i in &issuers {
-                        by_expiry.insert((at, token.as_str(), i.as_str()), ())?;
+                // The token's record, with every issuer that acted on it: at the record's
+                // expiry, maintenance deletes their rows with it.
+                if let Some((dropped, until)) = self.receiver.token_record(token) {
+                    let table = t.recv_governed()?;
+                    let key = (rows::TOKEN, rows::NO_PARTY, token.as_str());
+                    let mut row = rows::GovernedRow::read(table, "receiver.governed", key)?;
+                    let mut issuers = match row.state {
+                        Some(rows::KindState::Token { issuers, .. }) => issuers,
+                        _ => Vec::new(),
+                    };
+                    if !issuers.iter().any(|i| i == issuer.as_str()) {
+                        issuers.push(issuer.as_str().to_owned());
                     }
+                    row.state = Some(rows::KindState::Token {
+                        dropped,
+                        until: until.map(|at| at.0),
+                        issuers,
+                    });
+                    row.write(table, key)?;
                 }
             }
         }
-        Ok(())
+        Ok(None)
     }
 }

@@ -64,7 +64,6 @@ mod open;
 mod rows;
 mod tables;
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use abhyasa_custody::{
@@ -359,7 +358,7 @@ impl Store {
                 Err(redb::TableError::TableDoesNotExist(_)) => None,
                 Err(e) => return Err(e.into()),
             };
-            if let Some(found) = found.filter(|v| *v != SCHEMA_VERSION) {
+            if let Some(found) = found.filter(|v| *v != SCHEMA_VERSION && *v != 1) {
                 return Err(StoreError::Schema {
                     found,
                     expected: SCHEMA_VERSION,
@@ -376,6 +375,11 @@ impl Store {
                     meta.insert("schema", SCHEMA_VERSION)?;
                 }
                 Some(v) if v == SCHEMA_VERSION => {}
+                // Layout 1 is converted in this transaction: all of it or none.
+                Some(1) => {
+                    convert::layout1_to_2(&txn)?;
+                    meta.insert("schema", SCHEMA_VERSION)?;
+                }
                 Some(found) => {
                     return Err(StoreError::Schema {
                         found,
@@ -390,25 +394,15 @@ impl Store {
             txn.open_table(ESCALATIONS)?;
             txn.open_table(ESCALATIONS_BY_TIME)?;
             txn.open_table(NOTES)?;
-            txn.open_table(AUTHORIZATIONS)?;
+            txn.open_table(PRINCIPAL_GOVERNED)?;
             txn.open_table(ROUTING_BASE)?;
             txn.open_table(ADJUSTMENTS)?;
             txn.open_table(ADJUSTMENT_LAPSES)?;
-            txn.open_table(REVOKED_TOKENS)?;
-            txn.open_table(REVOKED_TOKENS_BY_EXPIRY)?;
-            txn.open_table(AUTHORIZATION_BY)?;
-            txn.open_table(TOKEN_REVOKED_BY)?;
-            txn.open_table(AUTHORIZATION_UNTIL)?;
+            txn.open_table(RECV_GOVERNED)?;
             txn.open_table(APPLIED)?;
             txn.open_table(APPLIED_BY_EXPIRY)?;
-            txn.open_table(LAST_SEQUENCE)?;
-            txn.open_table(RECV_WITHHELD)?;
-            txn.open_table(RECV_LEASES)?;
             txn.open_table(RECV_WEIGHTS)?;
             txn.open_table(RECV_WEIGHT_CHANGES)?;
-            txn.open_table(RECV_TOKENS)?;
-            txn.open_table(RECV_TOKENS_BY_EXPIRY)?;
-            txn.open_table(GOVERNED_BY)?;
             txn.open_table(RECV_APPLY_LOG)?;
             txn.open_table(LEDGER_JOURNAL)?;
             txn.open_table(LEDGER_CHECKPOINT)?;
@@ -513,14 +507,13 @@ impl Store {
     /// The obligation last applied on `key`, if recorded.
     pub fn governed_by(&self, key: &GovernedKey) -> Result<Option<ObligationId>, StoreError> {
         let txn = self.db.begin_read()?;
-        let table = match txn.open_table(GOVERNED_BY) {
+        let table = match txn.open_table(RECV_GOVERNED) {
             Ok(t) => t,
             Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
             Err(e) => return Err(e.into()),
         };
-        Ok(table
-            .get(rows::governed_key(key))?
-            .map(|v| ObligationId::from_u128(v.value())))
+        let row = rows::GovernedRow::read(&table, "receiver.governed", rows::governed_key(key))?;
+        Ok(row.by.map(ObligationId::from_u128))
     }
 
     /// Whether the custodian side knows `id` (pending or terminal): issuing is idempotent.
@@ -752,35 +745,6 @@ impl Store {
     }
 }
 
-/// Where the receiver's token-expiry index keeps the issuers of a token record kept for good
-/// (no expiry): never reached by maintenance, moved when the record is given an expiry.
-const FOR_GOOD: u64 = u64::MAX;
-
-/// The issuers of the rows `(at, token, issuer)` of the receiver's token-expiry index;
-/// with `remove`, the rows are deleted too.
-fn token_expiry_rows(
-    table: &mut redb::Table<'_, (u64, &'static str, &'static str), ()>,
-    at: u64,
-    token: &str,
-    remove: bool,
-) -> Result<Vec<String>, StoreError> {
-    let mut issuers = Vec::new();
-    for entry in table.range((at, token, "")..)? {
-        let (k, _) = entry?;
-        let (a, t, i) = k.value();
-        if a != at || t != token {
-            break;
-        }
-        issuers.push(i.to_owned());
-    }
-    if remove {
-        for i in &issuers {
-            table.remove((at, token, i.as_str()))?;
-        }
-    }
-    Ok(issuers)
-}
-
 fn prune_by_time(
     txn: &WriteTransaction,
     by_time: redb::TableDefinition<'_, (u64, u128), ()>,
@@ -811,6 +775,7 @@ fn prune_by_time(
 }
 
 mod apply;
+mod convert;
 mod maintain;
 mod recover;
 #[cfg(test)]

@@ -37,25 +37,22 @@ impl Store {
         }
         let budget = self.config.max_prune_per_call;
         {
-            let mut revoked = txn.open_table(REVOKED_TOKENS)?;
-            let mut by_expiry = txn.open_table(REVOKED_TOKENS_BY_EXPIRY)?;
-            let mut revoked_by = txn.open_table(TOKEN_REVOKED_BY)?;
-            for (token, at) in self.principal.expire_tokens(now, budget) {
-                revoked.remove(token.as_str())?;
-                revoked_by.remove(token.as_str())?;
-                by_expiry.remove((at.0, token.as_str()))?;
+            let mut principal = txn.open_table(PRINCIPAL_GOVERNED)?;
+            for (token, _) in self.principal.expire_tokens(now, budget) {
+                principal.remove((rows::TOKEN, rows::NO_PARTY, token.as_str()))?;
                 report.tokens_expired += 1;
             }
-            let mut tokens = txn.open_table(RECV_TOKENS)?;
-            let mut by_expiry = txn.open_table(RECV_TOKENS_BY_EXPIRY)?;
-            let mut governed = txn.open_table(GOVERNED_BY)?;
-            let mut sequences = txn.open_table(LAST_SEQUENCE)?;
-            for (token, at) in self.receiver.expire_tokens(now, budget) {
-                tokens.remove(token.as_str())?;
-                for issuer in token_expiry_rows(&mut by_expiry, at.0, token.as_str(), true)? {
-                    governed.remove((2, issuer.as_str(), token.as_str()))?;
-                    sequences.remove((2, issuer.as_str(), token.as_str()))?;
+            // The agent's record goes with the rows of every issuer that acted on the token.
+            let mut governed = txn.open_table(RECV_GOVERNED)?;
+            for (token, _) in self.receiver.expire_tokens(now, budget) {
+                let key = (rows::TOKEN, rows::NO_PARTY, token.as_str());
+                let row = rows::GovernedRow::read(&governed, "receiver.governed", key)?;
+                if let Some(rows::KindState::Token { issuers, .. }) = row.state {
+                    for issuer in issuers {
+                        governed.remove((rows::TOKEN, issuer.as_str(), token.as_str()))?;
+                    }
                 }
+                governed.remove(key)?;
                 report.tokens_expired += 1;
             }
         }

@@ -2,7 +2,7 @@
 //! kept until the commit.
 //!
 //! Opening and closing a redb table costs about as much as the insert it serves, and a busy
-//! group commit writes thousands of records, each touching three to seven tables; opened once
+//! group commit writes thousands of records, each touching two to five tables; opened once
 //! per record, the opening was a quarter of the writer's CPU (docs/BENCHMARKS.md, "The
 //! writer's tables, opened once per commit"). A table is still opened only if some record
 //! needs it, so a commit creates no table the code before this did not.
@@ -61,42 +61,22 @@ open_tables! {
     escalations_by_time: ESCALATIONS_BY_TIME<(u64, u128), ()>,
     /// `custodian.notes`.
     notes: NOTES<u128, Bytes>,
-    /// `principal.authorizations`.
-    authorizations: AUTHORIZATIONS<(Str, Str), (bool, Option<u64>)>,
-    /// `principal.authorization_by`.
-    authorization_by: AUTHORIZATION_BY<(Str, Str), u128>,
-    /// `principal.authorization_until`.
-    authorization_until: AUTHORIZATION_UNTIL<(Str, Str), u64>,
+    /// `principal.governed`.
+    principal_governed: PRINCIPAL_GOVERNED<(u8, Str, Str), (Option<u64>, Option<u128>, Bytes)>,
     /// `principal.adjustments`.
     adjustments: ADJUSTMENTS<u128, (Str, Str, u32, u64)>,
     /// `principal.adjustment_lapses`.
     adjustment_lapses: ADJUSTMENT_LAPSES<u128, u64>,
-    /// `principal.revoked_tokens`.
-    revoked_tokens: REVOKED_TOKENS<Str, ()>,
-    /// `principal.token_revoked_by`.
-    token_revoked_by: TOKEN_REVOKED_BY<Str, u128>,
-    /// `principal.revoked_tokens_by_expiry`.
-    revoked_tokens_by_expiry: REVOKED_TOKENS_BY_EXPIRY<(u64, Str), ()>,
+    /// `receiver.governed`.
+    recv_governed: RECV_GOVERNED<(u8, Str, Str), (Option<u64>, Option<u128>, Bytes)>,
     /// `receiver.applied`.
     applied: APPLIED<u128, u64>,
     /// `receiver.applied_by_expiry`.
     applied_by_expiry: APPLIED_BY_EXPIRY<(u64, u128), ()>,
-    /// `receiver.last_sequence`.
-    last_sequence: LAST_SEQUENCE<(u8, Str, Str), u64>,
-    /// `receiver.governed_by`.
-    governed_by: GOVERNED_BY<(u8, Str, Str), u128>,
     /// `receiver.apply_log`.
     apply_log: RECV_APPLY_LOG<(u128, u32), (u64, Bytes)>,
-    /// `receiver.withheld`.
-    withheld: RECV_WITHHELD<(Str, Str), ()>,
-    /// `receiver.leases`.
-    leases: RECV_LEASES<(Str, Str), u64>,
     /// `receiver.weight_changes`.
     weight_changes: RECV_WEIGHT_CHANGES<u128, (Str, Str, i32, u64)>,
-    /// `receiver.tokens`.
-    tokens: RECV_TOKENS<Str, bool>,
-    /// `receiver.tokens_by_expiry`.
-    tokens_by_expiry: RECV_TOKENS_BY_EXPIRY<(u64, Str, Str), ()>,
     /// `ledger.journal`.
     ledger_journal: LEDGER_JOURNAL<u64, Bytes>,
     /// `ledger.checkpoint`.

@@ -109,33 +109,26 @@ impl Store {
             });
         }
         let mut governed = Vec::new();
-        for entry in txn.open_table(GOVERNED_BY)?.iter()? {
-            let (k, _) = entry?;
-            let (kind, issuer, name) = k.value();
-            match rows::parse_governed_key(kind, issuer, name) {
-                Some(key) => governed.push(key),
-                None => {
-                    return Err(StoreError::Corrupt {
-                        table: "receiver.governed_by",
-                        key: format!("{kind}/{issuer}/{name}"),
-                        detail: "unreadable governed key".into(),
-                    })
-                }
-            }
-        }
         let mut sequences = Vec::new();
-        for entry in txn.open_table(LAST_SEQUENCE)?.iter()? {
+        for entry in txn.open_table(RECV_GOVERNED)?.iter()? {
             let (k, v) = entry?;
             let (kind, issuer, name) = k.value();
-            match rows::parse_governed_key(kind, issuer, name) {
-                Some(key) => sequences.push((key, v.value())),
-                None => {
-                    return Err(StoreError::Corrupt {
-                        table: "receiver.last_sequence",
-                        key: format!("{kind}/{issuer}/{name}"),
-                        detail: "unreadable governed key".into(),
-                    })
-                }
+            if issuer == rows::NO_PARTY {
+                continue; // a token's record: state, read by `load_receiver_state`
+            }
+            let row = rows::GovernedRow::decode("receiver.governed", k.value(), v.value())?;
+            let Some(key) = rows::parse_governed_key(kind, issuer, name) else {
+                return Err(StoreError::Corrupt {
+                    table: "receiver.governed",
+                    key: format!("{kind}/{issuer}/{name}"),
+                    detail: "unreadable governed key".into(),
+                });
+            };
+            if let Some(seq) = row.sequence {
+                sequences.push((key.clone(), seq));
+            }
+            if row.by.is_some() {
+                governed.push(key);
             }
         }
         Ok(Receiver::recover(
@@ -151,34 +144,46 @@ impl Store {
     pub(super) fn load_principal(&self) -> Result<PrincipalState, StoreError> {
         let txn = self.db.begin_read()?;
         let mut auths = Vec::new();
-        let named = txn.open_table(AUTHORIZATION_BY)?;
-        let leases = txn.open_table(AUTHORIZATION_UNTIL)?;
-        for entry in txn.open_table(AUTHORIZATIONS)?.iter()? {
+        let mut tokens = Vec::new();
+        let mut revoked_by = Vec::new();
+        for entry in txn.open_table(PRINCIPAL_GOVERNED)?.iter()? {
             let (k, v) = entry?;
-            let (target, scope) = k.value();
-            let (withheld, sequence) = v.value();
-            let by = named
-                .get((target, scope))?
-                .map(|id| ObligationId::from_u128(id.value()));
-            let until = match withheld {
-                true => None,
-                false => leases
-                    .get((target, scope))?
-                    .map(|end| UnixMillis(end.value())),
-            };
-            let t = "principal.authorizations";
-            auths.push((
+            let t = "principal.governed";
+            let row = rows::GovernedRow::decode(t, k.value(), v.value())?;
+            match (k.value(), row.state) {
                 (
-                    rows::name(t, target, AgentId::new)?,
-                    rows::name(t, scope, Scope::new)?,
-                ),
-                Authorization {
-                    withheld,
-                    sequence,
-                    by,
-                    until,
-                },
-            ));
+                    (rows::SCOPE, target, scope),
+                    Some(rows::KindState::Scope { withheld, until }),
+                ) => auths.push((
+                    (
+                        rows::name(t, target, AgentId::new)?,
+                        rows::name(t, scope, Scope::new)?,
+                    ),
+                    Authorization {
+                        withheld,
+                        sequence: row.sequence,
+                        by: row.by.map(ObligationId::from_u128),
+                        until: until.filter(|_| !withheld).map(UnixMillis),
+                    },
+                )),
+                (
+                    (rows::TOKEN, rows::NO_PARTY, token),
+                    Some(rows::KindState::RevokedToken { until }),
+                ) => {
+                    let token = rows::name(t, token, TokenId::new)?;
+                    if let Some(by) = row.by {
+                        revoked_by.push((token.clone(), ObligationId::from_u128(by)));
+                    }
+                    tokens.push((token, until.map(UnixMillis)));
+                }
+                ((kind, party, name), _) => {
+                    return Err(StoreError::Corrupt {
+                        table: t,
+                        key: format!("{kind}/{party}/{name}"),
+                        detail: "not a row this layout writes".into(),
+                    })
+                }
+            }
         }
         let mut bases = Vec::new();
         for entry in txn.open_table(ROUTING_BASE)?.iter()? {
@@ -210,28 +215,6 @@ impl Store {
                 },
             ));
         }
-        let mut expiry = BTreeMap::new();
-        for entry in txn.open_table(REVOKED_TOKENS_BY_EXPIRY)?.iter()? {
-            let (k, _) = entry?;
-            let (at, token) = k.value();
-            expiry.insert(token.to_owned(), UnixMillis(at));
-        }
-        let mut tokens = Vec::new();
-        for entry in txn.open_table(REVOKED_TOKENS)?.iter()? {
-            let (k, _) = entry?;
-            tokens.push((
-                rows::name("principal.revoked_tokens", k.value(), TokenId::new)?,
-                expiry.get(k.value()).copied(),
-            ));
-        }
-        let mut revoked_by = Vec::new();
-        for entry in txn.open_table(TOKEN_REVOKED_BY)?.iter()? {
-            let (k, v) = entry?;
-            revoked_by.push((
-                rows::name("principal.token_revoked_by", k.value(), TokenId::new)?,
-                ObligationId::from_u128(v.value()),
-            ));
-        }
         Ok(PrincipalState::from_parts(
             self.config.principal_weights,
             auths,
@@ -245,14 +228,38 @@ impl Store {
     pub(super) fn load_receiver_state(&self) -> Result<ReceiverState, StoreError> {
         let txn = self.db.begin_read()?;
         let mut withheld = Vec::new();
-        for entry in txn.open_table(RECV_WITHHELD)?.iter()? {
-            let (k, _) = entry?;
-            let (issuer, scope) = k.value();
-            let t = "receiver.withheld";
-            withheld.push((
-                rows::name(t, issuer, AgentId::new)?,
-                rows::name(t, scope, Scope::new)?,
-            ));
+        let mut leases = Vec::new();
+        let (mut dropped, mut cached) = (Vec::new(), Vec::new());
+        for entry in txn.open_table(RECV_GOVERNED)?.iter()? {
+            let (k, v) = entry?;
+            let t = "receiver.governed";
+            let row = rows::GovernedRow::decode(t, k.value(), v.value())?;
+            let (_, party, name) = k.value();
+            match row.state {
+                Some(rows::KindState::Scope { withheld: w, until }) => {
+                    let key = (
+                        rows::name(t, party, AgentId::new)?,
+                        rows::name(t, name, Scope::new)?,
+                    );
+                    if let Some(end) = until {
+                        leases.push((key.clone(), UnixMillis(end)));
+                    }
+                    if w {
+                        withheld.push(key);
+                    }
+                }
+                Some(rows::KindState::Token {
+                    dropped: d, until, ..
+                }) => {
+                    let token = (rows::name(t, name, TokenId::new)?, until.map(UnixMillis));
+                    if d {
+                        dropped.push(token);
+                    } else {
+                        cached.push(token);
+                    }
+                }
+                Some(rows::KindState::RevokedToken { .. }) | None => {}
+            }
         }
         let mut weights = Vec::new();
         for entry in txn.open_table(RECV_WEIGHTS)?.iter()? {
@@ -280,38 +287,6 @@ impl Store {
                     delta,
                     lapses_at: UnixMillis(lapses_at),
                 },
-            ));
-        }
-        let mut expiry = BTreeMap::new();
-        for entry in txn.open_table(RECV_TOKENS_BY_EXPIRY)?.iter()? {
-            let (k, _) = entry?;
-            let (at, token, _) = k.value();
-            if at != FOR_GOOD {
-                expiry.insert(token.to_owned(), UnixMillis(at));
-            }
-        }
-        let (mut dropped, mut cached) = (Vec::new(), Vec::new());
-        for entry in txn.open_table(RECV_TOKENS)?.iter()? {
-            let (k, v) = entry?;
-            let token = rows::name("receiver.tokens", k.value(), TokenId::new)?;
-            let at = expiry.get(k.value()).copied();
-            if v.value() {
-                dropped.push((token, at));
-            } else {
-                cached.push((token, at));
-            }
-        }
-        let mut leases = Vec::new();
-        for entry in txn.open_table(RECV_LEASES)?.iter()? {
-            let (k, v) = entry?;
-            let (issuer, scope) = k.value();
-            let t = "receiver.leases";
-            leases.push((
-                (
-                    rows::name(t, issuer, AgentId::new)?,
-                    rows::name(t, scope, Scope::new)?,
-                ),
-                UnixMillis(v.value()),
             ));
         }
         let (min, max) = self.config.receiver_weights;

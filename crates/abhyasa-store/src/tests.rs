@@ -1,3 +1,4 @@
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use abhyasa_custody::{AckTransmit, CustodianEvent, Receiver, ReceiverConfig, ReceiverRecord};
@@ -11,6 +12,10 @@ use abhyasa_testkit::fault::{FaultPlan, FaultyBackend};
 
 fn p() -> AgentId {
     AgentId::new("p").unwrap()
+}
+
+fn q() -> AgentId {
+    AgentId::new("q").unwrap()
 }
 
 fn a() -> AgentId {
@@ -299,6 +304,169 @@ fn a_reconciliation_note_is_kept() {
     assert!(c.poll_event().is_none());
 }
 
+/// A file of layout 1, written table by table as that layout's builds wrote it (one of its
+/// later tables, `principal.authorization_by`, missing a row as in a file an older build
+/// wrote), opens as layout 2 with the same state: what each side enforces, the obligation
+/// named in force, and the sequences a recovered receiver declines against.
+#[test]
+fn a_layout_1_file_is_converted_when_opened() {
+    let backend = FaultyBackend::new(FaultPlan::None);
+    {
+        let db = redb::Database::builder()
+            .create_with_backend(backend.clone())
+            .unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            txn.open_table(META).unwrap().insert("schema", 1).unwrap();
+            let mut auths = txn.open_table(layout1::AUTHORIZATIONS).unwrap();
+            auths.insert(("a", "s1"), (false, Some(4))).unwrap();
+            auths.insert(("a", "s2"), (true, Some(5))).unwrap();
+            let mut by = txn.open_table(layout1::AUTHORIZATION_BY).unwrap();
+            by.insert(("a", "s1"), 40).unwrap();
+            let mut until = txn.open_table(layout1::AUTHORIZATION_UNTIL).unwrap();
+            until.insert(("a", "s1"), 50_000).unwrap();
+            let mut seqs = txn.open_table(layout1::LAST_SEQUENCE).unwrap();
+            seqs.insert((0, "p", "s1"), 7).unwrap();
+            seqs.insert((2, "p", "t9"), 9).unwrap();
+            let mut governed = txn.open_table(layout1::GOVERNED_BY).unwrap();
+            governed.insert((0, "p", "s1"), 70).unwrap();
+            governed.insert((0, "p", "s3"), 71).unwrap();
+            governed.insert((2, "p", "t9"), 90).unwrap();
+            let mut withheld = txn.open_table(layout1::RECV_WITHHELD).unwrap();
+            withheld.insert(("p", "s1"), ()).unwrap();
+            let mut leases = txn.open_table(layout1::RECV_LEASES).unwrap();
+            leases.insert(("p", "s3"), 60_000).unwrap();
+            // Tokens: the principal revoked t1 until 70 s (by obligation 11) and t2 for good;
+            // the agent dropped t9, acted on by p (kept for good, as older builds left it)
+            // and by q (until 80 s).
+            let mut revoked = txn.open_table(layout1::REVOKED_TOKENS).unwrap();
+            revoked.insert("t1", ()).unwrap();
+            revoked.insert("t2", ()).unwrap();
+            let mut until = txn.open_table(layout1::REVOKED_TOKENS_BY_EXPIRY).unwrap();
+            until.insert((70_000, "t1"), ()).unwrap();
+            let mut by = txn.open_table(layout1::TOKEN_REVOKED_BY).unwrap();
+            by.insert("t1", 11).unwrap();
+            let mut tokens = txn.open_table(layout1::RECV_TOKENS).unwrap();
+            tokens.insert("t9", true).unwrap();
+            let mut until = txn.open_table(layout1::RECV_TOKENS_BY_EXPIRY).unwrap();
+            until.insert((u64::MAX, "t9", "p"), ()).unwrap();
+            until.insert((80_000, "t9", "q"), ()).unwrap();
+            governed.insert((2, "q", "t9"), 91).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let scope = |s: &str| Scope::new(s).unwrap();
+    let id = ObligationId::from_u128;
+    let check = |store: &Store| {
+        assert_eq!(
+            store.principal().authorization(&a(), &scope("s1")),
+            Some(Authorization {
+                withheld: false,
+                sequence: Some(4),
+                by: Some(id(40)),
+                until: Some(UnixMillis(50_000)),
+            })
+        );
+        assert_eq!(
+            store.principal().authorization(&a(), &scope("s2")),
+            Some(Authorization {
+                withheld: true,
+                sequence: Some(5),
+                by: None,
+                until: None,
+            })
+        );
+        let agent = store.receiver_state();
+        assert!(agent.is_withheld(&p(), &scope("s1")));
+        assert!(!agent.is_withheld(&p(), &scope("s3")));
+        assert_eq!(agent.lease(&p(), &scope("s3")), Some(UnixMillis(60_000)));
+        assert_eq!(agent.lease(&p(), &scope("s1")), None);
+        let named = |key| store.governed_by(&key).unwrap();
+        assert_eq!(named(GovernedKey::Scope(p(), scope("s1"))), Some(id(70)));
+        assert_eq!(named(GovernedKey::Scope(p(), scope("s3"))), Some(id(71)));
+        let t9 = TokenId::new("t9").unwrap();
+        assert_eq!(named(GovernedKey::Token(p(), t9.clone())), Some(id(90)));
+        assert_eq!(named(GovernedKey::Token(q(), t9.clone())), Some(id(91)));
+        assert_eq!(
+            agent.token_record(&t9),
+            Some((true, Some(UnixMillis(80_000))))
+        );
+        let (t1, t2) = (TokenId::new("t1").unwrap(), TokenId::new("t2").unwrap());
+        let principal = store.principal();
+        assert_eq!(principal.revoked_until(&t1), Some(Some(UnixMillis(70_000))));
+        assert_eq!(principal.token_revoked_by(&t1), Some(id(11)));
+        assert_eq!(principal.revoked_until(&t2), Some(None));
+        assert_eq!(principal.token_revoked_by(&t2), None);
+        let mut r = store
+            .recover_receiver(a(), ReceiverConfig::default())
+            .unwrap();
+        let superseded =
+            abhyasa_custody::Disposition::Declined(abhyasa_wire::DeclineReason::Superseded);
+        let mut s1 = revoke_scope(100);
+        s1.payload = revoke_scope(1).payload;
+        s1.sequence = Some(7);
+        assert_eq!(r.handle_obligation(UnixMillis(1), &p(), s1), superseded);
+        let mut t9 = revoke_token(101);
+        t9.payload = revoke_token(9).payload;
+        t9.sequence = Some(9);
+        assert_eq!(r.handle_obligation(UnixMillis(1), &p(), t9), superseded);
+        // No sequence was kept on s3: a first one is newer.
+        let mut s3 = revoke_scope(102);
+        s3.payload = revoke_scope(3).payload;
+        s3.sequence = Some(1);
+        assert_ne!(r.handle_obligation(UnixMillis(1), &p(), s3), superseded);
+    };
+    let mut backend = backend.power_cycle(FaultPlan::None);
+    let store = Store::open_backend(backend.clone(), StoreConfig::default()).unwrap();
+    check(&store);
+    let txn = store.db.begin_read().unwrap();
+    let names: Vec<String> = txn
+        .list_tables()
+        .unwrap()
+        .map(|t| redb::TableHandle::name(&t).to_owned())
+        .collect();
+    for gone in [
+        "principal.authorizations",
+        "principal.authorization_by",
+        "principal.authorization_until",
+        "receiver.last_sequence",
+        "receiver.governed_by",
+        "receiver.withheld",
+        "receiver.leases",
+        "principal.revoked_tokens",
+        "principal.revoked_tokens_by_expiry",
+        "principal.token_revoked_by",
+        "receiver.tokens",
+        "receiver.tokens_by_expiry",
+    ] {
+        assert!(!names.iter().any(|n| n == gone), "{gone} is still there");
+    }
+    let schema = txn
+        .open_table(META)
+        .unwrap()
+        .get("schema")
+        .unwrap()
+        .unwrap();
+    assert_eq!(schema.value(), SCHEMA_VERSION);
+    drop((schema, txn, store));
+    // Opened again, as layout 2: the same state.
+    let mut store = reopen(&mut backend);
+    check(&store);
+    // At t9's expiry its record goes, with the rows of both issuers that acted on it; t1's
+    // revocation ends; t2's stays.
+    store.maintain(UnixMillis(80_000)).unwrap();
+    let t = |n: &str| TokenId::new(n).unwrap();
+    assert_eq!(store.receiver_state().token_record(&t("t9")), None);
+    for issuer in [p(), q()] {
+        let key = GovernedKey::Token(issuer, t("t9"));
+        assert_eq!(store.governed_by(&key).unwrap(), None);
+    }
+    let store = reopen(&mut backend);
+    assert_eq!(store.receiver_state().token_record(&t("t9")), None);
+    assert_eq!(store.principal().revoked_until(&t("t1")), None);
+    assert_eq!(store.principal().revoked_until(&t("t2")), Some(None));
+}
+
 #[test]
 fn an_unknown_schema_is_refused() {
     let backend = FaultyBackend::new(FaultPlan::None);
@@ -317,7 +485,7 @@ fn an_unknown_schema_is_refused() {
             err,
             StoreError::Schema {
                 found: 99,
-                expected: 1
+                expected: 2
             }
         ),
         "{err}"
@@ -1390,9 +1558,11 @@ fn each_records_rows_land_in_the_tables_the_layout_names() {
         .collect();
     let rows: Vec<(&str, u64)> = rows.iter().map(|(n, l)| (n.as_str(), *l)).collect();
     // Four obligations ended (three applied, one escalated); the principal withholds the
-    // scope and stops honouring the token at issue, and holds the escalated down-weight with
-    // its lapse; the agent holds three applied ids with their expiry, log, governed-by and
-    // sequence rows, and one effect of each kind (the token's record kept for good).
+    // scope and stops honouring the token at issue (one governed row each), and holds the
+    // escalated down-weight with its lapse; the agent holds three applied ids with their
+    // expiry and log rows, one governed row per key (obligation in force, sequence, and the
+    // withheld scope's state) and one for the token's record (kept for good), and the weight
+    // change.
     assert_eq!(
         rows,
         vec![
@@ -1403,19 +1573,12 @@ fn each_records_rows_land_in_the_tables_the_layout_names() {
             ("meta", 1),
             ("principal.adjustment_lapses", 1),
             ("principal.adjustments", 1),
-            ("principal.authorization_by", 1),
-            ("principal.authorizations", 1),
-            ("principal.revoked_tokens", 1),
-            ("principal.token_revoked_by", 1),
+            ("principal.governed", 2),
             ("receiver.applied", 3),
             ("receiver.applied_by_expiry", 3),
             ("receiver.apply_log", 3),
-            ("receiver.governed_by", 3),
-            ("receiver.last_sequence", 3),
-            ("receiver.tokens", 1),
-            ("receiver.tokens_by_expiry", 1),
+            ("receiver.governed", 4),
             ("receiver.weight_changes", 1),
-            ("receiver.withheld", 1),
         ]
     );
 }
