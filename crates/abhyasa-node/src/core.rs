@@ -464,7 +464,7 @@ struct Core {
     blocked: Blocked,
     endpoint: quinn::Endpoint,
     /// Issue commands waiting for their record to be durable.
-    awaiting: HashMap<abhyasa_wire::ObligationId, IssueReply>,
+    awaiting: HashMap<abhyasa_wire::ObligationId, Vec<IssueReply>>,
     /// The ledger's callers and executor (the branch and gateway are in the machine).
     ledger: Option<LedgerPart>,
     ledger_setup: Option<crate::LedgerSetup>,
@@ -900,12 +900,14 @@ impl Core {
                     let _ = d.reply.send(Err(again()));
                 }
                 // Issues waiting on a commit of unknown outcome: the store decides.
-                for (id, reply) in std::mem::take(&mut self.awaiting) {
-                    let answer = match known.get(&id) {
-                        Some(true) => Ok(abhyasa_custody::Admission::Custody),
-                        _ => Err(again()),
-                    };
-                    let _ = reply.send(answer);
+                for (id, replies) in std::mem::take(&mut self.awaiting) {
+                    for reply in replies {
+                        let answer = match known.get(&id) {
+                            Some(true) => Ok(abhyasa_custody::Admission::Custody),
+                            _ => Err(again()),
+                        };
+                        let _ = reply.send(answer);
+                    }
                 }
                 true
             }
@@ -1053,7 +1055,7 @@ impl Core {
         while let Some(e) = self.machine.poll_event() {
             let event = match e {
                 MachineEvent::Accepted(id) => {
-                    if let Some(reply) = self.awaiting.remove(&id) {
+                    for reply in self.awaiting.remove(&id).unwrap_or_default() {
                         let _ = reply.send(Ok(abhyasa_custody::Admission::Custody));
                     }
                     continue;
@@ -1068,7 +1070,11 @@ impl Core {
                 }
                 MachineEvent::Terminal { record, escalation } => {
                     if record.outcome == abhyasa_wire::Outcome::BestEffort {
-                        if let Some(reply) = self.awaiting.remove(&record.obligation_id) {
+                        for reply in self
+                            .awaiting
+                            .remove(&record.obligation_id)
+                            .unwrap_or_default()
+                        {
                             let _ = reply.send(Ok(abhyasa_custody::Admission::BestEffort));
                         }
                     }

@@ -8,6 +8,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use abhyasa_custody::Admission;
 use abhyasa_moq::Ca;
 use abhyasa_node::{Ask, Limits, Node, NodeError, Verdict};
 use abhyasa_testkit::fault::{FaultPlan, FaultyBackend};
@@ -286,6 +287,91 @@ async fn what_arrives_during_a_commit_is_committed_right_after_it() {
         "both applied {:?} after the disk answered",
         answered.elapsed()
     );
+    principal.shutdown().await;
+    agent.shutdown().await;
+}
+
+/// While the principal's commit waits on the disk, an issue is taken, its id looked up beside
+/// the writer: an id the store knows is answered at once, with its outcome, where it used to
+/// wait for the commit to end; a new one is answered only once its own record is durable, in
+/// the commit right after, and so is an issue of an id whose record is in the held commit.
+/// The principal's disk stalls in the commit of obligation 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_issue_during_a_commit_is_looked_up_beside_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = id("agent-1");
+    let (agent, principal, disk) = pair(
+        dir.path(),
+        Faulty::Principal,
+        custodian(),
+        Limits::default(),
+    )
+    .await;
+    let ends = Duration::from_secs(10);
+    let first = principal.issue(revoke(1, &a, 60_000)).await.unwrap();
+    let (record, _) = tokio::time::timeout(ends, first.outcome())
+        .await
+        .expect("the session comes up")
+        .unwrap();
+    assert_eq!(record.outcome, Outcome::Applied);
+
+    disk.arm(FaultPlan::Stall);
+    let issue = |n: u128| {
+        let (principal, a) = (principal.clone(), a.clone());
+        tokio::spawn(async move { principal.issue(revoke(n, &a, 60_000)).await })
+    };
+    let second = issue(2);
+    let stalled = Instant::now();
+    while disk.stalled() == 0 {
+        assert!(
+            stalled.elapsed() < ends,
+            "the principal never committed obligation 2"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let again = tokio::time::timeout(
+        Duration::from_secs(2),
+        principal.issue(revoke(1, &a, 60_000)),
+    )
+    .await
+    .expect("a known id is answered while the commit is held")
+    .unwrap();
+    assert_eq!(again.admission(), Admission::Custody);
+    let (record, _) = tokio::time::timeout(Duration::from_secs(2), again.outcome())
+        .await
+        .expect("with the outcome the store holds")
+        .unwrap();
+    assert_eq!(record.outcome, Outcome::Applied);
+
+    let third = issue(3);
+    // Obligation 2 again: its record is in the held commit, so this issue too is answered
+    // only once that record is durable.
+    let second_again = issue(2);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(disk.stalled(), 1, "the principal's commit is still held");
+    assert!(
+        !second.is_finished(),
+        "obligation 2 answered before durable"
+    );
+    assert!(!third.is_finished(), "obligation 3 answered before durable");
+    assert!(
+        !second_again.is_finished(),
+        "obligation 2, issued again, answered before durable"
+    );
+
+    disk.arm(FaultPlan::None);
+    for (n, h) in [(2, second), (3, third), (2, second_again)] {
+        let h = tokio::time::timeout(Duration::from_secs(5), h)
+            .await
+            .unwrap_or_else(|_| panic!("obligation {n} not admitted 5 s after the disk answered"))
+            .unwrap()
+            .unwrap();
+        let (record, _) = tokio::time::timeout(ends, h.outcome())
+            .await
+            .unwrap_or_else(|_| panic!("obligation {n} not applied"))
+            .unwrap();
+        assert_eq!(record.outcome, Outcome::Applied, "obligation {n}");
+    }
     principal.shutdown().await;
     agent.shutdown().await;
 }

@@ -119,16 +119,20 @@ pub struct GroupCommit {
     exited: std::sync::Mutex<Receiver<()>>,
     drop_wait: Duration,
     stats: Arc<GroupStats>,
+    lookups: crate::Lookups,
 }
 
 impl GroupCommit {
     /// Starts the writer thread on `store`; `reopen` opens the same database again after a
     /// commit error.
     pub fn spawn(
-        store: Store,
+        mut store: Store,
         config: GroupConfig,
         reopen: impl FnMut() -> Result<Store, StoreError> + Send + 'static,
     ) -> Self {
+        let lookups = crate::Lookups::default();
+        store.share(&lookups);
+        let writer_lookups = lookups.clone();
         let (tx, rx) = mpsc::channel();
         let stats = Arc::new(GroupStats::default());
         let worker_stats = Arc::clone(&stats);
@@ -138,7 +142,14 @@ impl GroupCommit {
             .name("abhyasa-store".into())
             .spawn(move || {
                 let _exiting = exiting;
-                run(store, config, Box::new(reopen), &rx, &worker_stats)
+                run(
+                    store,
+                    config,
+                    Box::new(reopen),
+                    &rx,
+                    &worker_stats,
+                    &writer_lookups,
+                )
             })
             .expect("spawning the store writer thread");
         Self {
@@ -147,7 +158,15 @@ impl GroupCommit {
             exited: std::sync::Mutex::new(exited),
             drop_wait,
             stats,
+            lookups,
         }
+    }
+
+    /// Look-ups of committed rows that do not wait for the commit under way ([`Lookups`]).
+    ///
+    /// [`Lookups`]: crate::Lookups
+    pub fn lookups(&self) -> &crate::Lookups {
+        &self.lookups
     }
 
     /// Queues `ops` for the next group commit.
@@ -244,6 +263,7 @@ fn run(
     mut reopen: Reopen,
     rx: &Receiver<Request>,
     stats: &GroupStats,
+    lookups: &crate::Lookups,
 ) -> Option<Store> {
     let mut store = store;
     let mut reads = Vec::new();
@@ -297,7 +317,8 @@ fn run(
             // recovers right away reads the reopened store.
             drop(store);
             match reopen() {
-                Ok(fresh) => {
+                Ok(mut fresh) => {
+                    fresh.share(lookups);
                     store = fresh;
                     stats.generation.fetch_add(1, Ordering::Relaxed);
                 }
@@ -322,10 +343,11 @@ fn run(
                 }
                 Err(e) => {
                     drop(store);
-                    let Ok(fresh) = reopen() else {
+                    let Ok(mut fresh) = reopen() else {
                         let _ = done.send(Err(GroupError::Stopped));
                         return None;
                     };
+                    fresh.share(lookups);
                     store = fresh;
                     stats.generation.fetch_add(1, Ordering::Relaxed);
                     let _ = done.send(Err(GroupError::Unknown(e.to_string())));

@@ -647,6 +647,99 @@ fn dropping_the_writer_over_a_hung_disk_returns_after_its_wait() {
     assert!(disk.syncs() > syncs, "the stalled commit synced");
 }
 
+/// Look-ups read the last commit while the writer's next one is held on the disk: an id
+/// committed before is known (pending), the id in the held commit is not yet, and once the
+/// disk answers it is.
+#[test]
+fn lookups_read_the_last_commit_while_the_next_one_is_held() {
+    let (mut store, disk) = memory_store();
+    let mut c = Custodian::new(p(), CustodianConfig::default(), 1);
+    c.issue(UnixMillis(0), revoke_token(5)).unwrap();
+    persist_custodian(&mut c, &mut store, 0);
+    let group = GroupCommit::spawn(store, GroupConfig::default(), || Err(StoreError::Poisoned));
+    let (_, ticket, _) = a_stalled_commit(&group, &disk);
+    while disk.stalled() == 0 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let id = ObligationId::from_u128;
+    let (tx, answered) = std::sync::mpsc::channel();
+    let lookups = group.lookups().clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(lookups.known(&[id(1), id(5), id(9)]));
+    });
+    let known = answered
+        .recv_timeout(Duration::from_secs(5))
+        .expect("answered while the commit is held")
+        .expect("the database is published")
+        .unwrap();
+    assert_eq!(known, vec![(id(5), None)]);
+    assert_eq!(disk.stalled(), 1, "the commit is still held");
+    disk.arm(FaultPlan::None);
+    assert_eq!(ticket.wait(), Ok(()));
+    let known = group.lookups().known(&[id(1)]).unwrap().unwrap();
+    assert_eq!(known, vec![(id(1), None)]);
+}
+
+/// A file shared for look-ups is still the writer's to compact and to close: with a thread
+/// looking up in a loop, maintenance prunes and compacts the file, look-ups answer again
+/// after it, and once the writer is dropped the file opens again at once (a file can be open
+/// only once: the writer waits for the look-ups under way before it closes it).
+#[test]
+fn a_file_shared_for_lookups_is_compacted_and_closed_under_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("l.redb");
+    let config = StoreConfig {
+        retention_ms: 1_000,
+        compact_after_pruned: 100,
+        ..StoreConfig::default()
+    };
+    let mut store = Store::open(&path, config.clone()).unwrap();
+    let mut c = Custodian::new(p(), CustodianConfig::default(), 1);
+    for i in 0..300u128 {
+        c.issue(UnixMillis(0), revoke_token(i)).unwrap();
+    }
+    c.handle_timeout(UnixMillis(1_000));
+    let mut ops = Vec::new();
+    while let Some(rec) = c.poll_persist() {
+        ops.push(Op::Custodian(rec.record));
+    }
+    store.commit(&ops).unwrap();
+    let reopen = path.clone();
+    let reconfig = config.clone();
+    let group = GroupCommit::spawn(store, GroupConfig::default(), move || {
+        Store::open(&reopen, reconfig.clone())
+    });
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let looking = {
+        let (lookups, stop) = (group.lookups().clone(), std::sync::Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut answered = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Some(known) = lookups.known(&[ObligationId::from_u128(7)]) {
+                    known.unwrap();
+                    answered += 1;
+                }
+            }
+            answered
+        })
+    };
+    std::thread::sleep(Duration::from_millis(20));
+    let report = group.maintain(UnixMillis(10_000)).wait().unwrap();
+    assert_eq!(report.terminal_pruned, 300);
+    assert!(report.compacted, "compacted under the look-ups: {report:?}");
+    let known = group.lookups().known(&[ObligationId::from_u128(7)]);
+    assert_eq!(
+        known.map(Result::unwrap),
+        Some(vec![]),
+        "pruned, and answered"
+    );
+    drop(group);
+    let again = Store::open(&path, config);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert!(looking.join().unwrap() > 0, "the look-ups ran meanwhile");
+    again.expect("the file opens again once the writer is dropped");
+}
+
 #[test]
 fn group_commit_reports_unknown_outcome_and_reopens() {
     let backend = FaultyBackend::new(FaultPlan::None);

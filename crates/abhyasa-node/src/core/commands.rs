@@ -15,30 +15,17 @@ impl Core {
                 _ => None,
             })
             .collect();
-        // Ids the store knows, with the terminal record (and escalation) of those that ended.
-        type Ended = Option<(
-            abhyasa_wire::TerminalRecord,
-            Option<abhyasa_wire::Escalation>,
-        )>;
-        let known: HashMap<abhyasa_wire::ObligationId, Ended> = if ids.is_empty() {
+        // Ids the store knows, with the terminal record (and escalation) of those that
+        // ended: read beside the writer, or, while it withdraws its file, on it.
+        let known: HashMap<abhyasa_wire::ObligationId, abhyasa_store::Known> = if ids.is_empty() {
             Default::default()
+        } else if let Some(Ok(known)) = self.group.lookups().known(&ids) {
+            known.into_iter().collect()
         } else {
             // Answered into a oneshot: the core's worker thread is not blocked meanwhile.
             let (tx, known) = tokio::sync::oneshot::channel();
             let asked = self.group.read_then(move |s| {
-                let known = ids
-                    .into_iter()
-                    .filter(|id| s.knows(*id).unwrap_or(false))
-                    .map(|id| {
-                        let ended = s
-                            .terminal(id)
-                            .ok()
-                            .flatten()
-                            .map(|r| (r, s.escalation(id).ok().flatten()));
-                        (id, ended)
-                    })
-                    .collect();
-                let _ = tx.send(known);
+                let _ = tx.send(s.known(&ids).unwrap_or_default().into_iter().collect());
             });
             match asked {
                 Ok(()) => self
@@ -51,15 +38,69 @@ impl Core {
         for cmd in batch {
             match cmd {
                 Command::Issue(o, reply, outcome) if known.contains_key(&o.id) => {
-                    let _ = reply.send(Ok(abhyasa_custody::Admission::Custody));
-                    match &known[&o.id] {
-                        Some(ended) => {
-                            let _ = outcome.send(ended.clone());
-                        }
-                        None => self.outcomes.entry(o.id).or_default().push(outcome),
-                    }
+                    self.answer_known(o.id, reply, outcome, &known[&o.id]);
                 }
                 cmd => self.command(cmd).await,
+            }
+        }
+    }
+
+    /// Answers an issue of an id the store knows: `Custody`, and its outcome once it ended
+    /// (at once if it has).
+    pub(super) fn answer_known(
+        &mut self,
+        id: abhyasa_wire::ObligationId,
+        reply: IssueReply,
+        outcome: crate::OutcomeTx,
+        known: &abhyasa_store::Known,
+    ) {
+        let _ = reply.send(Ok(abhyasa_custody::Admission::Custody));
+        match known {
+            Some(ended) => {
+                let _ = outcome.send(ended.clone());
+            }
+            None => self.outcomes.entry(id).or_default().push(outcome),
+        }
+    }
+
+    /// Issues `o` into the custodian: answered when its record is durable.
+    pub(super) fn issue(
+        &mut self,
+        o: abhyasa_wire::Obligation,
+        reply: IssueReply,
+        outcome: crate::OutcomeTx,
+    ) {
+        let span = info_span!("obligation", id = %o.id, kind = %o.kind(), target = %o.target);
+        let id = o.id;
+        match self.machine.issue(self.clock.now(), o) {
+            Ok(Issued::AlreadyPending) => {
+                // Under custody once its first issue's record is durable: an issue of the
+                // same id before then is answered with it, never earlier.
+                match self.awaiting.get_mut(&id) {
+                    Some(first) => first.push(reply),
+                    None => {
+                        let _ = reply.send(Ok(abhyasa_custody::Admission::Custody));
+                    }
+                }
+                self.outcomes.entry(id).or_default().push(outcome);
+            }
+            Ok(Issued::New(admission)) => {
+                span.in_scope(|| info!(?admission, "issued"));
+                self.issued_at.insert(id, self.clock.now());
+                // Answered when its record is durable (the Accepted event, or the
+                // best-effort terminal record), so many issues share one commit.
+                self.awaiting.entry(id).or_default().push(reply);
+                self.outcomes.entry(id).or_default().push(outcome);
+            }
+            Err(e) => {
+                let e = match e {
+                    IssueRefused::KindNotTaken { peer, kind } => {
+                        NodeError::KindNotTaken { peer, kind }
+                    }
+                    IssueRefused::Issue(e) => NodeError::Issue(e),
+                };
+                span.in_scope(|| info!(%e, "refused"));
+                let _ = reply.send(Err(e));
             }
         }
     }
@@ -76,35 +117,7 @@ impl Core {
             return;
         };
         match cmd {
-            Command::Issue(o, reply, outcome) => {
-                let span =
-                    info_span!("obligation", id = %o.id, kind = %o.kind(), target = %o.target);
-                let id = o.id;
-                match self.machine.issue(self.clock.now(), o) {
-                    Ok(Issued::AlreadyPending) => {
-                        let _ = reply.send(Ok(abhyasa_custody::Admission::Custody));
-                        self.outcomes.entry(id).or_default().push(outcome);
-                    }
-                    Ok(Issued::New(admission)) => {
-                        span.in_scope(|| info!(?admission, "issued"));
-                        self.issued_at.insert(id, self.clock.now());
-                        // Answered when its record is durable (the Accepted event, or the
-                        // best-effort terminal record), so many issues share one commit.
-                        self.awaiting.insert(id, reply);
-                        self.outcomes.entry(id).or_default().push(outcome);
-                    }
-                    Err(e) => {
-                        let e = match e {
-                            IssueRefused::KindNotTaken { peer, kind } => {
-                                NodeError::KindNotTaken { peer, kind }
-                            }
-                            IssueRefused::Issue(e) => NodeError::Issue(e),
-                        };
-                        span.in_scope(|| info!(%e, "refused"));
-                        let _ = reply.send(Err(e));
-                    }
-                }
-            }
+            Command::Issue(o, reply, outcome) => self.issue(o, reply, outcome),
             Command::OutboxDelivered(through, reply) => {
                 self.outbox.ops.push(Op::EventsDelivered { through });
                 self.outbox.replies.push(reply);
