@@ -232,6 +232,25 @@ async fn pair(
     (agent, principal, disk)
 }
 
+/// Waits until a commit is held on `disk`; fails with `never` after 10 s.
+async fn until_stalled(disk: &FaultyBackend, never: &str) {
+    let stalled = Instant::now();
+    while disk.stalled() == 0 {
+        assert!(stalled.elapsed() < Duration::from_secs(10), "{never}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Issues obligation 1 to `a` and waits until it is applied: the session is up.
+async fn first_applied(principal: &Node, a: &abhyasa_wire::AgentId) {
+    let first = principal.issue(revoke(1, a, 60_000)).await.unwrap();
+    let (record, _) = tokio::time::timeout(Duration::from_secs(10), first.outcome())
+        .await
+        .expect("the session comes up")
+        .unwrap();
+    assert_eq!(record.outcome, Outcome::Applied);
+}
+
 /// While its commit waits on the disk, a node goes on taking what its sessions bring, and the
 /// records of what it took are committed as soon as that commit ends — not when something
 /// else happens to wake the node. The agent's disk stalls in the commit of obligation 2;
@@ -247,24 +266,11 @@ async fn what_arrives_during_a_commit_is_committed_right_after_it() {
     };
     let (agent, principal, disk) =
         pair(dir.path(), Faulty::Agent, custody, Limits::default()).await;
-    let ends = Duration::from_secs(10);
-    let first = principal.issue(revoke(1, &a, 60_000)).await.unwrap();
-    let (record, _) = tokio::time::timeout(ends, first.outcome())
-        .await
-        .expect("the session comes up")
-        .unwrap();
-    assert_eq!(record.outcome, Outcome::Applied);
+    first_applied(&principal, &a).await;
 
     disk.arm(FaultPlan::Stall);
     let second = principal.issue(revoke(2, &a, 60_000)).await.unwrap();
-    let stalled = Instant::now();
-    while disk.stalled() == 0 {
-        assert!(
-            stalled.elapsed() < ends,
-            "the agent never committed obligation 2"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_stalled(&disk, "the agent never committed obligation 2").await;
     let third = principal.issue(revoke(3, &a, 60_000)).await.unwrap();
     while principal.status().await.unwrap().sent.objects < 3 {
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -308,12 +314,7 @@ async fn an_issue_during_a_commit_is_looked_up_beside_it() {
     )
     .await;
     let ends = Duration::from_secs(10);
-    let first = principal.issue(revoke(1, &a, 60_000)).await.unwrap();
-    let (record, _) = tokio::time::timeout(ends, first.outcome())
-        .await
-        .expect("the session comes up")
-        .unwrap();
-    assert_eq!(record.outcome, Outcome::Applied);
+    first_applied(&principal, &a).await;
 
     disk.arm(FaultPlan::Stall);
     let issue = |n: u128| {
@@ -321,14 +322,7 @@ async fn an_issue_during_a_commit_is_looked_up_beside_it() {
         tokio::spawn(async move { principal.issue(revoke(n, &a, 60_000)).await })
     };
     let second = issue(2);
-    let stalled = Instant::now();
-    while disk.stalled() == 0 {
-        assert!(
-            stalled.elapsed() < ends,
-            "the principal never committed obligation 2"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_stalled(&disk, "the principal never committed obligation 2").await;
     let again = tokio::time::timeout(
         Duration::from_secs(2),
         principal.issue(revoke(1, &a, 60_000)),

@@ -107,18 +107,14 @@ pub(crate) fn layout1_to_2(txn: &WriteTransaction) -> Result<(), StoreError> {
 
     write(txn, PRINCIPAL_GOVERNED, &principal)?;
     write(txn, RECV_GOVERNED, &receiver)?;
-    delete(txn, layout1::AUTHORIZATIONS)?;
-    delete(txn, layout1::AUTHORIZATION_BY)?;
-    delete(txn, layout1::AUTHORIZATION_UNTIL)?;
-    delete(txn, layout1::LAST_SEQUENCE)?;
-    delete(txn, layout1::GOVERNED_BY)?;
-    delete(txn, layout1::RECV_WITHHELD)?;
-    delete(txn, layout1::RECV_LEASES)?;
-    delete(txn, layout1::REVOKED_TOKENS)?;
-    delete(txn, layout1::REVOKED_TOKENS_BY_EXPIRY)?;
-    delete(txn, layout1::TOKEN_REVOKED_BY)?;
-    delete(txn, layout1::RECV_TOKENS)?;
-    delete(txn, layout1::RECV_TOKENS_BY_EXPIRY)?;
+    let names = layout1::names();
+    let old: Vec<_> = txn
+        .list_tables()?
+        .filter(|t| names.contains(&t.name()))
+        .collect();
+    for table in old {
+        txn.delete_table(table)?;
+    }
     Ok(())
 }
 
@@ -162,13 +158,5 @@ fn write(
     for ((kind, party, name), row) in rows {
         row.write(&mut table, (*kind, party.as_str(), name.as_str()))?;
     }
-    Ok(())
-}
-
-fn delete<K: redb::Key + 'static, V: redb::Value + 'static>(
-    txn: &WriteTransaction,
-    def: TableDefinition<'_, K, V>,
-) -> Result<(), StoreError> {
-    txn.delete_table(def)?;
     Ok(())
 }

@@ -130,7 +130,25 @@ pub(crate) const SCHEMA_VERSION: u64 = 2;
 /// `receiver.governed`: read once, when a layout-1 file is opened, and deleted in the same
 /// transaction.
 pub(crate) mod layout1 {
-    use redb::TableDefinition;
+    use redb::{TableDefinition, TableHandle};
+
+    /// The names of the tables below: what the conversion deletes.
+    pub(crate) fn names() -> [&'static str; 12] {
+        [
+            AUTHORIZATIONS.name(),
+            AUTHORIZATION_BY.name(),
+            AUTHORIZATION_UNTIL.name(),
+            LAST_SEQUENCE.name(),
+            RECV_WITHHELD.name(),
+            RECV_LEASES.name(),
+            GOVERNED_BY.name(),
+            REVOKED_TOKENS.name(),
+            REVOKED_TOKENS_BY_EXPIRY.name(),
+            TOKEN_REVOKED_BY.name(),
+            RECV_TOKENS.name(),
+            RECV_TOKENS_BY_EXPIRY.name(),
+        ]
+    }
 
     /// Authorizations: (target, scope) → (withheld, sequence).
     pub(crate) const AUTHORIZATIONS: TableDefinition<'_, (&str, &str), (bool, Option<u64>)> =

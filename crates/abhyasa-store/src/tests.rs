@@ -304,18 +304,26 @@ fn a_reconciliation_note_is_kept() {
     assert!(c.poll_event().is_none());
 }
 
+/// A file on a disk in memory, written directly with redb by `write` (one commit): what an
+/// older or newer build would have left.
+fn raw_file(write: impl FnOnce(&redb::WriteTransaction)) -> FaultyBackend {
+    let backend = FaultyBackend::new(FaultPlan::None);
+    let db = redb::Database::builder()
+        .create_with_backend(backend.clone())
+        .unwrap();
+    let txn = db.begin_write().unwrap();
+    write(&txn);
+    txn.commit().unwrap();
+    backend
+}
+
 /// A file of layout 1, written table by table as that layout's builds wrote it (one of its
 /// later tables, `principal.authorization_by`, missing a row as in a file an older build
 /// wrote), opens as layout 2 with the same state: what each side enforces, the obligation
 /// named in force, and the sequences a recovered receiver declines against.
 #[test]
 fn a_layout_1_file_is_converted_when_opened() {
-    let backend = FaultyBackend::new(FaultPlan::None);
-    {
-        let db = redb::Database::builder()
-            .create_with_backend(backend.clone())
-            .unwrap();
-        let txn = db.begin_write().unwrap();
+    let backend = raw_file(|txn| {
         {
             txn.open_table(META).unwrap().insert("schema", 1).unwrap();
             let mut auths = txn.open_table(layout1::AUTHORIZATIONS).unwrap();
@@ -353,8 +361,7 @@ fn a_layout_1_file_is_converted_when_opened() {
             until.insert((80_000, "t9", "q"), ()).unwrap();
             governed.insert((2, "q", "t9"), 91).unwrap();
         }
-        txn.commit().unwrap();
-    }
+    });
     let scope = |s: &str| Scope::new(s).unwrap();
     let id = ObligationId::from_u128;
     let check = |store: &Store| {
@@ -469,15 +476,9 @@ fn a_layout_1_file_is_converted_when_opened() {
 
 #[test]
 fn an_unknown_schema_is_refused() {
-    let backend = FaultyBackend::new(FaultPlan::None);
-    {
-        let db = redb::Database::builder()
-            .create_with_backend(backend.clone())
-            .unwrap();
-        let txn = db.begin_write().unwrap();
+    let backend = raw_file(|txn| {
         txn.open_table(META).unwrap().insert("schema", 99).unwrap();
-        txn.commit().unwrap();
-    }
+    });
     let err = Store::open_backend(backend.power_cycle(FaultPlan::None), StoreConfig::default())
         .unwrap_err();
     assert!(

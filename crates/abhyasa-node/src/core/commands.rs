@@ -8,13 +8,7 @@ impl Core {
     /// holds (pending or terminal) are answered `Custody` without a new custody, looked up in
     /// one read for the whole batch.
     pub(super) async fn commands(&mut self, batch: Vec<Command>, rx: &mut mpsc::Receiver<Command>) {
-        let ids: Vec<_> = batch
-            .iter()
-            .filter_map(|c| match c {
-                Command::Issue(o, _, _) => Some(o.id),
-                _ => None,
-            })
-            .collect();
+        let ids = issued_ids(&batch);
         // Ids the store knows, with the terminal record (and escalation) of those that
         // ended: read beside the writer, or, while it withdraws its file, on it.
         let known: HashMap<abhyasa_wire::ObligationId, abhyasa_store::Known> = if ids.is_empty() {
@@ -421,4 +415,15 @@ impl<T> Drop for AnswerOnDrop<T> {
             let _ = reply.send(answer);
         }
     }
+}
+
+/// The ids a batch of commands issues.
+pub(super) fn issued_ids(batch: &[Command]) -> Vec<abhyasa_wire::ObligationId> {
+    batch
+        .iter()
+        .filter_map(|c| match c {
+            Command::Issue(o, _, _) => Some(o.id),
+            _ => None,
+        })
+        .collect()
 }

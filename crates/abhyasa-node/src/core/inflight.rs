@@ -117,14 +117,7 @@ impl Core {
                 Err(_) => break,
             }
         }
-        let ids: Vec<_> = batch
-            .iter()
-            .filter_map(|c| match c {
-                Command::Issue(o, _, _) => Some(o.id),
-                _ => None,
-            })
-            .collect();
-        match self.group.lookups().known(&ids) {
+        match self.group.lookups().known(&commands::issued_ids(&batch)) {
             Some(Ok(known)) => {
                 let known: HashMap<_, _> = known.into_iter().collect();
                 for cmd in batch {
