@@ -119,20 +119,16 @@ pub struct GroupCommit {
     exited: std::sync::Mutex<Receiver<()>>,
     drop_wait: Duration,
     stats: Arc<GroupStats>,
-    lookups: crate::Lookups,
 }
 
 impl GroupCommit {
     /// Starts the writer thread on `store`; `reopen` opens the same database again after a
     /// commit error.
     pub fn spawn(
-        mut store: Store,
+        store: Store,
         config: GroupConfig,
         reopen: impl FnMut() -> Result<Store, StoreError> + Send + 'static,
     ) -> Self {
-        let lookups = crate::Lookups::default();
-        store.share(&lookups);
-        let writer_lookups = lookups.clone();
         let (tx, rx) = mpsc::channel();
         let stats = Arc::new(GroupStats::default());
         let worker_stats = Arc::clone(&stats);
@@ -142,14 +138,7 @@ impl GroupCommit {
             .name("abhyasa-store".into())
             .spawn(move || {
                 let _exiting = exiting;
-                run(
-                    store,
-                    config,
-                    Box::new(reopen),
-                    &rx,
-                    &worker_stats,
-                    &writer_lookups,
-                )
+                run(store, config, Box::new(reopen), &rx, &worker_stats)
             })
             .expect("spawning the store writer thread");
         Self {
@@ -158,15 +147,7 @@ impl GroupCommit {
             exited: std::sync::Mutex::new(exited),
             drop_wait,
             stats,
-            lookups,
         }
-    }
-
-    /// Look-ups of committed rows that do not wait for the commit under way ([`Lookups`]).
-    ///
-    /// [`Lookups`]: crate::Lookups
-    pub fn lookups(&self) -> &crate::Lookups {
-        &self.lookups
     }
 
     /// Queues `ops` for the next group commit.
@@ -263,7 +244,6 @@ fn run(
     mut reopen: Reopen,
     rx: &Receiver<Request>,
     stats: &GroupStats,
-    lookups: &crate::Lookups,
 ) -> Option<Store> {
     let mut store = store;
     let mut reads = Vec::new();
@@ -317,8 +297,7 @@ fn run(
             // recovers right away reads the reopened store.
             drop(store);
             match reopen() {
-                Ok(mut fresh) => {
-                    fresh.share(lookups);
+                Ok(fresh) => {
                     store = fresh;
                     stats.generation.fetch_add(1, Ordering::Relaxed);
                 }
@@ -343,11 +322,10 @@ fn run(
                 }
                 Err(e) => {
                     drop(store);
-                    let Ok(mut fresh) = reopen() else {
+                    let Ok(fresh) = reopen() else {
                         let _ = done.send(Err(GroupError::Stopped));
                         return None;
                     };
-                    fresh.share(lookups);
                     store = fresh;
                     stats.generation.fetch_add(1, Ordering::Relaxed);
                     let _ = done.send(Err(GroupError::Unknown(e.to_string())));

@@ -60,7 +60,6 @@
 
 mod events;
 mod group;
-mod lookups;
 mod open;
 mod rows;
 mod tables;
@@ -95,7 +94,6 @@ pub use redb::StorageBackend;
 
 pub use events::{LeaseSide, OperatorEvent, OutboxEntry};
 pub use group::{GroupCommit, GroupConfig, GroupError, GroupStats, MaintenanceTicket, Ticket};
-pub use lookups::{Known, Lookups};
 use rows::PendingRow;
 use tables::*;
 
@@ -271,30 +269,19 @@ pub struct Maintenance {
     pub compacted: bool,
 }
 
+/// What the store holds of an id it knows: its terminal record and escalation once it ended
+/// (`None` while it is pending).
+pub type Known = Option<(TerminalRecord, Option<Escalation>)>;
+
 /// A node's durable state. Single writer: see [`GroupCommit`] for sharing it.
 pub struct Store {
-    db: std::sync::Arc<Database>,
-    /// Where the database is published for look-ups beside the writer, once shared.
-    lookups: Option<Lookups>,
+    db: Database,
     config: StoreConfig,
     principal: PrincipalState,
     receiver: ReceiverState,
     poisoned: bool,
     pruned_since_compaction: u64,
 }
-
-impl Drop for Store {
-    /// Withdraws the published database and waits for look-ups under way, so the file is
-    /// closed when the drop returns and can be opened again at once.
-    fn drop(&mut self) {
-        if let Some(lookups) = self.lookups.take() {
-            lookups.withdraw(&self.db, LOOKUP_WAIT);
-        }
-    }
-}
-
-/// Longest a writer waits for look-ups under way before it closes or compacts the file.
-const LOOKUP_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -432,8 +419,7 @@ impl Store {
         txn.commit()
             .map_err(|e| StoreError::CommitUnknown(e.to_string()))?;
         let mut store = Self {
-            db: std::sync::Arc::new(db),
-            lookups: None,
+            db,
             principal: PrincipalState::new(config.principal_weights),
             receiver: ReceiverState::new(config.receiver_weights.0, config.receiver_weights.1),
             config,
@@ -534,18 +520,27 @@ impl Store {
         Ok(row.by.map(ObligationId::from_u128))
     }
 
-    /// Publishes the database for look-ups from other threads ([`Lookups`]) until the store
-    /// is dropped; maintenance withdraws it while it compacts the file.
-    pub fn share(&mut self, lookups: &Lookups) {
-        lookups.publish(&self.db);
-        self.lookups = Some(lookups.clone());
-    }
-
-    /// The ids of `ids` the custodian side knows (pending or terminal), each with its
-    /// terminal record and escalation once it ended: what issuing, idempotent on the id,
-    /// answers for them. (The same read [`Lookups::known`] makes beside the writer.)
+    /// The ids of `ids` the custodian side knows (pending or terminal), each with what
+    /// [`Known`] says: what issuing, idempotent on the id, answers for them. One read.
     pub fn known(&self, ids: &[ObligationId]) -> Result<Vec<(ObligationId, Known)>, StoreError> {
-        lookups::known_in(&self.db.begin_read()?, ids)
+        let txn = self.db.begin_read()?;
+        let (pending, terminal) = (txn.open_table(PENDING)?, txn.open_table(TERMINAL)?);
+        let escalations = txn.open_table(ESCALATIONS)?;
+        let mut out = Vec::new();
+        for &id in ids {
+            let key = id.to_u128();
+            if pending.get(key)?.is_some() {
+                out.push((id, None));
+            } else if let Some(row) = terminal.get(key)? {
+                let record = rows::decode("custodian.terminal", key, row.value())?;
+                let escalation = match escalations.get(key)? {
+                    Some(row) => Some(rows::decode("custodian.escalations", key, row.value())?),
+                    None => None,
+                };
+                out.push((id, Some((record, escalation))));
+            }
+        }
+        Ok(out)
     }
 
     /// Whether the custodian side knows `id` (pending or terminal): issuing is idempotent.

@@ -106,21 +106,8 @@ impl Store {
         self.pruned_since_compaction +=
             (report.terminal_pruned + report.escalations_pruned + report.tokens_expired) as u64;
         if self.pruned_since_compaction >= self.config.compact_after_pruned {
-            // Compaction needs the database to itself: look-ups wait (they ask the writer).
-            let alone = match &self.lookups {
-                Some(lookups) => lookups.withdraw(&self.db, LOOKUP_WAIT),
-                None => true,
-            };
-            let db = std::sync::Arc::get_mut(&mut self.db).filter(|_| alone);
-            let compacted = db.map(|db| db.compact()).transpose();
-            if let Some(lookups) = &self.lookups {
-                lookups.publish(&self.db);
-            }
-            // Held by a look-up past the wait: compacted at a later maintenance instead.
-            if let Some(compacted) = compacted? {
-                report.compacted = compacted;
-                self.pruned_since_compaction = 0;
-            }
+            report.compacted = self.db.compact()?;
+            self.pruned_since_compaction = 0;
         }
         self.poisoned = false;
         Ok(report)

@@ -9,12 +9,9 @@ impl Core {
     /// one read for the whole batch.
     pub(super) async fn commands(&mut self, batch: Vec<Command>, rx: &mut mpsc::Receiver<Command>) {
         let ids = issued_ids(&batch);
-        // Ids the store knows, with the terminal record (and escalation) of those that
-        // ended: read beside the writer, or, while it withdraws its file, on it.
+        // Ids the store knows, with the terminal record (and escalation) of those that ended.
         let known: HashMap<abhyasa_wire::ObligationId, abhyasa_store::Known> = if ids.is_empty() {
             Default::default()
-        } else if let Some(Ok(known)) = self.group.lookups().known(&ids) {
-            known.into_iter().collect()
         } else {
             // Answered into a oneshot: the core's worker thread is not blocked meanwhile.
             let (tx, known) = tokio::sync::oneshot::channel();

@@ -5,12 +5,8 @@
 //! off, in its order, until the wait ends.
 //!
 //! During a commit it also takes what the sessions bring (objects, sessions up and down, policy
-//! answers), and new issues when nothing is put off before them: the machines handle them and
-//! hand out their records, which the next commit carries — the core's work overlaps the disk's
-//! instead of following it. An issue's id is looked up beside the writer (`Lookups`: a read
-//! of the last commit, which redb serves while the commit runs); an id whose record is in the
-//! commit under way is one the custodian already holds. An issue is answered only once its
-//! own record is durable, so taking it early promises nothing early. The machines allow
+//! answers): the machines handle them and hand out their records, which the next commit
+//! carries — the core's work overlaps the disk's instead of following it. The machines allow
 //! it: nothing they release waits on a record before its commit is reported (the simulation
 //! drives them the same way, with commits queued behind a disk's latency). If the commit's
 //! outcome is unknown, the machines are reloaded from the store and what they handled
@@ -71,15 +67,6 @@ impl Core {
                 biased;
                 out = &mut work => return out,
                 cmd = rx.recv(), if take => match cmd {
-                    // During a commit, with nothing put off before them: issues are taken
-                    // for the next commit, their ids looked up beside the writer.
-                    Some(cmd @ Command::Issue(..))
-                        if irx.is_some()
-                            && self.put_off.queue.is_empty()
-                            && self.refuse_new_work().is_none() =>
-                    {
-                        self.issue_during_commit(cmd, rx);
-                    }
                     Some(cmd) => {
                         if let Some(cmd) = self.answer_now(cmd) {
                             self.put_off.queue.push_back(cmd);
@@ -97,49 +84,6 @@ impl Core {
         }
     }
 }
-
-impl Core {
-    /// Takes `first` (an issue) and the issues queued right behind it during a commit: the
-    /// ids the store knows are answered from it, the others issued, their records left for
-    /// the next commit (as an object taken meanwhile is). If the look-up cannot be made
-    /// beside the writer (it is reopening or compacting its file), they are put off, in
-    /// order, as before. The first other command behind them takes the usual way.
-    fn issue_during_commit(&mut self, first: Command, rx: &mut mpsc::Receiver<Command>) {
-        let mut batch = vec![first];
-        let mut behind = None;
-        while batch.len() < ISSUES_AT_ONCE {
-            match rx.try_recv() {
-                Ok(cmd @ Command::Issue(..)) => batch.push(cmd),
-                Ok(cmd) => {
-                    behind = Some(cmd);
-                    break;
-                }
-                Err(_) => break,
-            }
-        }
-        match self.group.lookups().known(&commands::issued_ids(&batch)) {
-            Some(Ok(known)) => {
-                let known: HashMap<_, _> = known.into_iter().collect();
-                for cmd in batch {
-                    if let Command::Issue(o, reply, outcome) = cmd {
-                        match known.get(&o.id) {
-                            Some(k) => self.answer_known(o.id, reply, outcome, k),
-                            None => self.issue(o, reply, outcome),
-                        }
-                    }
-                }
-                self.took_meanwhile = true;
-            }
-            _ => self.put_off.queue.extend(batch),
-        }
-        if let Some(cmd) = behind.and_then(|cmd| self.answer_now(cmd)) {
-            self.put_off.queue.push_back(cmd);
-        }
-    }
-}
-
-/// Most issues taken at once during a commit (one look-up for all of them).
-const ISSUES_AT_ONCE: usize = 1_024;
 
 /// The next message on `irx`; `None` at once (the branch off) when there is none to take
 /// from.
