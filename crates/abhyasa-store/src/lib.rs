@@ -532,12 +532,13 @@ impl Store {
             if pending.get(key)?.is_some() {
                 out.push((id, None));
             } else if let Some(row) = terminal.get(key)? {
-                let record = rows::decode("custodian.terminal", key, row.value())?;
-                let escalation = match escalations.get(key)? {
-                    Some(row) => Some(rows::decode("custodian.escalations", key, row.value())?),
-                    None => None,
-                };
-                out.push((id, Some((record, escalation))));
+                // Known either way: a record that does not read leaves the outcome unknown
+                // rather than the id free to be taken into custody again.
+                let record = rows::decode("custodian.terminal", key, row.value()).ok();
+                let escalation = escalations
+                    .get(key)?
+                    .and_then(|row| rows::decode("custodian.escalations", key, row.value()).ok());
+                out.push((id, record.map(|r| (r, escalation))));
             }
         }
         Ok(out)

@@ -731,6 +731,30 @@ fn retention_prunes_history_and_keeps_the_file_bounded() {
     );
 }
 
+/// What issuing an id the store knows answers: a pending one known with no outcome yet, an
+/// ended one with its terminal record and escalation, an unknown one not at all.
+#[test]
+fn known_ids_are_read_in_one_batch_with_their_outcomes() {
+    let (mut store, _) = memory_store();
+    let mut c = Custodian::new(p(), CustodianConfig::default(), 1);
+    c.issue(UnixMillis(0), revoke_token(1)).unwrap();
+    let mut late = revoke_token(2);
+    late.deadline = UnixMillis(10_000);
+    c.issue(UnixMillis(0), late).unwrap();
+    persist_custodian(&mut c, &mut store, 0);
+    c.handle_timeout(UnixMillis(1_000));
+    persist_custodian(&mut c, &mut store, 1_000);
+    let id = ObligationId::from_u128;
+    let known = store.known(&[id(1), id(2), id(3)]).unwrap();
+    assert_eq!(known.len(), 2, "{known:?}");
+    let (first, ended) = &known[0];
+    assert_eq!(*first, id(1));
+    let (record, escalation) = ended.as_ref().expect("obligation 1 ended");
+    assert!(matches!(record.outcome, Outcome::Escalated(_)));
+    assert_eq!(escalation.as_ref().map(|e| e.obligation_id), Some(id(1)));
+    assert_eq!(known[1], (id(2), None), "obligation 2 is pending");
+}
+
 #[test]
 fn terminal_outcomes_are_readable() {
     let (mut store, _) = memory_store();
