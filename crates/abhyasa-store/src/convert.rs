@@ -2,9 +2,8 @@
 //!
 //! Layout 2 keeps each governed key's state in one row per side (`principal.governed`,
 //! `receiver.governed`), and a token's state in one row per token, where layout 1 spread them
-//! over twelve tables. The conversion reads
-//! those tables, writes the rows, and deletes the tables; the caller sets `meta.schema` in the
-//! same transaction, so a crash leaves the file either as it was or converted. Tables added
+//! over twelve tables. The conversion reads those tables, writes the rows, and deletes the
+//! tables; the caller sets `meta.schema` in the same transaction, so a crash leaves the file either as it was or converted. Tables added
 //! after layout 1 was first written may be missing: absent reads as empty, as it did.
 
 use std::collections::BTreeMap;
@@ -27,10 +26,9 @@ pub(crate) fn layout1_to_2(txn: &WriteTransaction) -> Result<(), StoreError> {
         .collect();
     for (key, (withheld, sequence)) in read(txn, layout1::AUTHORIZATIONS, |k, v| (scope(k), v))? {
         let until = (!withheld).then(|| leases.get(&key).copied()).flatten();
-        principal
-            .entry(key)
-            .or_default()
-            .set_scope(withheld, until, sequence);
+        let row = principal.entry(key).or_default();
+        row.state = Some(KindState::Scope { withheld, until });
+        row.sequence = sequence;
     }
     for (key, by) in read(txn, layout1::AUTHORIZATION_BY, |k, v| (scope(k), v))? {
         principal.entry(key).or_default().by = Some(by);
@@ -116,13 +114,6 @@ pub(crate) fn layout1_to_2(txn: &WriteTransaction) -> Result<(), StoreError> {
         txn.delete_table(table)?;
     }
     Ok(())
-}
-
-impl GovernedRow {
-    fn set_scope(&mut self, withheld: bool, until: Option<u64>, sequence: Option<u64>) {
-        self.state = Some(KindState::Scope { withheld, until });
-        self.sequence = sequence;
-    }
 }
 
 /// Every row of a layout-1 table in key order, mapped to an owned key and value; none when

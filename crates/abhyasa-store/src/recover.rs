@@ -116,7 +116,8 @@ impl Store {
             if issuer == rows::NO_PARTY {
                 continue; // a token's record: state, read by `load_receiver_state`
             }
-            let row = rows::GovernedRow::decode("receiver.governed", k.value(), v.value())?;
+            // The kind's state is the mirror's (`load_receiver_state`): not decoded here.
+            let (sequence, by, _) = v.value();
             let Some(key) = rows::parse_governed_key(kind, issuer, name) else {
                 return Err(StoreError::Corrupt {
                     table: "receiver.governed",
@@ -124,10 +125,10 @@ impl Store {
                     detail: "unreadable governed key".into(),
                 });
             };
-            if let Some(seq) = row.sequence {
+            if let Some(seq) = sequence {
                 sequences.push((key.clone(), seq));
             }
-            if row.by.is_some() {
+            if by.is_some() {
                 governed.push(key);
             }
         }
