@@ -403,7 +403,7 @@ impl CardSettings {
     /// The card.
     pub fn card(&self) -> AgentCard {
         let base = self.base_url.trim_end_matches('/');
-        let supported_kinds = Kind::ALL
+        let supported_kinds = Kind::known()
             .into_iter()
             .map(|k| {
                 KindProfile::spanning(
@@ -455,7 +455,10 @@ impl CardSettings {
                 description: "Applies consent revocations, corrective weight updates and token \
                               revocations durably, once, and acks them"
                     .into(),
-                tags: Kind::ALL.iter().map(|k| k.as_str().to_owned()).collect(),
+                tags: Kind::known()
+                    .iter()
+                    .map(|k| k.as_str().to_owned())
+                    .collect(),
             }],
         }
     }

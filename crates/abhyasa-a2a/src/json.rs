@@ -3,8 +3,8 @@
 
 use abhyasa_wire::{
     AckStatus, AgentId, ClientId, ConsentDecision, ConsentPayload, CustodyAck, DeclineReason, Kind,
-    Obligation, ObligationId, Payload, Scope, TokenAction, TokenId, TokenPayload, UnixMillis,
-    WeightDelta, WeightKey,
+    Obligation, ObligationId, Payload, RegisteredPayload, Scope, TokenAction, TokenId,
+    TokenPayload, UnixMillis, WeightDelta, WeightKey,
 };
 use serde::{Deserialize, Serialize};
 use time::format_description::well_known::Rfc3339;
@@ -265,7 +265,7 @@ impl JsonObligation {
                 .ok_or_else(|| field("deadline_seconds", "too large"))?,
         );
         let kind = Kind::from_name(&self.kind).ok_or_else(|| {
-            let known: Vec<&str> = Kind::ALL.iter().map(|k| k.as_str()).collect();
+            let known: Vec<&str> = Kind::known().iter().map(|k| k.as_str()).collect();
             field(
                 "kind",
                 format!("unknown kind {:?}; known: {}", self.kind, known.join(", ")),
@@ -336,6 +336,14 @@ impl JsonObligation {
                         .transpose()?,
                 })
             }
+            // A registered kind's JSON shape is its payload's serde shape.
+            Kind::Registered(name) => {
+                let value =
+                    ciborium::Value::serialized(&self.payload).map_err(|e| field("payload", e))?;
+                Payload::Registered(
+                    RegisteredPayload::read(name, value).map_err(|e| field("payload", e))?,
+                )
+            }
         };
         let o = Obligation {
             id,
@@ -402,6 +410,7 @@ impl JsonObligation {
                 }
                 serde_json::Value::Object(m)
             }
+            Payload::Registered(p) => p.value().deserialized().ok()?,
         };
         Some(Self {
             obligation_id: id_string(o.id),

@@ -1,13 +1,15 @@
 //! The kind registry: per kind, admissibility (AC-1), `safe(O)`, the governed key, the
 //! principal-side update at issue and the receiver effect.
 //!
-//! A kind plugs in by implementing [`KindRules`] over its payload type and adding its
-//! payload variant to the dispatch below; no custody
-//! field is kind-specific.
+//! A built-in kind implements [`KindRules`] over its payload type and has its payload variant
+//! in the dispatch below. A kind defined in another crate implements [`RegisteredKind`] in
+//! one module and registers with [`register_kind!`](crate::register_kind). No custody field is
+//! kind-specific.
 
 use abhyasa_wire::{
     AgentId, BeliefUpdatePayload, ConsentDecision, ConsentPayload, Obligation, ObligationId,
-    Payload, SafeAction, Scope, TokenAction, TokenId, TokenPayload, UnixMillis, WeightKey,
+    Payload, RegisteredPayload, SafeAction, Scope, TokenAction, TokenId, TokenPayload, UnixMillis,
+    WeightKey, WireKind,
 };
 
 /// What a kind declares, over its own typed payload. `O` is the whole obligation (issuer,
@@ -34,9 +36,11 @@ pub trait KindRules {
     fn effect(o: &Obligation, p: &Self::Payload) -> ReceiverEffect;
 }
 
-/// Dispatches one of the [`KindRules`] methods on an obligation's payload.
+/// Dispatches one of the [`KindRules`] methods on an obligation's payload: a built-in kind by
+/// its type, a registered kind through its [`Registration`] (`$unknown` when its rules are not
+/// registered once).
 macro_rules! dispatch {
-    ($o:expr, |$p:ident, $rules:ident| $body:expr) => {
+    ($o:expr, |$p:ident, $rules:ident| $body:expr, |$reg:ident, $rp:ident| $registered:expr, $unknown:expr) => {
         match &$o.payload {
             Payload::AnumatiConsent($p) => {
                 type $rules = AnumatiConsent;
@@ -50,28 +54,59 @@ macro_rules! dispatch {
                 type $rules = OauthToken;
                 $body
             }
+            Payload::Registered($rp) => match Registration::find($rp.kind()) {
+                Some($reg) => $registered,
+                None => $unknown,
+            },
         }
     };
 }
 
-/// AC-1 for one obligation.
+/// Whether this build has rules for `o`'s kind: always for a built-in kind; for a registered
+/// kind, when its rules are registered once and read its payload. A receiver declines an
+/// obligation without rules as `unknown_kind`.
+pub fn known(o: &Obligation) -> bool {
+    match &o.payload {
+        Payload::Registered(p) => {
+            Registration::find(p.kind()).is_some_and(|r| (r.admissible)(p).is_some())
+        }
+        _ => true,
+    }
+}
+
+/// AC-1 for one obligation (`false` without rules: it is never taken into custody).
 pub fn admissible(o: &Obligation) -> bool {
-    dispatch!(o, |p, R| R::admissible(p))
+    dispatch!(
+        o,
+        |p, R| R::admissible(p),
+        |r, p| (r.admissible)(p).unwrap_or(false),
+        false
+    )
 }
 
 /// `safe(O)` for one obligation; `None` when it is inadmissible.
 pub fn safe(o: &Obligation, retention: u64) -> Option<SafeAction> {
-    dispatch!(o, |p, R| R::safe(o, p, retention))
+    dispatch!(
+        o,
+        |p, R| R::safe(o, p, retention),
+        |r, p| (r.safe)(o, p, retention),
+        None
+    )
 }
 
 /// The principal-side update applied when `o` is issued.
 pub fn on_issue(o: &Obligation) -> Option<PrincipalUpdate> {
-    dispatch!(o, |p, R| R::on_issue(o, p))
+    dispatch!(o, |p, R| R::on_issue(o, p), |r, p| (r.on_issue)(o, p), None)
 }
 
 /// The principal-side update applied when the target acks `o` `applied`.
 pub fn on_applied(o: &Obligation) -> Option<PrincipalUpdate> {
-    dispatch!(o, |p, R| R::on_applied(o, p))
+    dispatch!(
+        o,
+        |p, R| R::on_applied(o, p),
+        |r, p| (r.on_applied)(o, p),
+        None
+    )
 }
 
 /// The mutant's key ([`crate::Mutation::SupersedeAcrossIssuers`]): the name without its
@@ -85,14 +120,90 @@ pub(crate) fn without_issuer(key: GovernedKey) -> GovernedKey {
     }
 }
 
-/// The governed key of `o`.
-pub fn governed_key(o: &Obligation) -> GovernedKey {
-    dispatch!(o, |p, R| R::governed_key(o, p))
+/// The governed key of `o`; `None` without rules for its kind ([`known`]).
+pub fn governed_key(o: &Obligation) -> Option<GovernedKey> {
+    dispatch!(
+        o,
+        |p, R| Some(R::governed_key(o, p)),
+        |r, p| (r.governed_key)(o, p),
+        None
+    )
 }
 
-/// The receiver effect of `o`.
-pub fn effect(o: &Obligation) -> ReceiverEffect {
-    dispatch!(o, |p, R| R::effect(o, p))
+/// The receiver effect of `o`; `None` without rules for its kind ([`known`]).
+pub fn effect(o: &Obligation) -> Option<ReceiverEffect> {
+    dispatch!(
+        o,
+        |p, R| Some(R::effect(o, p)),
+        |r, p| (r.effect)(o, p),
+        None
+    )
+}
+
+/// A kind defined outside this crate, in one module: its payload and wording
+/// ([`WireKind`]) and its rules ([`KindRules`]) over the same payload type. Registered with
+/// [`register_kind!`](crate::register_kind); its obligations then travel, are taken into
+/// custody, applied, enforced and recovered as a built-in kind's are.
+///
+/// A registered kind states its safe action and its effect in the governed state the
+/// principal and the agent already keep (a scope withheld or granted, a weight moved, a token
+/// dropped or cached), so the store, enforcement and the audit need nothing of their own.
+pub trait RegisteredKind: WireKind + KindRules<Payload = <Self as WireKind>::Payload> {}
+
+impl<K: WireKind + KindRules<Payload = <K as WireKind>::Payload>> RegisteredKind for K {}
+
+/// A registered kind's rules, type-erased: each is `None` when the payload is not the kind's
+/// type (a name registered by two kinds is not found at all, so this does not happen).
+pub struct Registration {
+    name: &'static str,
+    admissible: fn(&RegisteredPayload) -> Option<bool>,
+    safe: fn(&Obligation, &RegisteredPayload, u64) -> Option<SafeAction>,
+    on_issue: fn(&Obligation, &RegisteredPayload) -> Option<PrincipalUpdate>,
+    on_applied: fn(&Obligation, &RegisteredPayload) -> Option<PrincipalUpdate>,
+    governed_key: fn(&Obligation, &RegisteredPayload) -> Option<GovernedKey>,
+    effect: fn(&Obligation, &RegisteredPayload) -> Option<ReceiverEffect>,
+}
+
+abhyasa_wire::inventory::collect!(Registration);
+
+impl Registration {
+    /// The rules of `K`. Only [`register_kind!`](crate::register_kind) should submit one.
+    #[doc(hidden)]
+    pub const fn of<K: RegisteredKind>() -> Self {
+        Self {
+            name: <K as WireKind>::NAME,
+            admissible: |p| typed::<K>(p).map(K::admissible),
+            safe: |o, p, retention| K::safe(o, typed::<K>(p)?, retention),
+            on_issue: |o, p| K::on_issue(o, typed::<K>(p)?),
+            on_applied: |o, p| K::on_applied(o, typed::<K>(p)?),
+            governed_key: |o, p| Some(K::governed_key(o, typed::<K>(p)?)),
+            effect: |o, p| Some(K::effect(o, typed::<K>(p)?)),
+        }
+    }
+
+    /// The one registration named `name`: `None` when there is none, or more than one.
+    fn find(name: &str) -> Option<&'static Registration> {
+        let mut found = abhyasa_wire::inventory::iter::<Registration>
+            .into_iter()
+            .filter(|r| r.name == name);
+        let first = found.next()?;
+        found.next().is_none().then_some(first)
+    }
+}
+
+fn typed<K: RegisteredKind>(p: &RegisteredPayload) -> Option<&<K as WireKind>::Payload> {
+    p.typed()
+}
+
+/// Registers a kind defined in this crate: `register_kind!(MyKind)`, where `MyKind`
+/// implements [`WireKind`](abhyasa_wire::WireKind) and [`KindRules`](crate::kinds::KindRules)
+/// over one payload type. Its obligations then read and apply in every node of this build.
+#[macro_export]
+macro_rules! register_kind {
+    ($kind:ty) => {
+        $crate::__wire::inventory::submit! { $crate::__wire::KindEntry::of::<$kind>() }
+        $crate::__wire::inventory::submit! { $crate::kinds::Registration::of::<$kind>() }
+    };
 }
 
 /// The thing a `sequence` orders, scoped to the issuer whose sequence it is.

@@ -90,7 +90,11 @@ pub use custodian::{
     CustodianEvent, CustodianRecord, CustodianStats, EscalatedRecord, IssueError, PendingRecord,
     Transmit,
 };
-pub use kinds::{GovernedKey, PrincipalUpdate, ReceiverEffect, WeightChange};
+pub use kinds::{GovernedKey, PrincipalUpdate, ReceiverEffect, RegisteredKind, WeightChange};
+
+/// For [`register_kind!`].
+#[doc(hidden)]
+pub use abhyasa_wire as __wire;
 pub use principal::{later_expiry, Adjustment, Authorization, PrincipalState, WeightBounds};
 pub use receiver::{
     AckTransmit, AppliedRecord, Disposition, PolicyDecision, Receiver, ReceiverConfig,

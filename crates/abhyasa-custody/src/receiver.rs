@@ -746,11 +746,13 @@ impl Receiver {
         if o.target != self.agent {
             return self.decline(now, &o.envelope(), DeclineReason::Refused);
         }
+        // Without rules for its kind (a registered kind's rules missing), nothing applies it.
+        let (Some(key), Some(effect)) = (kinds::governed_key(&o), kinds::effect(&o)) else {
+            return self.decline(now, &o.envelope(), DeclineReason::UnknownKind);
+        };
         let key = match self.config.mutation() {
-            Some(Mutation::SupersedeAcrossIssuers) => {
-                kinds::without_issuer(kinds::governed_key(&o))
-            }
-            _ => kinds::governed_key(&o),
+            Some(Mutation::SupersedeAcrossIssuers) => kinds::without_issuer(key),
+            _ => key,
         };
         if self.config.mutation() == Some(Mutation::SupersededBeforeDuplicate) {
             if let (Some(seq), Some(last)) = (o.sequence, self.last_sequence.get(&key)) {
@@ -800,11 +802,8 @@ impl Receiver {
             }
             return Disposition::Deferred;
         }
-        // The key's effect is built only at the cap (`apply` builds it again for the record).
         if held.governed >= self.config.max_governed
-            && !self
-                .governed
-                .contains(&kinds::effect(&o).governed_key(&o.issuer))
+            && !self.governed.contains(&effect.governed_key(&o.issuer))
         {
             return self.decline(now, &o.envelope(), DeclineReason::OverLimit);
         }
@@ -816,7 +815,7 @@ impl Receiver {
             });
             return Disposition::Deciding;
         }
-        self.apply(now, o, key, under_custody);
+        self.apply(now, o, key, effect, under_custody);
         Disposition::Applying
     }
 
@@ -840,8 +839,14 @@ impl Receiver {
         self.decline(now, envelope, reason)
     }
 
-    fn apply(&mut self, now: UnixMillis, o: Obligation, key: GovernedKey, under_custody: bool) {
-        let mut effect = kinds::effect(&o);
+    fn apply(
+        &mut self,
+        now: UnixMillis,
+        o: Obligation,
+        key: GovernedKey,
+        mut effect: ReceiverEffect,
+        under_custody: bool,
+    ) {
         if self.config.mutation() == Some(Mutation::LeaseIgnored) {
             // The bug this mutant restores: a grant applied as if it had no lease.
             if let ReceiverEffect::GrantScope(_, _, until) = &mut effect {

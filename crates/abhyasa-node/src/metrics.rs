@@ -163,7 +163,7 @@ impl NodeMetrics {
     /// Outcomes counted so far, by (kind, outcome).
     pub fn outcomes(&self) -> Vec<(String, String, u64)> {
         let mut v = Vec::new();
-        for kind in abhyasa_wire::Kind::ALL {
+        for kind in abhyasa_wire::Kind::known() {
             for outcome in ["applied", "declined", "escalated", "best_effort"] {
                 let l = OutcomeLabels {
                     kind: kind.as_str().to_owned(),

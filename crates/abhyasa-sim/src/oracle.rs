@@ -5,6 +5,10 @@
 //! calling the custody code under test (`kinds::safe`, `kinds::admissible`, `holds()`,
 //! `PrincipalState::apply`, `ReceiverState::apply`). The machines' durable state is only
 //! *read* and compared against these expectations.
+//!
+//! The kind table restated here is the built-in kinds'. A kind registered by another crate
+//! (`abhyasa_custody::register_kind!`) is checked by its own tests; scenarios never issue one,
+//! and the oracles below give it no custody and no effect.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -21,6 +25,7 @@ pub(crate) fn restrictive(o: &Obligation) -> bool {
         Payload::AnumatiConsent(p) => !is_grant(p),
         Payload::PhalaBeliefUpdate(p) => p.weight_delta.0 < 0,
         Payload::OauthToken(p) => p.action == TokenAction::Revoke,
+        Payload::Registered(_) => false,
     }
 }
 
@@ -61,6 +66,7 @@ pub(crate) fn expected_safe(o: &Obligation, retention: u64) -> Option<SafeAction
             token_id: p.token_id.clone(),
             expires_at: p.expires_at,
         },
+        Payload::Registered(_) => return None,
     })
 }
 
@@ -85,6 +91,8 @@ pub(crate) enum Governed {
     Scope(AgentId, Scope),
     Weight(AgentId, WeightKey),
     Token(AgentId, TokenId),
+    /// A registered kind's obligation, which the oracles do not restate: its own id.
+    Registered(ObligationId),
 }
 
 pub(crate) fn governed(o: &Obligation) -> Governed {
@@ -92,6 +100,7 @@ pub(crate) fn governed(o: &Obligation) -> Governed {
         Payload::AnumatiConsent(p) => Governed::Scope(o.issuer.clone(), p.scope.clone()),
         Payload::PhalaBeliefUpdate(p) => Governed::Weight(o.issuer.clone(), p.weight_key.clone()),
         Payload::OauthToken(p) => Governed::Token(o.issuer.clone(), p.token_id.clone()),
+        Payload::Registered(_) => Governed::Registered(o.id),
     }
 }
 
@@ -177,6 +186,7 @@ impl PrincipalOracle {
             Payload::OauthToken(p) => {
                 self.revoked.insert(p.token_id.clone());
             }
+            Payload::Registered(_) => {}
         }
     }
 
@@ -339,6 +349,7 @@ impl ReceiverOracle {
                     }
                 }
             },
+            Payload::Registered(_) => {}
         }
     }
 

@@ -174,6 +174,8 @@ impl CustodyModel {
                     Payload::AnumatiConsent(_) => true,
                     Payload::OauthToken(p) => p.action == TokenAction::Revoke,
                     Payload::PhalaBeliefUpdate(p) => p.weight_delta.0 < 0,
+                    // The model issues only built-in kinds.
+                    Payload::Registered(_) => false,
                 }
         })
     }

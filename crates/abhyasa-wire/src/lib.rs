@@ -47,6 +47,7 @@ mod ids;
 pub mod ledger;
 pub mod moqt;
 mod obligation;
+mod registered;
 pub mod sig;
 pub mod words;
 
@@ -66,6 +67,11 @@ pub use obligation::{
     BeliefUpdatePayload, ConsentDecision, ConsentPayload, Envelope, Kind, Obligation, Payload,
     TokenAction, TokenPayload, WeightDelta, MAX_RETRIES_LIMIT,
 };
+pub use registered::{KindEntry, RegisteredError, RegisteredPayload, WireKind};
+
+/// For `abhyasa_custody::register_kind!`.
+#[doc(hidden)]
+pub use inventory;
 
 /// The largest encoded object accepted by [`decode`]: 16 KiB.
 pub const MAX_OBJECT_SIZE: usize = 16 * 1024;

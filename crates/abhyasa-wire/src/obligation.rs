@@ -5,6 +5,7 @@ use std::fmt;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::ids::{AgentId, ClientId, ObligationId, Scope, TokenId, UnixMillis, WeightKey};
+use crate::registered::{RegisteredError, RegisteredPayload};
 use crate::WireError;
 
 /// The largest attempt budget an obligation may carry.
@@ -84,6 +85,8 @@ pub enum Kind {
     PhalaBeliefUpdate,
     /// `oauth.token`: revoke or issue a token.
     OauthToken,
+    /// A kind registered by another crate ([`crate::KindEntry`]), by its wire name.
+    Registered(&'static str),
 }
 
 impl Kind {
@@ -100,12 +103,25 @@ impl Kind {
             Kind::AnumatiConsent => "anumati.consent",
             Kind::PhalaBeliefUpdate => "phala.belief_update",
             Kind::OauthToken => "oauth.token",
+            Kind::Registered(name) => name,
         }
     }
 
-    /// Parses a wire name.
+    /// Parses a wire name: one of [`ALL`](Self::ALL), or a kind registered once.
     pub fn from_name(name: &str) -> Option<Kind> {
-        Kind::ALL.into_iter().find(|k| k.as_str() == name)
+        Kind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == name)
+            .or_else(|| crate::KindEntry::find(name).map(|e| Kind::Registered(e.name())))
+    }
+
+    /// Every kind this build reads: [`ALL`](Self::ALL), then the registered kinds by name.
+    pub fn known() -> Vec<Kind> {
+        let registered = crate::KindEntry::names().into_iter();
+        Kind::ALL
+            .into_iter()
+            .chain(registered.filter_map(Kind::from_name))
+            .collect()
     }
 }
 
@@ -138,6 +154,8 @@ pub enum Payload {
     PhalaBeliefUpdate(BeliefUpdatePayload),
     /// `oauth.token`.
     OauthToken(TokenPayload),
+    /// A registered kind's ([`crate::KindEntry`]).
+    Registered(RegisteredPayload),
 }
 
 impl Payload {
@@ -147,6 +165,7 @@ impl Payload {
             Payload::AnumatiConsent(_) => Kind::AnumatiConsent,
             Payload::PhalaBeliefUpdate(_) => Kind::PhalaBeliefUpdate,
             Payload::OauthToken(_) => Kind::OauthToken,
+            Payload::Registered(p) => Kind::Registered(p.kind()),
         }
     }
 
@@ -171,7 +190,8 @@ impl Payload {
                 }
                 Ok(())
             }
-            Payload::OauthToken(_) => Ok(()),
+            // Checked when it was read or built (`RegisteredPayload::new`).
+            Payload::OauthToken(_) | Payload::Registered(_) => Ok(()),
         }
     }
 }
@@ -182,6 +202,7 @@ impl Serialize for Payload {
             Payload::AnumatiConsent(p) => p.serialize(serializer),
             Payload::PhalaBeliefUpdate(p) => p.serialize(serializer),
             Payload::OauthToken(p) => p.serialize(serializer),
+            Payload::Registered(p) => p.serialize(serializer),
         }
     }
 }
@@ -361,7 +382,8 @@ pub(crate) struct RawObligation {
 
 impl RawObligation {
     /// Resolves the kind and its payload, keeping the envelope for typed errors.
-    pub(crate) fn resolve(self) -> Result<Obligation, WireError> {
+    pub(crate) fn resolve(mut self) -> Result<Obligation, WireError> {
+        use ciborium::Value::Null;
         // The envelope is built only for an error: the ids it copies are not needed otherwise.
         let envelope = |o: &RawObligation| Envelope {
             id: o.id,
@@ -377,6 +399,20 @@ impl RawObligation {
             Kind::AnumatiConsent => self.payload.deserialized().map(Payload::AnumatiConsent),
             Kind::PhalaBeliefUpdate => self.payload.deserialized().map(Payload::PhalaBeliefUpdate),
             Kind::OauthToken => self.payload.deserialized().map(Payload::OauthToken),
+            Kind::Registered(name) => {
+                match RegisteredPayload::read(name, std::mem::replace(&mut self.payload, Null)) {
+                    Ok(p) => Ok(Payload::Registered(p)),
+                    Err(RegisteredError::NotRegistered) => {
+                        return Err(WireError::UnknownKind(Box::new(envelope(&self))))
+                    }
+                    Err(RegisteredError::Malformed(detail)) => {
+                        return Err(WireError::MalformedPayload {
+                            envelope: Box::new(envelope(&self)),
+                            detail,
+                        })
+                    }
+                }
+            }
         };
         let payload = match payload {
             Ok(p) => p,

@@ -38,6 +38,7 @@ pub fn obligation(o: &Obligation) -> String {
             };
             format!("oauth.token {action} {}", p.token_id)
         }
+        Payload::Registered(p) => format!("{} {}", p.kind(), p.words()),
     };
     format!("{what} for {}", o.target)
 }

@@ -1,0 +1,197 @@
+//! Kinds this crate does not name: a kind defined in another crate (or in a test) registers
+//! its wire name and its payload reader at link time, and its payloads travel as
+//! [`Payload::Registered`](crate::Payload::Registered).
+//!
+//! A registration is made by `abhyasa_custody::register_kind!`, which pairs the
+//! [`KindEntry`] read here with the kind's custody rules, so that no kind can be read without
+//! rules to apply it by. A name registered twice is treated as not registered at all (an
+//! `unknown_kind` decline), never as whichever registration came first.
+
+use std::any::Any;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use serde::{de::DeserializeOwned, Serialize, Serializer};
+
+use crate::WireError;
+
+/// How a registered kind's payload is read and said. Submitted with [`inventory`]; see the
+/// module documentation.
+pub struct KindEntry {
+    name: &'static str,
+    read: fn(&ciborium::Value) -> Result<Arc<dyn Any + Send + Sync>, String>,
+    words: fn(&RegisteredPayload) -> String,
+}
+
+inventory::collect!(KindEntry);
+
+/// A kind's payload, its rules of reading and its wording: what a registered kind gives the
+/// wire.
+pub trait WireKind: 'static {
+    /// The wire name, `"<namespace>.<kind>"`; never one of [`Kind::ALL`](crate::Kind::ALL).
+    const NAME: &'static str;
+    /// The typed payload, its CBOR and JSON shape given by its serde derive.
+    type Payload: Serialize + DeserializeOwned + Send + Sync + 'static;
+    /// The rules typing alone does not capture; `Err` is the detail of the malformed-payload
+    /// decline.
+    fn check(p: &Self::Payload) -> Result<(), String>;
+    /// What the payload says, without the kind's name (`share calendar.read`).
+    fn words(p: &Self::Payload) -> String;
+}
+
+impl KindEntry {
+    /// The entry of `K`. Only `abhyasa_custody::register_kind!` should submit one.
+    #[doc(hidden)]
+    pub const fn of<K: WireKind>() -> Self {
+        Self {
+            name: K::NAME,
+            read: read::<K>,
+            words: words::<K>,
+        }
+    }
+
+    /// The wire name.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The one entry named `name`: `None` when there is none, or more than one.
+    pub fn find(name: &str) -> Option<&'static KindEntry> {
+        let mut found = inventory::iter::<KindEntry>
+            .into_iter()
+            .filter(|e| e.name == name);
+        let first = found.next()?;
+        found.next().is_none().then_some(first)
+    }
+
+    /// Every registered name that [`find`](Self::find) resolves, sorted.
+    pub fn names() -> Vec<&'static str> {
+        let mut names: Vec<&'static str> = inventory::iter::<KindEntry>
+            .into_iter()
+            .map(|e| e.name)
+            .filter(|n| Self::find(n).is_some())
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        names
+    }
+}
+
+fn read<K: WireKind>(v: &ciborium::Value) -> Result<Arc<dyn Any + Send + Sync>, String> {
+    let p: K::Payload = v.deserialized().map_err(|e| e.to_string())?;
+    K::check(&p)?;
+    Ok(Arc::new(p))
+}
+
+fn words<K: WireKind>(p: &RegisteredPayload) -> String {
+    match p.typed::<K::Payload>() {
+        Some(p) => K::words(p),
+        None => format!("({} bytes)", p.cbor.len()),
+    }
+}
+
+/// The payload of a registered kind: its CBOR as read, and the typed value its entry read.
+///
+/// Two payloads are equal when their kinds and CBOR are; the obligation's digest covers the
+/// CBOR exactly as it travels.
+#[derive(Clone)]
+pub struct RegisteredPayload {
+    kind: &'static str,
+    value: ciborium::Value,
+    cbor: Arc<[u8]>,
+    typed: Arc<dyn Any + Send + Sync>,
+}
+
+impl RegisteredPayload {
+    /// The payload `p` of the registered kind `K`, checked as a receiver would check it.
+    pub fn new<K: WireKind>(p: &K::Payload) -> Result<Self, WireError> {
+        let value = ciborium::Value::serialized(p)
+            .map_err(|_| WireError::Invalid("the payload does not encode"))?;
+        Self::read(K::NAME, value).map_err(|e| match e {
+            RegisteredError::NotRegistered => WireError::Invalid("the kind is not registered"),
+            RegisteredError::Malformed(_) => {
+                WireError::Invalid("the payload breaks its kind's rules")
+            }
+        })
+    }
+
+    /// Reads `value` as a payload of the registered kind `name`, as a receiver reads it.
+    pub fn read(name: &str, value: ciborium::Value) -> Result<Self, RegisteredError> {
+        let entry = KindEntry::find(name).ok_or(RegisteredError::NotRegistered)?;
+        let typed = (entry.read)(&value).map_err(RegisteredError::Malformed)?;
+        let mut cbor = Vec::new();
+        ciborium::into_writer(&value, &mut cbor)
+            .map_err(|e| RegisteredError::Malformed(e.to_string()))?;
+        Ok(Self {
+            kind: entry.name,
+            value,
+            cbor: cbor.into(),
+            typed,
+        })
+    }
+
+    /// The kind's wire name.
+    pub fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    /// The payload as its kind reads it; `None` for another type than the kind's.
+    pub fn typed<T: 'static>(&self) -> Option<&T> {
+        self.typed.downcast_ref()
+    }
+
+    /// The payload's CBOR value, for a binding that converts it (to JSON, say).
+    pub fn value(&self) -> &ciborium::Value {
+        &self.value
+    }
+
+    /// What the payload says, in its kind's words.
+    pub fn words(&self) -> String {
+        match KindEntry::find(self.kind) {
+            Some(entry) => (entry.words)(self),
+            None => format!("({} bytes)", self.cbor.len()),
+        }
+    }
+}
+
+/// Why a registered kind's payload did not read.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RegisteredError {
+    /// No kind is registered once under the name.
+    #[error("no kind is registered under this name")]
+    NotRegistered,
+    /// The payload does not read as the kind's, or breaks its rules.
+    #[error("{0}")]
+    Malformed(String),
+}
+
+impl PartialEq for RegisteredPayload {
+    fn eq(&self, other: &Self) -> bool {
+        self.kind == other.kind && self.cbor == other.cbor
+    }
+}
+
+impl Eq for RegisteredPayload {}
+
+impl Hash for RegisteredPayload {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.kind.hash(state);
+        self.cbor.hash(state);
+    }
+}
+
+impl fmt::Debug for RegisteredPayload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RegisteredPayload")
+            .field("kind", &self.kind)
+            .field("value", &self.value)
+            .finish()
+    }
+}
+
+impl Serialize for RegisteredPayload {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.value.serialize(serializer)
+    }
+}

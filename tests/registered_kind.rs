@@ -1,0 +1,369 @@
+//! A fourth governance kind, defined in this one file and registered with
+//! `abhyasa_custody::register_kind!`: no other file of the project names it.
+//!
+//! `acme.delegation` tells an agent to stop (or resume) acting for its principal in a domain.
+//! Stopping is restrictive and under custody, and its fail-safe withholds the domain's scope on
+//! the principal's side at issue; resuming is permissive and travels best-effort. Two real
+//! nodes on loopback carry it over QUIC with durable stores; the agent applies it, the
+//! principal's enforcement refuses the scope, and both keep it across a restart. Its JSON
+//! shape (A2A) and its wording come from the same module.
+
+use std::time::Duration;
+
+use abhyasa::a2a::json::JsonObligation;
+use abhyasa::custody::kinds::{KindRules, PrincipalUpdate};
+use abhyasa::custody::{GovernedKey, ReceiverEffect};
+use abhyasa::moq::Ca;
+use abhyasa::node::{Admission, Ask, Node, Verdict};
+use abhyasa::wire::{
+    self, AgentId, DeclineReason, Kind, Obligation, ObligationId, Outcome, Payload,
+    RegisteredPayload, SafeAction, Scope, UnixMillis, WireError, WireKind,
+};
+use abhyasa_testkit::{id, now_ms};
+use serde::{Deserialize, Serialize};
+
+/// `acme.delegation`.
+struct Delegation;
+
+/// Stop (or resume) acting for the issuer in `domain`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct DelegationPayload {
+    domain: String,
+    stop: bool,
+}
+
+/// The scope a delegation governs: `delegation.<domain>`.
+fn scope(p: &DelegationPayload) -> Scope {
+    Scope::new(format!("delegation.{}", p.domain)).expect("checked when read")
+}
+
+impl WireKind for Delegation {
+    const NAME: &'static str = "acme.delegation";
+    type Payload = DelegationPayload;
+
+    fn check(p: &DelegationPayload) -> Result<(), String> {
+        if p.domain.is_empty() {
+            return Err("an empty domain".into());
+        }
+        Scope::new(format!("delegation.{}", p.domain))
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    fn words(p: &DelegationPayload) -> String {
+        let verb = if p.stop { "stop" } else { "resume" };
+        format!("{verb} acting in {}", p.domain)
+    }
+}
+
+impl KindRules for Delegation {
+    type Payload = DelegationPayload;
+
+    fn admissible(p: &DelegationPayload) -> bool {
+        p.stop
+    }
+
+    fn safe(o: &Obligation, p: &DelegationPayload, _retention: u64) -> Option<SafeAction> {
+        p.stop.then(|| SafeAction::WithholdScope {
+            target: o.target.clone(),
+            scope: scope(p),
+            sequence: o.sequence,
+        })
+    }
+
+    fn on_issue(o: &Obligation, p: &DelegationPayload) -> Option<PrincipalUpdate> {
+        Self::safe(o, p, 0).map(PrincipalUpdate::Safe)
+    }
+
+    fn governed_key(o: &Obligation, p: &DelegationPayload) -> GovernedKey {
+        GovernedKey::Scope(o.issuer.clone(), scope(p))
+    }
+
+    fn effect(o: &Obligation, p: &DelegationPayload) -> ReceiverEffect {
+        if p.stop {
+            ReceiverEffect::WithholdScope(o.issuer.clone(), scope(p))
+        } else {
+            ReceiverEffect::GrantScope(o.issuer.clone(), scope(p), None)
+        }
+    }
+}
+
+abhyasa::custody::register_kind!(Delegation);
+
+/// A kind whose name is registered twice: neither registration is taken.
+struct Twin;
+
+impl WireKind for Twin {
+    const NAME: &'static str = "acme.twin";
+    type Payload = DelegationPayload;
+
+    fn check(p: &DelegationPayload) -> Result<(), String> {
+        Delegation::check(p)
+    }
+
+    fn words(p: &DelegationPayload) -> String {
+        Delegation::words(p)
+    }
+}
+
+impl KindRules for Twin {
+    type Payload = DelegationPayload;
+
+    fn admissible(p: &DelegationPayload) -> bool {
+        Delegation::admissible(p)
+    }
+
+    fn safe(o: &Obligation, p: &DelegationPayload, retention: u64) -> Option<SafeAction> {
+        Delegation::safe(o, p, retention)
+    }
+
+    fn on_issue(o: &Obligation, p: &DelegationPayload) -> Option<PrincipalUpdate> {
+        Delegation::on_issue(o, p)
+    }
+
+    fn governed_key(o: &Obligation, p: &DelegationPayload) -> GovernedKey {
+        Delegation::governed_key(o, p)
+    }
+
+    fn effect(o: &Obligation, p: &DelegationPayload) -> ReceiverEffect {
+        Delegation::effect(o, p)
+    }
+}
+
+abhyasa::custody::register_kind!(Twin);
+abhyasa::custody::register_kind!(Twin);
+
+fn delegation(n: u128, target: &AgentId, domain: &str, stop: bool) -> Obligation {
+    let now = now_ms();
+    Obligation {
+        id: ObligationId::from_u128(n),
+        issuer: id("principal"),
+        target: target.clone(),
+        created_at: UnixMillis(now),
+        deadline: UnixMillis(now + 20_000),
+        max_retries: 30,
+        sequence: Some(n as u64),
+        payload: Payload::Registered(
+            RegisteredPayload::new::<Delegation>(&DelegationPayload {
+                domain: domain.into(),
+                stop,
+            })
+            .unwrap(),
+        ),
+    }
+}
+
+#[test]
+fn the_kind_reads_checks_and_speaks_as_its_module_says() {
+    let a = id("agent-1");
+    let o = delegation(1, &a, "payments", true);
+    assert_eq!(o.kind(), Kind::Registered("acme.delegation"));
+    assert!(Kind::known().contains(&o.kind()));
+    assert_eq!(Kind::from_name("acme.delegation"), Some(o.kind()));
+
+    // CBOR both ways, the typed payload read again.
+    let back = wire::decode_obligation(&wire::encode(&o)).unwrap();
+    assert_eq!(back, o);
+    let Payload::Registered(p) = &back.payload else {
+        panic!("read as {:?}", back.payload)
+    };
+    assert_eq!(
+        p.typed::<DelegationPayload>(),
+        Some(&DelegationPayload {
+            domain: "payments".into(),
+            stop: true
+        })
+    );
+
+    // The kind's own rule refuses an empty domain, when built and when read off the wire.
+    assert!(RegisteredPayload::new::<Delegation>(&DelegationPayload {
+        domain: String::new(),
+        stop: true,
+    })
+    .is_err());
+    let mut bad: ciborium::Value = ciborium::Value::serialized(&o).unwrap();
+    set_payload(&mut bad, "domain", ciborium::Value::Text(String::new()));
+    let mut bytes = Vec::new();
+    ciborium::into_writer(&bad, &mut bytes).unwrap();
+    match wire::decode_obligation(&bytes) {
+        Err(e @ WireError::MalformedPayload { .. }) => {
+            assert_eq!(e.decline_reason(), Some(DeclineReason::Malformed));
+            assert!(e.to_string().contains("empty domain"), "{e}");
+        }
+        other => panic!("read as {other:?}"),
+    }
+
+    // A name nobody registered is an unknown kind, declinable by its envelope.
+    let mut unknown: ciborium::Value = ciborium::Value::serialized(&o).unwrap();
+    set_field(
+        &mut unknown,
+        "kind",
+        ciborium::Value::Text("acme.other".into()),
+    );
+    let mut bytes = Vec::new();
+    ciborium::into_writer(&unknown, &mut bytes).unwrap();
+    let e = wire::decode_obligation(&bytes).unwrap_err();
+    assert_eq!(e.decline_reason(), Some(DeclineReason::UnknownKind));
+    assert_eq!(e.envelope().map(|e| e.id), Some(o.id));
+
+    // A name registered twice is not taken from either registration.
+    assert_eq!(Kind::from_name("acme.twin"), None);
+    assert!(!Kind::known().iter().any(|k| k.as_str() == "acme.twin"));
+    let payload = DelegationPayload {
+        domain: "payments".into(),
+        stop: true,
+    };
+    assert!(RegisteredPayload::new::<Twin>(&payload).is_err());
+    set_field(
+        &mut unknown,
+        "kind",
+        ciborium::Value::Text("acme.twin".into()),
+    );
+    let mut bytes = Vec::new();
+    ciborium::into_writer(&unknown, &mut bytes).unwrap();
+    let e = wire::decode_obligation(&bytes).unwrap_err();
+    assert_eq!(e.decline_reason(), Some(DeclineReason::UnknownKind));
+
+    // Rules: stopping is under custody with the scope withheld; resuming is best-effort.
+    use abhyasa::custody::kinds;
+    assert!(kinds::known(&o) && kinds::admissible(&o));
+    assert_eq!(
+        kinds::safe(&o, 0),
+        Some(SafeAction::WithholdScope {
+            target: a.clone(),
+            scope: Scope::new("delegation.payments").unwrap(),
+            sequence: Some(1),
+        })
+    );
+    let resume = delegation(2, &a, "payments", false);
+    assert!(!kinds::admissible(&resume) && kinds::safe(&resume, 0).is_none());
+    assert_eq!(
+        kinds::effect(&resume),
+        Some(ReceiverEffect::GrantScope(
+            id("principal"),
+            Scope::new("delegation.payments").unwrap(),
+            None
+        ))
+    );
+
+    // Its words, and its JSON shape (the payload's serde shape) both ways.
+    assert_eq!(
+        wire::words::obligation(&o),
+        "acme.delegation stop acting in payments for agent-1"
+    );
+    let json = JsonObligation::of(&o).unwrap();
+    assert_eq!(
+        serde_json::to_value(&json).unwrap()["payload"],
+        serde_json::json!({"domain": "payments", "stop": true})
+    );
+    assert_eq!(json.to_wire(&id("principal")).unwrap(), o);
+}
+
+/// `value`'s field `name` (an obligation as a CBOR map) set to `to`.
+fn set_field(value: &mut ciborium::Value, name: &str, to: ciborium::Value) {
+    let ciborium::Value::Map(entries) = value else {
+        panic!("not a map")
+    };
+    for (k, v) in entries.iter_mut() {
+        if k.as_text() == Some(name) {
+            *v = to;
+            return;
+        }
+    }
+    panic!("no field {name}")
+}
+
+/// The obligation's payload field `name` set to `to`.
+fn set_payload(value: &mut ciborium::Value, name: &str, to: ciborium::Value) {
+    let ciborium::Value::Map(entries) = value else {
+        panic!("not a map")
+    };
+    let payload = entries
+        .iter_mut()
+        .find(|(k, _)| k.as_text() == Some("payload"))
+        .map(|(_, v)| v)
+        .expect("a payload");
+    set_field(payload, name, to);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_carry_apply_enforce_and_recover_the_kind() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate("deployment").unwrap();
+    let (p, a) = (id("principal"), id("agent-1"));
+    let payments = Scope::new("delegation.payments").unwrap();
+    let agent = Node::builder(ca.issue(&a).unwrap())
+        .state_dir(dir.path().join("a"))
+        .build()
+        .await
+        .unwrap();
+    let addr = agent.local_addr();
+    let principal = Node::builder(ca.issue(&p).unwrap())
+        .peer(a.clone(), addr)
+        .state_dir(dir.path().join("p"))
+        .build()
+        .await
+        .unwrap();
+
+    let stop = delegation(1, &a, "payments", true);
+    let handle = principal.issue(stop.clone()).await.unwrap();
+    assert_eq!(handle.admission(), Admission::Custody);
+    // The fail-safe stands on the principal's side from the issue.
+    let ask = Ask::Scope {
+        agent: a.clone(),
+        scope: payments.clone(),
+    };
+    assert!(
+        matches!(
+            principal.decide(ask.clone()).await.unwrap(),
+            Verdict::Refuse(_)
+        ),
+        "the principal does not refuse a stopped delegation"
+    );
+    let (record, escalation) = tokio::time::timeout(Duration::from_secs(10), handle.outcome())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.outcome, Outcome::Applied);
+    assert_eq!(record.kind, Kind::Registered("acme.delegation"));
+    assert!(escalation.is_none());
+    assert!(agent.honours().await.unwrap().is_withheld(&p, &payments));
+
+    // A resume is best-effort: sent once, not held in custody.
+    let resume = delegation(2, &a, "travel", false);
+    let handle = principal.issue(resume).await.unwrap();
+    assert_eq!(handle.admission(), Admission::BestEffort);
+
+    principal.shutdown().await;
+    agent.shutdown().await;
+
+    // Both stores read the kind back: the agent still withholds, the principal still refuses
+    // and knows the obligation's outcome.
+    let agent = Node::builder(ca.issue(&a).unwrap())
+        .state_dir(dir.path().join("a"))
+        .build()
+        .await
+        .unwrap();
+    assert!(agent.honours().await.unwrap().is_withheld(&p, &payments));
+    let principal = Node::builder(ca.issue(&p).unwrap())
+        .peer(a.clone(), agent.local_addr())
+        .state_dir(dir.path().join("p"))
+        .build()
+        .await
+        .unwrap();
+    assert!(matches!(
+        principal.decide(ask).await.unwrap(),
+        Verdict::Refuse(_)
+    ));
+    let status = principal.status().await.unwrap();
+    assert!(
+        status
+            .recent
+            .iter()
+            .any(|r| r.obligation_id == stop.id && r.outcome == Outcome::Applied),
+        "the principal lost the outcome: {:?}",
+        status.recent
+    );
+    principal.shutdown().await;
+    agent.shutdown().await;
+}
