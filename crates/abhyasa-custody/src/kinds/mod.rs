@@ -7,10 +7,17 @@
 //! kind-specific.
 
 use abhyasa_wire::{
-    AgentId, BeliefUpdatePayload, ConsentDecision, ConsentPayload, Obligation, ObligationId,
-    Payload, RegisteredPayload, SafeAction, Scope, TokenAction, TokenId, TokenPayload, UnixMillis,
-    WeightKey, WireKind,
+    AgentId, Obligation, ObligationId, Payload, RegisteredPayload, SafeAction, Scope, TokenId,
+    UnixMillis, WeightKey, WireKind,
 };
+
+mod belief_update;
+mod consent;
+mod token;
+
+pub use belief_update::PhalaBeliefUpdate;
+pub use consent::AnumatiConsent;
+pub use token::OauthToken;
 
 /// What a kind declares, over its own typed payload. `O` is the whole obligation (issuer,
 /// target, deadline, sequence); `p` its payload.
@@ -295,144 +302,5 @@ impl WeightChange {
     /// Whether the change still applies at `now`.
     pub fn applies(&self, now: UnixMillis) -> bool {
         now < self.lapses_at
-    }
-}
-
-/// `anumati.consent`.
-pub struct AnumatiConsent;
-/// `phala.belief_update`.
-pub struct PhalaBeliefUpdate;
-/// `oauth.token`.
-pub struct OauthToken;
-
-impl KindRules for AnumatiConsent {
-    type Payload = ConsentPayload;
-
-    fn admissible(_p: &ConsentPayload) -> bool {
-        // Every consent decision fails closed: a revocation's withhold stands at issue, and
-        // a grant opens nothing until it is confirmed (docs/CUSTODY.md, "Grants").
-        true
-    }
-
-    fn safe(o: &Obligation, p: &ConsentPayload, _retention: u64) -> Option<SafeAction> {
-        Some(SafeAction::WithholdScope {
-            target: o.target.clone(),
-            scope: p.scope.clone(),
-            sequence: o.sequence,
-        })
-    }
-
-    fn on_issue(o: &Obligation, p: &ConsentPayload) -> Option<PrincipalUpdate> {
-        // A revocation is the principal's own decision: it stands at once. A grant is too,
-        // but the authority it opens waits for the agent's confirmation.
-        Some(if is_grant(p) {
-            PrincipalUpdate::AwaitGrant {
-                target: o.target.clone(),
-                scope: p.scope.clone(),
-                sequence: o.sequence,
-            }
-        } else {
-            PrincipalUpdate::Safe(SafeAction::WithholdScope {
-                target: o.target.clone(),
-                scope: p.scope.clone(),
-                sequence: o.sequence,
-            })
-        })
-    }
-
-    fn on_applied(o: &Obligation, p: &ConsentPayload) -> Option<PrincipalUpdate> {
-        is_grant(p).then(|| PrincipalUpdate::Grant {
-            target: o.target.clone(),
-            scope: p.scope.clone(),
-            sequence: o.sequence,
-            until: p.expires_at,
-        })
-    }
-
-    fn governed_key(o: &Obligation, p: &ConsentPayload) -> GovernedKey {
-        GovernedKey::Scope(o.issuer.clone(), p.scope.clone())
-    }
-
-    fn effect(o: &Obligation, p: &ConsentPayload) -> ReceiverEffect {
-        if is_grant(p) {
-            ReceiverEffect::GrantScope(o.issuer.clone(), p.scope.clone(), p.expires_at)
-        } else {
-            ReceiverEffect::WithholdScope(o.issuer.clone(), p.scope.clone())
-        }
-    }
-}
-
-/// Whether a consent decision is a grant (a missing or unrecognized decision is restrictive).
-fn is_grant(p: &ConsentPayload) -> bool {
-    matches!(p.decision, Some(ConsentDecision::Grant))
-}
-
-impl KindRules for PhalaBeliefUpdate {
-    type Payload = BeliefUpdatePayload;
-
-    fn admissible(p: &BeliefUpdatePayload) -> bool {
-        p.weight_delta.0 < 0
-    }
-
-    fn safe(o: &Obligation, p: &BeliefUpdatePayload, retention: u64) -> Option<SafeAction> {
-        Self::admissible(p).then(|| SafeAction::DownWeight {
-            obligation_id: o.id,
-            target: o.target.clone(),
-            weight_key: p.weight_key.clone(),
-            amount: p.weight_delta.0.unsigned_abs(),
-            fold_after: o.deadline.saturating_add(retention),
-            lapses_at: Some(p.lapses_at(o.created_at)),
-        })
-    }
-
-    fn on_issue(_o: &Obligation, _p: &BeliefUpdatePayload) -> Option<PrincipalUpdate> {
-        None
-    }
-
-    fn governed_key(o: &Obligation, p: &BeliefUpdatePayload) -> GovernedKey {
-        GovernedKey::Weight(o.issuer.clone(), p.weight_key.clone())
-    }
-
-    fn effect(o: &Obligation, p: &BeliefUpdatePayload) -> ReceiverEffect {
-        ReceiverEffect::AdjustWeight(
-            o.issuer.clone(),
-            p.weight_key.clone(),
-            WeightChange {
-                by: o.id,
-                delta: p.weight_delta.0,
-                lapses_at: p.lapses_at(o.created_at),
-            },
-        )
-    }
-}
-
-impl KindRules for OauthToken {
-    type Payload = TokenPayload;
-
-    fn admissible(p: &TokenPayload) -> bool {
-        p.action == TokenAction::Revoke
-    }
-
-    fn safe(_o: &Obligation, p: &TokenPayload, _retention: u64) -> Option<SafeAction> {
-        Self::admissible(p).then(|| SafeAction::StopHonouringToken {
-            token_id: p.token_id.clone(),
-            expires_at: p.expires_at,
-        })
-    }
-
-    fn on_issue(o: &Obligation, p: &TokenPayload) -> Option<PrincipalUpdate> {
-        // A revocation is the principal's own decision: stop honouring at once.
-        Self::safe(o, p, 0).map(PrincipalUpdate::Safe)
-    }
-
-    fn governed_key(o: &Obligation, p: &TokenPayload) -> GovernedKey {
-        GovernedKey::Token(o.issuer.clone(), p.token_id.clone())
-    }
-
-    fn effect(_o: &Obligation, p: &TokenPayload) -> ReceiverEffect {
-        match p.action {
-            TokenAction::Revoke => ReceiverEffect::DropToken(p.token_id.clone(), p.expires_at),
-            TokenAction::Issue => ReceiverEffect::CacheToken(p.token_id.clone(), p.expires_at),
-        }
     }
 }
