@@ -16,10 +16,10 @@ use abhyasa::custody::{GovernedKey, ReceiverEffect};
 use abhyasa::moq::Ca;
 use abhyasa::node::{Admission, Ask, Node, Verdict};
 use abhyasa::wire::{
-    self, AgentId, DeclineReason, Kind, Obligation, ObligationId, Outcome, Payload,
-    RegisteredPayload, SafeAction, Scope, UnixMillis, WireError, WireKind,
+    self, AgentId, DeclineReason, Kind, Obligation, Outcome, Payload, RegisteredPayload,
+    SafeAction, Scope, WireError, WireKind,
 };
-use abhyasa_testkit::{id, now_ms};
+use abhyasa_testkit::{id, obligation};
 use serde::{Deserialize, Serialize};
 
 /// `acme.delegation`.
@@ -134,22 +134,14 @@ abhyasa::custody::register_kind!(Twin);
 abhyasa::custody::register_kind!(Twin);
 
 fn delegation(n: u128, target: &AgentId, domain: &str, stop: bool) -> Obligation {
-    let now = now_ms();
+    let payload = DelegationPayload {
+        domain: domain.into(),
+        stop,
+    };
+    let payload = Payload::Registered(RegisteredPayload::new::<Delegation>(&payload).unwrap());
     Obligation {
-        id: ObligationId::from_u128(n),
-        issuer: id("principal"),
-        target: target.clone(),
-        created_at: UnixMillis(now),
-        deadline: UnixMillis(now + 20_000),
-        max_retries: 30,
         sequence: Some(n as u64),
-        payload: Payload::Registered(
-            RegisteredPayload::new::<Delegation>(&DelegationPayload {
-                domain: domain.into(),
-                stop,
-            })
-            .unwrap(),
-        ),
+        ..obligation(n, &id("principal"), target, 20_000, 30, payload)
     }
 }
 
@@ -183,9 +175,7 @@ fn the_kind_reads_checks_and_speaks_as_its_module_says() {
     .is_err());
     let mut bad: ciborium::Value = ciborium::Value::serialized(&o).unwrap();
     set_payload(&mut bad, "domain", ciborium::Value::Text(String::new()));
-    let mut bytes = Vec::new();
-    ciborium::into_writer(&bad, &mut bytes).unwrap();
-    match wire::decode_obligation(&bytes) {
+    match wire::decode_obligation(&cbor(&bad)) {
         Err(e @ WireError::MalformedPayload { .. }) => {
             assert_eq!(e.decline_reason(), Some(DeclineReason::Malformed));
             assert!(e.to_string().contains("empty domain"), "{e}");
@@ -194,15 +184,7 @@ fn the_kind_reads_checks_and_speaks_as_its_module_says() {
     }
 
     // A name nobody registered is an unknown kind, declinable by its envelope.
-    let mut unknown: ciborium::Value = ciborium::Value::serialized(&o).unwrap();
-    set_field(
-        &mut unknown,
-        "kind",
-        ciborium::Value::Text("acme.other".into()),
-    );
-    let mut bytes = Vec::new();
-    ciborium::into_writer(&unknown, &mut bytes).unwrap();
-    let e = wire::decode_obligation(&bytes).unwrap_err();
+    let e = read_as(&o, "acme.other");
     assert_eq!(e.decline_reason(), Some(DeclineReason::UnknownKind));
     assert_eq!(e.envelope().map(|e| e.id), Some(o.id));
 
@@ -214,14 +196,7 @@ fn the_kind_reads_checks_and_speaks_as_its_module_says() {
         stop: true,
     };
     assert!(RegisteredPayload::new::<Twin>(&payload).is_err());
-    set_field(
-        &mut unknown,
-        "kind",
-        ciborium::Value::Text("acme.twin".into()),
-    );
-    let mut bytes = Vec::new();
-    ciborium::into_writer(&unknown, &mut bytes).unwrap();
-    let e = wire::decode_obligation(&bytes).unwrap_err();
+    let e = read_as(&o, "acme.twin");
     assert_eq!(e.decline_reason(), Some(DeclineReason::UnknownKind));
 
     // Rules: stopping is under custody with the scope withheld; resuming is best-effort.
@@ -259,6 +234,20 @@ fn the_kind_reads_checks_and_speaks_as_its_module_says() {
     assert_eq!(json.to_wire(&id("principal")).unwrap(), o);
 }
 
+/// Why `o` does not read when its kind is named `kind`.
+fn read_as(o: &Obligation, kind: &str) -> WireError {
+    let mut value = ciborium::Value::serialized(o).unwrap();
+    set_field(&mut value, "kind", ciborium::Value::Text(kind.into()));
+    wire::decode_obligation(&cbor(&value)).unwrap_err()
+}
+
+/// `value` as CBOR bytes.
+fn cbor(value: &ciborium::Value) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    ciborium::into_writer(value, &mut bytes).unwrap();
+    bytes
+}
+
 /// `value`'s field `name` (an obligation as a CBOR map) set to `to`.
 fn set_field(value: &mut ciborium::Value, name: &str, to: ciborium::Value) {
     let ciborium::Value::Map(entries) = value else {
@@ -286,24 +275,23 @@ fn set_payload(value: &mut ciborium::Value, name: &str, to: ciborium::Value) {
     set_field(payload, name, to);
 }
 
+/// The node `who`, durable under `dir/<who>`, with `peer` as its peer if given.
+async fn node(ca: &Ca, who: &AgentId, dir: &std::path::Path, peer: Option<&Node>) -> Node {
+    let mut builder = Node::builder(ca.issue(who).unwrap()).state_dir(dir.join(who.as_str()));
+    if let Some(peer) = peer {
+        builder = builder.peer(peer.agent().clone(), peer.local_addr());
+    }
+    builder.build().await.unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_nodes_carry_apply_enforce_and_recover_the_kind() {
     let dir = tempfile::tempdir().unwrap();
     let ca = Ca::generate("deployment").unwrap();
     let (p, a) = (id("principal"), id("agent-1"));
     let payments = Scope::new("delegation.payments").unwrap();
-    let agent = Node::builder(ca.issue(&a).unwrap())
-        .state_dir(dir.path().join("a"))
-        .build()
-        .await
-        .unwrap();
-    let addr = agent.local_addr();
-    let principal = Node::builder(ca.issue(&p).unwrap())
-        .peer(a.clone(), addr)
-        .state_dir(dir.path().join("p"))
-        .build()
-        .await
-        .unwrap();
+    let agent = node(&ca, &a, dir.path(), None).await;
+    let principal = node(&ca, &p, dir.path(), Some(&agent)).await;
 
     let stop = delegation(1, &a, "payments", true);
     let handle = principal.issue(stop.clone()).await.unwrap();
@@ -339,18 +327,9 @@ async fn two_nodes_carry_apply_enforce_and_recover_the_kind() {
 
     // Both stores read the kind back: the agent still withholds, the principal still refuses
     // and knows the obligation's outcome.
-    let agent = Node::builder(ca.issue(&a).unwrap())
-        .state_dir(dir.path().join("a"))
-        .build()
-        .await
-        .unwrap();
+    let agent = node(&ca, &a, dir.path(), None).await;
     assert!(agent.honours().await.unwrap().is_withheld(&p, &payments));
-    let principal = Node::builder(ca.issue(&p).unwrap())
-        .peer(a.clone(), agent.local_addr())
-        .state_dir(dir.path().join("p"))
-        .build()
-        .await
-        .unwrap();
+    let principal = node(&ca, &p, dir.path(), Some(&agent)).await;
     assert!(matches!(
         principal.decide(ask).await.unwrap(),
         Verdict::Refuse(_)
