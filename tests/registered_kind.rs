@@ -346,3 +346,39 @@ async fn two_nodes_carry_apply_enforce_and_recover_the_kind() {
     principal.shutdown().await;
     agent.shutdown().await;
 }
+
+#[test]
+fn the_admin_issues_the_kind_from_its_json_payload() {
+    use abhyasa_cli::admin::IssueSpec;
+    let spec = |payload: Option<serde_json::Value>| -> IssueSpec {
+        let mut v = serde_json::json!({"target": "agent-1", "kind": "acme.delegation"});
+        if let Some(p) = payload {
+            v["payload"] = p;
+        }
+        serde_json::from_value(v).unwrap()
+    };
+    let o = spec(Some(
+        serde_json::json!({"domain": "payments", "stop": true}),
+    ))
+    .build(&id("principal"), |_| 7)
+    .unwrap();
+    assert_eq!(
+        o.payload,
+        delegation(1, &id("agent-1"), "payments", true).payload
+    );
+    assert_eq!((o.target.as_str(), o.max_retries), ("agent-1", 7));
+
+    let missing = spec(None).build(&id("principal"), |_| 7).unwrap_err();
+    assert!(missing.contains("--payload is required"), "{missing}");
+    let empty = spec(Some(serde_json::json!({"domain": "", "stop": true})))
+        .build(&id("principal"), |_| 7)
+        .unwrap_err();
+    assert!(empty.contains("empty domain"), "{empty}");
+    let unknown = IssueSpec {
+        kind: "acme.other".into(),
+        ..spec(None)
+    }
+    .build(&id("principal"), |_| 7)
+    .unwrap_err();
+    assert!(unknown.contains("unknown kind"), "{unknown}");
+}

@@ -12,9 +12,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use abhyasa_node::listen::{AcceptBackoff, Waiting};
 use abhyasa_node::{Admission, Node, Status};
 use abhyasa_wire::{
-    AgentId, BeliefUpdatePayload, ClientId, ConsentDecision, ConsentPayload, Obligation,
-    ObligationId, Payload, Scope, TokenAction, TokenId, TokenPayload, UnixMillis, WeightDelta,
-    WeightKey,
+    AgentId, BeliefUpdatePayload, ClientId, ConsentDecision, ConsentPayload, Kind, Obligation,
+    ObligationId, Payload, RegisteredPayload, Scope, TokenAction, TokenId, TokenPayload,
+    UnixMillis, WeightDelta, WeightKey,
 };
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -28,9 +28,14 @@ pub struct IssueSpec {
     /// The agent that must honour it.
     #[arg(long)]
     pub target: String,
-    /// `anumati.consent`, `phala.belief_update` or `oauth.token`.
+    /// `anumati.consent`, `phala.belief_update`, `oauth.token`, or a kind this build
+    /// registers (its payload in `--payload`).
     #[arg(long)]
     pub kind: String,
+    /// A registered kind: its payload, as JSON (the payload type's serde shape).
+    #[arg(long, value_parser = json_value)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<serde_json::Value>,
     /// Consent: `grant` or `revoke`.
     #[arg(long)]
     pub decision: Option<String>,
@@ -80,6 +85,10 @@ pub struct IssueSpec {
     /// Issuance sequence on the governed key.
     #[arg(long)]
     pub sequence: Option<u64>,
+}
+
+fn json_value(s: &str) -> Result<serde_json::Value, String> {
+    serde_json::from_str(s).map_err(|e| format!("not JSON: {e}"))
 }
 
 fn default_client() -> String {
@@ -155,7 +164,20 @@ impl IssueSpec {
                     .map(|at| at.ok_or("--token-expires-in-ms is too large"))
                     .transpose()?,
             }),
-            other => return Err(format!("unknown kind {other:?}")),
+            other => match Kind::from_name(other) {
+                Some(Kind::Registered(name)) => {
+                    let json = self
+                        .payload
+                        .as_ref()
+                        .ok_or_else(|| format!("--payload is required for {name}"))?;
+                    let value = ciborium::Value::serialized(json).map_err(|e| e.to_string())?;
+                    Payload::Registered(
+                        RegisteredPayload::read(name, value)
+                            .map_err(|e| format!("--payload for {name}: {e}"))?,
+                    )
+                }
+                _ => return Err(format!("unknown kind {other:?}")),
+            },
         };
         Ok(Obligation {
             id: ObligationId::from_u128(rand::random()),

@@ -275,6 +275,7 @@ async fn crowd(state: PathBuf, agent: AgentId, stats: Arc<AdversaryStats>) {
         let spec = IssueSpec {
             target: agent.as_str().to_owned(),
             kind: "oauth.token".into(),
+            payload: None,
             decision: None,
             scope: None,
             weight_key: None,

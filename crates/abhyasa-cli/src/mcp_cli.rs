@@ -286,11 +286,16 @@ async fn run_child(
 /// `abhyasa_issue`: the arguments are an [`IssueSpec`] as JSON; the node issues the
 /// obligation under custody as its principal and answers with the id and admission.
 pub fn issue_tool(node: Node) -> HostTool {
+    let kinds: Vec<&str> = abhyasa_wire::Kind::known()
+        .iter()
+        .map(|k| k.as_str())
+        .collect();
     let schema = json!({
         "type": "object",
         "properties": {
             "target": {"type": "string"},
-            "kind": {"type": "string", "enum": ["anumati.consent", "phala.belief_update", "oauth.token"]},
+            "kind": {"type": "string", "enum": kinds},
+            "payload": {"type": "object", "description": "a registered kind's payload"},
             "decision": {"type": "string", "enum": ["grant", "revoke"]},
             "scope": {"type": "string"},
             "weight_key": {"type": "string"},
@@ -300,7 +305,10 @@ pub fn issue_tool(node: Node) -> HostTool {
             "client": {"type": "string"},
             "deadline_ms": {"type": "integer", "minimum": 1},
             "max_retries": {"type": "integer", "minimum": 0},
-            "sequence": {"type": "integer", "minimum": 0}
+            "sequence": {"type": "integer", "minimum": 0},
+            "token_expires_in_ms": {"type": "integer", "minimum": 0},
+            "lease_ms": {"type": "integer", "minimum": 0},
+            "ttl_ms": {"type": "integer", "minimum": 1}
         },
         "required": ["target", "kind"]
     });

@@ -352,6 +352,7 @@ fn spec(
     let mut s = IssueSpec {
         target: agent.to_owned(),
         kind: String::new(),
+        payload: None,
         decision: None,
         scope: None,
         weight_key: None,
