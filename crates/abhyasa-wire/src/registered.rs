@@ -20,7 +20,7 @@ use crate::WireError;
 /// module documentation.
 pub struct KindEntry {
     name: &'static str,
-    read: fn(&ciborium::Value) -> Result<Arc<dyn Any + Send + Sync>, String>,
+    read: fn(&ciborium::Value) -> Result<Box<dyn Any + Send + Sync>, String>,
     words: fn(&RegisteredPayload) -> String,
 }
 
@@ -78,29 +78,35 @@ impl KindEntry {
     }
 }
 
-fn read<K: WireKind>(v: &ciborium::Value) -> Result<Arc<dyn Any + Send + Sync>, String> {
+fn read<K: WireKind>(v: &ciborium::Value) -> Result<Box<dyn Any + Send + Sync>, String> {
     let p: K::Payload = v.deserialized().map_err(|e| e.to_string())?;
     K::check(&p)?;
-    Ok(Arc::new(p))
+    Ok(Box::new(p))
 }
 
 fn words<K: WireKind>(p: &RegisteredPayload) -> String {
     match p.typed::<K::Payload>() {
         Some(p) => K::words(p),
-        None => format!("({} bytes)", p.cbor.len()),
+        None => format!("({} bytes)", p.read.cbor.len()),
     }
 }
 
 /// The payload of a registered kind: its CBOR as read, and the typed value its entry read.
 ///
 /// Two payloads are equal when their kinds and CBOR are; the obligation's digest covers the
-/// CBOR exactly as it travels.
+/// CBOR exactly as it travels. Shared, so that it adds a pointer to [`Payload`](crate::Payload)
+/// and its clones copy nothing.
 #[derive(Clone)]
 pub struct RegisteredPayload {
     kind: &'static str,
+    read: Arc<Read>,
+}
+
+/// A payload as its kind's entry read it.
+struct Read {
     value: ciborium::Value,
-    cbor: Arc<[u8]>,
-    typed: Arc<dyn Any + Send + Sync>,
+    cbor: Box<[u8]>,
+    typed: Box<dyn Any + Send + Sync>,
 }
 
 impl RegisteredPayload {
@@ -125,9 +131,11 @@ impl RegisteredPayload {
             .map_err(|e| RegisteredError::Malformed(e.to_string()))?;
         Ok(Self {
             kind: entry.name,
-            value,
-            cbor: cbor.into(),
-            typed,
+            read: Arc::new(Read {
+                value,
+                cbor: cbor.into(),
+                typed,
+            }),
         })
     }
 
@@ -138,19 +146,19 @@ impl RegisteredPayload {
 
     /// The payload as its kind reads it; `None` for another type than the kind's.
     pub fn typed<T: 'static>(&self) -> Option<&T> {
-        self.typed.downcast_ref()
+        self.read.typed.downcast_ref()
     }
 
     /// The payload's CBOR value, for a binding that converts it (to JSON, say).
     pub fn value(&self) -> &ciborium::Value {
-        &self.value
+        &self.read.value
     }
 
     /// What the payload says, in its kind's words.
     pub fn words(&self) -> String {
         match KindEntry::find(self.kind) {
             Some(entry) => (entry.words)(self),
-            None => format!("({} bytes)", self.cbor.len()),
+            None => format!("({} bytes)", self.read.cbor.len()),
         }
     }
 }
@@ -168,7 +176,7 @@ pub enum RegisteredError {
 
 impl PartialEq for RegisteredPayload {
     fn eq(&self, other: &Self) -> bool {
-        self.kind == other.kind && self.cbor == other.cbor
+        self.kind == other.kind && self.read.cbor == other.read.cbor
     }
 }
 
@@ -177,7 +185,7 @@ impl Eq for RegisteredPayload {}
 impl Hash for RegisteredPayload {
     fn hash<H: Hasher>(&self, state: &mut H) {
         self.kind.hash(state);
-        self.cbor.hash(state);
+        self.read.cbor.hash(state);
     }
 }
 
@@ -185,13 +193,13 @@ impl fmt::Debug for RegisteredPayload {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RegisteredPayload")
             .field("kind", &self.kind)
-            .field("value", &self.value)
+            .field("value", &self.read.value)
             .finish()
     }
 }
 
 impl Serialize for RegisteredPayload {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.value.serialize(serializer)
+        self.read.value.serialize(serializer)
     }
 }
