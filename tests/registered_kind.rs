@@ -382,3 +382,80 @@ fn the_admin_issues_the_kind_from_its_json_payload() {
     .unwrap_err();
     assert!(unknown.contains("unknown kind"), "{unknown}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_a2a_agent_lists_the_kind_and_applies_it_posted_as_json() {
+    use abhyasa::a2a::json::JsonAck;
+    use abhyasa::a2a::{client, serve, A2aPeer, CardSettings};
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::generate("deployment").unwrap();
+    let (p, a) = (id("principal"), id("agent-1"));
+    let agent = node(&ca, &a, dir.path(), None).await;
+    let https = std::net::SocketAddr::from(([127, 0, 0, 1], abhyasa_testkit::free_tcp()));
+    let card = CardSettings::new(a.clone(), format!("https://agent-1:{}", https.port())).card();
+    let _server = serve(agent.clone(), &ca.issue(&a).unwrap(), https, &card)
+        .await
+        .unwrap();
+    let peer = A2aPeer {
+        agent: a.clone(),
+        card_url: format!(
+            "https://agent-1:{}/.well-known/agent-card.json",
+            https.port()
+        ),
+        addr: Some(https),
+    };
+    let http = client::http_client(&ca.issue(&p).unwrap(), &peer).unwrap();
+
+    // The card offers the kind, with its own endpoint.
+    let profiles = client::fetch_profiles(&http, &peer).await.unwrap();
+    let profile = profiles
+        .get(&Kind::Registered("acme.delegation"))
+        .expect("the card lists acme.delegation");
+    assert!(profile
+        .obligation_endpoint
+        .ends_with("/obligations/acme.delegation"));
+
+    let post = |body: serde_json::Value| {
+        let http = http.clone();
+        let url = profile.obligation_endpoint.clone();
+        async move {
+            http.post(url)
+                .header("content-type", "application/json")
+                .body(body.to_string())
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let obligation = |payload: serde_json::Value| {
+        serde_json::json!({
+            "obligation_id": "deleg-1",
+            "kind": "acme.delegation",
+            "target": "agent-1",
+            "payload": payload,
+            "deadline_seconds": 3600,
+            "max_retries": 15,
+            "created_at": abhyasa::a2a::json::format_time(wire::UnixMillis(abhyasa_testkit::now_ms())),
+        })
+    };
+    // A payload breaking the kind's rule is refused with the kind's words; nothing applies.
+    let r = post(obligation(serde_json::json!({"domain": "", "stop": true}))).await;
+    assert_eq!(r.status(), 400);
+    let text = String::from_utf8_lossy(&r.bytes().await.unwrap()).into_owned();
+    assert!(text.contains("empty domain"), "{text}");
+    assert!(agent.status().await.unwrap().applied.is_empty());
+
+    let r = post(obligation(
+        serde_json::json!({"domain": "payments", "stop": true}),
+    ))
+    .await;
+    assert_eq!(r.status(), 200);
+    let ack: JsonAck = serde_json::from_slice(&r.bytes().await.unwrap()).unwrap();
+    assert_eq!(
+        (ack.obligation_id.as_str(), ack.status.as_str()),
+        ("deleg-1", "applied")
+    );
+    let payments = Scope::new("delegation.payments").unwrap();
+    assert!(agent.honours().await.unwrap().is_withheld(&p, &payments));
+    agent.shutdown().await;
+}

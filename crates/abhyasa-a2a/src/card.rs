@@ -400,6 +400,22 @@ pub struct CardSettings {
 }
 
 impl CardSettings {
+    /// The settings of `agent`'s card under `base_url` with the custodian's default backoff
+    /// ([`abhyasa_custody::CustodianConfig::default`]), the default deadline for every kind,
+    /// the extension optional and no MOQT endpoint named.
+    pub fn new(agent: abhyasa_wire::AgentId, base_url: impl Into<String>) -> Self {
+        let c = abhyasa_custody::CustodianConfig::default();
+        Self {
+            agent,
+            base_url: base_url.into(),
+            required: false,
+            deadline_seconds: BTreeMap::new(),
+            backoff_base_seconds: c.backoff_base_ms as f64 / 1_000.0,
+            backoff_cap_seconds: c.backoff_cap_ms.div_ceil(1_000).max(1),
+            moqt_endpoint: None,
+        }
+    }
+
     /// The card.
     pub fn card(&self) -> AgentCard {
         let base = self.base_url.trim_end_matches('/');

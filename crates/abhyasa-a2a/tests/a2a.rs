@@ -23,13 +23,9 @@ fn free_tcp() -> SocketAddr {
 
 fn settings(https: SocketAddr) -> CardSettings {
     CardSettings {
-        agent: id("agent-1"),
-        base_url: format!("https://agent-1:{}", https.port()),
-        required: false,
-        deadline_seconds: Default::default(),
         backoff_base_seconds: 1.0,
         backoff_cap_seconds: 30,
-        moqt_endpoint: None,
+        ..CardSettings::new(id("agent-1"), format!("https://agent-1:{}", https.port()))
     }
 }
 
