@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::{
     abhyasa, certs, config, free_tcp, idle_connections, issue_revocation, node_with_descriptors,
-    output_text, refused_start, wait_for, NodeProc,
+    output_text, refused_start, revocation_args, wait_for, NodeProc,
 };
 
 /// Runs a node that must refuse to start; returns what it printed.
@@ -253,20 +253,7 @@ fn another_user_is_refused_even_where_the_socket_mode_lets_it_connect() {
     );
     // Opened up, the connection is made and the node itself refuses the request.
     std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666)).unwrap();
-    let spec = [
-        "issue",
-        "--admin",
-        &sock_s,
-        "--target",
-        "agent-2",
-        "--kind",
-        "oauth.token",
-        "--action",
-        "revoke",
-        "--token",
-        "tok-x",
-    ];
-    let out = as_nobody(&spec);
+    let out = as_nobody(&revocation_args(&["--admin", &sock_s], "tok-x"));
     assert!(!out.status.success(), "{out:?}");
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(

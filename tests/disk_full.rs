@@ -17,7 +17,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{certs, config, wait_for, NodeProc};
+use common::{certs, config, revocation_args, wait_for, NodeProc};
 
 /// `abhyasa args…`, killed if it has not answered within `limit` (a deaf node is a failure,
 /// not a hung test): `None` then.
@@ -86,24 +86,10 @@ fn fill(dir: &Path) -> std::path::PathBuf {
 }
 
 fn issue(admin: &str, n: usize) -> Option<Output> {
-    answered_within(
-        &[
-            "issue",
-            "--admin",
-            admin,
-            "--target",
-            "agent-2",
-            "--kind",
-            "oauth.token",
-            "--action",
-            "revoke",
-            "--token",
-            &format!("tok-{n}"),
-            "--deadline-ms",
-            "600000",
-        ],
-        Duration::from_secs(10),
-    )
+    let tok = format!("tok-{n}");
+    let mut args = revocation_args(&["--admin", admin], &tok);
+    args.extend_from_slice(&["--deadline-ms", "600000"]);
+    answered_within(&args, Duration::from_secs(10))
 }
 
 fn pending(admin: &str) -> usize {

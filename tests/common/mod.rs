@@ -83,9 +83,9 @@ pub fn spawn_node_piped(cfg: &Path) -> Child {
         .expect("spawn node")
 }
 
-/// `abhyasa issue` of a custody token revocation (`tok`) to `agent-2` through the admin
-/// interface `admin` (`--admin …` and any `--admin-token …`), with `extra` arguments.
-pub fn issue_revocation(admin: &[&str], tok: &str, extra: &[&str]) -> Output {
+/// The arguments of `abhyasa issue` of a custody token revocation (`tok`) to `agent-2`
+/// through the admin interface `admin` (`--admin …` and any `--admin-token …`).
+pub fn revocation_args<'a>(admin: &[&'a str], tok: &'a str) -> Vec<&'a str> {
     let mut args = vec!["issue"];
     args.extend_from_slice(admin);
     args.extend_from_slice(&[
@@ -98,6 +98,12 @@ pub fn issue_revocation(admin: &[&str], tok: &str, extra: &[&str]) -> Output {
         "--token",
         tok,
     ]);
+    args
+}
+
+/// `abhyasa issue` of [`revocation_args`], with `extra` arguments.
+pub fn issue_revocation(admin: &[&str], tok: &str, extra: &[&str]) -> Output {
+    let mut args = revocation_args(admin, tok);
     args.extend_from_slice(extra);
     abhyasa(&args)
 }
