@@ -167,6 +167,16 @@ fn the_kind_reads_checks_and_speaks_as_its_module_says() {
         })
     );
 
+    // A sender that orders the payload's map otherwise sends the same payload, written back
+    // in one encoding: the same obligation, the same bytes, the same digest.
+    let mut reordered = ciborium::Value::serialized(&o).unwrap();
+    payload_of(&mut reordered).reverse();
+    let read = wire::decode_obligation(&cbor(&reordered)).unwrap();
+    assert_ne!(cbor(&reordered), wire::encode(&o));
+    assert_eq!(read, o);
+    assert_eq!(wire::encode(&read), wire::encode(&o));
+    assert_eq!(read.digest(), o.digest());
+
     // The kind's own rule refuses an empty domain, when built and when read off the wire.
     assert!(RegisteredPayload::new::<Delegation>(&DelegationPayload {
         domain: String::new(),
@@ -264,6 +274,16 @@ fn set_field(value: &mut ciborium::Value, name: &str, to: ciborium::Value) {
 
 /// The obligation's payload field `name` set to `to`.
 fn set_payload(value: &mut ciborium::Value, name: &str, to: ciborium::Value) {
+    let payload = payload_of(value);
+    let (_, v) = payload
+        .iter_mut()
+        .find(|(k, _)| k.as_text() == Some(name))
+        .expect("the field");
+    *v = to;
+}
+
+/// The entries of the obligation's payload map.
+fn payload_of(value: &mut ciborium::Value) -> &mut Vec<(ciborium::Value, ciborium::Value)> {
     let ciborium::Value::Map(entries) = value else {
         panic!("not a map")
     };
@@ -272,7 +292,10 @@ fn set_payload(value: &mut ciborium::Value, name: &str, to: ciborium::Value) {
         .find(|(k, _)| k.as_text() == Some("payload"))
         .map(|(_, v)| v)
         .expect("a payload");
-    set_field(payload, name, to);
+    let ciborium::Value::Map(fields) = payload else {
+        panic!("the payload is not a map")
+    };
+    fields
 }
 
 /// The node `who`, durable under `dir/<who>`, with `peer` as its peer if given.

@@ -20,7 +20,7 @@ use crate::WireError;
 /// module documentation.
 pub struct KindEntry {
     name: &'static str,
-    read: fn(&ciborium::Value) -> Result<Box<dyn Any + Send + Sync>, String>,
+    read: fn(&ciborium::Value) -> Result<Typed, String>,
     words: fn(&RegisteredPayload) -> String,
 }
 
@@ -78,10 +78,16 @@ impl KindEntry {
     }
 }
 
-fn read<K: WireKind>(v: &ciborium::Value) -> Result<Box<dyn Any + Send + Sync>, String> {
+/// A payload as read: the typed value, and its CBOR as the typed value writes it.
+type Typed = (Box<dyn Any + Send + Sync>, ciborium::Value);
+
+/// Reads a payload of `K`, its CBOR written again from the typed value (so that one payload
+/// has one encoding however a sender ordered its map, or a binding spelled it).
+fn read<K: WireKind>(v: &ciborium::Value) -> Result<Typed, String> {
     let p: K::Payload = v.deserialized().map_err(|e| e.to_string())?;
     K::check(&p)?;
-    Ok(Box::new(p))
+    let canonical = ciborium::Value::serialized(&p).map_err(|e| e.to_string())?;
+    Ok((Box::new(p), canonical))
 }
 
 fn words<K: WireKind>(p: &RegisteredPayload) -> String {
@@ -122,10 +128,11 @@ impl RegisteredPayload {
         })
     }
 
-    /// Reads `value` as a payload of the registered kind `name`, as a receiver reads it.
+    /// Reads `value` as a payload of the registered kind `name`, as a receiver reads it. The
+    /// payload keeps the CBOR its typed value writes, not `value`'s own spelling.
     pub fn read(name: &str, value: ciborium::Value) -> Result<Self, RegisteredError> {
         let entry = KindEntry::find(name).ok_or(RegisteredError::NotRegistered)?;
-        let typed = (entry.read)(&value).map_err(RegisteredError::Malformed)?;
+        let (typed, value) = (entry.read)(&value).map_err(RegisteredError::Malformed)?;
         let mut cbor = Vec::new();
         ciborium::into_writer(&value, &mut cbor)
             .map_err(|e| RegisteredError::Malformed(e.to_string()))?;
