@@ -9,32 +9,15 @@ use abhyasa::custody::{CustodianConfig, ReceiverEffect, ReceiverRecord};
 use abhyasa::moq::Ca;
 use abhyasa::node::Node;
 use abhyasa::store::{Op, Store, StoreConfig};
-use abhyasa::wire::{
-    ClientId, Obligation, ObligationId, Outcome, Payload, TokenAction, TokenId, TokenPayload,
-    UnixMillis,
-};
+use abhyasa::wire::{Obligation, Outcome, Payload, UnixMillis};
 
 mod common;
-use abhyasa_testkit::{id, now_ms};
+use abhyasa_testkit::{id, now_ms, obligation, token_revocation};
 use common::{abhyasa, free_udp};
 
 fn token(n: u128, target: &str, deadline_ms: u64) -> Obligation {
-    let t = now_ms();
-    Obligation {
-        id: ObligationId::from_u128(n),
-        issuer: id("principal"),
-        target: id(target),
-        created_at: UnixMillis(t),
-        deadline: UnixMillis(t + deadline_ms),
-        max_retries: 30,
-        sequence: None,
-        payload: Payload::OauthToken(TokenPayload {
-            action: TokenAction::Revoke,
-            token_id: TokenId::new(format!("tok-{n}")).unwrap(),
-            client_id: ClientId::new("c").unwrap(),
-            expires_at: None,
-        }),
-    }
+    let payload = token_revocation(&format!("tok-{n}"));
+    obligation(n, &id("principal"), &id(target), deadline_ms, 30, payload)
 }
 
 /// A principal, an agent that applies three revocations, and one to an agent that never

@@ -20,10 +20,7 @@ use abhyasa_ledger::{
 use abhyasa_moq::{Ca, Identity, Signer};
 use abhyasa_node::ledger::GatewayAnswer;
 use abhyasa_node::{LedgerCommand, LedgerReply, LedgerSetup, Node};
-use abhyasa_wire::{
-    ClientId, EscalationCause, Obligation, ObligationId, Outcome, Payload, TokenAction, TokenId,
-    TokenPayload, UnixMillis,
-};
+use abhyasa_wire::{EscalationCause, Obligation, Outcome, UnixMillis};
 use common::{free_addr, id};
 
 const TICK: Duration = Duration::from_millis(100);
@@ -122,20 +119,11 @@ fn permit(b: &mut Branch, now: UnixMillis, n: u64) -> (Signed<Permit>, Effect) {
 /// node's clock, with a budget large enough that the deadline binds.
 fn revoke(node: &Node, n: u128, deadline_ms: u64) -> Obligation {
     let t = node.now();
+    let payload = abhyasa_testkit::token_revocation(&format!("tok-{n}"));
     Obligation {
-        id: ObligationId::from_u128(n),
-        issuer: id("node"),
-        target: id("agent-z"),
         created_at: t,
         deadline: t.saturating_add(deadline_ms),
-        max_retries: 1_000,
-        sequence: None,
-        payload: Payload::OauthToken(TokenPayload {
-            action: TokenAction::Revoke,
-            token_id: TokenId::new(format!("tok-{n}")).unwrap(),
-            client_id: ClientId::new("c").unwrap(),
-            expires_at: None,
-        }),
+        ..abhyasa_testkit::obligation(n, &id("node"), &id("agent-z"), deadline_ms, 1_000, payload)
     }
 }
 
