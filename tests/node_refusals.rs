@@ -9,10 +9,7 @@ use std::time::Duration;
 use abhyasa::moq::{endpoint, namespace, Ca, TransportSettings};
 use abhyasa::node::{Admission, Node};
 use abhyasa::wire::moqt::{Control, Filter, KeyValue, DRAFT_14};
-use abhyasa::wire::{
-    AgentId, ClientId, Obligation, ObligationId, Outcome, Payload, TokenAction, TokenId,
-    TokenPayload, UnixMillis,
-};
+use abhyasa::wire::{AgentId, Outcome};
 
 fn id(s: &str) -> AgentId {
     AgentId::new(s).unwrap()
@@ -58,28 +55,6 @@ async fn read_until(
             .unwrap()
             .unwrap();
         buf.extend_from_slice(&chunk[..n]);
-    }
-}
-
-fn revoke(n: u128, target: &AgentId) -> Obligation {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64;
-    Obligation {
-        id: ObligationId::from_u128(n),
-        issuer: id("principal"),
-        target: target.clone(),
-        created_at: UnixMillis(now),
-        deadline: UnixMillis(now + 20_000),
-        max_retries: 30,
-        sequence: None,
-        payload: Payload::OauthToken(TokenPayload {
-            action: TokenAction::Revoke,
-            token_id: TokenId::new(format!("t{n}")).unwrap(),
-            client_id: ClientId::new("c").unwrap(),
-            expires_at: None,
-        }),
     }
 }
 
@@ -167,7 +142,10 @@ async fn a_node_refuses_bad_peers_and_keeps_serving_good_ones() {
     }
 
     // The principal's custody with the agent is untouched.
-    let handle = principal.issue(revoke(1, &a)).await.unwrap();
+    let handle = principal
+        .issue(abhyasa_testkit::revoke(1, &a, 20_000))
+        .await
+        .unwrap();
     assert_eq!(handle.admission(), Admission::Custody);
     let (record, _) = tokio::time::timeout(Duration::from_secs(10), handle.outcome())
         .await
