@@ -12,9 +12,8 @@ use abhyasa_moq::{Ca, Identity};
 use abhyasa_node::Node;
 use abhyasa_testkit::{free_udp, id, now_ms};
 use abhyasa_wire::{
-    BeliefUpdatePayload, ClientId, ConsentDecision, ConsentPayload, Kind, Obligation, ObligationId,
-    Outcome, Payload, Scope, TokenAction, TokenId, TokenPayload, UnixMillis, WeightDelta,
-    WeightKey,
+    BeliefUpdatePayload, ClientId, ConsentDecision, ConsentPayload, Kind, Obligation, Outcome,
+    Payload, Scope, TokenAction, TokenId, TokenPayload, UnixMillis, WeightDelta, WeightKey,
 };
 
 fn free_tcp() -> SocketAddr {
@@ -57,17 +56,7 @@ async fn principal(identity: &Identity, dir: &std::path::Path) -> Node {
 }
 
 fn obligation(n: u128, payload: Payload) -> Obligation {
-    let t = now_ms();
-    Obligation {
-        id: ObligationId::from_u128(n),
-        issuer: id("principal"),
-        target: id("agent-1"),
-        created_at: UnixMillis(t),
-        deadline: UnixMillis(t + 30_000),
-        max_retries: 60,
-        sequence: None,
-        payload,
-    }
+    abhyasa_testkit::obligation(n, &id("principal"), &id("agent-1"), 30_000, 60, payload)
 }
 
 /// One of each kind, in turn.
