@@ -44,6 +44,7 @@
 mod ack;
 mod escalation;
 mod ids;
+mod kinds;
 pub mod ledger;
 pub mod moqt;
 mod obligation;
@@ -62,11 +63,11 @@ pub use escalation::{
 pub use ids::{
     AgentId, ClientId, NameError, ObligationId, PersistToken, Scope, TokenId, UnixMillis, WeightKey,
 };
-pub use ledger::Digest;
-pub use obligation::{
-    BeliefUpdatePayload, ConsentDecision, ConsentPayload, Envelope, Kind, Obligation, Payload,
-    TokenAction, TokenPayload, WeightDelta, MAX_RETRIES_LIMIT,
+pub use kinds::{
+    BeliefUpdatePayload, ConsentDecision, ConsentPayload, TokenAction, TokenPayload, WeightDelta,
 };
+pub use ledger::Digest;
+pub use obligation::{Envelope, Kind, Obligation, Payload, MAX_RETRIES_LIMIT};
 pub use registered::{KindEntry, RegisteredError, RegisteredPayload, WireKind};
 
 /// For `abhyasa_custody::register_kind!`.

@@ -4,7 +4,8 @@ use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::ids::{AgentId, ClientId, ObligationId, Scope, TokenId, UnixMillis, WeightKey};
+use crate::ids::{AgentId, ObligationId, UnixMillis};
+use crate::kinds::{BeliefUpdatePayload, ConsentPayload, TokenPayload};
 use crate::registered::{RegisteredError, RegisteredPayload};
 use crate::WireError;
 
@@ -171,27 +172,11 @@ impl Payload {
 
     fn validate(&self) -> Result<(), WireError> {
         match self {
-            Payload::PhalaBeliefUpdate(p) => {
-                if !(-WeightDelta::ONE..=WeightDelta::ONE).contains(&p.weight_delta.0) {
-                    return Err(WireError::Invalid("weight_delta outside [-1, 1]"));
-                }
-                if p.ttl_ms == 0 {
-                    return Err(WireError::Invalid(
-                        "ttl_ms is zero: the update would never hold",
-                    ));
-                }
-                Ok(())
-            }
-            Payload::AnumatiConsent(p) => {
-                if p.expires_at.is_some() && p.decision != Some(ConsentDecision::Grant) {
-                    return Err(WireError::Invalid(
-                        "a lease on a consent that is not a grant",
-                    ));
-                }
-                Ok(())
-            }
+            Payload::AnumatiConsent(p) => p.validate(),
+            Payload::PhalaBeliefUpdate(p) => p.validate(),
+            Payload::OauthToken(_) => Ok(()),
             // Checked when it was read or built (`RegisteredPayload::new`).
-            Payload::OauthToken(_) | Payload::Registered(_) => Ok(()),
+            Payload::Registered(_) => Ok(()),
         }
     }
 }
@@ -205,117 +190,6 @@ impl Serialize for Payload {
             Payload::Registered(p) => p.serialize(serializer),
         }
     }
-}
-
-/// Anumati consent: a decision on a scope.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct ConsentPayload {
-    /// The decision; missing or unrecognized is treated as restrictive.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub decision: Option<ConsentDecision>,
-    /// The scope the decision is about.
-    pub scope: Scope,
-    /// A grant's lease: the authority it opens lapses at this time unless a later grant
-    /// renews it (custody paper §4.1, bounded autonomy). Only a grant carries one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub expires_at: Option<UnixMillis>,
-}
-
-/// A consent decision.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub enum ConsentDecision {
-    /// `grant`: permissive, so inadmissible (best-effort).
-    Grant,
-    /// `revoke`: restrictive.
-    Revoke,
-    /// Any other word: kept as received and treated as restrictive.
-    Unrecognized(String),
-}
-
-impl Serialize for ConsentDecision {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(match self {
-            ConsentDecision::Grant => "grant",
-            ConsentDecision::Revoke => "revoke",
-            ConsentDecision::Unrecognized(word) => word,
-        })
-    }
-}
-
-impl<'de> Deserialize<'de> for ConsentDecision {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let word = String::deserialize(deserializer)?;
-        if word.len() > 64 {
-            return Err(serde::de::Error::custom("consent decision over 64 bytes"));
-        }
-        Ok(match word.as_str() {
-            "grant" => ConsentDecision::Grant,
-            "revoke" => ConsentDecision::Revoke,
-            _ => ConsentDecision::Unrecognized(word),
-        })
-    }
-}
-
-/// A signed weight change in millionths: `-1_000_000..=1_000_000` stands for `[-1, 1]`.
-///
-/// Fixed point keeps clipping exact and every replica's arithmetic identical.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default,
-)]
-#[serde(transparent)]
-pub struct WeightDelta(pub i32);
-
-impl WeightDelta {
-    /// The value standing for 1.0.
-    pub const ONE: i32 = 1_000_000;
-}
-
-/// Phala belief update: move a preference weight.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct BeliefUpdatePayload {
-    /// Which preference weight.
-    pub weight_key: WeightKey,
-    /// The change; negative is corrective.
-    pub weight_delta: WeightDelta,
-    /// How long the update stays meaningful, in milliseconds from the obligation's
-    /// `created_at` (at least 1): the weight change lapses then, on the agent's side and on
-    /// the principal's (a down-weight applied as the fail-safe lapses with it).
-    pub ttl_ms: u64,
-}
-
-impl BeliefUpdatePayload {
-    /// When the change lapses for an obligation created at `created_at`: the first moment
-    /// it no longer applies (saturating: a `ttl_ms` past the end of time never lapses).
-    pub fn lapses_at(&self, created_at: UnixMillis) -> UnixMillis {
-        created_at.saturating_add(self.ttl_ms)
-    }
-}
-
-/// OAuth token action.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TokenAction {
-    /// Stop honouring the token: restrictive.
-    Revoke,
-    /// A new or refreshed token: benign on loss (the client retries).
-    Issue,
-}
-
-/// OAuth token revocation or issue.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct TokenPayload {
-    /// Revoke or issue.
-    pub action: TokenAction,
-    /// The token.
-    pub token_id: TokenId,
-    /// The client it was issued to.
-    pub client_id: ClientId,
-    /// When the token itself expires (its `exp`), if the issuer says. Past it no
-    /// authorization service honours the token, so the principal's "not honoured" record and
-    /// the receiver's dropped or cached record are forgotten then; without it they are kept
-    /// for good.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub expires_at: Option<UnixMillis>,
 }
 
 /// What can be read of an obligation whose kind or payload cannot: enough to decline it.

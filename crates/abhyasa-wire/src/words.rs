@@ -1,13 +1,10 @@
 //! Obligations and safe actions in the user's words, for the demo, status, tools and logs —
 //! never a `Debug` dump.
 
-use crate::{
-    ConsentDecision, EscalationCause, Obligation, Outcome, Payload, SafeAction, TokenAction,
-    WeightDelta,
-};
+use crate::{EscalationCause, Obligation, Outcome, Payload, SafeAction, WeightDelta};
 
 /// A delta in millionths as a signed decimal (`-0.25`, `+0.003`).
-fn delta(millionths: i64) -> String {
+pub(crate) fn delta(millionths: i64) -> String {
     let v = millionths as f64 / f64::from(WeightDelta::ONE);
     let s = format!("{v:+.6}");
     let s = s.trim_end_matches('0');
@@ -17,30 +14,12 @@ fn delta(millionths: i64) -> String {
 /// What an obligation says: `anumati.consent revoke calendar.read for agent-1`.
 pub fn obligation(o: &Obligation) -> String {
     let what = match &o.payload {
-        Payload::AnumatiConsent(p) => {
-            let decision = match &p.decision {
-                Some(ConsentDecision::Grant) => "grant".to_owned(),
-                Some(ConsentDecision::Revoke) => "revoke".to_owned(),
-                Some(ConsentDecision::Unrecognized(d)) => format!("{d:?}"),
-                None => "(no decision)".to_owned(),
-            };
-            format!("anumati.consent {decision} {}", p.scope)
-        }
-        Payload::PhalaBeliefUpdate(p) => format!(
-            "phala.belief_update {} {}",
-            p.weight_key,
-            delta(i64::from(p.weight_delta.0))
-        ),
-        Payload::OauthToken(p) => {
-            let action = match p.action {
-                TokenAction::Revoke => "revoke",
-                TokenAction::Issue => "issue",
-            };
-            format!("oauth.token {action} {}", p.token_id)
-        }
-        Payload::Registered(p) => format!("{} {}", p.kind(), p.words()),
+        Payload::AnumatiConsent(p) => p.words(),
+        Payload::PhalaBeliefUpdate(p) => p.words(),
+        Payload::OauthToken(p) => p.words(),
+        Payload::Registered(p) => p.words(),
     };
-    format!("{what} for {}", o.target)
+    format!("{} {what} for {}", o.kind(), o.target)
 }
 
 /// How custody ended, with its attempts: `applied after 2 attempts`, `escalated at the
@@ -97,7 +76,8 @@ pub fn safe_action(a: &SafeAction) -> String {
 mod tests {
     use super::*;
     use crate::{
-        AgentId, BeliefUpdatePayload, ConsentPayload, ObligationId, Scope, UnixMillis, WeightKey,
+        AgentId, BeliefUpdatePayload, ConsentDecision, ConsentPayload, ObligationId, Scope,
+        UnixMillis, WeightKey,
     };
 
     fn o(payload: Payload) -> Obligation {

@@ -1,4 +1,5 @@
 //! `phala.belief_update`: move a preference weight.
+//! Its payload, checks and words are `abhyasa-wire`'s `kinds/belief_update.rs`.
 
 use abhyasa_wire::{BeliefUpdatePayload, Obligation, SafeAction};
 

@@ -1,4 +1,5 @@
 //! `anumati.consent`: grant or revoke a consent scope.
+//! Its payload, checks and words are `abhyasa-wire`'s `kinds/consent.rs`.
 
 use abhyasa_wire::{ConsentDecision, ConsentPayload, Obligation, SafeAction};
 

@@ -1,4 +1,5 @@
 //! `oauth.token`: revoke or issue a token.
+//! Its payload, checks and words are `abhyasa-wire`'s `kinds/token.rs`.
 
 use abhyasa_wire::{Obligation, SafeAction, TokenAction, TokenPayload};
 
