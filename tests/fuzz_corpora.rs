@@ -296,3 +296,17 @@ fn the_signed_check_holds_over_fresh_deployments() {
     }
     println!("{rounds} deployments, {total} inputs, {opened} edited envelopes opened, no failure");
 }
+
+/// The hand-made seed of a registered kind reads as one, so the replay above (and the fuzzer,
+/// which starts from it) goes through the registered read path.
+#[test]
+fn the_registered_kind_seed_reads_as_its_kind() {
+    let seed = std::fs::read(format!("{FUZZ_DIR}/seeds/obligation/registered-fuzz-kind")).unwrap();
+    let o = abhyasa::wire::decode_obligation(&seed).unwrap();
+    assert_eq!(o.kind(), abhyasa::wire::Kind::Registered("fuzz.kind"));
+    assert_eq!(
+        abhyasa::wire::words::obligation(&o),
+        "fuzz.kind seed 7 for agent-1"
+    );
+    decoders::obligation(&seed);
+}

@@ -6,6 +6,40 @@ use abhyasa_wire::moqt::{Control, ObjectDatagram, StreamObject, SubgroupHeader};
 use abhyasa_wire::{decode, encode, CustodyAck};
 use abhyasa_wire::{Escalation, ReconciliationNote, SafeAction, TerminalRecord};
 
+/// `fuzz.kind`: a kind registered the way an embedder registers one, so that the
+/// [`obligation`] check reaches the registered read path (the kind's own reader and check,
+/// the payload written again in one encoding). Only its wire side: reading needs no rules.
+pub struct FuzzKind;
+
+/// `fuzz.kind`'s payload: a few field types, and a check of its own.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub struct FuzzPayload {
+    name: String,
+    n: u64,
+    #[serde(default)]
+    items: Vec<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    flag: Option<bool>,
+}
+
+impl abhyasa_wire::WireKind for FuzzKind {
+    const NAME: &'static str = "fuzz.kind";
+    type Payload = FuzzPayload;
+
+    fn check(p: &FuzzPayload) -> Result<(), String> {
+        if p.name.is_empty() || p.items.len() > 64 {
+            return Err("an empty name, or over 64 items".into());
+        }
+        Ok(())
+    }
+
+    fn words(p: &FuzzPayload) -> String {
+        format!("{} {}", p.name, p.n)
+    }
+}
+
+abhyasa_wire::inventory::submit! { abhyasa_wire::KindEntry::of::<FuzzKind>() }
+
 /// An obligation as it arrives on a `to/<agent>` track: decoded strictly, or a typed error
 /// (keeping the envelope when only the kind or payload was unreadable). What decodes
 /// re-encodes to bytes that decode to the same value, and validates or not without
@@ -14,6 +48,7 @@ pub fn obligation(data: &[u8]) {
     match abhyasa_wire::decode_obligation(data) {
         Ok(o) => {
             let _ = o.validate();
+            let _ = abhyasa_wire::words::obligation(&o);
             let again = encode(&o);
             assert_eq!(abhyasa_wire::decode_obligation(&again).ok(), Some(o));
         }
