@@ -1692,3 +1692,50 @@ fn a_policy_decline_reaches_the_principals_terminal_record_with_its_words() {
     // The safe action stands, as for every decline.
     assert!(c.principal().is_revoked(&TokenId::new("t1").unwrap()));
 }
+
+/// A kind read on the wire with no rules registered (its `KindEntry` alone, submitted by
+/// hand as the fuzz target's is, not through `register_kind!`).
+struct Unruled;
+
+impl abhyasa_wire::WireKind for Unruled {
+    const NAME: &'static str = "test.unruled";
+    type Payload = String;
+
+    fn check(_p: &String) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn words(p: &String) -> String {
+        p.clone()
+    }
+}
+
+abhyasa_wire::inventory::submit! { abhyasa_wire::KindEntry::of::<Unruled>() }
+
+#[test]
+fn a_kind_read_without_rules_is_declined_unknown_and_never_taken_into_custody() {
+    let mut o = revoke_token(1, 3, 10_000);
+    let payload = abhyasa_wire::RegisteredPayload::new::<Unruled>(&"stop".to_owned()).unwrap();
+    o.payload = Payload::Registered(payload);
+    assert_eq!(o.kind(), Kind::Registered("test.unruled"));
+    assert!(!kinds::known(&o) && !kinds::admissible(&o));
+    assert_eq!((kinds::safe(&o, 0), kinds::on_issue(&o)), (None, None));
+    assert_eq!((kinds::governed_key(&o), kinds::effect(&o)), (None, None));
+
+    // The receiver applies nothing and says why.
+    let mut r = Receiver::new(a(), ReceiverConfig::default());
+    assert_eq!(
+        receive(&mut r, 0, o.clone()),
+        (
+            Disposition::Declined(DeclineReason::UnknownKind),
+            vec![AckStatus::Declined(DeclineReason::UnknownKind)]
+        )
+    );
+    assert_eq!(r.stats().applied, 0);
+    assert!(r.poll_persist().is_none());
+
+    // The custodian has no fail-safe to hold it by: it is sent once, best-effort.
+    let mut c = Custodian::new(p(), config(), 1);
+    assert_eq!(c.issue(UnixMillis(0), o), Ok(Admission::BestEffort));
+    assert_eq!(c.pending_len(), 0);
+}

@@ -3,9 +3,10 @@
 //! [`Payload::Registered`](crate::Payload::Registered).
 //!
 //! A registration is made by `abhyasa_custody::register_kind!`, which pairs the
-//! [`KindEntry`] read here with the kind's custody rules, so that no kind can be read without
-//! rules to apply it by. A name registered twice is treated as not registered at all (an
-//! `unknown_kind` decline), never as whichever registration came first.
+//! [`KindEntry`] read here with the kind's custody rules. A kind read without rules (an entry
+//! submitted alone, as the fuzz target's is) is declined `unknown_kind` by a receiver and sent
+//! best-effort by a custodian: nothing applies it. A name registered twice is treated as not
+//! registered at all (an `unknown_kind` decline), never as whichever registration came first.
 
 use std::any::Any;
 use std::fmt;
