@@ -7,7 +7,6 @@
 //! summary is computed from both nodes' durable state after they have shut down.
 
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, UdpSocket};
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -79,11 +78,6 @@ fn now() -> u64 {
         .as_millis() as u64
 }
 
-/// A free loopback UDP address.
-pub(crate) fn free_addr() -> std::io::Result<SocketAddr> {
-    UdpSocket::bind("127.0.0.1:0")?.local_addr()
-}
-
 fn id(s: &str) -> AgentId {
     AgentId::new(s).expect("valid agent id")
 }
@@ -140,7 +134,7 @@ pub async fn run(config: DemoConfig) -> Result<Summary, Box<dyn std::error::Erro
     let dir = tempfile::tempdir()?;
     let ca = Ca::generate("abhyasa demo deployment")?;
     let (p, a0, a1) = (id("principal"), id("agent-0"), id("agent-1"));
-    let (a0_addr, a1_addr) = (free_addr()?, free_addr()?);
+    let (a0_addr, a1_addr) = (crate::free_addr()?, crate::free_addr()?);
     let custodian = CustodianConfig {
         response_timeout_ms: 150,
         backoff_base_ms: 50,

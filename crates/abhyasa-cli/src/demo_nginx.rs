@@ -89,7 +89,7 @@ async fn run(
     config.holders = vec![agent.agent().clone()];
     let enforce = abhyasa_enforce::serve(principal.clone(), config).await?;
     let (files, _service) = file_service().await?;
-    let listen = crate::demo::free_addr()?.port();
+    let listen = crate::free_addr()?.port();
     let scratch = tempfile::tempdir()?;
     let site = Site {
         listen: format!("127.0.0.1:{listen}"),

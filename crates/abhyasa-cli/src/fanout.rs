@@ -337,7 +337,7 @@ async fn spawn_agents(
     let mut procs = Vec::with_capacity(ids.len());
     for a in ids {
         ca.issue(a)?.save(dir)?;
-        let listen = crate::demo::free_addr()?;
+        let listen = crate::free_addr()?;
         let config = dir.join(format!("{a}.toml"));
         std::fs::write(
             &config,

@@ -20,3 +20,8 @@ pub mod soak;
 pub mod sweep;
 
 pub use cli::{check_config_text, main};
+
+/// A free loopback UDP address, for the nodes the demo, the sweeps and the soak start.
+pub(crate) fn free_addr() -> std::io::Result<std::net::SocketAddr> {
+    std::net::UdpSocket::bind("127.0.0.1:0")?.local_addr()
+}

@@ -269,7 +269,7 @@ impl Drop for Proc {
 }
 
 fn free_udp() -> Result<SocketAddr, Error> {
-    Ok(crate::demo::free_addr()?)
+    Ok(crate::free_addr()?)
 }
 
 fn free_tcp() -> Result<SocketAddr, Error> {
