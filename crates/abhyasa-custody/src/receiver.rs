@@ -747,7 +747,7 @@ impl Receiver {
             return self.decline(now, &o.envelope(), DeclineReason::Refused);
         }
         // Without rules for its kind (a registered kind's rules missing), nothing applies it.
-        let (Some(key), Some(effect)) = (kinds::governed_key(&o), kinds::effect(&o)) else {
+        let Some(key) = kinds::governed_key(&o) else {
             return self.decline(now, &o.envelope(), DeclineReason::UnknownKind);
         };
         let key = match self.config.mutation() {
@@ -793,6 +793,11 @@ impl Receiver {
                 return self.decline(now, &o.envelope(), DeclineReason::Superseded);
             }
         }
+        // The effect is built once, for an obligation past the checks (a redelivery builds
+        // none); its rules are the governed key's, so it is there when the key was.
+        let Some(effect) = kinds::effect(&o) else {
+            return self.decline(now, &o.envelope(), DeclineReason::UnknownKind);
+        };
         // Each issuer's limits are its own: a member filling its share defers only its own.
         let held = self.issuers.get(&o.issuer);
         if held.applied >= self.config.max_applied || held.inflight >= self.config.max_inflight {
